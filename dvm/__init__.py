@@ -1,0 +1,14 @@
+"""DVM: a real-time operator compiler. Fused kernels are encoded to bytecode per instance in
+microseconds and run by virtual machines compiled once."""
+from .codegen.disasm import disasm
+from .codegen.program import Program
+from .codegen.verifier import verify
+from .errors import DTypeError, DvmError, ShapeError, TraceError, VerifyError
+from .frontend.builder import KernelFunction, kernel
+from .runtime.counters import reset as reset_counters
+from .runtime.counters import snapshot as counters
+from .runtime.launch import execute
+
+__version__ = "0.1.0"
+__all__ = ["kernel", "KernelFunction", "Program", "disasm", "verify", "execute", "counters",
+           "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]

@@ -1,0 +1,262 @@
+"""Lower one fusion group to a KernelTemplate: the size-independent instruction stream.
+
+Emission works on virtual registers; `allocate` then maps them to physical registers with a
+linear scan in which a value read inside a sweep body but defined before it stays live to the
+body's end, and a destination never shares a register with a source of the same instruction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph.dtypes import Bank, DType
+from ..graph.node import Node
+from ..graph.ops import OP_TABLE, Kind
+from ..graph.symbolic import Dim, is_one
+from ..fusion.partition import LEAF_OPS, VIEW_OPS, Group, Plan, is_reduce
+from . import isa
+from .program import OPND_ARG, OPND_INDEX
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    kind: int                        # OPND_ARG / OPND_INDEX
+    slot: int                        # argument slot (0 for index operands)
+    dtype: DType
+    base_shape: tuple | None         # None: the argument's own layout (inputs); else contiguous
+    unit_axis: int | None            # iota: the axis whose index is the value
+    chain: tuple[Node, ...]          # views applied to the base, innermost first
+
+
+@dataclass
+class KernelTemplate:
+    shape: tuple[Dim, ...]
+    axes: frozenset[int]
+    operands: list[OperandSpec]
+    consts: list[tuple[Bank, object]]
+    instrs: np.ndarray
+    prologue: tuple[int, int]
+    sweeps: list[tuple[int, int, int, int, int, int]]
+    nregs: tuple[int, int, int, int]
+    group: Group
+
+
+def cast_is_noop(src: DType, dst: DType) -> bool:
+    """Within a bank, widening keeps the register value (f16/bf16 values are already f32)."""
+    return src.bank == dst.bank and (src == dst or dst in (DType.FLOAT32, DType.FLOAT64, DType.INT64))
+
+
+class _Emitter:
+    def __init__(self, plan: Plan, group: Group, slot_dtypes: list[DType]):
+        self.plan, self.g, self.slot_dtypes = plan, group, slot_dtypes
+        self.n_sweeps = 0
+        self.sections: list[list[list]] = [[]]  # prologue, then init/body/fin per sweep
+        self.vbank: list[Bank] = []
+        self.memo: dict = {}
+        self.operands: list[OperandSpec] = []
+        self.consts: list[tuple[Bank, object]] = []
+        self._red_sweep: dict[Node, int] = {}
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def ensure_sweeps(self, n: int) -> None:
+        while self.n_sweeps < n:
+            self.n_sweeps += 1
+            self.sections += [[], [], []]
+
+    def sec(self, part: str, sweep: int) -> int:
+        self.ensure_sweeps(sweep + 1)
+        return 1 + 3 * sweep + "IBF".index(part)
+
+    def new(self, bank: Bank) -> int:
+        self.vbank.append(bank)
+        return len(self.vbank) - 1
+
+    def emit(self, sec: int, name: str, *fields) -> None:
+        self.sections[sec].append([isa.BY_NAME[name].code, *fields])
+
+    def operand(self, spec: OperandSpec) -> int:
+        if spec not in self.operands:
+            self.operands.append(spec)
+        return self.operands.index(spec)
+
+    # -- classification -------------------------------------------------------------------------
+    def aligned(self, node: Node) -> tuple:
+        return (1,) * (len(self.g.shape) - node.ndim) + tuple(node.shape)
+
+    def is_row(self, node: Node) -> bool:
+        """Row-level: constant along every reduced axis (computed once per row block)."""
+        return bool(self.g.axes) and all(is_one(self.aligned(node)[a]) for a in self.g.axes)
+
+    def red_sweep(self, node: Node) -> int:
+        """Latest sweep of this group's reductions that `node` reads (-1: none)."""
+        if node in self._red_sweep:
+            return self._red_sweep[node]
+        if is_reduce(node) and self.plan.group_of.get(node) == self.g.index:
+            out = self.plan.sweep_of[node]
+        elif node.op in VIEW_OPS or node.op in LEAF_OPS or self.from_workspace(node):
+            out = -1
+        else:
+            out = max((self.red_sweep(i) for i in node.inputs), default=-1)
+        self._red_sweep[node] = out
+        return out
+
+    def from_workspace(self, node: Node) -> bool:
+        slot = self.plan.slot_of.get(node)
+        return slot is not None and self.plan.group_of[node] < self.g.index
+
+    # -- values ---------------------------------------------------------------------------------
+    def value(self, node: Node, sec: int) -> int:
+        if node.op == "const":
+            key = ("const", node)
+        elif (is_reduce(node) and self.plan.group_of.get(node) == self.g.index) or \
+                (self.is_row(node) and self.red_sweep(node) >= 0 and not self.from_workspace(node)):
+            key = ("home", node)
+        else:
+            key = (sec, node)
+        reg = self.memo.get(key)
+        if reg is None:
+            reg = self.compute(node, sec if key[0] not in ("const", "home") else
+                               (0 if key[0] == "const" else self.sec("F", self.red_sweep(node))))
+            self.memo[key] = reg
+        return reg
+
+    def compute(self, node: Node, sec: int) -> int:
+        if node.op == "const":
+            bank = node.dtype.bank
+            self.consts.append((bank, node.attr("value")))
+            reg = self.new(bank)
+            self.emit(0, f"const.{bank.short}", reg, len(self.consts) - 1)
+            return reg
+        if self.from_workspace(node) or node.op in VIEW_OPS or node.op in LEAF_OPS:
+            return self.load(node, sec)
+        op = OP_TABLE[node.op]
+        if op.kind is Kind.CAST:
+            src = node.inputs[0]
+            reg_in = self.value(src, sec)
+            if cast_is_noop(src.dtype, node.dtype):
+                return reg_in
+            reg = self.new(node.dtype.bank)
+            self.emit(sec, f"cast.{src.dtype.bank.short}.{node.dtype.bank.short}", reg, reg_in, int(node.dtype))
+            return reg
+        if op.kind is Kind.REDUCE:
+            raise AssertionError(f"reduction {node} reached outside its group")
+        ins = [self.value(i, sec) for i in node.inputs]
+        bank = node.inputs[-1].dtype.bank
+        spec = isa.BY_NAME[f"{node.op}.{bank.short}"]
+        reg = self.new(spec.fields[0].bank)
+        self.emit(sec, spec.name, reg, *ins)
+        if node.dtype is DType.INT32 and op.int32_overflows:
+            wrapped = self.new(Bank.I64)
+            self.emit(sec, "cast.i64.i64", wrapped, reg, int(DType.INT32))
+            reg = wrapped
+        return reg
+
+    def load(self, node: Node, sec: int) -> int:
+        chain = []
+        base = node
+        while not self.from_workspace(base) and base.op in VIEW_OPS:
+            chain.append(base)
+            base = base.inputs[0]
+        chain = tuple(chain[::-1])
+        if self.from_workspace(base):
+            spec = OperandSpec(OPND_ARG, self.plan.slot_of[base], base.dtype, tuple(base.shape), None, chain)
+        elif base.op == "input":
+            spec = OperandSpec(OPND_ARG, base.attr("index"), base.dtype, None, None, chain)
+        elif base.op == "iota":
+            spec = OperandSpec(OPND_INDEX, 0, DType.INT64, tuple(base.shape), base.attr("axis"), chain)
+        else:
+            raise AssertionError(f"cannot load {node}")
+        reg = self.new(spec.dtype.bank)
+        self.emit(sec, "index.i64" if spec.kind == OPND_INDEX else f"load.{spec.dtype.bank.short}",
+                  reg, self.operand(spec))
+        return reg
+
+    # -- roots ----------------------------------------------------------------------------------
+    def reductions(self) -> None:
+        for r in sorted(self.g.reductions, key=lambda r: self.plan.sweep_of[r]):
+            s, src = self.plan.sweep_of[r], r.inputs[0]
+            bank = src.dtype.bank
+            init, body, fin = self.sec("I", s), self.sec("B", s), self.sec("F", s)
+            x = self.value(src, body)
+            out = self.new(Bank.I64 if r.op.startswith("arg") else bank)
+            if r.op.startswith("arg"):
+                v, i = self.new(bank), self.new(Bank.I64)
+                self.emit(init, f"accinit.{r.op}.{bank.short}", v, i)
+                self.emit(body, f"acc.{r.op}.{bank.short}", v, i, x)
+                self.emit(fin, f"rfin.{r.op}.{bank.short}", out, v, i)
+            else:
+                acc = self.new(bank)
+                self.emit(init, f"accinit.{r.op}.{bank.short}", acc)
+                self.emit(body, f"acc.{r.op}.{bank.short}", acc, x)
+                self.emit(fin, f"rfin.{r.op}.{bank.short}", out, acc)
+            self.memo[("home", r)] = out
+
+    def stores(self) -> None:
+        for st in self.g.stores:
+            v = st.value
+            shape = tuple(v.shape)
+            m = self.red_sweep(v)
+            row = self.is_row(v)
+            sec = self.sec("F", max(m, 0)) if row else self.sec("B", m + 1)
+            reg = self.value(v, sec)
+            spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
+            self.emit(sec, f"store.{v.dtype.bank.short}", reg, self.operand(spec))
+
+
+def lower(plan: Plan, group: Group, slot_dtypes: list[DType]) -> KernelTemplate:
+    em = _Emitter(plan, group, slot_dtypes)
+    em.reductions()
+    em.stores()
+    em.ensure_sweeps(1)
+    flat, bounds = [], []
+    for sec in em.sections:
+        bounds.append((len(flat), len(flat) + len(sec)))
+        flat.extend(sec)
+    instrs, nregs = allocate(flat, bounds, em.vbank)
+    sweeps = [bounds[1 + 3 * s][0:2] + bounds[2 + 3 * s][0:2] + bounds[3 + 3 * s][0:2]
+              for s in range(em.n_sweeps)]
+    return KernelTemplate(group.shape, group.axes, em.operands, em.consts, instrs, bounds[0],
+                          sweeps, nregs, group)
+
+
+def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank]):
+    """Linear-scan register allocation over the concatenated sections."""
+    specs = [isa.BY_CODE[ins[0]] for ins in flat]
+    first, last = {}, {}
+    for pos, (ins, spec) in enumerate(zip(flat, specs)):
+        for f, fld in enumerate(spec.fields):
+            if fld.is_reg:
+                v = ins[1 + f]
+                first.setdefault(v, pos)
+                last[v] = pos
+    bodies = [bounds[2 + 3 * s] for s in range((len(bounds) - 1) // 3)]
+    for pos, (ins, spec) in enumerate(zip(flat, specs)):
+        for bs, be in bodies:
+            if bs <= pos < be:
+                for f, fld in enumerate(spec.fields):
+                    if fld.is_reg and first[ins[1 + f]] < bs:
+                        last[ins[1 + f]] = max(last[ins[1 + f]], be - 1)
+    free: list[list[int]] = [[] for _ in Bank]
+    count = [0] * len(Bank)
+    phys: dict[int, int] = {}
+    ends: dict[int, list[int]] = {}
+    for v, p in last.items():
+        ends.setdefault(p, []).append(v)
+    out = np.zeros((len(flat), isa.WORDS), np.int64)
+    for pos, (ins, spec) in enumerate(zip(flat, specs)):
+        for f, fld in enumerate(spec.fields):
+            if fld.role == "d" and ins[1 + f] not in phys:
+                bank = vbank[ins[1 + f]]
+                if free[bank]:
+                    free[bank].sort()
+                    phys[ins[1 + f]] = free[bank].pop(0)
+                else:
+                    phys[ins[1 + f]] = count[bank]
+                    count[bank] += 1
+        out[pos, 0] = ins[0]
+        for f, fld in enumerate(spec.fields):
+            out[pos, 1 + f] = phys[ins[1 + f]] if fld.is_reg else ins[1 + f]
+        for v in ends.get(pos, ()):
+            free[vbank[v]].append(phys[v])
+    return out, tuple(count)

@@ -1,0 +1,141 @@
+"""The Program: one contiguous int64 NumPy array, and its layout.
+
+    header   MAGIC, VERSION, total length, n_args, n_kernels, 0
+    args     per argument: role (ARG_IN/ARG_OUT/ARG_WS), dtype code, required numel (0 = any)
+    kernels  per kernel: offset, length (of its block, in words)
+    blocks   per kernel (sequence-stacked: kernel i+1 starts after kernel i finished):
+             n_row_dims, n_col_dims, BM, BN, n_operands, n_consts, n_instr, n_sweeps,
+             registers per bank (f32, f64, i64, b8),
+             row sizes..., col sizes...,
+             prologue [start, end),
+             per sweep: init [s, e), body [s, e), fin [s, e),
+             per operand: kind (OPND_ARG/OPND_INDEX), arg, dtype, offset, one stride per dim,
+             per constant: bank, bits (float64 bit pattern for float banks, value otherwise),
+             instructions (isa.WORDS words each)
+
+The domain of a kernel is rows x cols (each possibly several folded dims, row-major); reductions
+reduce over cols. Programs are immutable once built (the array is read-only) and are verified
+before they run (codegen/verifier.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = 0x44564D5F42433031  # "DVM_BC01"
+VERSION = 1
+HEADER_WORDS = 6
+ARG_WORDS = 3
+KTABLE_WORDS = 2
+KHEAD_WORDS = 12
+SWEEP_WORDS = 6
+CONST_WORDS = 2
+OPND_FIXED_WORDS = 4
+MAX_DIMS = 8
+MAX_TILE = 1 << 16
+MAX_REGS = 256
+MAX_SWEEPS = 64
+
+ARG_IN, ARG_OUT, ARG_WS = 0, 1, 2
+ARG_ROLES = {ARG_IN: "in", ARG_OUT: "out", ARG_WS: "ws"}
+OPND_ARG, OPND_INDEX = 0, 1
+
+
+@dataclass(frozen=True)
+class Sweep:
+    init: tuple[int, int]
+    body: tuple[int, int]
+    fin: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """A parsed kernel block (produced by the verifier; VMs consume this)."""
+    row_sizes: tuple[int, ...]
+    col_sizes: tuple[int, ...]
+    bm: int
+    bn: int
+    nregs: tuple[int, int, int, int]
+    prologue: tuple[int, int]
+    sweeps: tuple[Sweep, ...]
+    opnd_kind: np.ndarray    # [n_operands]
+    opnd_arg: np.ndarray
+    opnd_dtype: np.ndarray
+    opnd_offset: np.ndarray
+    opnd_strides: np.ndarray  # [n_operands, n_row_dims + n_col_dims]
+    const_bank: np.ndarray
+    const_bits: np.ndarray
+    instrs: np.ndarray       # [n_instr, WORDS]
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.row_sizes, dtype=np.int64)) if self.row_sizes else 1
+
+    @property
+    def cols(self) -> int:
+        return int(np.prod(self.col_sizes, dtype=np.int64)) if self.col_sizes else 1
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    role: int
+    dtype: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class ProgramLayout:
+    args: tuple[ArgInfo, ...]
+    kernels: tuple[KernelLayout, ...]
+    # per argument: (min element index, max element index) any kernel can touch; None if untouched
+    extents: tuple[tuple[int, int] | None, ...]
+
+
+class Program:
+    """An encoded DVM program. `words` is the read-only int64 array; `layout` is set by the verifier."""
+    __slots__ = ("words", "layout", "_digest")
+
+    def __init__(self, words: np.ndarray):
+        words = np.asarray(words)
+        if words.dtype != np.int64 or words.ndim != 1:
+            raise TypeError(f"a Program is a 1-D int64 array, got {words.dtype} with {words.ndim} dims")
+        if words.flags.writeable:
+            words = words.copy()
+            words.flags.writeable = False
+        self.words = words
+        self.layout: ProgramLayout | None = None
+        self._digest: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.words.tobytes()).hexdigest()[:16]
+        return self._digest
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the program as a .npy file (no pickle)."""
+        with open(path, "wb") as f:
+            np.save(f, self.words, allow_pickle=False)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Program":
+        """Read a program saved with `save`. It is verified before it can run."""
+        arr = np.load(path, allow_pickle=False)
+        return Program(np.ascontiguousarray(arr))
+
+    def __repr__(self) -> str:
+        return f"<dvm.Program {len(self.words)} words {self.digest}>"
+
+
+def float_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float64).view(np.int64))
+
+
+def bits_float(bits: int | np.integer) -> float:
+    return float(np.array(bits, dtype=np.int64).view(np.float64))

@@ -1,0 +1,329 @@
+"""The verifier: every Program passes it before any VM runs it.
+
+`verify(program)` checks the structure once per Program object and returns its ProgramLayout;
+`check_buffers(layout, buffers)` checks, before every execution, that the buffers match the
+argument table and that every element the program can touch lies inside its buffer.
+Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
+
+  header, version, length, args, kernel_table, domain, sections, opcode, section_kind,
+  unused_field, register, register_class, read_before_write, loop_carried, dst_alias,
+  operand, operand_table, constant, dtype_code, store_target, store_broadcast, bounds, buffers
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from threading import Lock
+
+import numpy as np
+
+from ..errors import VerifyError
+from ..graph.dtypes import DType
+from . import isa
+from .program import (ARG_IN, ARG_OUT, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS,
+                      KHEAD_WORDS, KTABLE_WORDS, MAGIC, MAX_DIMS, MAX_REGS, MAX_SWEEPS, MAX_TILE,
+                      OPND_ARG, OPND_FIXED_WORDS, OPND_INDEX, SWEEP_WORDS, VERSION, ArgInfo,
+                      KernelLayout, Program, ProgramLayout, Sweep)
+
+N_DTYPES = len(DType)
+_STREAM_CACHE: "OrderedDict[bytes, _Facts]" = OrderedDict()
+_STREAM_CACHE_SIZE = 4096
+_STREAM_LOCK = Lock()
+
+
+def verify(program: Program) -> ProgramLayout:
+    """Check `program` and return its layout (cached on the Program)."""
+    if program.layout is None:
+        program.layout = _verify_words(program.words)
+    return program.layout
+
+
+def _verify_words(w: np.ndarray) -> ProgramLayout:
+    n = len(w)
+    if n < HEADER_WORDS:
+        raise VerifyError("header", f"program has {n} words, the header alone needs {HEADER_WORDS}")
+    if int(w[0]) != MAGIC:
+        raise VerifyError("header", f"bad magic {int(w[0]):#x}")
+    if int(w[1]) != VERSION:
+        raise VerifyError("version", f"format version {int(w[1])}, this DVM reads version {VERSION}")
+    if int(w[2]) != n:
+        raise VerifyError("length", f"header says {int(w[2])} words, the array has {n}")
+    n_args, n_kernels = int(w[3]), int(w[4])
+    if not 0 <= n_args <= 1024 or not 1 <= n_kernels <= 1024 or int(w[5]) != 0:
+        raise VerifyError("header", f"bad counts: {n_args} args, {n_kernels} kernels")
+    pos = HEADER_WORDS
+    end_tables = pos + n_args * ARG_WORDS + n_kernels * KTABLE_WORDS
+    if end_tables > n:
+        raise VerifyError("length", "argument and kernel tables run past the end")
+    args = []
+    for a in range(n_args):
+        role, dt, numel = (int(x) for x in w[pos:pos + ARG_WORDS])
+        pos += ARG_WORDS
+        if role not in ARG_ROLES or not 0 <= dt < N_DTYPES or numel < 0:
+            raise VerifyError("args", f"argument {a}: role {role}, dtype {dt}, numel {numel}")
+        args.append(ArgInfo(role, dt, numel))
+    kernels, prev_end = [], end_tables
+    for k in range(n_kernels):
+        off, length = int(w[pos]), int(w[pos + 1])
+        pos += KTABLE_WORDS
+        if off != prev_end or length < KHEAD_WORDS or off + length > n:
+            raise VerifyError("kernel_table", f"kernel {k} at [{off}, {off + length}) does not follow "
+                                              f"the previous block ending at {prev_end} inside {n} words")
+        prev_end = off + length
+        kernels.append(_verify_kernel(w[off:off + length], args, k))
+    kernels, facts = [kl for kl, _ in kernels], [f for _, f in kernels]
+    if prev_end != n:
+        raise VerifyError("length", f"{n - prev_end} trailing words after the last kernel")
+    extents = _extents(args, kernels, facts)
+    for a, (info, ext) in enumerate(zip(args, extents)):
+        if info.role != ARG_IN and ext is not None and (ext[0] < 0 or ext[1] >= info.numel):
+            raise VerifyError("bounds", f"argument {a} ({ARG_ROLES[info.role]}) holds {info.numel} "
+                                        f"elements but the program touches [{ext[0]}, {ext[1]}]")
+    return ProgramLayout(tuple(args), tuple(kernels), tuple(extents))
+
+
+def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "_Facts"]:
+    h = [int(x) for x in kw[:KHEAD_WORDS]]
+    nr, nc, bm, bn, n_opnd, n_const, n_instr, n_sweeps = h[:8]
+    nregs = tuple(h[8:12])
+    nd = nr + nc
+    if not (0 <= nr and 0 <= nc and nd <= MAX_DIMS and 1 <= bm and 1 <= bn and bm * bn <= MAX_TILE
+            and 0 <= n_opnd <= 4096 and 0 <= n_const <= 4096 and 0 <= n_instr <= 65536
+            and 1 <= n_sweeps <= MAX_SWEEPS and all(0 <= r <= MAX_REGS for r in nregs)):
+        raise VerifyError("domain", f"bad kernel header {h}", kernel=k)
+    opnd_words = OPND_FIXED_WORDS + nd
+    need = KHEAD_WORDS + nd + 2 + SWEEP_WORDS * n_sweeps + opnd_words * n_opnd \
+        + CONST_WORDS * n_const + isa.WORDS * n_instr
+    if need != len(kw):
+        raise VerifyError("length", f"kernel block has {len(kw)} words, its header implies {need}", kernel=k)
+    pos = KHEAD_WORDS
+    dims = [int(x) for x in kw[pos:pos + nd]]
+    pos += nd
+    if any(d < 0 for d in dims):
+        raise VerifyError("domain", f"negative size in {dims}", kernel=k)
+    prologue = (int(kw[pos]), int(kw[pos + 1]))
+    pos += 2
+    sweeps = []
+    for _ in range(n_sweeps):
+        s = [int(x) for x in kw[pos:pos + SWEEP_WORDS]]
+        sweeps.append(Sweep((s[0], s[1]), (s[2], s[3]), (s[4], s[5])))
+        pos += SWEEP_WORDS
+    _check_sections(prologue, sweeps, n_instr, k)
+    opnd = kw[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
+    pos += opnd_words * n_opnd
+    consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
+    pos += CONST_WORDS * n_const
+    instrs = kw[pos:].reshape(n_instr, isa.WORDS)
+    _check_operands(opnd, args, k)
+    if n_const and (consts[:, 0].min() < 0 or consts[:, 0].max() >= len(isa.BANKS)):
+        raise VerifyError("constant", "constant with an unknown bank", kernel=k)
+    layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, prologue, tuple(sweeps),
+                          opnd[:, 0].copy(), opnd[:, 1].copy(), opnd[:, 2].copy(), opnd[:, 3].copy(),
+                          np.ascontiguousarray(opnd[:, 4:]), consts[:, 0].copy(), consts[:, 1].copy(),
+                          np.ascontiguousarray(instrs))
+    facts = _stream_facts(layout, args, k)
+    _check_store_strides(layout, facts, k)
+    return layout, facts
+
+
+def _check_sections(prologue, sweeps, n_instr, k) -> None:
+    expect = 0
+    for name, (s, e) in [("prologue", prologue)] + [
+            (f"sweep {i} {part}", rng) for i, sw in enumerate(sweeps)
+            for part, rng in (("init", sw.init), ("body", sw.body), ("fin", sw.fin))]:
+        if s != expect or e < s:
+            raise VerifyError("sections", f"{name} is [{s}, {e}), expected to start at {expect}", kernel=k)
+        expect = e
+    if expect != n_instr:
+        raise VerifyError("sections", f"sections cover {expect} of {n_instr} instructions", kernel=k)
+
+
+def _check_operands(opnd: np.ndarray, args: list[ArgInfo], k: int) -> None:
+    for j, row in enumerate(opnd):
+        kind, arg, dt = int(row[0]), int(row[1]), int(row[2])
+        if kind == OPND_INDEX:
+            if dt != DType.INT64 or arg != 0:
+                raise VerifyError("operand_table", f"index operand {j} must be int64 with arg 0", kernel=k)
+        elif kind == OPND_ARG:
+            if not 0 <= arg < len(args):
+                raise VerifyError("operand_table", f"operand {j} names argument {arg} of {len(args)}", kernel=k)
+            if dt != args[arg].dtype:
+                raise VerifyError("operand_table", f"operand {j} has dtype {dt}, argument {arg} has "
+                                                   f"{args[arg].dtype}", kernel=k)
+        else:
+            raise VerifyError("operand_table", f"operand {j} has unknown kind {kind}", kernel=k)
+
+
+def _stream_key(layout: KernelLayout, args: list[ArgInfo]) -> bytes:
+    roles = bytes(args[a].role for a in layout.opnd_arg) if len(layout.opnd_arg) else b""
+    s = [layout.prologue] + [(x.init, x.body, x.fin) for x in layout.sweeps]
+    return b"|".join((layout.instrs.tobytes(), repr((s, layout.nregs)).encode(), layout.opnd_kind.tobytes(),
+                      layout.opnd_dtype.tobytes(), roles, layout.const_bank.tobytes()))
+
+
+def _stream_facts(layout: KernelLayout, args: list[ArgInfo], k: int) -> "_Facts":
+    """Check the instruction stream and return the facts later checks need. The stream is
+    shape-independent, so the check is memoized on its content (and the operand kinds it uses)."""
+    key = _stream_key(layout, args)
+    with _STREAM_LOCK:
+        facts = _STREAM_CACHE.get(key)
+        if facts is not None:
+            _STREAM_CACHE.move_to_end(key)
+            return facts
+    _check_stream(layout, args, k)
+    facts = _Facts(layout)
+    with _STREAM_LOCK:
+        _STREAM_CACHE[key] = facts
+        if len(_STREAM_CACHE) > _STREAM_CACHE_SIZE:
+            _STREAM_CACHE.popitem(last=False)
+    return facts
+
+
+class _Facts:
+    """Which operands the body and finalize sections load or store (instruction index of each)."""
+    __slots__ = ("used", "stores")
+
+    def __init__(self, layout: KernelLayout):
+        self.used: dict[int, str] = {}
+        self.stores: list[tuple[int, int, str]] = []  # (instruction, operand, section)
+        for sec, rngs in (("B", [sw.body for sw in layout.sweeps]), ("F", [sw.fin for sw in layout.sweeps])):
+            for s, e in rngs:
+                for i in range(s, e):
+                    spec = isa.BY_CODE[int(layout.instrs[i, 0])]
+                    if spec.group in ("load", "store"):
+                        j = int(layout.instrs[i, 2])
+                        self.used[j] = self.used.get(j, "") + sec
+                        if spec.group == "store":
+                            self.stores.append((i, j, sec))
+
+
+def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
+    UNDEF, KEEP, LOCAL = 0, 1, 2
+    state = [[UNDEF] * n for n in layout.nregs]
+    section_of = {}
+    ranges = [("P", layout.prologue)]
+    for sw in layout.sweeps:
+        ranges += [("I", sw.init), ("B", sw.body), ("F", sw.fin)]
+    n_opnd, n_const = len(layout.opnd_kind), len(layout.const_bank)
+    for sec, (s, e) in ranges:
+        outer_reads: set = set()
+        for i in range(s, e):
+            section_of[i] = sec
+            row = layout.instrs[i]
+            spec = isa.BY_CODE.get(int(row[0]))
+            if spec is None:
+                raise VerifyError("opcode", f"unknown opcode {int(row[0])}", i, k)
+            if sec not in spec.sections:
+                raise VerifyError("section_kind", f"{spec.name} may not appear in section {sec}", i, k)
+            for f in range(len(spec.fields), isa.MAX_FIELDS):
+                if int(row[1 + f]) != 0:
+                    raise VerifyError("unused_field", f"{spec.name} field {f} must be 0", i, k)
+            regs = []
+            for f, fld in enumerate(spec.fields):
+                v = int(row[1 + f])
+                if fld.is_reg:
+                    if not 0 <= v < layout.nregs[fld.bank]:
+                        raise VerifyError("register", f"{spec.name}: register {fld.bank.short}:{v} out of "
+                                                      f"range ({layout.nregs[fld.bank]})", i, k)
+                    regs.append((fld.role, fld.bank, v))
+                elif fld.role == "o":
+                    _check_operand_use(spec, v, layout, args, n_opnd, i, k)
+                elif fld.role == "k":
+                    if not 0 <= v < n_const:
+                        raise VerifyError("constant", f"constant {v} of {n_const}", i, k)
+                    if int(layout.const_bank[v]) != spec.bank:
+                        raise VerifyError("register_class", f"{spec.name} reads a {isa.BANKS[int(layout.const_bank[v])].short} "
+                                                            "constant", i, k)
+                elif fld.role == "t":
+                    if not 0 <= v < N_DTYPES or DType(v).bank != spec.bank:
+                        raise VerifyError("dtype_code", f"{spec.name}: target dtype code {v}", i, k)
+            writes = [(b, r) for role, b, r in regs if role in "dm"]
+            reads = [(b, r) for role, b, r in regs if role in "sm"]
+            plain_reads = [(b, r) for role, b, r in regs if role == "s"]
+            if len(set(writes)) != len(writes) or set(writes) & set(plain_reads) or \
+                    len(set(plain_reads) & set(writes)):
+                raise VerifyError("dst_alias", f"{spec.name}: a destination register is also a source", i, k)
+            for b, r in reads:
+                if state[b][r] == UNDEF:
+                    raise VerifyError("read_before_write", f"{spec.name} reads {b.short}:{r} before any "
+                                                           "write that reaches it", i, k)
+                if sec == "B" and state[b][r] == KEEP:
+                    outer_reads.add((b, r))
+            for role, b, r in regs:
+                if role == "m" and (sec != "B" or state[b][r] != KEEP):
+                    raise VerifyError("read_before_write", f"{spec.name}: accumulator {b.short}:{r} is not "
+                                                           "initialized in this sweep", i, k)
+                if role == "d":
+                    if sec == "B" and (b, r) in outer_reads:
+                        raise VerifyError("loop_carried", f"{spec.name} overwrites {b.short}:{r}, which this "
+                                                          "body read earlier (a value carried across tiles)", i, k)
+                    state[b][r] = LOCAL if sec == "B" else KEEP
+        if sec == "B":
+            for bank_state in state:
+                for r, st in enumerate(bank_state):
+                    if st == LOCAL:
+                        bank_state[r] = UNDEF
+
+
+def _check_operand_use(spec, v, layout, args, n_opnd, i, k) -> None:
+    if not 0 <= v < n_opnd:
+        raise VerifyError("operand", f"{spec.name}: operand {v} of {n_opnd}", i, k)
+    kind = int(layout.opnd_kind[v])
+    if (spec.group == "index") != (kind == OPND_INDEX):
+        raise VerifyError("operand", f"{spec.name} cannot use operand {v} of kind {kind}", i, k)
+    if spec.group in ("load", "store") and DType(int(layout.opnd_dtype[v])).bank != spec.bank:
+        raise VerifyError("register_class", f"{spec.name} on operand {v} of dtype "
+                                            f"{DType(int(layout.opnd_dtype[v])).short}", i, k)
+    if spec.group == "store" and args[int(layout.opnd_arg[v])].role == ARG_IN:
+        raise VerifyError("store_target", f"{spec.name} writes input argument {int(layout.opnd_arg[v])}", i, k)
+
+
+def _check_store_strides(layout: KernelLayout, facts: _Facts, k: int) -> None:
+    nr = len(layout.row_sizes)
+    for i, j, sec in facts.stores:
+        strides, sizes = layout.opnd_strides[j], layout.row_sizes + layout.col_sizes
+        for d in range(nr if sec == "F" else len(sizes)):
+            if strides[d] == 0 and sizes[d] > 1:
+                raise VerifyError("store_broadcast", "a store operand has stride 0 on a written "
+                                                     "dimension", i, k)
+
+
+def _extents(args: list[ArgInfo], kernels: list[KernelLayout], facts: list[_Facts]):
+    out: list[tuple[int, int] | None] = [None] * len(args)
+    for kl, fact in zip(kernels, facts):
+        used = fact.used
+        nr = len(kl.row_sizes)
+        sizes = kl.row_sizes + kl.col_sizes
+        for j, secs in used.items():
+            if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
+                continue
+            span_dims = range(len(sizes)) if "B" in secs and kl.cols > 0 else range(nr)
+            lo = hi = int(kl.opnd_offset[j])
+            for d in span_dims:
+                reach = (sizes[d] - 1) * int(kl.opnd_strides[j, d])
+                lo, hi = lo + min(reach, 0), hi + max(reach, 0)
+            a = int(kl.opnd_arg[j])
+            prev = out[a]
+            out[a] = (lo, hi) if prev is None else (min(lo, prev[0]), max(hi, prev[1]))
+    return out
+
+
+def check_buffers(layout: ProgramLayout, buffers) -> None:
+    """Run before every execution: buffers match the argument table and hold every touched element."""
+    if len(buffers) != len(layout.args):
+        raise VerifyError("buffers", f"program takes {len(layout.args)} buffers, got {len(buffers)}")
+    for a, (buf, info, ext) in enumerate(zip(buffers, layout.args, layout.extents)):
+        if not isinstance(buf, np.ndarray) or buf.ndim != 1:
+            raise VerifyError("buffers", f"buffer {a} must be a 1-D NumPy array")
+        if buf.dtype != DType(info.dtype).np_dtype:
+            raise VerifyError("buffers", f"buffer {a} has dtype {buf.dtype}, the program expects "
+                                         f"{DType(info.dtype).short}")
+        if info.role != ARG_IN and not buf.flags.writeable:
+            raise VerifyError("buffers", f"buffer {a} ({ARG_ROLES[info.role]}) is read-only")
+        if ext is not None and (ext[0] < 0 or ext[1] >= len(buf)):
+            raise VerifyError("bounds", f"buffer {a} has {len(buf)} elements, the program touches "
+                                        f"[{ext[0]}, {ext[1]}]")
+    writable = [a for a, info in enumerate(layout.args) if info.role == ARG_OUT or info.role == 2]
+    for a in writable:
+        for b in range(len(buffers)):
+            if b != a and layout.extents[b] is not None and np.may_share_memory(buffers[a], buffers[b]):
+                raise VerifyError("buffers", f"output buffer {a} overlaps buffer {b}")

@@ -1,0 +1,53 @@
+"""The one place that reads the environment. Everything else asks `config()`.
+
+DVM_DEBUG     0 quiet, 1 timings and counters, 2 fusion groups, 3 graph IR, 4 disassembly, 5 all
+DVM_DUMP_DIR  directory where programs and reports are written when debugging (unset: none)
+DVM_VM        which VM runs programs: "reference" (NumPy, the executable spec)
+DVM_DETERMINISTIC  1: fixed thread count and reduction order (default 1)
+DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+VMS = ("reference",)
+
+
+@dataclass(frozen=True)
+class Config:
+    debug: int
+    dump_dir: str | None
+    vm: str
+    deterministic: bool
+    cache_size: int
+
+
+def _int(name: str, default: int, lo: int, hi: int) -> int:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+@lru_cache(maxsize=1)
+def config() -> Config:
+    vm = os.environ.get("DVM_VM", "reference") or "reference"
+    if vm not in VMS:
+        raise ValueError(f"DVM_VM={vm!r}: available VMs are {', '.join(VMS)}")
+    return Config(debug=_int("DVM_DEBUG", 0, 0, 5), dump_dir=os.environ.get("DVM_DUMP_DIR") or None,
+                  vm=vm, deterministic=_int("DVM_DETERMINISTIC", 1, 0, 1) == 1,
+                  cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20))
+
+
+def reload() -> Config:
+    """Re-read the environment (tests and the CLI use this after changing it)."""
+    config.cache_clear()
+    return config()

@@ -1,0 +1,324 @@
+"""The builder API: `@dvm.kernel` functions traced once per input signature, run on NumPy arrays.
+
+A signature is (dtype, rank, which dims are 0 or 1) per argument; every other dim is a symbol, so
+a new size costs one encode, never a re-trace. Tracing runs twice: the first pass learns which
+symbols broadcasting forces equal, the second traces with those symbols unified, so fusion sees
+equal sizes as equal. Each call binds symbols from the arguments' sizes and checks the recorded
+facts, naming the argument that violates one.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..codegen.program import Program
+from ..errors import DTypeError, ShapeError, TraceError
+from ..graph import build
+from ..graph.build import ShapeContext
+from ..graph.dtypes import DType, dtype_of
+from ..graph.node import Node
+from ..graph.ops import BINARY, OP_TABLE, REDUCTIONS, TERNARY, UNARY
+from ..graph.symbolic import Dim, SymExpr, evaluate, render, sym
+from ..runtime import counters
+from ..runtime.compiled import CompiledGraph
+
+Scalar = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+class Value:
+    """A traced tensor value inside a kernel function."""
+    __slots__ = ("node", "k")
+
+    def __init__(self, node: Node, k: "KernelBuilder"):
+        self.node, self.k = node, k
+
+    shape = property(lambda self: self.node.shape)
+    dtype = property(lambda self: self.node.dtype.short)
+    ndim = property(lambda self: self.node.ndim)
+
+    def __repr__(self) -> str:
+        return f"Value({self.node!r})"
+
+    def __bool__(self) -> bool:
+        raise TraceError("a traced Value has no truth value; use k.where for data-dependent choices")
+
+
+def _binop(name: str, swap: bool = False):
+    def method(self: Value, other):
+        return getattr(self.k, name)(other, self) if swap else getattr(self.k, name)(self, other)
+    return method
+
+
+for _dunder, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
+                     ("floordiv", "floor_divide"), ("mod", "remainder"), ("pow", "pow"),
+                     ("and", "bitwise_and"), ("or", "bitwise_or"), ("xor", "bitwise_xor")):
+    setattr(Value, f"__{_dunder}__", _binop(_op))
+    setattr(Value, f"__r{_dunder}__", _binop(_op, swap=True))
+for _dunder, _op in (("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")):
+    setattr(Value, f"__{_dunder}__", _binop(_op))
+Value.__neg__ = lambda self: self.k.neg(self)
+Value.__abs__ = lambda self: self.k.abs(self)
+Value.__invert__ = lambda self: self.k.logical_not(self) if self.node.dtype is DType.BOOL \
+    else self.k.bitwise_xor(self, -1)
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """What a kernel function receives for each argument; `k.load` turns it into a Value."""
+    name: str
+    node: Node
+
+
+class OutputRef:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value):
+        self.value = value
+
+
+class KernelBuilder:
+    """The `k` of a kernel function. Every op of the op table is a method."""
+
+    def __init__(self) -> None:
+        self.ctx = ShapeContext()
+
+    # -- arguments ------------------------------------------------------------------------------
+    def _v(self, x, what: str = "argument") -> Node:
+        if isinstance(x, Value):
+            return x.node
+        if isinstance(x, InputRef):
+            return x.node
+        if isinstance(x, Scalar):
+            return build.const(x.item() if isinstance(x, np.generic) else x)
+        raise TraceError(f"{what} must be a traced Value or a Python scalar, got {type(x).__name__}")
+
+    def _wrap(self, node: Node) -> Value:
+        return Value(node, self)
+
+    def load(self, x: InputRef) -> Value:
+        if not isinstance(x, InputRef):
+            raise TraceError(f"k.load takes a kernel argument, got {type(x).__name__}")
+        return self._wrap(x.node)
+
+    def store(self, x: Value) -> OutputRef:
+        return OutputRef(self._wrap(self._v(x, "k.store argument")))
+
+    def scalar(self, value, dtype: Any = None) -> Value:
+        """A constant. Without dtype it promotes like a Python scalar; with one, like a 0-d tensor."""
+        return self._wrap(build.const(value, None if dtype is None else dtype_of(dtype)))
+
+    def iota(self, shape: Sequence[Dim], axis: int, dtype: Any = "int64") -> Value:
+        node = build.iota(tuple(shape), axis)
+        return self._wrap(build.cast(node, dtype_of(dtype)))
+
+    def cast(self, x, dtype: Any) -> Value:
+        return self._wrap(build.cast(self._v(x), dtype_of(dtype)))
+
+    # -- views ----------------------------------------------------------------------------------
+    def reshape(self, x, shape: Sequence[Dim]) -> Value:
+        return self._wrap(build.reshape(self.ctx, self._v(x), shape))
+
+    def permute(self, x, dims: Sequence[int]) -> Value:
+        return self._wrap(build.permute(self.ctx, self._v(x), dims))
+
+    def broadcast_to(self, x, shape: Sequence[Dim]) -> Value:
+        return self._wrap(build.broadcast_to(self.ctx, self._v(x), shape))
+
+    # -- composites with keyword forms ----------------------------------------------------------
+    def clamp(self, x, min=None, max=None) -> Value:  # noqa: A002 (PyTorch's names)
+        if min is None and max is None:
+            raise TraceError("clamp needs min or max")
+        if min is None:
+            return self.minimum(x, max)
+        if max is None:
+            return self.maximum(x, min)
+        return self._ew("clamp", x, min, max)
+
+    def gelu(self, x, approximate: str = "none") -> Value:
+        if approximate not in ("none", "tanh"):
+            raise TraceError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+        return self._ew("gelu" if approximate == "none" else "gelu_tanh", x)
+
+    def _ew(self, name: str, *args) -> Value:
+        return self._wrap(build.elementwise(self.ctx, name, *[self._v(a) for a in args]))
+
+    def _reduce(self, name: str, x, axis=None, keepdims: bool = False) -> Value:
+        return self._wrap(build.reduce(self.ctx, name, self._v(x), axis, keepdims))
+
+
+def _make_ew(name: str, arity: int):
+    def method(self: KernelBuilder, *args):
+        if len(args) != arity:
+            raise TraceError(f"k.{name} takes {arity} argument(s), got {len(args)}")
+        return self._ew(name, *args)
+    method.__name__ = name
+    method.__doc__ = OP_TABLE[name].doc or f"elementwise {name} (PyTorch semantics)"
+    return method
+
+
+def _make_reduce(name: str):
+    def method(self: KernelBuilder, x, axis=None, keepdims: bool = False):
+        return self._reduce(name, x, axis, keepdims)
+    method.__name__ = name
+    method.__doc__ = f"{name} over `axis` (None: all; int or tuple), keepdims like NumPy"
+    return method
+
+
+for _name in UNARY + BINARY + TERNARY:
+    if not hasattr(KernelBuilder, _name):
+        setattr(KernelBuilder, _name, _make_ew(_name, OP_TABLE[_name].arity))
+for _name in REDUCTIONS:
+    setattr(KernelBuilder, _name, _make_reduce(_name))
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Traced:
+    graph: CompiledGraph
+    arg_dims: list[tuple[Dim, ...]]
+    checks: list
+    origin: dict[str, tuple[str, int]]   # symbol name -> (argument name, dim) that first bound it
+    single: bool
+
+
+class KernelFunction:
+    """A traced-on-demand kernel. Call it with NumPy arrays; `program(...)` gives the encoded Program."""
+
+    def __init__(self, fn: Callable, dynamic: bool = True):
+        self.fn, self.dynamic = fn, dynamic
+        params = list(inspect.signature(fn).parameters)
+        if not params:
+            raise TraceError("a kernel function takes the builder `k` as its first parameter")
+        self.arg_names = params[1:]
+        self._traces: dict = {}
+        functools.update_wrapper(self, fn)
+
+    # -- arguments ------------------------------------------------------------------------------
+    def _coerce(self, args) -> list[np.ndarray]:
+        if len(args) != len(self.arg_names):
+            raise TraceError(f"{self.fn.__name__} takes {len(self.arg_names)} array argument(s) "
+                             f"({', '.join(self.arg_names)}), got {len(args)}")
+        out = []
+        for name, a in zip(self.arg_names, args):
+            arr = a if isinstance(a, np.ndarray) else np.asarray(a)
+            try:
+                dtype_of(arr.dtype)
+            except TypeError as e:
+                raise DTypeError(f"argument '{name}': {e}") from None
+            out.append(arr)
+        return out
+
+    def _signature(self, arrays: list[np.ndarray]) -> tuple:
+        if not self.dynamic:
+            return tuple((dtype_of(a.dtype), a.shape) for a in arrays)
+        return tuple((dtype_of(a.dtype), tuple(d if d in (0, 1) else -1 for d in a.shape)) for a in arrays)
+
+    def trace(self, *args) -> _Traced:
+        arrays = self._coerce(args)
+        return self._trace(self._signature(arrays))
+
+    def _trace(self, sig: tuple) -> _Traced:
+        traced = self._traces.get(sig)
+        if traced is not None:
+            return traced
+        dims = [tuple(d if d >= 0 else sym(f"{name}_{j}", lo=2) for j, d in enumerate(shape))
+                for name, (_, shape) in zip(self.arg_names, sig)]
+        first = self._run_fn(sig, dims)
+        dims, origin = self._unify(dims, first[1].ctx.checks)
+        outputs, k, single = self._run_fn(sig, dims)
+        inputs = [Node.make("input", dt, d, index=i, name=n)
+                  for i, ((dt, _), d, n) in enumerate(zip(sig, dims, self.arg_names))]
+        traced = _Traced(CompiledGraph(inputs, outputs), dims, k.ctx.checks, origin, single)
+        counters.bump("traces")
+        self._traces[sig] = traced
+        return traced
+
+    def _run_fn(self, sig, dims):
+        k = KernelBuilder()
+        refs = [InputRef(n, Node.make("input", dt, d, index=i, name=n))
+                for i, ((dt, _), d, n) in enumerate(zip(sig, dims, self.arg_names))]
+        result = self.fn(k, *refs)
+        single = not isinstance(result, tuple)
+        results = (result,) if single else result
+        if not results or not all(isinstance(r, OutputRef) for r in results):
+            raise TraceError(f"{self.fn.__name__} must return k.store(...) or a tuple of them")
+        return [r.value.node for r in results], k, single
+
+    def _unify(self, dims, checks) -> tuple[list, dict]:
+        parent: dict[str, SymExpr] = {}
+
+        def find(s: SymExpr) -> SymExpr:
+            while (sym_ := s.as_symbol()) is not None and sym_.name in parent:
+                s = parent[sym_.name]
+            return s
+        for c in checks:
+            if isinstance(c.lhs, SymExpr) and isinstance(c.rhs, SymExpr):
+                a, b = find(c.lhs), find(c.rhs)
+                if a.as_symbol() and b.as_symbol() and a != b:
+                    parent[b.as_symbol().name] = a
+        origin: dict[str, tuple[str, int]] = {}
+        out = []
+        for name, shape in zip(self.arg_names, dims):
+            new = tuple(find(d) if isinstance(d, SymExpr) else d for d in shape)
+            for j, d in enumerate(new):
+                if isinstance(d, SymExpr) and d.as_symbol():
+                    origin.setdefault(d.as_symbol().name, (name, j))
+            out.append(new)
+        return out, origin
+
+    # -- binding --------------------------------------------------------------------------------
+    def _bind(self, traced: _Traced, arrays: list[np.ndarray]) -> dict[str, int]:
+        env: dict[str, int] = {}
+        for name, dims, a in zip(self.arg_names, traced.arg_dims, arrays):
+            for j, (d, n) in enumerate(zip(dims, a.shape)):
+                if isinstance(d, int):
+                    continue
+                s = d.as_symbol().name
+                if s in env and env[s] != n:
+                    src, sj = traced.origin[s]
+                    raise ShapeError(f"argument '{name}' has size {n} at dim {j}, but the kernel needs it "
+                                     f"equal to argument '{src}' dim {sj} (size {env[s]}), as they broadcast "
+                                     f"together")
+                env[s] = n
+        for c in traced.checks:
+            lhs = evaluate(c.lhs, env)
+            if c.rhs is None:
+                if lhs == 0:
+                    raise ShapeError(c.why)
+            elif lhs != evaluate(c.rhs, env):
+                raise ShapeError(f"{c.why} (sizes {lhs} and {evaluate(c.rhs, env)} for arguments "
+                                 f"{', '.join(f'{n}{tuple(a.shape)}' for n, a in zip(self.arg_names, arrays))})")
+        return env
+
+    def __call__(self, *args):
+        arrays = self._coerce(args)
+        traced = self._trace(self._signature(arrays))
+        env = self._bind(traced, arrays)
+        outs = traced.graph.run(env, arrays)
+        return outs[0] if traced.single else tuple(outs)
+
+    def program(self, *args) -> Program:
+        """The encoded Program for these arguments (shapes, dtypes and layouts)."""
+        from ..runtime.compiled import as_buffer
+        arrays = self._coerce(args)
+        traced = self._trace(self._signature(arrays))
+        env = self._bind(traced, arrays)
+        return traced.graph.program(env, [as_buffer(a)[1] for a in arrays])
+
+    def __repr__(self) -> str:
+        return f"<dvm.kernel {self.fn.__name__}({', '.join(self.arg_names)}) dynamic={self.dynamic}>"
+
+
+def kernel(fn: Callable | None = None, *, dynamic: bool = True):
+    """Decorator: `@dvm.kernel` or `@dvm.kernel(dynamic=False)` (one trace per concrete shape)."""
+    if fn is None:
+        return lambda f: KernelFunction(f, dynamic=dynamic)
+    return KernelFunction(fn, dynamic=dynamic)
+
+
+def describe_shape(shape) -> str:
+    return render(shape)

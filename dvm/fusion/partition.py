@@ -1,0 +1,202 @@
+"""Partition a graph into vector-kernel groups, decided once on symbolic shapes.
+
+A group has one domain: a shape S and a set A of reduced axes. Elementwise work is inlined
+(recomputed) into every group that needs it; reductions and stored values are group roots.
+Values crossing groups go through workspace buffers. Invariant: group indices are a
+topological order — a group reads workspaces only of groups with a smaller index, and reads
+reductions of its own group from registers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph.node import Node, topo_order
+from ..graph.ops import OP_TABLE, Kind
+from ..graph.symbolic import Dim, is_one
+from ..graph.views import split_chain
+
+VIEW_OPS = ("reshape", "permute", "broadcast_to")
+LEAF_OPS = ("input", "iota")
+
+
+def is_reduce(node: Node) -> bool:
+    return OP_TABLE[node.op].kind is Kind.REDUCE
+
+
+@dataclass
+class Store:
+    value: Node          # computed (or loaded) in the group
+    slot: int            # argument slot written
+    view: Node | None    # the output node when it is a reshape of `value` (stored through a view)
+
+
+@dataclass
+class Group:
+    index: int
+    shape: tuple[Dim, ...]
+    axes: frozenset[int]
+    reductions: list[Node] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+
+    def describe(self) -> str:
+        red = ", ".join(f"{r.op}{sorted(r.attr('axes'))}" for r in self.reductions) or "none"
+        return f"group {self.index}: domain {self.shape} reduce {sorted(self.axes)}; " \
+               f"reductions {red}; {len(self.stores)} store(s)"
+
+
+@dataclass
+class Plan:
+    """Groups in execution order. Argument slots: inputs, then outputs, then workspaces."""
+    groups: list[Group]
+    n_inputs: int
+    outputs: list[Node]
+    workspaces: list[Node]
+    slot_of: dict[Node, int]        # materialized node -> workspace slot
+    group_of: dict[Node, int]       # reduction / materialized node -> producing group
+    sweep_of: dict[Node, int]       # reduction -> sweep in its group
+
+    @property
+    def n_slots(self) -> int:
+        return self.n_inputs + len(self.outputs) + len(self.workspaces)
+
+
+def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
+    """'full' / 'row' when a value of `shape` lives in domain (dom, axes), else None.
+    'row' values are constant along every reduced axis (only when there are reduced axes)."""
+    if len(shape) != len(dom):
+        return None
+    varies_on_reduced = False
+    for i, (d, s) in enumerate(zip(shape, dom)):
+        if d == s:
+            varies_on_reduced |= i in axes and not is_one(s)
+        elif not is_one(d) or i not in axes:
+            return None
+    return "row" if axes and not varies_on_reduced else "full"
+
+
+def offending_reshape(chain: list[Node], start: int) -> int:
+    """Index of the first reshape in chain[start:] that follows a permute/broadcast, or -1."""
+    moved = False
+    for i in range(start, len(chain)):
+        if chain[i].op == "reshape" and moved:
+            return i
+        moved |= chain[i].op != "reshape"
+    return -1
+
+
+class Partitioner:
+    def __init__(self, n_inputs: int, outputs: list[Node]):
+        self.n_inputs, self.outputs = n_inputs, outputs
+        self.groups: list[Group] = []
+        self.group_of: dict[Node, int] = {}
+        self.sweep_of: dict[Node, int] = {}
+        self.workspaces: list[Node] = []
+        self.slot_of: dict[Node, int] = {}
+        self._memo: dict[Node, frozenset] = {}
+
+    # -- what inlining a node reads: (root, through_workspace) pairs ----------------------------
+    def deps(self, node: Node) -> frozenset:
+        memo = self._memo.get(node)
+        if memo is None:
+            if is_reduce(node):
+                self.place_reduction(node)
+                memo = frozenset({(node, False)})
+            else:
+                memo = self.inline_deps(node)
+            self._memo[node] = memo
+        return memo
+
+    def inline_deps(self, node: Node) -> frozenset:
+        if node.op in VIEW_OPS:
+            base, _ = self.resolve_view(node)
+            return frozenset({(base, True)}) if base in self.slot_of else frozenset()
+        return frozenset().union(*(self.deps(i) for i in node.inputs))
+
+    def resolve_view(self, v: Node) -> tuple[Node, list[Node]]:
+        """(base, chain) a load can express; materializes what must be materialized."""
+        base, chain = split_chain(v)
+        if base.op not in LEAF_OPS:
+            self.materialize(base)
+        start = 0
+        while (k := offending_reshape(chain, start)) >= 0:
+            base, start = chain[k - 1], k
+            self.materialize(base)
+        return base, chain[start:]
+
+    def lowest_group(self, deps: frozenset) -> int:
+        return max((self.group_of[d] + (1 if ws else 0) for d, ws in deps), default=0)
+
+    # -- placement ------------------------------------------------------------------------------
+    def place_reduction(self, r: Node) -> None:
+        if r in self.group_of:
+            return
+        src = r.inputs[0]
+        deps = self.deps(src)
+        lo, axes = self.lowest_group(deps), frozenset(r.attr("axes"))
+        g = next((g for g in reversed(self.groups) if g.index >= lo and g.shape == src.shape
+                  and g.axes == axes), None) or self.new_group(src.shape, axes)
+        inner = [self.sweep_of[d] for d, ws in deps if not ws and self.group_of[d] == g.index]
+        self.sweep_of[r] = 1 + max(inner, default=-1)
+        g.reductions.append(r)
+        self.group_of[r] = g.index
+
+    def place_store(self, value: Node, slot: int, view: Node | None) -> int:
+        deps = self.inline_deps(value) if not is_reduce(value) else self.deps(value)
+        lo = self.lowest_group(deps)
+        homes = sorted({self.group_of[d] for d, ws in deps if not ws}, reverse=True)
+        order = homes + [g.index for g in reversed(self.groups) if g.index not in homes]
+        g = next((self.groups[i] for i in order
+                  if i >= lo and fits(value.shape, self.groups[i].shape, self.groups[i].axes)), None)
+        if g is None:
+            g = self.new_group(value.shape, frozenset())
+        g.stores.append(Store(value, slot, view))
+        return g.index
+
+    def materialize(self, node: Node) -> None:
+        if node in self.slot_of:
+            return
+        slot = self.n_inputs + len(self.outputs) + len(self.workspaces)
+        self.workspaces.append(node)
+        self.slot_of[node] = slot
+        if is_reduce(node):
+            self.place_reduction(node)
+            self.groups[self.group_of[node]].stores.append(Store(node, slot, None))
+        else:
+            self.group_of[node] = self.place_store(node, slot, None)
+
+    def new_group(self, shape: tuple, axes: frozenset) -> Group:
+        g = Group(len(self.groups), shape, axes)
+        self.groups.append(g)
+        return g
+
+    def reads_of(self, g: Group) -> frozenset:
+        out = frozenset().union(*(self.deps(r.inputs[0]) for r in g.reductions))
+        for s in g.stores:
+            out |= self.inline_deps(s.value) if not is_reduce(s.value) else frozenset()
+        return out
+
+    def run(self) -> Plan:
+        for node in topo_order(self.outputs):
+            if is_reduce(node):
+                self.place_reduction(node)
+        for i, out in enumerate(self.outputs):
+            slot = self.n_inputs + i
+            base, _ = split_chain(out)
+            if out.op == "reshape" and out.inputs[0].op not in VIEW_OPS and base.op not in LEAF_OPS:
+                self.place_store(out.inputs[0], slot, out)
+            else:
+                self.place_store(out, slot, None)
+        changed = True
+        while changed:  # reductions read by other groups go through workspaces
+            changed = False
+            for g in list(self.groups):
+                for d, ws in self.reads_of(g):
+                    if not ws and self.group_of[d] != g.index and d not in self.slot_of:
+                        self.materialize(d)
+                        changed = True
+        return Plan(self.groups, self.n_inputs, self.outputs, self.workspaces, self.slot_of,
+                    self.group_of, self.sweep_of)
+
+
+def partition(n_inputs: int, outputs: list[Node]) -> Plan:
+    return Partitioner(n_inputs, outputs).run()

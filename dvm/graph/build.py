@@ -1,0 +1,241 @@
+"""Shape and dtype rules: the only way graph nodes are built (builder API and torch frontend).
+
+Every function here works on symbolic shapes. A fact that cannot be decided while tracing is
+recorded in `ShapeContext.checks` and evaluated when sizes are bound; a fact decided false
+raises ShapeError at once. Type promotion is PyTorch's and is made explicit with cast nodes,
+so every elementwise node's inputs already have its compute dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..errors import DTypeError, ShapeError
+from .dtypes import DEFAULT_FLOAT, DType, result_type, round_to_dtype
+from .node import Node
+from .ops import OP_TABLE, Kind, Promo
+from .symbolic import Dim, SymExpr, decide_eq, floordiv, is_one, prod, render
+
+
+@dataclass
+class Check:
+    """A run-time fact: `lhs == rhs` (or `lhs != 0` when rhs is None), with the reason."""
+    lhs: Dim
+    rhs: Dim | None
+    why: str
+
+
+@dataclass
+class ShapeContext:
+    checks: list[Check] = field(default_factory=list)
+
+    def require_eq(self, a: Dim, b: Dim, why: str) -> None:
+        decided = decide_eq(a, b)
+        if decided is False:
+            raise ShapeError(f"{why}: {a} != {b}")
+        if decided is None and not any(c.lhs == a and c.rhs == b for c in self.checks):
+            self.checks.append(Check(a, b, why))
+
+    def require_nonzero(self, a: Dim, why: str) -> None:
+        if isinstance(a, int):
+            if a == 0:
+                raise ShapeError(why)
+        elif not any(c.lhs == a and c.rhs is None for c in self.checks):
+            self.checks.append(Check(a, None, why))
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+def broadcast_shapes(ctx: ShapeContext, shapes: Sequence[tuple], what: str) -> tuple:
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        big = [d for d in dims if not is_one(d)]
+        if not big:
+            out.append(1)
+            continue
+        first = big[0]
+        for d in big[1:]:
+            if decide_eq(first, d) is not True:
+                ctx.require_eq(first, d, f"{what}: shapes {', '.join(render(s) for s in shapes)} "
+                                         f"do not broadcast at dim {i - rank}")
+        out.append(first)
+    return tuple(out)
+
+
+def normalize_axes(axis, ndim: int, what: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, int) or not -max(ndim, 1) <= a < max(ndim, 1):
+            raise ShapeError(f"{what}: axis {a} is out of range for a tensor of rank {ndim}")
+        a = a % ndim if ndim else 0
+        if a in out:
+            raise ShapeError(f"{what}: axis {a} appears twice in {axis}")
+        out.append(a)
+    return tuple(sorted(out)) if ndim else ()
+
+
+# -- leaves -------------------------------------------------------------------------------------
+
+def const(value, dtype: DType | None = None) -> Node:
+    """A scalar constant. Without `dtype` it is weak (a Python scalar in PyTorch's promotion)."""
+    if isinstance(value, SymExpr):
+        return Node.make("const", dtype or DType.INT64, (), value=value, weak=dtype is None)
+    if dtype is None:
+        dtype = DType.BOOL if isinstance(value, bool) else DType.INT64 if isinstance(value, int) \
+            else DEFAULT_FLOAT
+        if not isinstance(value, (bool, int, float)):
+            raise DTypeError(f"scalar constant must be bool, int or float, got {type(value).__name__}")
+        return Node.make("const", dtype, (), value=round_to_dtype(value, dtype), weak=True)
+    return Node.make("const", dtype, (), value=round_to_dtype(value, dtype), weak=False)
+
+
+def iota(shape: tuple, axis: int) -> Node:
+    (axis,) = normalize_axes(axis, len(shape), "iota")
+    return Node.make("iota", DType.INT64, shape, axis=axis)
+
+
+def cast(x: Node, dtype: DType) -> Node:
+    if x.dtype == dtype:
+        return x
+    if x.op == "const" and not isinstance(x.attr("value"), SymExpr):
+        return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), dtype),
+                         weak=x.attr("weak") and dtype.category == x.dtype.category)
+    return Node.make("cast", dtype, x.shape, (x,))
+
+
+# -- elementwise --------------------------------------------------------------------------------
+
+def _promoted(args: Sequence[Node]) -> DType:
+    dims = [a.dtype for a in args if a.ndim > 0]
+    zero = [a.dtype for a in args if a.ndim == 0 and not (a.op == "const" and a.attr("weak"))]
+    weak = [a.dtype.category for a in args if a.ndim == 0 and a.op == "const" and a.attr("weak")]
+    return result_type(dims, zero, weak)
+
+
+def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
+    op = OP_TABLE[name]
+    if op.kind is not Kind.ELEMENTWISE or len(args) != op.arity:
+        raise ShapeError(f"{name} takes {op.arity} tensor arguments, got {len(args)}")
+    shape = broadcast_shapes(ctx, [a.shape for a in args], name)
+    if name == "where":
+        cond, data = cast(args[0], DType.BOOL), args[1:]
+    else:
+        cond, data = None, args
+    promoted = _promoted(data)
+    if op.promo is Promo.LOGICAL:
+        compute, result = DType.BOOL, DType.BOOL
+    elif op.promo is Promo.INT_TO_FLOAT and not promoted.is_float:
+        compute = result = DEFAULT_FLOAT
+    else:
+        compute, result = promoted, DType.BOOL if op.promo is Promo.ALWAYS_BOOL else promoted
+    if compute is DType.BOOL and op.reject_bool:
+        raise DTypeError(op.reject_bool)
+    if compute.category not in op.accepts:
+        raise DTypeError(f"{name} does not support {compute.short} inputs "
+                         f"(accepts {', '.join(sorted(c.name.lower() for c in op.accepts))})")
+    if not compute.is_float and (op.identity_for_int or (name == "sign" and compute is DType.BOOL)):
+        return broadcast_view(ctx, cast(args[0], result), shape)
+    if name in ("isnan", "isinf", "isfinite") and not compute.is_float:
+        return elementwise(ctx, "eq" if name == "isfinite" else "ne", args[0], args[0])
+    if compute.bank not in op.banks:
+        if op.bool_via_int and compute is DType.BOOL:
+            wide = elementwise(ctx, name, *[cast(a, DType.INT64) for a in args])
+            return cast(wide, result)
+        raise DTypeError(f"{name} is not implemented for {compute.short}")
+    inputs = [cast(a, compute) for a in data]
+    if cond is not None:
+        inputs = [cond] + inputs
+    return Node.make(name, result, shape, inputs)
+
+
+def broadcast_view(ctx: ShapeContext, x: Node, shape: tuple) -> Node:
+    return x if x.shape == shape else broadcast_to(ctx, x, shape)
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = False) -> Node:
+    op = OP_TABLE[name]
+    axes = normalize_axes(axis, x.ndim, name)
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    if op.extra.get("nonempty"):
+        for a in axes:
+            ctx.require_nonzero(x.shape[a], f"{name}: cannot reduce over an empty axis {a} "
+                                            f"of a tensor of shape {render(x.shape)}")
+    if name == "mean":
+        if not x.dtype.is_float:
+            raise DTypeError("mean(): could not infer output dtype. Input dtype must be either a "
+                             f"floating point or complex dtype. Got: {x.dtype.short}")
+        wide = DType.FLOAT64 if x.dtype is DType.FLOAT64 else DType.FLOAT32
+        total = cast(reduce(ctx, "sum", x, axes, True), wide)
+        count = const(prod(x.shape[a] for a in axes), wide)
+        out = cast(elementwise(ctx, "div", total, count), x.dtype)
+    else:
+        if op.promo is Promo.SUM_LIKE and not x.dtype.is_float:
+            src, result = cast(x, DType.INT64), DType.INT64
+        elif x.dtype is DType.BOOL:
+            src = cast(x, DType.INT64)
+            result = DType.BOOL if op.promo is Promo.KEEP else DType.INT64
+        else:
+            src, result = x, (DType.INT64 if op.promo is Promo.LONG else x.dtype)
+        if not axes:
+            out = cast(src, result) if op.promo is not Promo.LONG else \
+                broadcast_view(ctx, const(0, DType.INT64), x.shape)
+        else:
+            out = Node.make(name, DType.INT64 if op.promo is Promo.LONG else src.dtype, kept,
+                            (src,), axes=axes)
+            out = cast(out, result)
+    if keepdims:
+        return out
+    return reshape(ctx, out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+# -- views --------------------------------------------------------------------------------------
+
+def reshape(ctx: ShapeContext, x: Node, shape: Sequence) -> Node:
+    shape = tuple(shape)
+    unknown = [i for i, d in enumerate(shape) if isinstance(d, int) and d == -1]
+    if len(unknown) > 1:
+        raise ShapeError(f"reshape: only one dimension can be -1, got {render(shape)}")
+    numel = prod(x.shape)
+    if unknown:
+        rest = prod(d for i, d in enumerate(shape) if i != unknown[0])
+        shape = shape[:unknown[0]] + (floordiv(numel, rest),) + shape[unknown[0] + 1:]
+    for d in shape:
+        if isinstance(d, int) and d < 0:
+            raise ShapeError(f"reshape: invalid size {d} in {render(shape)}")
+    ctx.require_eq(numel, prod(shape), f"reshape of {render(x.shape)} to {render(shape)} "
+                                       "must keep the number of elements")
+    if shape == x.shape:
+        return x
+    if x.op == "reshape":
+        x = x.inputs[0]
+        if shape == x.shape:
+            return x
+    return Node.make("reshape", x.dtype, shape, (x,))
+
+
+def permute(ctx: ShapeContext, x: Node, dims: Sequence[int]) -> Node:
+    dims = tuple(d % x.ndim if isinstance(d, int) and -x.ndim <= d < x.ndim else d for d in dims)
+    if sorted(dims) != list(range(x.ndim)):
+        raise ShapeError(f"permute: {tuple(dims)} is not a permutation of the {x.ndim} axes")
+    if dims == tuple(range(x.ndim)):
+        return x
+    return Node.make("permute", x.dtype, tuple(x.shape[d] for d in dims), (x,), dims=dims)
+
+
+def broadcast_to(ctx: ShapeContext, x: Node, shape: Sequence) -> Node:
+    shape = tuple(shape)
+    if len(shape) < x.ndim:
+        raise ShapeError(f"broadcast_to: cannot broadcast {render(x.shape)} to fewer dims {render(shape)}")
+    for src, dst in zip(x.shape, shape[len(shape) - x.ndim:]):
+        if not is_one(src):
+            ctx.require_eq(src, dst, f"broadcast_to: {render(x.shape)} to {render(shape)}")
+    if shape == x.shape:
+        return x
+    return Node.make("broadcast_to", x.dtype, shape, (x,))

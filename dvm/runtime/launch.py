@@ -1,0 +1,27 @@
+"""Verify-then-run: the only path from a Program to a VM."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..codegen.program import Program
+from ..codegen.verifier import check_buffers, verify
+from ..config import config
+from . import counters
+
+
+def vm_runner(name: str | None = None):
+    name = name or config().vm
+    if name == "reference":
+        from ..vm.reference import run
+        return run
+    raise ValueError(f"unknown VM {name!r}")
+
+
+def execute(program: Program, buffers: Sequence[np.ndarray], vm: str | None = None) -> None:
+    """Verify `program` (structure cached per Program), check the buffers, run it."""
+    layout = verify(program)
+    check_buffers(layout, buffers)
+    counters.bump("launches")
+    vm_runner(vm)(layout, list(buffers))
