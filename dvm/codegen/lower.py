@@ -230,6 +230,11 @@ def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank])
                 v = ins[1 + f]
                 first.setdefault(v, pos)
                 last[v] = pos
+    # the row-block loop re-runs every sweep: prologue values read by a sweep live to the end
+    pro_end = bounds[0][1]
+    for v, p in first.items():
+        if p < pro_end and last[v] >= pro_end:
+            last[v] = len(flat) - 1
     bodies = [bounds[2 + 3 * s] for s in range((len(bounds) - 1) // 3)]
     for pos, (ins, spec) in enumerate(zip(flat, specs)):
         for bs, be in bodies:

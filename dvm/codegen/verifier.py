@@ -204,6 +204,8 @@ def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
     for sw in layout.sweeps:
         ranges += [("I", sw.init), ("B", sw.body), ("F", sw.fin)]
     n_opnd, n_const = len(layout.opnd_kind), len(layout.const_bank)
+    from_prologue: set = set()   # registers still holding the value the prologue wrote
+    rowloop_reads: set = set()   # ... of which the row-block loop has read
     for sec, (s, e) in ranges:
         outer_reads: set = set()
         for i in range(s, e):
@@ -248,6 +250,8 @@ def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
                                                            "write that reaches it", i, k)
                 if sec == "B" and state[b][r] == KEEP:
                     outer_reads.add((b, r))
+                if sec != "P" and (b, r) in from_prologue:
+                    rowloop_reads.add((b, r))
             for role, b, r in regs:
                 if role == "m" and (sec != "B" or state[b][r] != KEEP):
                     raise VerifyError("read_before_write", f"{spec.name}: accumulator {b.short}:{r} is not "
@@ -256,7 +260,11 @@ def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
                     if sec == "B" and (b, r) in outer_reads:
                         raise VerifyError("loop_carried", f"{spec.name} overwrites {b.short}:{r}, which this "
                                                           "body read earlier (a value carried across tiles)", i, k)
+                    if sec != "P" and (b, r) in rowloop_reads:
+                        raise VerifyError("loop_carried", f"{spec.name} overwrites {b.short}:{r}, a prologue "
+                                                          "value the next row block reads again", i, k)
                     state[b][r] = LOCAL if sec == "B" else KEEP
+                    (from_prologue.add if sec == "P" else from_prologue.discard)((b, r))
         if sec == "B":
             for bank_state in state:
                 for r, st in enumerate(bank_state):
