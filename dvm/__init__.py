@@ -5,10 +5,11 @@ from .codegen.program import Program
 from .codegen.verifier import verify
 from .errors import DTypeError, DvmError, ShapeError, TraceError, VerifyError
 from .frontend.builder import KernelFunction, kernel
+from .frontend.explain import explain
 from .runtime.counters import reset as reset_counters
 from .runtime.counters import snapshot as counters
 from .runtime.launch import execute
 
 __version__ = "0.1.0"
-__all__ = ["kernel", "KernelFunction", "Program", "disasm", "verify", "execute", "counters",
+__all__ = ["kernel", "KernelFunction", "explain", "Program", "disasm", "verify", "execute", "counters",
            "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+from math import prod
 
 from ..graph.dtypes import Bank, DType
 from ..graph.symbolic import Dim, SymExpr, evaluate
@@ -41,13 +42,48 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _operand_strides(t: KernelTemplate, spec, dom: list[int], env, inputs: Sequence[Layout]) -> tuple[list[int], int]:
-    if spec.base_shape is None:
+def _dim_getter(d: Dim):
+    """A fast evaluator for one size: a constant, one symbol, or a general expression."""
+    if isinstance(d, int):
+        return lambda env, v=d: v
+    sym = d.as_symbol()
+    if sym is not None:
+        name = sym.name
+        return lambda env: env[name]
+    return lambda env: evaluate(d, env)
+
+
+class _Compiled:
+    """Per-template data precomputed once so that encoding an instance is straight-line code."""
+
+    def __init__(self, t: KernelTemplate):
+        self.dom = [_dim_getter(d) for d in t.shape]
+        n = len(t.shape)
+        if t.axes:
+            self.row_axes = [i for i in range(n) if i not in t.axes]
+            self.col_axes = [i for i in range(n) if i in t.axes]
+        else:
+            self.row_axes, self.col_axes = list(range(n)), []
+        self.opnds = []
+        for spec in t.operands:
+            base = None if spec.base_shape is None else [_dim_getter(d) for d in spec.base_shape]
+            self.opnds.append((spec, base))
+        self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
+        self.tail = [*t.prologue] + [w for sw in t.sweeps for w in sw]
+        self.consts = [(int(bank), bank in (Bank.F32, Bank.F64), value if isinstance(value, SymExpr) else None,
+                        None if isinstance(value, SymExpr) else
+                        (float_bits(value) if bank in (Bank.F32, Bank.F64) else int(value)))
+                       for bank, value in t.consts]
+        self.instrs = t.instrs.reshape(-1)
+
+
+def _operand_strides(spec, base, n: int, env, inputs: Sequence[Layout]) -> tuple[list[int], int]:
+    if base is None:
         layout = inputs[spec.slot]
     else:
-        shape = tuple(evaluate(d, env) for d in spec.base_shape)
+        shape = tuple(g(env) for g in base)
         if spec.unit_axis is not None:
-            strides = tuple(1 if (i == spec.unit_axis and n != 1) else 0 for i, n in enumerate(shape))
+            strides = tuple(1 if (i == spec.unit_axis and d != 1) else 0 for i, d in enumerate(shape))
         else:
             strides = contiguous_strides(shape)
         layout = (shape, strides, 0)
@@ -56,42 +92,34 @@ def _operand_strides(t: KernelTemplate, spec, dom: list[int], env, inputs: Seque
         if layout is None:
             raise NeedsCopy(spec.slot)
     shape, strides, offset = layout
-    pad = len(dom) - len(shape)
-    out = [0] * pad
-    for n, s in zip(shape, strides):
-        out.append(0 if n == 1 else s)
+    out = [0] * (n - len(shape))
+    out += [0 if d == 1 else st for d, st in zip(shape, strides)]
     return out, offset
 
 
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> list[int]:
-    dom = [evaluate(d, env) for d in t.shape]
+    c = t.__dict__.get("_compiled")
+    if c is None:
+        c = t.__dict__["_compiled"] = _Compiled(t)
+    dom = [g(env) for g in c.dom]
     n = len(dom)
-    per_opnd = [_operand_strides(t, spec, dom, env, inputs) for spec in t.operands]
-    if t.axes:
-        row_axes = [i for i in range(n) if i not in t.axes]
-        col_axes = [i for i in range(n) if i in t.axes]
-    else:
-        row_axes, col_axes = list(range(n)), []
-    rows = _fold([dom[i] for i in row_axes], [[s[i] for i in row_axes] for s, _ in per_opnd])
-    cols = _fold([dom[i] for i in col_axes], [[s[i] for i in col_axes] for s, _ in per_opnd])
-    if not t.axes and rows[0]:  # elementwise: the innermost folded dim becomes the column dim
-        cols = ([rows[0].pop()], [[st.pop()] for st in rows[1]])
-    row_sizes, row_strides = rows
-    col_sizes, col_strides = cols
-    R = int(np.prod(row_sizes, dtype=np.int64)) if row_sizes else 1
-    C = int(np.prod(col_sizes, dtype=np.int64)) if col_sizes else 1
+    per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
+    ra, ca = c.row_axes, c.col_axes
+    row_sizes, row_strides = _fold([dom[i] for i in ra], [[st[i] for i in ra] for st, _ in per_opnd])
+    col_sizes, col_strides = _fold([dom[i] for i in ca], [[st[i] for i in ca] for st, _ in per_opnd])
+    if not ca and row_sizes:  # elementwise: the innermost folded dim becomes the column dim
+        col_sizes, col_strides = [row_sizes.pop()], [[st.pop()] for st in row_strides]
+    R, C = prod(row_sizes), prod(col_sizes)
     bn = min(_pow2_at_least(max(C, 1)), MAX_BN)
     bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))
-    words = [len(row_sizes), len(col_sizes), bm, bn, len(t.operands), len(t.consts), len(t.instrs),
-             len(t.sweeps), *t.nregs, *row_sizes, *col_sizes, *t.prologue]
-    for sw in t.sweeps:
-        words.extend(sw)
-    for j, spec in enumerate(t.operands):
-        words += [spec.kind, spec.slot, int(spec.dtype), per_opnd[j][1], *row_strides[j], *col_strides[j]]
-    for bank, value in t.consts:
-        if isinstance(value, SymExpr):
-            value = evaluate(value, env)
-        words += [int(bank), float_bits(value) if bank in (Bank.F32, Bank.F64) else int(value)]
+    words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
+    for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):
+        words += [spec.kind, spec.slot, int(spec.dtype), offset, *rs, *cs]
+    for bank, is_float, sym_value, bits in c.consts:
+        if sym_value is not None:
+            v = evaluate(sym_value, env)
+            bits = float_bits(v) if is_float else int(v)
+        words += [bank, bits]
     return words
 
 
@@ -115,7 +143,7 @@ def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[l
 
 def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec], env: Mapping[str, int],
                    inputs: Sequence[Layout]) -> Program:
-    blocks = [encode_kernel(t, env, inputs) for t in templates]
+    blocks = [encode_kernel(t, env, inputs) for t in templates]  # also builds t._compiled
     arg_words: list[int] = []
     for a in args:
         numel = 0
@@ -130,11 +158,16 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
         size = len(b) + t.instrs.size
         table += [start, size]
         start += size
-    parts = [np.array([MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table], np.int64)]
+    words = np.empty(start, np.int64)
+    head = [MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table]
+    pos = len(head)
+    words[:pos] = head
     for t, b in zip(templates, blocks):
-        parts.append(np.array(b, np.int64))
-        parts.append(t.instrs.reshape(-1))
-    words = np.concatenate(parts)
+        words[pos:pos + len(b)] = b
+        pos += len(b)
+        instrs = t.__dict__["_compiled"].instrs
+        words[pos:pos + len(instrs)] = instrs
+        pos += len(instrs)
     words.flags.writeable = False
     return Program(words)
 

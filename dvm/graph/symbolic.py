@@ -216,13 +216,10 @@ def mod(a: Dim, b: Dim) -> Dim:
 def sym_max(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
-    if decide_eq(a, b) is True:
+    lo, hi = bounds(a - b)
+    if lo >= 0:
         return a
-    lo_a, hi_a = bounds(a)
-    lo_b, hi_b = bounds(b)
-    if lo_a >= hi_b:
-        return a
-    if lo_b >= hi_a:
+    if hi <= 0:
         return b
     return _opaque("max", a, b)
 

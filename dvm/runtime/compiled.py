@@ -14,11 +14,10 @@ from ..codegen.lower import lower
 from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
 from ..config import config
 from ..fusion.partition import partition
-from ..graph.dtypes import DType
 from ..graph.node import Node
 from ..graph.symbolic import evaluate
 from ..graph.views import Layout
-from . import counters
+from . import counters, debug
 from .launch import execute
 
 
@@ -55,6 +54,7 @@ class CompiledGraph:
         self._lock = threading.Lock()
         counters.bump("graphs_compiled")
         counters.bump("kernels_vector", len(self.templates))
+        debug.on_compile(self)
 
     def program(self, env: Mapping[str, int], layouts: Sequence[Layout]) -> Program:
         key = (tuple(sorted(env.items())), tuple((l[1], l[2]) for l in layouts))
@@ -66,7 +66,9 @@ class CompiledGraph:
                 return prog
         t0 = time.perf_counter_ns()
         prog = encode_program(self.templates, self.args, env, layouts)
-        counters.record_encode(time.perf_counter_ns() - t0)
+        ns = time.perf_counter_ns() - t0
+        counters.record_encode(ns)
+        debug.on_encode(prog, ns / 1e3)
         with self._lock:
             prog = self._programs.setdefault(key, prog)
             self._programs.move_to_end(key)
@@ -96,6 +98,3 @@ def _numel(shape, env) -> int:
         n *= evaluate(d, env)
     return n
 
-
-def dtype_name(d: DType) -> str:
-    return d.short

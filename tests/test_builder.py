@@ -1,0 +1,131 @@
+"""The builder API contract: tracing once per signature, errors that name arguments, layouts."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dvm
+
+
+@dvm.kernel
+def softmax(k, x):
+    x = k.load(x)
+    m = k.max(x, axis=-1, keepdims=True)
+    e = k.exp(k.sub(x, m))
+    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_issue_example_runs_and_disassembles():
+    x = np.random.rand(7, 129).astype(np.float32)
+    np.testing.assert_allclose(softmax(x), np_softmax(x), rtol=1e-6, atol=1e-7)
+    prog = softmax.program(np.empty((3, 5), np.float32))
+    assert isinstance(prog, dvm.Program)
+    text = dvm.disasm(prog)
+    assert "rfin.max.f32" in text and "rfin.sum.f32" in text
+    assert len(dvm.verify(prog).kernels) == 1  # post-reduction fusion: one kernel
+
+
+def test_new_shapes_encode_without_retrace():
+    dvm.reset_counters()
+    for rows, cols in [(2, 3), (5, 17), (9, 4097), (2, 3)]:
+        x = np.random.rand(rows, cols).astype(np.float32)
+        np.testing.assert_allclose(softmax(x), np_softmax(x), rtol=1e-6, atol=1e-7)
+    c = dvm.counters()
+    assert c.get("traces", 0) == 0  # traced before, in the first test or earlier in this one
+    assert c["encodes"] == 3 and c["cache_hits"] >= 1
+
+
+def test_dynamic_false_specializes_per_shape():
+    @dvm.kernel(dynamic=False)
+    def double(k, x):
+        return k.store(k.mul(k.load(x), 2))
+    dvm.reset_counters()
+    double(np.ones((2, 3), np.float32))
+    double(np.ones((4, 3), np.float32))
+    double(np.ones((2, 3), np.float32))
+    assert dvm.counters()["traces"] == 2
+
+
+def test_multiple_outputs_and_layouts():
+    @dvm.kernel
+    def two(k, x, b):
+        x, b = k.load(x), k.load(b)
+        y = k.add(x, b)
+        return k.store(y), k.store(k.sum(y, axis=0))
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    b = np.broadcast_to(np.arange(3.0), (3,))
+    for x in (base[:, ::2], base.T[::2].T, base[::-1, 1::2], np.broadcast_to(np.arange(3.0), (4, 3))):
+        y, s = two(x, b)
+        np.testing.assert_array_equal(y, x + b)
+        np.testing.assert_array_equal(s, (x + b).sum(0))
+
+
+def test_errors_name_the_argument():
+    @dvm.kernel
+    def add(k, x, y):
+        return k.store(k.add(k.load(x), k.load(y)))
+    with pytest.raises(dvm.ShapeError, match="argument 'y'"):
+        add(np.ones((2, 3)), np.ones(4))
+    with pytest.raises(dvm.DTypeError, match="argument 'x'"):
+        add(np.ones(3, np.complex64), np.ones(3))
+    with pytest.raises(dvm.DTypeError, match="argument 'y'"):
+        add(np.ones(3), np.array(["a", "b", "c"]))
+    with pytest.raises(dvm.TraceError, match="takes 2 array"):
+        add(np.ones(3))
+    with pytest.raises(dvm.ShapeError):
+        add(np.ones((2, 3)), np.ones((3, 2)))
+
+
+def test_trace_errors_are_clear():
+    @dvm.kernel
+    def no_store(k, x):
+        return k.exp(k.load(x))
+    with pytest.raises(dvm.TraceError, match="k.store"):
+        no_store(np.ones(3))
+
+    @dvm.kernel
+    def branch(k, x):
+        x = k.load(x)
+        if k.gt(x, 0):
+            return k.store(x)
+    with pytest.raises(dvm.TraceError, match="truth value"):
+        branch(np.ones(3))
+
+    @dvm.kernel
+    def bad_axis(k, x):
+        return k.store(k.sum(k.load(x), axis=3))
+    with pytest.raises(dvm.ShapeError, match="axis 3"):
+        bad_axis(np.ones((2, 2)))
+
+
+def test_scalar_promotion_is_weak_like_pytorch():
+    @dvm.kernel
+    def f(k, x):
+        x = k.load(x)
+        return k.store(k.add(x, 2)), k.store(k.add(x, 2.5)), k.store(k.mul(x, k.scalar(2, dtype="int64")))
+    a, b, c = f(np.array([1, 2], np.int32))
+    assert a.dtype == np.int32 and b.dtype == np.float32 and c.dtype == np.int32
+    h, _, _ = f(np.array([1, 2], np.float16))
+    assert h.dtype == np.float16
+
+
+def test_iota_masks_and_casts():
+    @dvm.kernel
+    def tril(k, x):
+        x = k.load(x)
+        i, j = k.iota(x.shape, 0), k.iota(x.shape, 1)
+        return k.store(k.where(k.le(j, i), x, 0.0)), k.store(k.cast(x, "bfloat16"))
+    x = np.random.rand(5, 7).astype(np.float32)
+    t, bf = tril(x)
+    np.testing.assert_array_equal(t, np.tril(x))
+    assert bf.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(bf, x.astype(ml_dtypes.bfloat16))
+
+
+def test_explain_reports_groups():
+    text = dvm.explain(softmax, np.ones((2, 3), np.float32))
+    assert "1 vector kernel" in text and "reductions max[1], sum[1]" in text
