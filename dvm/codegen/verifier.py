@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import VerifyError
 from ..graph.dtypes import DType
 from . import isa
-from .program import (ARG_IN, ARG_OUT, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS,
+from .program import (ARG_IN, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS,
                       KHEAD_WORDS, KTABLE_WORDS, MAGIC, MAX_DIMS, MAX_REGS, MAX_SWEEPS, MAX_TILE,
                       OPND_ARG, OPND_FIXED_WORDS, OPND_INDEX, SWEEP_WORDS, VERSION, ArgInfo,
                       KernelLayout, Program, ProgramLayout, Sweep)
@@ -315,7 +315,7 @@ def _extents(args: list[ArgInfo], kernels: list[KernelLayout], facts: list[_Fact
     return out
 
 
-def check_buffers(layout: ProgramLayout, buffers) -> None:
+def check_buffers(layout: ProgramLayout, buffers, check_overlap: bool = True) -> None:
     """Run before every execution: buffers match the argument table and hold every touched element."""
     if len(buffers) != len(layout.args):
         raise VerifyError("buffers", f"program takes {len(layout.args)} buffers, got {len(buffers)}")
@@ -330,7 +330,9 @@ def check_buffers(layout: ProgramLayout, buffers) -> None:
         if ext is not None and (ext[0] < 0 or ext[1] >= len(buf)):
             raise VerifyError("bounds", f"buffer {a} has {len(buf)} elements, the program touches "
                                         f"[{ext[0]}, {ext[1]}]")
-    writable = [a for a, info in enumerate(layout.args) if info.role == ARG_OUT or info.role == 2]
+    if not check_overlap:
+        return
+    writable = [a for a, info in enumerate(layout.args) if info.role != ARG_IN]
     for a in writable:
         for b in range(len(buffers)):
             if b != a and layout.extents[b] is not None and np.may_share_memory(buffers[a], buffers[b]):

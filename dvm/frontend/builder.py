@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -195,6 +196,7 @@ class KernelFunction:
             raise TraceError("a kernel function takes the builder `k` as its first parameter")
         self.arg_names = params[1:]
         self._traces: dict = {}
+        self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
     # -- arguments ------------------------------------------------------------------------------
@@ -225,6 +227,13 @@ class KernelFunction:
         traced = self._traces.get(sig)
         if traced is not None:
             return traced
+        with self._lock:  # one trace per signature, even under concurrent first calls
+            traced = self._traces.get(sig)
+            if traced is None:
+                traced = self._trace_locked(sig)
+        return traced
+
+    def _trace_locked(self, sig: tuple) -> _Traced:
         dims = [tuple(d if d >= 0 else sym(f"{name}_{j}", lo=2) for j, d in enumerate(shape))
                 for name, (_, shape) in zip(self.arg_names, sig)]
         first = self._run_fn(sig, dims)

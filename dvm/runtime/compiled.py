@@ -16,7 +16,7 @@ from ..config import config
 from ..fusion.partition import partition
 from ..graph.node import Node
 from ..graph.symbolic import evaluate
-from ..graph.views import Layout
+from ..graph.views import Layout, contiguous_strides
 from . import counters, debug
 from .launch import execute
 
@@ -24,6 +24,9 @@ from .launch import execute
 def as_buffer(a: np.ndarray) -> tuple[np.ndarray, Layout]:
     """A 1-D view over the memory `a` spans, and a's (shape, strides, offset) in elements."""
     item = a.itemsize
+    if a.flags.c_contiguous:
+        return a.reshape(-1), (a.shape, tuple(s // item for s in a.strides) if a.size > 1
+                               else contiguous_strides(a.shape), 0)
     if any(s % item for s in a.strides):
         a = np.ascontiguousarray(a)
         counters.bump("input_copies")
@@ -88,7 +91,7 @@ class CompiledGraph:
                 counters.bump("input_copies")
         outs = [np.empty(tuple(evaluate(d, env) for d in o.shape), o.dtype.np_dtype) for o in self.outputs]
         ws = [np.empty(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
-        execute(prog, list(bufs) + [o.reshape(-1) for o in outs] + ws)
+        execute(prog, list(bufs) + [o.reshape(-1) for o in outs] + ws, fresh_outputs=True)
         return outs
 
 
