@@ -154,7 +154,8 @@ def _check_operands(opnd: np.ndarray, args: list[ArgInfo], k: int) -> None:
 
 
 def _stream_key(layout: KernelLayout, args: list[ArgInfo]) -> bytes:
-    roles = bytes(args[a].role for a in layout.opnd_arg) if len(layout.opnd_arg) else b""
+    roles = bytes(args[int(a)].role if int(kind) == OPND_ARG else 255
+                  for kind, a in zip(layout.opnd_kind, layout.opnd_arg))
     s = [layout.prologue] + [(x.init, x.body, x.fin) for x in layout.sweeps]
     return b"|".join((layout.instrs.tobytes(), repr((s, layout.nregs)).encode(), layout.opnd_kind.tobytes(),
                       layout.opnd_dtype.tobytes(), roles, layout.const_bank.tobytes()))

@@ -1,0 +1,142 @@
+"""The `dvm` command line (also `python -m dvm`).
+
+    dvm demo [--seed S]                               builder-API kernels over changing shapes
+    dvm bench encode [--shapes N] [--seed S] [--json PATH] [--quick]
+    dvm disasm FILE.npy                               verify a saved Program and print it
+    dvm version
+
+User errors (bad arguments, unreadable or malformed files, a bad DVM_* environment variable)
+print one line on stderr and exit non-zero, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"dvm: error: {msg}", file=sys.stderr)
+
+
+def cmd_version(args) -> int:
+    import platform
+
+    import numpy as np
+
+    import dvm
+    from dvm.config import config
+    print(f"dvm {dvm.__version__}")
+    print(f"python {platform.python_version()}, numpy {np.__version__}, VM {config().vm}")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+    return run_demo(seed=args.seed)
+
+
+def cmd_bench_encode(args) -> int:
+    from . import bench_encode
+    if args.shapes is not None and args.shapes < 1:
+        _err("--shapes must be at least 1")
+        return EXIT_USAGE
+    json_path = None if args.json in ("", "-") else args.json
+    return bench_encode.main(n_shapes=args.shapes, seed=args.seed, json_path=json_path, quick=args.quick)
+
+
+def cmd_disasm(args) -> int:
+    import dvm
+    from dvm.errors import VerifyError
+    path = args.file
+    try:
+        prog = dvm.Program.load(path)
+    except OSError as e:
+        _err(f"cannot read {path}: {e.strerror or e}")
+        return EXIT_FAIL
+    except (ValueError, EOFError):   # np.load: not a .npy file, or one holding pickled objects
+        _err(f"{path} is not a saved DVM program (a .npy file of one 1-D int64 array)")
+        return EXIT_USAGE
+    except TypeError as e:           # a .npy file, but not of a 1-D int64 array
+        _err(f"{path} is not a saved DVM program: {e}")
+        return EXIT_USAGE
+    try:
+        text = dvm.disasm(prog)   # verifies first
+    except VerifyError as e:
+        _err(f"{path}: program rejected by the verifier: {e}")
+        return EXIT_USAGE
+    print(text)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import bench_encode
+    p = argparse.ArgumentParser(prog="dvm", description="DVM: a real-time operator compiler "
+                                "(fused kernels encoded to bytecode per instance, run by a VM).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="run builder-API kernels over a stream of changing shapes",
+                       description="Run softmax, LayerNorm, bias+GELU, an 8-op chain and RMSNorm over "
+                                   "changing shapes; check every result against NumPy.")
+    d.add_argument("--seed", type=int, default=0, help="random seed for shapes and data (default 0)")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmarks", description="Benchmarks (see BENCHMARKS.md).")
+    bsub = b.add_subparsers(dest="bench", metavar="BENCHMARK")
+    be = bsub.add_parser("encode", help="encode time of new kernel instances vs the budget",
+                         description="Encode time per new instance (cache miss) of fused vector kernels, "
+                                     "over many random shapes, against the budget p50 <= 20 us, "
+                                     "p99 <= 100 us. No VM runs in the timed part.")
+    be.add_argument("--shapes", type=int, default=None, metavar="N",
+                    help=f"new shapes per kernel (default {bench_encode.DEFAULT_SHAPES}; "
+                         f"{bench_encode.QUICK_SHAPES} with --quick)")
+    be.add_argument("--seed", type=int, default=0, help="random seed for shapes (default 0)")
+    be.add_argument("--json", default=bench_encode.DEFAULT_JSON, metavar="PATH",
+                    help=f"where to write the results as JSON (default {bench_encode.DEFAULT_JSON}; "
+                         f"'-' for none)")
+    be.add_argument("--quick", action="store_true", help="a short smoke run")
+    be.set_defaults(func=cmd_bench_encode)
+    b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
+
+    s = sub.add_parser("disasm", help="verify a saved Program (.npy) and print its disassembly",
+                       description="Load a Program saved with Program.save, verify it and print it. "
+                                   "Exit code 2 if the file is not a valid program.")
+    s.add_argument("file", metavar="FILE.npy")
+    s.set_defaults(func=cmd_disasm)
+
+    v = sub.add_parser("version", help="print the DVM version")
+    v.set_defaults(func=cmd_version)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:   # argparse printed usage or help
+        return int(e.code or 0) if not isinstance(e.code, str) else EXIT_USAGE
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from dvm.errors import DvmError
+    try:
+        from dvm.config import config
+        config()   # a bad DVM_* variable is a user error: report it before anything runs
+    except ValueError as e:
+        _err(f"bad environment: {e}")
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except DvmError as e:
+        _err(str(e))
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:   # e.g. `dvm disasm f.npy | head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""The CPU VM interpreter: memory access per tile, the per-instruction dispatch and the row-block /
+tile loops, compiled once by numba and cached on disk.
+
+Kernel descriptor (built by cpu.py):
+  instrs  int64 [n_instr, 6]     the program's instructions (opcode + 5 fields)
+  dec     int64 [n_opcodes, 5]   per opcode: group, op id, bank, source bank, ew kind
+  meta    int64 [...]            see cpu.py (_M_* offsets)
+  optab   int64 [n_opnd, 4+nd]   kind, arg, dtype, offset, strides
+  consts  int64 [n_const]        constant bits
+  addrs, numels  int64 [n_args]  buffer addresses and sizes
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit, prange
+
+from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
+                          DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _acc,
+                          _acc_arg, _accinit, _bin_b8, _bin_float, _bin_i64, _cast, _clamp, _cmp,
+                          _pred, _rfin, _rfin_arg, _un_b8, _un_f32, _un_f64, _un_i64, _where)
+from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+
+# instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
+G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN = range(9)
+K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
+CV_PLAIN, CV_F16, CV_BF16 = 0, 1, 2
+# meta layout
+M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_SW = range(14)
+
+
+@njit(**OPTS)
+def _addr(j, idx, optab, dims, d0, d1, sbase):
+    """Address contribution of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
+    off = np.int64(0)
+    rem = idx
+    for d in range(d1 - 1, d0 - 1, -1):
+        size = max(dims[d], 1)
+        off += (rem % size) * optab[j, sbase + d]
+        rem //= size
+    return off
+
+
+@njit(**OPTS)
+def _load_row(o, buf, cv, start, stride, n, ix, general):
+    """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
+    if general:
+        if cv == CV_PLAIN:
+            for k in range(n):
+                o[k] = buf[ix[k]]
+        elif cv == CV_F16:
+            for k in range(n):
+                o[k] = h2f(buf[ix[k]])
+        else:
+            for k in range(n):
+                o[k] = bf2f(buf[ix[k]])
+    elif stride == 1:
+        src = buf[start:start + n]
+        if cv == CV_PLAIN:
+            for k in range(n):
+                o[k] = src[k]
+        elif cv == CV_F16:
+            for k in range(n):
+                o[k] = h2f(src[k])
+        else:
+            for k in range(n):
+                o[k] = bf2f(src[k])
+    elif stride == 0:
+        if cv == CV_PLAIN:
+            o[:n] = buf[start]
+        elif cv == CV_F16:
+            o[:n] = h2f(buf[start])
+        else:
+            o[:n] = bf2f(buf[start])
+    else:
+        for k in range(n):
+            ix[k] = start + k * stride
+        _load_row(o, buf, cv, 0, 0, n, ix, True)
+
+
+@njit(**OPTS)
+def _store_row(buf, x, cv, start, stride, n, ix, general):
+    if not general and stride == 1:
+        dst = buf[start:start + n]
+        if cv == CV_PLAIN:
+            for k in range(n):
+                dst[k] = x[k]
+        elif cv == CV_F16:
+            for k in range(n):
+                dst[k] = f2h(x[k])
+        else:
+            for k in range(n):
+                dst[k] = f2bf(x[k])
+        return
+    if not general:
+        for k in range(n):
+            ix[k] = start + k * stride
+    if cv == CV_PLAIN:
+        for k in range(n):
+            buf[ix[k]] = x[k]
+    elif cv == CV_F16:
+        for k in range(n):
+            buf[ix[k]] = f2h(x[k])
+    else:
+        for k in range(n):
+            buf[ix[k]] = f2bf(x[k])
+
+
+@njit(**OPTS)
+def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
+    """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    nrv = min(bm, rows - r0)
+    ncv = 1 if fin else min(bn, cols - c0)
+    off = optab[j, 3]
+    # column addressing for this tile: a single column dim is start + k*stride, else general
+    general = (not fin) and nc > 1
+    stride = 0 if (fin or nc == 0) else optab[j, 4 + nr]
+    if general:
+        for k in range(ncv):
+            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc, 4)
+    for i in range(bm if not is_store else nrv):
+        row = reg[i * bn:(i + 1) * bn]
+        if i >= nrv:   # clamped rows copy the last valid row
+            row[:] = reg[(nrv - 1) * bn:nrv * bn]
+            continue
+        base = off + _addr(j, r0 + i, optab, dims, 0, nr, 4)
+        if general:
+            for k in range(ncv):
+                ix[ncv + k] = base + ix[k]
+            if is_store:
+                _store_row(buf, row, cv, 0, 0, ncv, ix[ncv:], True)
+            else:
+                _load_row(row, buf, cv, 0, 0, ncv, ix[ncv:], True)
+        elif is_store:
+            _store_row(buf, row, cv, base + c0 * stride, stride, ncv, ix, False)
+        else:
+            _load_row(row, buf, cv, base + c0 * stride, stride, ncv, ix, False)
+        if not is_store and ncv < bn:
+            v = row[ncv - 1]
+            for k in range(ncv, bn):
+                row[k] = v
+
+
+@njit(**OPTS)
+def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0, fin, ix):
+    arg, dt = optab[j, 1], optab[j, 2]
+    a, n = addrs[arg], numels[arg]
+    if dt == DT_F32:
+        _mem(is_store, F[d], carray(ptr_f32(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_F16:
+        _mem(is_store, F[d], carray(ptr_u16(a), n), CV_F16, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_BF16:
+        _mem(is_store, F[d], carray(ptr_u16(a), n), CV_BF16, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_F64:
+        _mem(is_store, D[d], carray(ptr_f64(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_I64:
+        _mem(is_store, I[d], carray(ptr_i64(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_I32:
+        _mem(is_store, I[d], carray(ptr_i32(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+    elif dt == DT_BOOL:
+        _mem(is_store, B[d], carray(ptr_u8(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+    else:
+        return ERR_UNHANDLED
+    return 0
+
+
+@njit(**OPTS)
+def _index(o, j, optab, dims, meta, r0, c0, fin):
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    for i in range(bm):
+        r = min(r0 + i, rows - 1)
+        base = optab[j, 3] + _addr(j, r, optab, dims, 0, nr, 4)
+        for k in range(bn):
+            c = 0 if fin else min(c0 + k, cols - 1)
+            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc, 4)
+
+
+@njit(**OPTS)
+def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
+    if kind == K_UN:
+        if bank == BK_F32:
+            return 0 if _un_f32(op, F[f1], F[f2]) else ERR_UNHANDLED
+        if bank == BK_F64:
+            return 0 if _un_f64(op, D[f1], D[f2]) else ERR_UNHANDLED
+        if bank == BK_I64:
+            return 0 if _un_i64(op, I[f1], I[f2]) else ERR_UNHANDLED
+        return 0 if _un_b8(op, B[f1], B[f2]) else ERR_UNHANDLED
+    if kind == K_PRED:
+        if bank == BK_F32:
+            return 0 if _pred(op, B[f1], F[f2]) else ERR_UNHANDLED
+        if bank == BK_F64:
+            return 0 if _pred(op, B[f1], D[f2]) else ERR_UNHANDLED
+        return ERR_UNHANDLED
+    if kind == K_BIN:
+        if bank == BK_F32:
+            return 0 if _bin_float(op, F[f1], F[f2], F[f3]) else ERR_UNHANDLED
+        if bank == BK_F64:
+            return 0 if _bin_float(op, D[f1], D[f2], D[f3]) else ERR_UNHANDLED
+        if bank == BK_I64:
+            return _bin_i64(op, I[f1], I[f2], I[f3])
+        return 0 if _bin_b8(op, B[f1], B[f2], B[f3]) else ERR_UNHANDLED
+    if kind == K_CMP:
+        if bank == BK_F32:
+            return 0 if _cmp(op, B[f1], F[f2], F[f3]) else ERR_UNHANDLED
+        if bank == BK_F64:
+            return 0 if _cmp(op, B[f1], D[f2], D[f3]) else ERR_UNHANDLED
+        if bank == BK_I64:
+            return 0 if _cmp(op, B[f1], I[f2], I[f3]) else ERR_UNHANDLED
+        return ERR_UNHANDLED
+    if kind == K_WHERE:
+        if bank == BK_F32:
+            _where(F[f1], B[f2], F[f3], F[f4])
+        elif bank == BK_F64:
+            _where(D[f1], B[f2], D[f3], D[f4])
+        elif bank == BK_I64:
+            _where(I[f1], B[f2], I[f3], I[f4])
+        else:
+            _where(B[f1], B[f2], B[f3], B[f4])
+        return 0
+    if kind == K_CLAMP:
+        if bank == BK_F32:
+            _clamp(F[f1], F[f2], F[f3], F[f4])
+        elif bank == BK_F64:
+            _clamp(D[f1], D[f2], D[f3], D[f4])
+        elif bank == BK_I64:
+            _clamp(I[f1], I[f2], I[f3], I[f4])
+        else:
+            return ERR_UNHANDLED
+        return 0
+    return ERR_UNHANDLED
+
+
+@njit(**OPTS)
+def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
+    if dst == BK_F32:
+        o = F[d]
+        if src == BK_F32:
+            _cast(o, F[s], t, src, dst)
+        elif src == BK_F64:
+            _cast(o, D[s], t, src, dst)
+        elif src == BK_I64:
+            _cast(o, I[s], t, src, dst)
+        else:
+            _cast(o, B[s], t, src, dst)
+    elif dst == BK_F64:
+        o = D[d]
+        if src == BK_F32:
+            _cast(o, F[s], t, src, dst)
+        elif src == BK_F64:
+            _cast(o, D[s], t, src, dst)
+        elif src == BK_I64:
+            _cast(o, I[s], t, src, dst)
+        else:
+            _cast(o, B[s], t, src, dst)
+    elif dst == BK_I64:
+        o = I[d]
+        if src == BK_F32:
+            _cast(o, F[s], t, src, dst)
+        elif src == BK_F64:
+            _cast(o, D[s], t, src, dst)
+        elif src == BK_I64:
+            _cast(o, I[s], t, src, dst)
+        else:
+            _cast(o, B[s], t, src, dst)
+    else:
+        o = B[d]
+        if src == BK_F32:
+            _cast(o, F[s], t, src, dst)
+        elif src == BK_F64:
+            _cast(o, D[s], t, src, dst)
+        elif src == BK_I64:
+            _cast(o, I[s], t, src, dst)
+        else:
+            _cast(o, B[s], t, src, dst)
+
+
+@njit(**OPTS)
+def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
+    is_arg = op == R_ARGMAX or op == R_ARGMIN
+    if g == G_ACCINIT:
+        if bank == BK_F32:
+            _accinit(op, F[f1], True)
+        elif bank == BK_F64:
+            _accinit(op, D[f1], True)
+        else:
+            _accinit(op, I[f1], False)
+        if is_arg:
+            I[f2][:] = 0
+    elif g == G_ACC:
+        if is_arg:
+            if bank == BK_F32:
+                _acc_arg(op, F[f1], I[f2], F[f3], bm, bn, ncv, c0)
+            elif bank == BK_F64:
+                _acc_arg(op, D[f1], I[f2], D[f3], bm, bn, ncv, c0)
+            else:
+                _acc_arg(op, I[f1], I[f2], I[f3], bm, bn, ncv, c0)
+        elif bank == BK_F32:
+            _acc(op, F[f1], F[f2], bm, bn, ncv)
+        elif bank == BK_F64:
+            _acc(op, D[f1], D[f2], bm, bn, ncv)
+        else:
+            _acc(op, I[f1], I[f2], bm, bn, ncv)
+    else:
+        if is_arg:
+            if bank == BK_F32:
+                _rfin_arg(op, I[f1], F[f2], I[f3], bm, bn, sf, si2)
+            elif bank == BK_F64:
+                _rfin_arg(op, I[f1], D[f2], I[f3], bm, bn, sd, si2)
+            else:
+                _rfin_arg(op, I[f1], I[f2], I[f3], bm, bn, si, si2)
+        elif bank == BK_F32:
+            _rfin(op, F[f1], F[f2], bm, bn, sf)
+        elif bank == BK_F64:
+            _rfin(op, D[f1], D[f2], bm, bn, sd)
+        else:
+            _rfin(op, I[f1], I[f2], bm, bn, si)
+
+
+@njit(**OPTS)
+def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, B,
+          r0, c0, fin, ix, sf, sd, si, si2):
+    bm, bn = meta[M_BM], meta[M_BN]
+    ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
+    for pc in range(s, e):
+        opc = instrs[pc, 0]
+        g, op, bank, src, kind = dec[opc, 0], dec[opc, 1], dec[opc, 2], dec[opc, 3], dec[opc, 4]
+        f1, f2, f3, f4 = instrs[pc, 1], instrs[pc, 2], instrs[pc, 3], instrs[pc, 4]
+        err = 0
+        if g == G_EW:
+            err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B)
+        elif g == G_LOAD or g == G_STORE:
+            err = _memop(g == G_STORE, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0, fin, ix)
+        elif g == G_CAST:
+            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B)
+        elif g == G_ACCINIT or g == G_ACC or g == G_RFIN:
+            _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2)
+        elif g == G_INDEX:
+            _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
+        elif g == G_CONST:
+            bits = consts[f2]
+            if bank == BK_F32:
+                F[f1][:] = np.float32(consts.view(np.float64)[f2])
+            elif bank == BK_F64:
+                D[f1][:] = consts.view(np.float64)[f2]
+            elif bank == BK_I64:
+                I[f1][:] = bits
+            else:
+                B[f1][:] = 1 if bits != 0 else 0
+        else:
+            err = ERR_UNHANDLED
+        if err != 0:
+            return err
+    return 0
+
+
+@njit(**OPTS)
+def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+    """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par."""
+    bm, bn = meta[M_BM], meta[M_BN]
+    t = bm * bn
+    F = np.empty((meta[M_NF], t), np.float32)
+    D = np.empty((meta[M_ND], t), np.float64)
+    I = np.empty((meta[M_NI], t), np.int64)
+    B = np.empty((meta[M_NB], t), np.uint8)
+    ix = np.empty(2 * bn, np.int64)
+    sf = np.empty(bn, np.float32)
+    sd = np.empty(bn, np.float64)
+    si = np.empty(bn, np.int64)
+    si2 = np.empty(bn, np.int64)
+    cols = meta[M_COLS]
+    nct = (cols + bn - 1) // bn
+    nsw = meta[M_NSW]
+    err = _exec(meta[M_PRO_S], meta[M_PRO_E], instrs, dec, meta, dims, optab, consts, addrs, numels,
+                F, D, I, B, 0, 0, True, ix, sf, sd, si, si2)
+    if err != 0:
+        return err
+    for u in range(u0, u1):
+        if tile_par:
+            r0 = (u // nct) * bm
+            c0 = (u % nct) * bn
+            sw = M_SW
+            err = _exec(meta[sw + 2], meta[sw + 3], instrs, dec, meta, dims, optab, consts, addrs, numels,
+                        F, D, I, B, r0, c0, False, ix, sf, sd, si, si2)
+            if err != 0:
+                return err
+            continue
+        r0 = u * bm
+        for k in range(nsw):
+            sw = M_SW + 6 * k
+            err = _exec(meta[sw], meta[sw + 1], instrs, dec, meta, dims, optab, consts, addrs, numels,
+                        F, D, I, B, r0, 0, True, ix, sf, sd, si, si2)
+            for c0 in range(0, cols, bn):
+                if err != 0:
+                    break
+                err = _exec(meta[sw + 2], meta[sw + 3], instrs, dec, meta, dims, optab, consts, addrs,
+                            numels, F, D, I, B, r0, c0, False, ix, sf, sd, si, si2)
+            if err == 0:
+                err = _exec(meta[sw + 4], meta[sw + 5], instrs, dec, meta, dims, optab, consts, addrs,
+                            numels, F, D, I, B, r0, 0, True, ix, sf, sd, si, si2)
+            if err != 0:
+                return err
+    return 0
+
+
+@njit(cache=True, **OPTS)
+def run_serial(n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+    return _exec_units(0, n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
+
+
+@njit(cache=True, parallel=True, **OPTS)
+def run_parallel(n_chunks, n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+    errs = np.zeros(n_chunks, np.int64)
+    for c in prange(n_chunks):
+        u0 = n_units * c // n_chunks
+        u1 = n_units * (c + 1) // n_chunks
+        errs[c] = _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
+    return errs.max()
+
+
+ENTRY_POINTS = (run_serial, run_parallel)
+__all__ = ["run_serial", "run_parallel", "G_LOAD", "G_STORE", "G_CONST", "G_INDEX", "G_CAST", "G_EW",
+           "G_ACCINIT", "G_ACC", "G_RFIN", "K_UN", "K_PRED", "K_BIN", "K_CMP", "K_WHERE", "K_CLAMP",
+           "ERR_UNHANDLED", "ERR_ZERODIV", "M_SW"]

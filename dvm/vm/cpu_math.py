@@ -1,0 +1,378 @@
+"""Scalar building blocks of the CPU VM, written so that LLVM vectorizes the loops that call them.
+
+- bit casts (float32 <-> int, float64 <-> int64) and address -> typed pointer, as numba intrinsics;
+- float16 / bfloat16 <-> float32 conversions by bit manipulation (round to nearest even);
+- float32 math (exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, erf, sin, cos): range reduction
+  and polynomials in straight-line code (selects, no calls), so the loops over a tile vectorize.
+  NaN, +-inf and -0.0 follow PyTorch. Measured errors vs a float64 reference: see tests and
+  dvm/vm/cpu_probe.py (`ulp` mode).
+
+Only cpu_kernels.py calls these; it is the one module with cached entry points. Numba's disk
+cache keys on the source file of the entry point only, so cpu_kernels.CACHE_SALT embeds a hash
+of this file (see there): editing this file invalidates the cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+OPTS = dict(nogil=True, error_model="numpy")
+f32 = np.float32
+
+
+# --- intrinsics ---------------------------------------------------------------------------------
+@intrinsic
+def bits_f32(typingctx, v):
+    """Integer (low 32 bits) -> float32 with that bit pattern."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        val, w = args[0], args[0].type.width
+        if w > 32:
+            val = builder.trunc(val, ir.IntType(32))
+        elif w < 32:
+            val = builder.zext(val, ir.IntType(32))
+        return builder.bitcast(val, ir.FloatType())
+    return types.float32(v), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """float32 -> its bit pattern as a non-negative int64."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.bitcast(args[0], ir.IntType(32)), ir.IntType(64))
+    return types.int64(x), codegen
+
+
+@intrinsic
+def bits_f64(typingctx, v):
+    if not isinstance(v, types.Integer) or v.bitwidth != 64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(v), codegen
+
+
+@intrinsic
+def f64_bits(typingctx, x):
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(x), codegen
+
+
+def _ptr_intrinsic(nbtype):
+    def impl(typingctx, addr):
+        if not isinstance(addr, types.Integer):
+            return None
+        sig = types.CPointer(nbtype)(addr)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+        return sig, codegen
+    impl.__name__ = f"ptr_{nbtype}"
+    return intrinsic(impl)
+
+
+ptr_u8 = _ptr_intrinsic(types.uint8)
+ptr_u16 = _ptr_intrinsic(types.uint16)
+ptr_i32 = _ptr_intrinsic(types.int32)
+ptr_i64 = _ptr_intrinsic(types.int64)
+ptr_f32 = _ptr_intrinsic(types.float32)
+ptr_f64 = _ptr_intrinsic(types.float64)
+
+
+# --- half / bfloat16 ----------------------------------------------------------------------------
+_HALF_MAGIC = f32(2.0 ** -14)   # bits 113 << 23
+_DENORM_MAGIC = f32(0.5)        # bits 126 << 23
+
+
+@njit(**OPTS)
+def h2f(h):
+    """float16 bits -> float32 (exact)."""
+    h = np.int64(h) & 0xFFFF
+    neg = (h & 0x8000) != 0
+    o = (h & 0x7FFF) << 13
+    e = o & 0x0F800000
+    o = o + (112 << 23)
+    if e == 0x0F800000:
+        o = o + (112 << 23)
+    v = bits_f32(o)
+    if e == 0:
+        v = bits_f32(o + (1 << 23)) - _HALF_MAGIC
+    return -v if neg else v
+
+
+@njit(**OPTS)
+def f2h(x):
+    """float32 -> float16 bits, round to nearest even (NaN -> quiet NaN, overflow -> inf)."""
+    u = f32_bits(np.float32(x))
+    sign = (u >> 16) & 0x8000
+    u = u & 0x7FFFFFFF
+    if u >= 0x47800000:
+        r = np.int64(0x7E00) if u > 0x7F800000 else np.int64(0x7C00)
+    elif u < 0x38800000:
+        r = f32_bits(bits_f32(u) + _DENORM_MAGIC) - (126 << 23)
+    else:
+        r = (u - (112 << 23) + 0xFFF + ((u >> 13) & 1)) >> 13
+    return r | sign
+
+
+@njit(**OPTS)
+def bf2f(b):
+    return bits_f32((np.int64(b) & 0xFFFF) << 16)
+
+
+@njit(**OPTS)
+def f2bf(x):
+    """float32 -> bfloat16 bits, round to nearest even."""
+    u = f32_bits(np.float32(x))
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        r = (u >> 16) | 0x40
+    else:
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return r & 0xFFFF
+
+
+@njit(**OPTS)
+def f64_to_f32_odd(x):
+    """float64 -> float32 rounded to odd, so that a later f32 -> f16 rounding is exact."""
+    f = np.float32(x)
+    d = np.float64(f)
+    if d != x and f == f and f != 0 and abs(d) != np.inf:
+        u = f32_bits(f)
+        if (u & 1) == 0:
+            up = (d < x) == (f > 0)   # magnitude must grow
+            u = u + 1 if up else u - 1
+            f = bits_f32(u)
+    return f
+
+
+@njit(**OPTS)
+def f64_to_f16_f32(x):
+    """float64 -> float16 (one rounding) -> float32."""
+    return h2f(f2h(f64_to_f32_odd(x)))
+
+
+# --- float32 math -------------------------------------------------------------------------------
+_LOG2E = f32(1.44269504088896341)
+_LN2 = f32(0.693147180559945309)
+_C1 = f32(0.693359375)
+_C2 = f32(-2.12194440e-4)
+_P0, _P1, _P2 = f32(1.9875691500e-4), f32(1.3981999507e-3), f32(8.3334519073e-3)
+_P3, _P4, _P5 = f32(4.1665795894e-2), f32(1.6666665459e-1), f32(5.0000001201e-1)
+_ONE, _TWO, _HALF, _ZERO = f32(1.0), f32(2.0), f32(0.5), f32(0.0)
+_EXP_HI, _EXP_LO = f32(88.8), f32(-104.0)
+
+
+@njit(**OPTS)
+def _scale2(y, n):
+    """y * 2**n for float n in [-151, 129] (two exact steps, one final rounding)."""
+    k = np.int64(n) if n == n else np.int64(0)
+    k1 = k >> 1
+    k2 = k - k1
+    return y * bits_f32((k1 + 127) << 23) * bits_f32((k2 + 127) << 23)
+
+
+@njit(**OPTS)
+def _exp_poly(r):
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    return p * r * r + r + _ONE
+
+
+@njit(**OPTS)
+def expf(x):
+    xc = x
+    if xc > _EXP_HI:
+        xc = _EXP_HI
+    if xc < _EXP_LO:
+        xc = _EXP_LO
+    n = np.rint(xc * _LOG2E)
+    r = xc - n * _C1 - n * _C2
+    return _scale2(_exp_poly(r), n)
+
+
+@njit(**OPTS)
+def exp2f(x):
+    xc = x
+    if xc > f32(129.0):
+        xc = f32(129.0)
+    if xc < f32(-151.0):
+        xc = f32(-151.0)
+    n = np.rint(xc)
+    r = (xc - n) * _LN2
+    return _scale2(_exp_poly(r), n)
+
+
+_E2, _E3, _E4, _E5 = f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120)
+_E6, _E7, _E8, _E9 = f32(1 / 720), f32(1 / 5040), f32(1 / 40320), f32(1 / 362880)
+
+
+@njit(**OPTS)
+def expm1f(x):
+    xc = x
+    if xc > f32(88.0):
+        xc = f32(88.0)
+    if xc < f32(-30.0):
+        xc = f32(-30.0)
+    n = np.rint(xc * _LOG2E)
+    r = xc - n * _C1 - n * _C2
+    if n == 0:
+        r = xc
+    p = r + r * r * (_E2 + r * (_E3 + r * (_E4 + r * (_E5 + r * (_E6 + r * (_E7 + r * (_E8 + r * _E9)))))))
+    t = _scale2(_ONE, n)
+    y = t * p + (t - _ONE)
+    if x > f32(88.0):
+        y = expf(x)
+    if x == 0:
+        y = x
+    return y
+
+
+_SQRTHF = f32(0.707106781186547524)
+_L0, _L1, _L2 = f32(7.0376836292e-2), f32(-1.1514610310e-1), f32(1.1676998740e-1)
+_L3, _L4, _L5 = f32(-1.2420140846e-1), f32(1.4249322787e-1), f32(-1.6668057665e-1)
+_L6, _L7, _L8 = f32(2.0000714765e-1), f32(-2.4999993993e-1), f32(3.3333331174e-1)
+_TINY = f32(1.17549435e-38)
+_TWO23 = f32(8388608.0)
+_LOG2EA = f32(0.44269504088896340736)
+_INF32 = f32(np.inf)
+_NAN32 = f32(np.nan)
+
+
+@njit(**OPTS)
+def _log_parts(x):
+    """x > 0 finite: (e, t) with log(x) = e*ln2 + t, t = log(m) for m in [sqrt(.5), sqrt(2))."""
+    xs = x * _TWO23 if x < _TINY else x
+    adj = f32(-23.0) if x < _TINY else _ZERO
+    u = f32_bits(xs)
+    e = np.float32(((u >> 23) & 0xFF) - 126) + adj
+    m = bits_f32((u & 0x007FFFFF) | 0x3F000000)   # [0.5, 1)
+    if m < _SQRTHF:
+        e = e - _ONE
+        m = m + m - _ONE
+    else:
+        m = m - _ONE
+    z = m * m
+    y = ((((((((_L0 * m + _L1) * m + _L2) * m + _L3) * m + _L4) * m + _L5) * m + _L6) * m + _L7) * m + _L8) * m * z
+    y = y - _HALF * z
+    return e, m, y
+
+
+@njit(**OPTS)
+def _log_special(x, v):
+    if x == 0:
+        v = -_INF32
+    if x < 0:
+        v = _NAN32
+    if x == _INF32:
+        v = x
+    if x != x:
+        v = x
+    return v
+
+
+@njit(**OPTS)
+def logf(x):
+    e, m, y = _log_parts(x)
+    v = y + e * _C2 + m + e * _C1
+    return _log_special(x, v)
+
+
+@njit(**OPTS)
+def log2f(x):
+    e, m, y = _log_parts(x)
+    v = y * _LOG2EA + m * _LOG2EA + y + m + e
+    return _log_special(x, v)
+
+
+@njit(**OPTS)
+def log1pf(x):
+    u = _ONE + x
+    d = u - _ONE
+    v = logf(u) * (x / d)
+    if d == 0:
+        v = x
+    if x == _INF32:
+        v = x
+    return v
+
+
+_T0, _T1, _T2 = f32(-5.70498872745e-3), f32(2.06390887954e-2), f32(-5.37397155531e-2)
+_T3, _T4 = f32(1.33314422036e-1), f32(-3.33332819422e-1)
+
+
+@njit(**OPTS)
+def tanhf(x):
+    a = abs(x)
+    z = x * x
+    small = (((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z) * x + x
+    e = expf(a + a)
+    big = _ONE - _TWO / (e + _ONE)
+    big = big if x > 0 else -big
+    return small if a < f32(0.625) or x != x else big
+
+
+@njit(**OPTS)
+def sigmoidf(x):
+    e = expf(-abs(x))
+    d = _ONE + e
+    return _ONE / d if x >= 0 else e / d
+
+
+_A1, _A3, _A5 = f32(-1.60960333262415e-02), f32(-2.95459980854025e-03), f32(-7.34990630326855e-04)
+_A7, _A9, _A11 = f32(-5.69250639462346e-05), f32(-2.10102402082508e-06), f32(2.77068142495902e-08)
+_A13 = f32(-2.72614225801306e-10)
+_B0, _B2, _B4 = f32(-1.42647390514189e-02), f32(-7.37332916720468e-03), f32(-1.68282697438203e-03)
+_B6, _B8 = f32(-2.13374055278905e-04), f32(-1.45660718464996e-05)
+
+
+@njit(**OPTS)
+def erff(x):
+    """Rational approximation (Eigen's float erf) on [-4, 4], +-1 outside."""
+    xc = x
+    if xc > f32(4.0):
+        xc = f32(4.0)
+    if xc < f32(-4.0):
+        xc = f32(-4.0)
+    z = xc * xc
+    p = (((((_A13 * z + _A11) * z + _A9) * z + _A7) * z + _A5) * z + _A3) * z + _A1
+    q = (((_B8 * z + _B6) * z + _B4) * z + _B2) * z + _B0
+    return xc * p / q
+
+
+# sin / cos: reduction and polynomials in float64 (fdlibm kernels), rounded once at the end.
+_TWO_OVER_PI = 0.636619772367581382433
+_PIO2_1 = 1.57079632673412561417e+00
+_PIO2_1T = 6.07710050650619224932e-11
+_S1, _S2, _S3 = -1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04
+_S4, _S5, _S6 = 2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10
+_K1, _K2, _K3 = 4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05
+_K4, _K5, _K6 = -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11
+SINCOS_BIG = 1.0e6   # |x| above this: the caller recomputes with libm (float64)
+
+
+@njit(**OPTS)
+def sincosf(x, quad_shift):
+    """sin(x) (quad_shift=0) or cos(x) (quad_shift=1) of a float32, as float32."""
+    xd = np.float64(x)
+    k = np.rint(xd * _TWO_OVER_PI)
+    r = (xd - k * _PIO2_1) - k * _PIO2_1T
+    q = (np.int64(k) if abs(k) < 1e15 else np.int64(0)) + quad_shift
+    z = r * r
+    s = r + r * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
+    c = 1.0 - 0.5 * z + z * z * (_K1 + z * (_K2 + z * (_K3 + z * (_K4 + z * (_K5 + z * _K6)))))
+    v = c if (q & 1) != 0 else s
+    v = -v if (q & 2) != 0 else v
+    if quad_shift == 0 and x == 0:
+        v = xd
+    return np.float32(v)
