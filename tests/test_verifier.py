@@ -96,7 +96,7 @@ def argmax0(k, x):
 
 @dvm.kernel
 def to_bf16(k, x):
-    return k.store(k.cast(k.load(x), "bfloat16"))
+    return k.store(k.cast(k.cast(k.load(x), "bfloat16"), "float32"))  # keeps one rounding cast
 
 
 @dvm.kernel

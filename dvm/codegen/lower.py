@@ -200,8 +200,8 @@ class _Emitter:
             row = self.is_row(v)
             sec = self.sec("F", max(m, 0)) if row else self.sec("B", m + 1)
             src = v
-            while src.op == "cast" and src.inputs[0].dtype.bank == v.dtype.bank:
-                src = src.inputs[0]  # a store rounds/wraps exactly like a same-bank cast to its dtype
+            while src.op == "cast" and src.dtype == v.dtype and src.inputs[0].dtype.bank == v.dtype.bank:
+                src = src.inputs[0]  # the store rounds/wraps exactly like this same-bank cast
             reg = self.value(src, sec)
             spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
             self.emit(sec, f"store.{v.dtype.bank.short}", reg, self.operand(spec))

@@ -90,7 +90,9 @@ def const(value, dtype: DType | None = None) -> Node:
             else DEFAULT_FLOAT
         if not isinstance(value, (bool, int, float)):
             raise DTypeError(f"scalar constant must be bool, int or float, got {type(value).__name__}")
-        return Node.make("const", dtype, (), value=round_to_dtype(value, dtype), weak=True)
+        # a weak float keeps Python's double precision until it meets its compute dtype
+        kept = float(value) if dtype.is_float else round_to_dtype(value, dtype)
+        return Node.make("const", dtype, (), value=kept, weak=True)
     return Node.make("const", dtype, (), value=round_to_dtype(value, dtype), weak=False)
 
 
@@ -103,8 +105,10 @@ def cast(x: Node, dtype: DType) -> Node:
     if x.dtype == dtype:
         return x
     if x.op == "const" and not isinstance(x.attr("value"), SymExpr):
-        return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), dtype),
-                         weak=x.attr("weak") and dtype.category == x.dtype.category)
+        weak = x.attr("weak") and dtype.category == x.dtype.category
+        # PyTorch keeps Python scalars at f32 "opmath" precision for f16/bf16 tensors
+        precision = DType.FLOAT32 if x.attr("weak") and dtype in (DType.FLOAT16, DType.BFLOAT16) else dtype
+        return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), precision), weak=weak)
     return Node.make("cast", dtype, x.shape, (x,))
 
 
@@ -133,7 +137,7 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
         compute = result = DEFAULT_FLOAT
     else:
         compute, result = promoted, DType.BOOL if op.promo is Promo.ALWAYS_BOOL else promoted
-    if compute is DType.BOOL and op.reject_bool:
+    if op.reject_bool and (compute is DType.BOOL or (name == "sub" and any(a.dtype is DType.BOOL for a in data))):
         raise DTypeError(op.reject_bool)
     if compute.category not in op.accepts:
         raise DTypeError(f"{name} does not support {compute.short} inputs "
@@ -147,7 +151,11 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
             wide = elementwise(ctx, name, *[cast(a, DType.INT64) for a in args])
             return cast(wide, result)
         raise DTypeError(f"{name} is not implemented for {compute.short}")
-    inputs = [cast(a, compute) for a in data]
+    # 0-d float operands of another dtype (an f32/bf16 0-d tensor, a Python float) with an f16/bf16
+    # result are read at f32 "opmath" precision, as PyTorch's CPU kernels do, not rounded first
+    opmath = compute in (DType.FLOAT16, DType.BFLOAT16)
+    inputs = [cast(a, DType.FLOAT32) if opmath and a.ndim == 0 and a.dtype.is_float and a.dtype != compute
+              else cast(a, compute) for a in data]
     if cond is not None:
         inputs = [cond] + inputs
     return Node.make(name, result, shape, inputs)
@@ -163,6 +171,8 @@ def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = Fa
     op = OP_TABLE[name]
     axes = normalize_axes(axis, x.ndim, name)
     kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    if op.promo is Promo.LONG and x.dtype is DType.BOOL:
+        raise DTypeError(f"{name}(): does not support bool input")
     if op.extra.get("nonempty"):
         for a in axes:
             ctx.require_nonzero(x.shape[a], f"{name}: cannot reduce over an empty axis {a} "

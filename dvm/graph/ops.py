@@ -171,7 +171,7 @@ def _binary(name, promo, ref, accepts=ALL_CATS, banks=NUM_BANKS, **kw) -> OpDef:
 
 _NEG_BOOL = ("Negation, the `-` operator, on a bool tensor is not supported. If you are trying "
              "to invert a mask, use the `~` or `logical_not()` operator instead.")
-_SUB_BOOL = ("Subtraction, the `-` operator, with two bool tensors is not supported. "
+_SUB_BOOL = ("Subtraction, the `-` operator, with a bool tensor is not supported. "
              "Use the `^` or `logical_xor()` operator instead.")
 
 _OPS: list[OpDef] = [

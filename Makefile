@@ -1,0 +1,38 @@
+# DVM developer tasks. `make demo` and `make test` are all a newcomer needs: both create the
+# virtual environment (.venv) on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.dvm-installed
+
+.PHONY: venv demo test bench clean distclean
+
+venv: $(STAMP)
+
+# torch first and pinned exactly: that picks up the local CPU wheel (an unpinned torch would
+# download the CUDA build). Re-runs only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/dvm demo
+
+# pytest exit code 5 means "no tests collected": not a failure here.
+test: venv
+	$(BIN)/python -m pytest -n 2 tests/; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+bench: venv
+	$(BIN)/dvm bench encode
+
+# build outputs and caches (keeps .venv; `make distclean` removes it too)
+clean:
+	rm -rf build dist bench-results .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -path ./.git -prune -o -name __pycache__ -type d -prune \
+		-exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info
