@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 
@@ -70,13 +71,12 @@ class KernelLayout:
     const_bits: np.ndarray
     instrs: np.ndarray       # [n_instr, WORDS]
 
-    @property
-    def rows(self) -> int:
-        return int(np.prod(self.row_sizes, dtype=np.int64)) if self.row_sizes else 1
+    rows: int = field(init=False)   # product of row_sizes (1 when there are none)
+    cols: int = field(init=False)
 
-    @property
-    def cols(self) -> int:
-        return int(np.prod(self.col_sizes, dtype=np.int64)) if self.col_sizes else 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", prod(self.row_sizes))
+        object.__setattr__(self, "cols", prod(self.col_sizes))
 
 
 @dataclass(frozen=True)

@@ -54,16 +54,17 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
     end_tables = pos + n_args * ARG_WORDS + n_kernels * KTABLE_WORDS
     if end_tables > n:
         raise VerifyError("length", "argument and kernel tables run past the end")
+    head = w[:end_tables].tolist()
     args = []
     for a in range(n_args):
-        role, dt, numel = (int(x) for x in w[pos:pos + ARG_WORDS])
+        role, dt, numel = head[pos:pos + ARG_WORDS]
         pos += ARG_WORDS
         if role not in ARG_ROLES or not 0 <= dt < N_DTYPES or numel < 0:
             raise VerifyError("args", f"argument {a}: role {role}, dtype {dt}, numel {numel}")
         args.append(ArgInfo(role, dt, numel))
     kernels, prev_end = [], end_tables
     for k in range(n_kernels):
-        off, length = int(w[pos]), int(w[pos + 1])
+        off, length = head[pos], head[pos + 1]
         pos += KTABLE_WORDS
         if off != prev_end or length < KHEAD_WORDS or off + length > n:
             raise VerifyError("kernel_table", f"kernel {k} at [{off}, {off + length}) does not follow "
@@ -82,7 +83,8 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
 
 
 def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "_Facts"]:
-    h = [int(x) for x in kw[:KHEAD_WORDS]]
+    lst = kw.tolist()
+    h = lst[:KHEAD_WORDS]
     nr, nc, bm, bn, n_opnd, n_const, n_instr, n_sweeps = h[:8]
     nregs = tuple(h[8:12])
     nd = nr + nc
@@ -96,24 +98,25 @@ def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelL
     if need != len(kw):
         raise VerifyError("length", f"kernel block has {len(kw)} words, its header implies {need}", kernel=k)
     pos = KHEAD_WORDS
-    dims = [int(x) for x in kw[pos:pos + nd]]
+    dims = lst[pos:pos + nd]
     pos += nd
     if any(d < 0 for d in dims):
         raise VerifyError("domain", f"negative size in {dims}", kernel=k)
-    prologue = (int(kw[pos]), int(kw[pos + 1]))
+    prologue = (lst[pos], lst[pos + 1])
     pos += 2
     sweeps = []
     for _ in range(n_sweeps):
-        s = [int(x) for x in kw[pos:pos + SWEEP_WORDS]]
+        s = lst[pos:pos + SWEEP_WORDS]
         sweeps.append(Sweep((s[0], s[1]), (s[2], s[3]), (s[4], s[5])))
         pos += SWEEP_WORDS
     _check_sections(prologue, sweeps, n_instr, k)
+    pos0 = pos
     opnd = kw[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
     pos += opnd_words * n_opnd
     consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
     pos += CONST_WORDS * n_const
     instrs = kw[pos:].reshape(n_instr, isa.WORDS)
-    _check_operands(opnd, args, k)
+    _check_operands([lst[pos0 + j * opnd_words:pos0 + j * opnd_words + 3] for j in range(n_opnd)], args, k)
     if n_const and (consts[:, 0].min() < 0 or consts[:, 0].max() >= len(isa.BANKS)):
         raise VerifyError("constant", "constant with an unknown bank", kernel=k)
     layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, prologue, tuple(sweeps),
@@ -126,20 +129,21 @@ def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelL
 
 
 def _check_sections(prologue, sweeps, n_instr, k) -> None:
+    ranges = [prologue]
+    for sw in sweeps:
+        ranges += [sw.init, sw.body, sw.fin]
     expect = 0
-    for name, (s, e) in [("prologue", prologue)] + [
-            (f"sweep {i} {part}", rng) for i, sw in enumerate(sweeps)
-            for part, rng in (("init", sw.init), ("body", sw.body), ("fin", sw.fin))]:
+    for i, (s, e) in enumerate(ranges):
         if s != expect or e < s:
+            name = "prologue" if i == 0 else f"sweep {(i - 1) // 3} {('init', 'body', 'fin')[(i - 1) % 3]}"
             raise VerifyError("sections", f"{name} is [{s}, {e}), expected to start at {expect}", kernel=k)
         expect = e
     if expect != n_instr:
         raise VerifyError("sections", f"sections cover {expect} of {n_instr} instructions", kernel=k)
 
 
-def _check_operands(opnd: np.ndarray, args: list[ArgInfo], k: int) -> None:
-    for j, row in enumerate(opnd):
-        kind, arg, dt = int(row[0]), int(row[1]), int(row[2])
+def _check_operands(opnd: list, args: list[ArgInfo], k: int) -> None:
+    for j, (kind, arg, dt) in enumerate(opnd):
         if kind == OPND_INDEX:
             if dt != DType.INT64 or arg != 0:
                 raise VerifyError("operand_table", f"index operand {j} must be int64 with arg 0", kernel=k)
@@ -299,18 +303,21 @@ def _check_store_strides(layout: KernelLayout, facts: _Facts, k: int) -> None:
 def _extents(args: list[ArgInfo], kernels: list[KernelLayout], facts: list[_Facts]):
     out: list[tuple[int, int] | None] = [None] * len(args)
     for kl, fact in zip(kernels, facts):
-        used = fact.used
         nr = len(kl.row_sizes)
         sizes = kl.row_sizes + kl.col_sizes
-        for j, secs in used.items():
+        offsets, strides, opnd_args = kl.opnd_offset.tolist(), kl.opnd_strides.tolist(), kl.opnd_arg.tolist()
+        for j, secs in fact.used.items():
             if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
                 continue
-            span_dims = range(len(sizes)) if "B" in secs and kl.cols > 0 else range(nr)
-            lo = hi = int(kl.opnd_offset[j])
-            for d in span_dims:
-                reach = (sizes[d] - 1) * int(kl.opnd_strides[j, d])
-                lo, hi = lo + min(reach, 0), hi + max(reach, 0)
-            a = int(kl.opnd_arg[j])
+            ndims = len(sizes) if "B" in secs and kl.cols > 0 else nr
+            lo = hi = offsets[j]
+            for size, stride in zip(sizes[:ndims], strides[j]):
+                reach = (size - 1) * stride
+                if reach < 0:
+                    lo += reach
+                else:
+                    hi += reach
+            a = opnd_args[j]
             prev = out[a]
             out[a] = (lo, hi) if prev is None else (min(lo, prev[0]), max(hi, prev[1]))
     return out
