@@ -2,7 +2,8 @@
 
 DVM_DEBUG     0 quiet, 1 timings and counters, 2 fusion groups, 3 graph IR, 4 disassembly, 5 all
 DVM_DUMP_DIR  directory where programs and reports are written when debugging (unset: none)
-DVM_VM        which VM runs programs: "reference" (NumPy, the executable spec)
+DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on disk; the default)
+              or "reference" (NumPy, the executable spec)
 DVM_DETERMINISTIC  1: fixed thread count and reduction order (default 1)
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 """
@@ -12,7 +13,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-VMS = ("reference",)
+VMS = ("cpu", "reference")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def _int(name: str, default: int, lo: int, hi: int) -> int:
 
 @lru_cache(maxsize=1)
 def config() -> Config:
-    vm = os.environ.get("DVM_VM", "reference") or "reference"
+    vm = os.environ.get("DVM_VM", "cpu") or "cpu"
     if vm not in VMS:
         raise ValueError(f"DVM_VM={vm!r}: available VMs are {', '.join(VMS)}")
     return Config(debug=_int("DVM_DEBUG", 0, 0, 5), dump_dir=os.environ.get("DVM_DUMP_DIR") or None,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dvm
+import dvm.config
 from dvm.codegen import isa
 from dvm.config import config
 from dvm.tools.bench_encode import KERNELS, softmax
@@ -26,7 +27,7 @@ def test_version(capsys):
     assert main(["version"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"dvm {dvm.__version__}\n")
-    assert "VM reference" in out
+    assert f"VM {dvm.config.config().vm}" in out
 
 
 def test_python_dash_m_dvm():

@@ -14,6 +14,15 @@ import pytest
 
 import dvm
 from dvm.graph.dtypes import DType
+from dvm.codegen import encoder
+
+
+@pytest.fixture(autouse=True)
+def _multi_sweep_programs(monkeypatch):
+    """This module pins the multi-sweep stream (its corpus and goldens index into it); the
+    single-tile stream has its own tests in test_single_tile.py."""
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("DVM_UPDATE_GOLDEN") == "1"

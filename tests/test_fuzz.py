@@ -24,6 +24,15 @@ from dvm.codegen.verifier import check_buffers
 from dvm.codegen.program import (ARG_IN, ARG_WORDS, CONST_WORDS, HEADER_WORDS, KHEAD_WORDS,
                                  KTABLE_WORDS, OPND_FIXED_WORDS, SWEEP_WORDS)
 from dvm.graph.dtypes import DType
+from dvm.codegen import encoder
+
+
+@pytest.fixture(autouse=True)
+def _multi_sweep_programs(monkeypatch):
+    """This module pins the multi-sweep stream (its corpus and goldens index into it); the
+    single-tile stream has its own tests in test_single_tile.py."""
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+
 
 SEED = 20240611
 MUTANTS_PER_PROGRAM = 1000

@@ -18,7 +18,8 @@ from helpers import (DTYPES, FLOATS, INTS, NAME_OF_TORCH, NP_DTYPE, TORCH_BINARY
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                         HealthCheck.data_too_large,
-                                                        HealthCheck.filter_too_much])
+                                                        HealthCheck.filter_too_much,
+                                                        HealthCheck.function_scoped_fixture])
 DIMS = [0, 1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 33]
 MAX_ELEMS = 600
 

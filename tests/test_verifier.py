@@ -22,6 +22,15 @@ from dvm.codegen.program import (ARG_WORDS, CONST_WORDS, HEADER_WORDS, KHEAD_WOR
 from dvm.graph import ops
 from dvm.graph.dtypes import Bank, DType
 from dvm.vm import reference
+from dvm.codegen import encoder
+
+
+@pytest.fixture(autouse=True)
+def _multi_sweep_programs(monkeypatch):
+    """This module pins the multi-sweep stream (its corpus and goldens index into it); the
+    single-tile stream has its own tests in test_single_tile.py."""
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,8 +561,9 @@ def _docstring_rules() -> set[str]:
 
 def test_corpus_covers_every_rule():
     rules = _docstring_rules()
-    assert len(rules) == 23, rules
-    covered = {c.rule for c in CASES} | {r for _, _, r in EXEC_CASES}
+    assert len(rules) == 24, rules
+    # single_tile is exercised in test_single_tile.py (this module pins the multi-sweep stream)
+    covered = {c.rule for c in CASES} | {r for _, _, r in EXEC_CASES} | {"single_tile"}
     missing = rules - covered
     assert not missing, f"no must-reject case for rules {sorted(missing)}"
     unknown = covered - rules - {"<accept>"}
@@ -595,7 +605,7 @@ def test_every_opcode_has_vm_handler_and_disasm(spec):
         assert fld.role in "dsmokt"
         assert fld.is_reg == (fld.bank is not None)
     if any(f.role == "o" for f in spec.fields):
-        assert spec.group in ("load", "store", "index")
+        assert spec.group in ("load", "store", "storerow", "index")
     if spec.group in ("ew", "accinit", "acc", "rfin"):
         assert spec.op in ops.OP_TABLE
 

@@ -22,6 +22,9 @@ from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, OPND_INDEX, 
 
 TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 MAX_BN = 4096
+# rows with at most this many columns use a kernel's single-tile stream (0: always sweep);
+# tests that pin the multi-sweep form set it to 0
+SINGLE_TILE_COLS = MAX_BN
 
 
 class NeedsCopy(Exception):
@@ -97,11 +100,21 @@ def _operand_strides(spec, base, n: int, env, inputs: Sequence[Layout]) -> tuple
     return out, offset
 
 
-def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> list[int]:
+def _compiled(t: KernelTemplate) -> _Compiled:
     c = t.__dict__.get("_compiled")
     if c is None:
         c = t.__dict__["_compiled"] = _Compiled(t)
+    return c
+
+
+def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> tuple[list[int], _Compiled]:
+    """The kernel block's words before its instructions, and the stream chosen (whose
+    instructions follow): the single-tile stream when every row fits one tile."""
+    c = _compiled(t)
     dom = [g(env) for g in c.dom]
+    # (an empty row still needs the sweep form: its fin writes the reduction identities)
+    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
+        c = _compiled(t.single)
     n = len(dom)
     per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
     ra, ca = c.row_axes, c.col_axes
@@ -120,7 +133,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
             v = evaluate(sym_value, env)
             bits = float_bits(v) if is_float else int(v)
         words += [bank, bits]
-    return words
+    return words, c
 
 
 def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -143,7 +156,7 @@ def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[l
 
 def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec], env: Mapping[str, int],
                    inputs: Sequence[Layout]) -> Program:
-    blocks = [encode_kernel(t, env, inputs) for t in templates]  # also builds t._compiled
+    blocks = [encode_kernel(t, env, inputs) for t in templates]
     arg_words: list[int] = []
     for a in args:
         numel = 0
@@ -154,18 +167,18 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
         arg_words += [a.role, int(a.dtype), numel]
     start = HEADER_WORDS + len(arg_words) + 2 * len(blocks)
     table: list[int] = []
-    for t, b in zip(templates, blocks):
-        size = len(b) + t.instrs.size
+    for b, c in blocks:
+        size = len(b) + len(c.instrs)
         table += [start, size]
         start += size
     words = np.empty(start, np.int64)
     head = [MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table]
     pos = len(head)
     words[:pos] = head
-    for t, b in zip(templates, blocks):
+    for b, c in blocks:
         words[pos:pos + len(b)] = b
         pos += len(b)
-        instrs = t.__dict__["_compiled"].instrs
+        instrs = c.instrs
         words[pos:pos + len(instrs)] = instrs
         pos += len(instrs)
     words.flags.writeable = False

@@ -7,6 +7,9 @@ Field roles: 'd' writes a register, 's' reads one, 'm' reads and writes (accumul
 'o' is an operand-table index, 'k' a constant-pool index, 't' a dtype code.
 Sections: 'P' prologue (once per thread), 'I' sweep init and 'F' sweep finalize (once per row
 block), 'B' sweep body (once per tile).
+Single-tile forms (valid only when a kernel's columns fit one tile, checked by the verifier):
+'rowred' reduces a register over its columns (valid columns only) and broadcasts the result;
+'storerow' writes column 0 of the valid rows (row-level outputs) from a body.
 """
 from __future__ import annotations
 
@@ -83,6 +86,13 @@ def _build() -> list[InstrSpec]:
             add((f"accinit.{red}.{bank.short}", "accinit", red, bank, init, "I"))
             add((f"acc.{red}.{bank.short}", "acc", red, bank, acc, "B"))
             add((f"rfin.{red}.{bank.short}", "rfin", red, bank, fin, "F"))
+    # single-tile forms: a row that fits one tile reduces and stores inside the body
+    for red in VM_REDUCTIONS:
+        for bank in OP_TABLE[red].banks:
+            out = I if red.startswith("arg") else bank
+            add((f"rowred.{red}.{bank.short}", "rowred", red, bank, (Field("d", out), Field("s", bank)), "B"))
+    for bank in BANKS:
+        add((f"storerow.{bank.short}", "storerow", "store", bank, (Field("s", bank), Field("o")), "B"))
     return [InstrSpec(code, *s) for code, s in enumerate(specs, start=1)]
 
 

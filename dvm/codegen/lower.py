@@ -40,6 +40,8 @@ class KernelTemplate:
     sweeps: list[tuple[int, int, int, int, int, int]]
     nregs: tuple[int, int, int, int]
     group: Group
+    # the single-tile stream (reductions in the body, no sweeps), chosen when a row fits one tile
+    single: "KernelTemplate | None" = None
 
 
 def cast_is_noop(src: DType, dst: DType) -> bool:
@@ -48,8 +50,8 @@ def cast_is_noop(src: DType, dst: DType) -> bool:
 
 
 class _Emitter:
-    def __init__(self, plan: Plan, group: Group, slot_dtypes: list[DType]):
-        self.plan, self.g, self.slot_dtypes = plan, group, slot_dtypes
+    def __init__(self, plan: Plan, group: Group, slot_dtypes: list[DType], single: bool = False):
+        self.plan, self.g, self.slot_dtypes, self.single = plan, group, slot_dtypes, single
         self.n_sweeps = 0
         self.sections: list[list[list]] = [[]]  # prologue, then init/body/fin per sweep
         self.vbank: list[Bank] = []
@@ -65,6 +67,8 @@ class _Emitter:
             self.sections += [[], [], []]
 
     def sec(self, part: str, sweep: int) -> int:
+        if self.single:
+            part, sweep = "B", 0
         self.ensure_sweeps(sweep + 1)
         return 1 + 3 * sweep + "IBF".index(part)
 
@@ -109,6 +113,8 @@ class _Emitter:
     def value(self, node: Node, sec: int) -> int:
         if node.op == "const":
             key = ("const", node)
+        elif self.single:
+            key = (sec, node)
         elif (is_reduce(node) and self.plan.group_of.get(node) == self.g.index) or \
                 (self.is_row(node) and self.red_sweep(node) >= 0 and not self.from_workspace(node)):
             key = ("home", node)
@@ -180,6 +186,10 @@ class _Emitter:
             init, body, fin = self.sec("I", s), self.sec("B", s), self.sec("F", s)
             x = self.value(src, body)
             out = self.new(Bank.I64 if r.op.startswith("arg") else bank)
+            if self.single:
+                self.emit(body, f"rowred.{r.op}.{bank.short}", out, x)
+                self.memo[(body, r)] = out
+                continue
             if r.op.startswith("arg"):
                 v, i = self.new(bank), self.new(Bank.I64)
                 self.emit(init, f"accinit.{r.op}.{bank.short}", v, i)
@@ -204,14 +214,15 @@ class _Emitter:
                 src = src.inputs[0]  # the store rounds/wraps exactly like this same-bank cast
             reg = self.value(src, sec)
             spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
-            self.emit(sec, f"store.{v.dtype.bank.short}", reg, self.operand(spec))
+            kind = "storerow" if self.single and row else "store"
+            self.emit(sec, f"{kind}.{v.dtype.bank.short}", reg, self.operand(spec))
 
 
-def lower(plan: Plan, group: Group, slot_dtypes: list[DType]) -> KernelTemplate:
-    em = _Emitter(plan, group, slot_dtypes)
+def lower(plan: Plan, group: Group, slot_dtypes: list[DType], single: bool = False) -> KernelTemplate:
+    em = _Emitter(plan, group, slot_dtypes, single)
+    em.ensure_sweeps(1)
     em.reductions()
     em.stores()
-    em.ensure_sweeps(1)
     flat, bounds = [], []
     for sec in em.sections:
         bounds.append((len(flat), len(flat) + len(sec)))
@@ -219,8 +230,11 @@ def lower(plan: Plan, group: Group, slot_dtypes: list[DType]) -> KernelTemplate:
     instrs, nregs = allocate(flat, bounds, em.vbank)
     sweeps = [bounds[1 + 3 * s][0:2] + bounds[2 + 3 * s][0:2] + bounds[3 + 3 * s][0:2]
               for s in range(em.n_sweeps)]
-    return KernelTemplate(group.shape, group.axes, em.operands, em.consts, instrs, bounds[0],
-                          sweeps, nregs, group)
+    t = KernelTemplate(group.shape, group.axes, em.operands, em.consts, instrs, bounds[0],
+                       sweeps, nregs, group)
+    if group.reductions and not single:
+        t.single = lower(plan, group, slot_dtypes, single=True)
+    return t
 
 
 def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank]):

@@ -7,7 +7,8 @@ Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
 
   header, version, length, args, kernel_table, domain, sections, opcode, section_kind,
   unused_field, register, register_class, read_before_write, loop_carried, dst_alias,
-  operand, operand_table, constant, dtype_code, store_target, store_broadcast, bounds, buffers
+  operand, operand_table, constant, dtype_code, store_target, store_broadcast, single_tile,
+  bounds, buffers
 """
 from __future__ import annotations
 
@@ -124,6 +125,9 @@ def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelL
                           np.ascontiguousarray(opnd[:, 4:]), consts[:, 0].copy(), consts[:, 1].copy(),
                           np.ascontiguousarray(instrs))
     facts = _stream_facts(layout, args, k)
+    if facts.single_tile_at >= 0 and layout.cols > bn:
+        raise VerifyError("single_tile", f"single-tile instructions need every row in one tile, but "
+                                         f"{layout.cols} columns exceed BN={bn}", facts.single_tile_at, k)
     _check_store_strides(layout, facts, k)
     return layout, facts
 
@@ -184,21 +188,27 @@ def _stream_facts(layout: KernelLayout, args: list[ArgInfo], k: int) -> "_Facts"
 
 
 class _Facts:
-    """Which operands the body and finalize sections load or store (instruction index of each)."""
-    __slots__ = ("used", "stores")
+    """Which operands the body and finalize sections load or store (instruction index of each),
+    and the first single-tile instruction, if any. Accesses are 'B' (whole domain) or 'F'
+    (column 0 of every row: finalize loads/stores and storerow)."""
+    __slots__ = ("used", "stores", "single_tile_at")
 
     def __init__(self, layout: KernelLayout):
         self.used: dict[int, str] = {}
         self.stores: list[tuple[int, int, str]] = []  # (instruction, operand, section)
+        self.single_tile_at = -1
         for sec, rngs in (("B", [sw.body for sw in layout.sweeps]), ("F", [sw.fin for sw in layout.sweeps])):
             for s, e in rngs:
                 for i in range(s, e):
                     spec = isa.BY_CODE[int(layout.instrs[i, 0])]
-                    if spec.group in ("load", "store"):
+                    if spec.group in ("rowred", "storerow") and self.single_tile_at < 0:
+                        self.single_tile_at = i
+                    if spec.group in ("load", "store", "storerow"):
                         j = int(layout.instrs[i, 2])
-                        self.used[j] = self.used.get(j, "") + sec
-                        if spec.group == "store":
-                            self.stores.append((i, j, sec))
+                        access = "F" if spec.group == "storerow" else sec
+                        self.used[j] = self.used.get(j, "") + access
+                        if spec.group != "load":
+                            self.stores.append((i, j, access))
 
 
 def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
@@ -283,10 +293,10 @@ def _check_operand_use(spec, v, layout, args, n_opnd, i, k) -> None:
     kind = int(layout.opnd_kind[v])
     if (spec.group == "index") != (kind == OPND_INDEX):
         raise VerifyError("operand", f"{spec.name} cannot use operand {v} of kind {kind}", i, k)
-    if spec.group in ("load", "store") and DType(int(layout.opnd_dtype[v])).bank != spec.bank:
+    if spec.group in ("load", "store", "storerow") and DType(int(layout.opnd_dtype[v])).bank != spec.bank:
         raise VerifyError("register_class", f"{spec.name} on operand {v} of dtype "
                                             f"{DType(int(layout.opnd_dtype[v])).short}", i, k)
-    if spec.group == "store" and args[int(layout.opnd_arg[v])].role == ARG_IN:
+    if spec.group in ("store", "storerow") and args[int(layout.opnd_arg[v])].role == ARG_IN:
         raise VerifyError("store_target", f"{spec.name} writes input argument {int(layout.opnd_arg[v])}", i, k)
 
 

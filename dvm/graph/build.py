@@ -106,9 +106,7 @@ def cast(x: Node, dtype: DType) -> Node:
         return x
     if x.op == "const" and not isinstance(x.attr("value"), SymExpr):
         weak = x.attr("weak") and dtype.category == x.dtype.category
-        # PyTorch keeps Python scalars at f32 "opmath" precision for f16/bf16 tensors
-        precision = DType.FLOAT32 if x.attr("weak") and dtype in (DType.FLOAT16, DType.BFLOAT16) else dtype
-        return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), precision), weak=weak)
+        return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), dtype), weak=weak)
     return Node.make("cast", dtype, x.shape, (x,))
 
 
@@ -151,11 +149,14 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
             wide = elementwise(ctx, name, *[cast(a, DType.INT64) for a in args])
             return cast(wide, result)
         raise DTypeError(f"{name} is not implemented for {compute.short}")
-    # 0-d float operands of another dtype (an f32/bf16 0-d tensor, a Python float) with an f16/bf16
-    # result are read at f32 "opmath" precision, as PyTorch's CPU kernels do, not rounded first
-    opmath = compute in (DType.FLOAT16, DType.BFLOAT16)
-    inputs = [cast(a, DType.FLOAT32) if opmath and a.ndim == 0 and a.dtype.is_float and a.dtype != compute
-              else cast(a, compute) for a in data]
+    # logical ops see each operand as the promoted dtype first (a bf16 value an f16 result
+    # flushes to 0 is False), as PyTorch computes them in the common dtype
+    inputs = [cast(cast(a, promoted), compute) if op.promo is Promo.LOGICAL else cast(a, compute) for a in data]
+    if name in ("mul", "div") and compute in (DType.FLOAT16, DType.BFLOAT16) and data[1].ndim == 0 \
+            and data[1].dtype != compute:
+        # PyTorch's CPU mul/div kernels read a 0-d / scalar *second* operand at f32 "opmath"
+        # precision instead of rounding it to f16/bf16 first; every other case rounds
+        inputs[1] = cast(data[1], DType.FLOAT32)
     if cond is not None:
         inputs = [cond] + inputs
     return Node.make(name, result, shape, inputs)

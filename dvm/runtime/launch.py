@@ -13,6 +13,9 @@ from . import counters
 
 def vm_runner(name: str | None = None):
     name = name or config().vm
+    if name == "cpu":
+        from ..vm.cpu import run
+        return run
     if name == "reference":
         from ..vm.reference import run
         return run

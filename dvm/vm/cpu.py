@@ -6,11 +6,15 @@ this module's own numbering (cpu_kernels / cpu_interp), passed to the compiled c
 
 Threads: work units are row blocks (each runs all sweeps of its rows, so reductions never cross
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
-init/fin, single tiles. Units are split into contiguous chunks, one per thread (numba prange).
+init/fin, single tiles. Units are split into contiguous chunks, one per thread: the caller runs
+the first, a thread pool the rest (the compiled code releases the GIL). The thread count is
+numba.get_num_threads() (NUMBA_NUM_THREADS / numba.set_num_threads).
 """
 from __future__ import annotations
 
 import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -27,7 +31,8 @@ PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 _BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
 _BANK_NAME = {ck.BK_F32: "f32", ck.BK_F64: "f64", ck.BK_I64: "i64", ck.BK_B8: "b8"}
 _GROUP = {"load": ci.G_LOAD, "store": ci.G_STORE, "const": ci.G_CONST, "index": ci.G_INDEX,
-          "cast": ci.G_CAST, "ew": ci.G_EW, "accinit": ci.G_ACCINIT, "acc": ci.G_ACC, "rfin": ci.G_RFIN}
+          "cast": ci.G_CAST, "ew": ci.G_EW, "accinit": ci.G_ACCINIT, "acc": ci.G_ACC, "rfin": ci.G_RFIN,
+          "rowred": ci.G_ROWRED, "storerow": ci.G_STOREROW}
 _KIND_NAME = {ci.K_UN: "un", ci.K_PRED: "pred", ci.K_BIN: "bin", ci.K_CMP: "cmp", ci.K_WHERE: "where",
               ci.K_CLAMP: "clamp"}
 # The Program format fixes the dtype codes; the compiled code uses them directly.
@@ -49,13 +54,20 @@ def _ew_kind(spec: isa.InstrSpec) -> int:
 
 
 def _decode(spec: isa.InstrSpec) -> tuple[int, int, int, int, int]:
+    """Decoded row; group -1 (the VM reports 'unhandled' if it meets one) for unknown forms."""
+    if spec.group not in _GROUP or spec.bank not in _BANK:
+        return -1, 0, 0, 0, 0
     bank = _BANK[spec.bank]
     op = src = kind = 0
     if spec.group == "cast":
         src = _BANK[spec.fields[1].bank]
     elif spec.group == "ew":
+        if spec.op not in ck.EW_NAMES:
+            return -1, 0, 0, 0, 0
         op, kind = ck.EW_NAMES.index(spec.op), _ew_kind(spec)
-    elif spec.group in ("accinit", "acc", "rfin"):
+    elif spec.group in ("accinit", "acc", "rfin", "rowred"):
+        if spec.op not in ck.RED_NAMES:
+            return -1, 0, 0, 0, 0
         op = ck.RED_NAMES.index(spec.op)
     return _GROUP[spec.group], op, bank, src, kind
 
@@ -73,11 +85,13 @@ DECODE = _build_decode_table()
 def handled(spec: isa.InstrSpec) -> bool:
     """Whether the compiled dispatch implements `spec` (mirrors cpu_interp._exec / cpu_kernels)."""
     g, op, bank, src, kind = _decode(spec)
+    if g < 0:
+        return False
     if spec.group == "ew":
         return spec.op in ck.HANDLED.get((_KIND_NAME[kind], bank), ())
-    if spec.group in ("accinit", "acc", "rfin"):
+    if spec.group in ("accinit", "acc", "rfin", "rowred"):
         return spec.op in ck.REDUCTIONS_HANDLED.get(bank, ())
-    return True   # load/store/const/index/cast: every bank (and source bank) is dispatched
+    return True   # load/store/storerow/const/index/cast: every bank (and source bank) is dispatched
 
 
 def _salt_cache() -> None:
@@ -97,6 +111,20 @@ def _salt_cache() -> None:
 
 
 _salt_cache()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    global _POOL, _POOL_SIZE
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_SIZE < workers:
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dvm-cpu")
+            _POOL_SIZE = workers
+        return _POOL
 
 
 class _Desc:
@@ -153,12 +181,15 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
             if d.n_units == 0:
                 continue
             chunks = min(nthreads, d.n_units) if d.work >= PARALLEL_MIN_ELEMS else 1
+            args = (d.tile_par, d.instrs, DECODE, d.meta, d.dims, d.optab, d.consts, addrs, numels)
             if chunks > 1:
-                err = ci.run_parallel(chunks, d.n_units, d.tile_par, d.instrs, DECODE, d.meta, d.dims,
-                                      d.optab, d.consts, addrs, numels)
+                bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
+                futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)
+                        for c in range(1, chunks)]
+                errs = [ci.run_units(bounds[0], bounds[1], *args)] + [f.result() for f in futs]
+                err = max(errs)
             else:
-                err = ci.run_serial(d.n_units, d.tile_par, d.instrs, DECODE, d.meta, d.dims, d.optab,
-                                    d.consts, addrs, numels)
+                err = ci.run_units(0, d.n_units, *args)
             if err == ci.ERR_ZERODIV:
                 raise ZeroDivisionError("integer division or remainder by zero")
             if err != 0:

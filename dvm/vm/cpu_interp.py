@@ -12,79 +12,80 @@ Kernel descriptor (built by cpu.py):
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
                           DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _acc,
-                          _acc_arg, _accinit, _bin_b8, _bin_float, _bin_i64, _cast, _clamp, _cmp,
-                          _pred, _rfin, _rfin_arg, _un_b8, _un_f32, _un_f64, _un_i64, _where)
+                          _acc_arg, _accinit, _bin_b8, _bin_float, _bin_i64, _cast_to_b8,
+                          _cast_to_f32, _cast_to_f64, _cast_to_int, _clamp, _cmp,
+                          _pred, _rfin, _rfin_arg, _rowred, _rowred_arg, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 
 # instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
-G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN = range(9)
+G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
 K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
-CV_PLAIN, CV_F16, CV_BF16 = 0, 1, 2
 # meta layout
 M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_SW = range(14)
 
 
 @njit(**OPTS)
-def _addr(j, idx, optab, dims, d0, d1, sbase):
+def _addr(j, idx, optab, dims, d0, d1):
     """Address contribution of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
     off = np.int64(0)
     rem = idx
     for d in range(d1 - 1, d0 - 1, -1):
         size = max(dims[d], 1)
-        off += (rem % size) * optab[j, sbase + d]
+        off += (rem % size) * optab[j, 4 + d]
         rem //= size
     return off
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _load_row(o, buf, cv, start, stride, n, ix, general):
     """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
-    if general:
-        if cv == CV_PLAIN:
-            for k in range(n):
-                o[k] = buf[ix[k]]
-        elif cv == CV_F16:
-            for k in range(n):
-                o[k] = h2f(buf[ix[k]])
-        else:
-            for k in range(n):
-                o[k] = bf2f(buf[ix[k]])
-    elif stride == 1:
+    plain = cv != DT_F16 and cv != DT_BF16
+    if not general and stride == 1:
         src = buf[start:start + n]
-        if cv == CV_PLAIN:
+        if plain:
             for k in range(n):
                 o[k] = src[k]
-        elif cv == CV_F16:
+        elif cv == DT_F16:
             for k in range(n):
                 o[k] = h2f(src[k])
         else:
             for k in range(n):
                 o[k] = bf2f(src[k])
-    elif stride == 0:
-        if cv == CV_PLAIN:
+        return
+    if not general and stride == 0:
+        if plain:
             o[:n] = buf[start]
-        elif cv == CV_F16:
+        elif cv == DT_F16:
             o[:n] = h2f(buf[start])
         else:
             o[:n] = bf2f(buf[start])
-    else:
+        return
+    if not general:
         for k in range(n):
             ix[k] = start + k * stride
-        _load_row(o, buf, cv, 0, 0, n, ix, True)
+    if plain:
+        for k in range(n):
+            o[k] = buf[ix[k]]
+    elif cv == DT_F16:
+        for k in range(n):
+            o[k] = h2f(buf[ix[k]])
+    else:
+        for k in range(n):
+            o[k] = bf2f(buf[ix[k]])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _store_row(buf, x, cv, start, stride, n, ix, general):
     if not general and stride == 1:
         dst = buf[start:start + n]
-        if cv == CV_PLAIN:
+        if (cv != DT_F16 and cv != DT_BF16):
             for k in range(n):
                 dst[k] = x[k]
-        elif cv == CV_F16:
+        elif cv == DT_F16:
             for k in range(n):
                 dst[k] = f2h(x[k])
         else:
@@ -94,10 +95,10 @@ def _store_row(buf, x, cv, start, stride, n, ix, general):
     if not general:
         for k in range(n):
             ix[k] = start + k * stride
-    if cv == CV_PLAIN:
+    if (cv != DT_F16 and cv != DT_BF16):
         for k in range(n):
             buf[ix[k]] = x[k]
-    elif cv == CV_F16:
+    elif cv == DT_F16:
         for k in range(n):
             buf[ix[k]] = f2h(x[k])
     else:
@@ -113,53 +114,55 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     nrv = min(bm, rows - r0)
     ncv = 1 if fin else min(bn, cols - c0)
     off = optab[j, 3]
+    zero = off * 0
     # column addressing for this tile: a single column dim is start + k*stride, else general
     general = (not fin) and nc > 1
     stride = 0 if (fin or nc == 0) else optab[j, 4 + nr]
     if general:
         for k in range(ncv):
-            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc, 4)
+            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
     for i in range(bm if not is_store else nrv):
         row = reg[i * bn:(i + 1) * bn]
         if i >= nrv:   # clamped rows copy the last valid row
             row[:] = reg[(nrv - 1) * bn:nrv * bn]
             continue
-        base = off + _addr(j, r0 + i, optab, dims, 0, nr, 4)
+        base = off + _addr(j, r0 + i, optab, dims, zero, nr)
         if general:
             for k in range(ncv):
                 ix[ncv + k] = base + ix[k]
-            if is_store:
-                _store_row(buf, row, cv, 0, 0, ncv, ix[ncv:], True)
-            else:
-                _load_row(row, buf, cv, 0, 0, ncv, ix[ncv:], True)
-        elif is_store:
-            _store_row(buf, row, cv, base + c0 * stride, stride, ncv, ix, False)
+            start = zero
+            ixs = ix[ncv:]
         else:
-            _load_row(row, buf, cv, base + c0 * stride, stride, ncv, ix, False)
+            start = base + c0 * stride
+            ixs = ix[:ncv]
+        if is_store:
+            _store_row(buf, row, cv, start, stride, ncv, ixs, general)
+        else:
+            _load_row(row, buf, cv, start, stride, ncv, ixs, general)
         if not is_store and ncv < bn:
             v = row[ncv - 1]
             for k in range(ncv, bn):
                 row[k] = v
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0, fin, ix):
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
-        _mem(is_store, F[d], carray(ptr_f32(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, F[d], carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_F16:
-        _mem(is_store, F[d], carray(ptr_u16(a), n), CV_F16, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, F[d], carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_BF16:
-        _mem(is_store, F[d], carray(ptr_u16(a), n), CV_BF16, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, F[d], carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_F64:
-        _mem(is_store, D[d], carray(ptr_f64(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_I64:
-        _mem(is_store, I[d], carray(ptr_i64(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_I32:
-        _mem(is_store, I[d], carray(ptr_i32(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_BOOL:
-        _mem(is_store, B[d], carray(ptr_u8(a), n), CV_PLAIN, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     else:
         return ERR_UNHANDLED
     return 0
@@ -171,13 +174,13 @@ def _index(o, j, optab, dims, meta, r0, c0, fin):
     rows, cols = meta[M_ROWS], meta[M_COLS]
     for i in range(bm):
         r = min(r0 + i, rows - 1)
-        base = optab[j, 3] + _addr(j, r, optab, dims, 0, nr, 4)
+        base = optab[j, 3] + _addr(j, r, optab, dims, nr - nr, nr)
         for k in range(bn):
             c = 0 if fin else min(c0 + k, cols - 1)
-            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc, 4)
+            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
     if kind == K_UN:
         if bank == BK_F32:
@@ -232,60 +235,60 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
     return ERR_UNHANDLED
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
     if dst == BK_F32:
         o = F[d]
         if src == BK_F32:
-            _cast(o, F[s], t, src, dst)
+            _cast_to_f32(o, F[s], t, src)
         elif src == BK_F64:
-            _cast(o, D[s], t, src, dst)
+            _cast_to_f32(o, D[s], t, src)
         elif src == BK_I64:
-            _cast(o, I[s], t, src, dst)
+            _cast_to_f32(o, I[s], t, src)
         else:
-            _cast(o, B[s], t, src, dst)
-    elif dst == BK_F64:
-        o = D[d]
-        if src == BK_F32:
-            _cast(o, F[s], t, src, dst)
-        elif src == BK_F64:
-            _cast(o, D[s], t, src, dst)
-        elif src == BK_I64:
-            _cast(o, I[s], t, src, dst)
-        else:
-            _cast(o, B[s], t, src, dst)
+            _cast_to_f32(o, B[s], t, src)
     elif dst == BK_I64:
         o = I[d]
         if src == BK_F32:
-            _cast(o, F[s], t, src, dst)
+            _cast_to_int(o, F[s], t, src == BK_F32)
         elif src == BK_F64:
-            _cast(o, D[s], t, src, dst)
+            _cast_to_int(o, D[s], t, src == BK_F64)
         elif src == BK_I64:
-            _cast(o, I[s], t, src, dst)
+            _cast_to_int(o, I[s], t, src != BK_I64)
         else:
-            _cast(o, B[s], t, src, dst)
+            _cast_to_int(o, B[s], t, src != BK_B8)
+    elif dst == BK_F64:
+        o = D[d]
+        if src == BK_F32:
+            _cast_to_f64(o, F[s])
+        elif src == BK_F64:
+            _cast_to_f64(o, D[s])
+        elif src == BK_I64:
+            _cast_to_f64(o, I[s])
+        else:
+            _cast_to_f64(o, B[s])
     else:
         o = B[d]
         if src == BK_F32:
-            _cast(o, F[s], t, src, dst)
+            _cast_to_b8(o, F[s])
         elif src == BK_F64:
-            _cast(o, D[s], t, src, dst)
+            _cast_to_b8(o, D[s])
         elif src == BK_I64:
-            _cast(o, I[s], t, src, dst)
+            _cast_to_b8(o, I[s])
         else:
-            _cast(o, B[s], t, src, dst)
+            _cast_to_b8(o, B[s])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
     is_arg = op == R_ARGMAX or op == R_ARGMIN
     if g == G_ACCINIT:
         if bank == BK_F32:
-            _accinit(op, F[f1], True)
+            _accinit(op, F[f1], bank == BK_F32)
         elif bank == BK_F64:
-            _accinit(op, D[f1], True)
+            _accinit(op, D[f1], bank == BK_F64)
         else:
-            _accinit(op, I[f1], False)
+            _accinit(op, I[f1], bank != BK_I64)
         if is_arg:
             I[f2][:] = 0
     elif g == G_ACC:
@@ -302,6 +305,20 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
             _acc(op, D[f1], D[f2], bm, bn, ncv)
         else:
             _acc(op, I[f1], I[f2], bm, bn, ncv)
+    elif g == G_ROWRED:
+        if is_arg:
+            if bank == BK_F32:
+                _rowred_arg(op, I[f1], F[f2], bm, bn, ncv, c0, sf, si2, bank == BK_F32)
+            elif bank == BK_F64:
+                _rowred_arg(op, I[f1], D[f2], bm, bn, ncv, c0, sd, si2, bank == BK_F64)
+            else:
+                _rowred_arg(op, I[f1], I[f2], bm, bn, ncv, c0, si, si2, bank != BK_I64)
+        elif bank == BK_F32:
+            _rowred(op, F[f1], F[f2], bm, bn, ncv, sf, bank == BK_F32)
+        elif bank == BK_F64:
+            _rowred(op, D[f1], D[f2], bm, bn, ncv, sd, bank == BK_F64)
+        else:
+            _rowred(op, I[f1], I[f2], bm, bn, ncv, si, bank != BK_I64)
     else:
         if is_arg:
             if bank == BK_F32:
@@ -318,7 +335,7 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
             _rfin(op, I[f1], I[f2], bm, bn, si)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, B,
           r0, c0, fin, ix, sf, sd, si, si2):
     bm, bn = meta[M_BM], meta[M_BN]
@@ -330,11 +347,13 @@ def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, 
         err = 0
         if g == G_EW:
             err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B)
-        elif g == G_LOAD or g == G_STORE:
-            err = _memop(g == G_STORE, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0, fin, ix)
+        elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
+            # storerow: column 0 of the valid rows, addressed like a finalize store
+            err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0,
+                         fin or g == G_STOREROW, ix)
         elif g == G_CAST:
             _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B)
-        elif g == G_ACCINIT or g == G_ACC or g == G_RFIN:
+        elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
             _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2)
         elif g == G_INDEX:
             _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
@@ -355,7 +374,7 @@ def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, 
     return 0
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par."""
     bm, bn = meta[M_BM], meta[M_BN]
@@ -371,55 +390,40 @@ def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs,
     si2 = np.empty(bn, np.int64)
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
-    nsw = meta[M_NSW]
-    err = _exec(meta[M_PRO_S], meta[M_PRO_E], instrs, dec, meta, dims, optab, consts, addrs, numels,
-                F, D, I, B, 0, 0, True, ix, sf, sd, si, si2)
-    if err != 0:
-        return err
-    for u in range(u0, u1):
-        if tile_par:
-            r0 = (u // nct) * bm
-            c0 = (u % nct) * bn
-            sw = M_SW
-            err = _exec(meta[sw + 2], meta[sw + 3], instrs, dec, meta, dims, optab, consts, addrs, numels,
-                        F, D, I, B, r0, c0, False, ix, sf, sd, si, si2)
-            if err != 0:
-                return err
+    per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)
+    total = (u1 - u0) * per_unit
+    # one call site for _exec (it is inlined): step -1 is the prologue, then the units' sections
+    for q in range(-1, total):
+        if q < 0:
+            s, e, r0, c0, fin = meta[M_PRO_S], meta[M_PRO_E], u0 * 0, u0 * 0, bm > 0
+        elif tile_par:
+            u = u0 + q
+            s, e, r0, c0, fin = meta[M_SW + 2], meta[M_SW + 3], (u // nct) * bm, (u % nct) * bn, bm < 0
+        else:
+            u = u0 + q // per_unit
+            t = q % per_unit
+            sw = M_SW + 6 * (t // (nct + 2))
+            ph = t % (nct + 2)
+            r0 = u * bm
+            if ph == 0:
+                s, e, c0, fin = meta[sw], meta[sw + 1], u0 * 0, bm > 0
+            elif ph == nct + 1:
+                s, e, c0, fin = meta[sw + 4], meta[sw + 5], u0 * 0, bm > 0
+            else:
+                s, e, c0, fin = meta[sw + 2], meta[sw + 3], (ph - 1) * bn, bm < 0
+        if s == e:
             continue
-        r0 = u * bm
-        for k in range(nsw):
-            sw = M_SW + 6 * k
-            err = _exec(meta[sw], meta[sw + 1], instrs, dec, meta, dims, optab, consts, addrs, numels,
-                        F, D, I, B, r0, 0, True, ix, sf, sd, si, si2)
-            for c0 in range(0, cols, bn):
-                if err != 0:
-                    break
-                err = _exec(meta[sw + 2], meta[sw + 3], instrs, dec, meta, dims, optab, consts, addrs,
-                            numels, F, D, I, B, r0, c0, False, ix, sf, sd, si, si2)
-            if err == 0:
-                err = _exec(meta[sw + 4], meta[sw + 5], instrs, dec, meta, dims, optab, consts, addrs,
-                            numels, F, D, I, B, r0, 0, True, ix, sf, sd, si, si2)
-            if err != 0:
-                return err
+        err = _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, B,
+                    r0, c0, fin, ix, sf, sd, si, si2)
+        if err != 0:
+            return err
     return 0
 
 
 @njit(cache=True, **OPTS)
-def run_serial(n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
-    return _exec_units(0, n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
+def run_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+    """Run work units [u0, u1) on the calling thread (releases the GIL)."""
+    return _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
 
 
-@njit(cache=True, parallel=True, **OPTS)
-def run_parallel(n_chunks, n_units, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
-    errs = np.zeros(n_chunks, np.int64)
-    for c in prange(n_chunks):
-        u0 = n_units * c // n_chunks
-        u1 = n_units * (c + 1) // n_chunks
-        errs[c] = _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
-    return errs.max()
-
-
-ENTRY_POINTS = (run_serial, run_parallel)
-__all__ = ["run_serial", "run_parallel", "G_LOAD", "G_STORE", "G_CONST", "G_INDEX", "G_CAST", "G_EW",
-           "G_ACCINIT", "G_ACC", "G_RFIN", "K_UN", "K_PRED", "K_BIN", "K_CMP", "K_WHERE", "K_CLAMP",
-           "ERR_UNHANDLED", "ERR_ZERODIV", "M_SW"]
+ENTRY_POINTS = (run_units,)

@@ -57,6 +57,8 @@ HANDLED = {
 REDUCTIONS_HANDLED = {BK_F32: set(RED_NAMES), BK_F64: set(RED_NAMES), BK_I64: set(RED_NAMES)}
 
 ERR_UNHANDLED, ERR_ZERODIV = 1, 2
+ERF_TAIL = 1.5      # erf: |x| beyond this is recomputed in float64 (the rational fit loses ULPs)
+GELU_TAIL = -0.5    # gelu: x below this uses 0.5*x*erfc(-x/sqrt(2)) in float64
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _F_SQRT1_2 = np.float32(_SQRT1_2)
@@ -152,14 +154,23 @@ def _un_f32(op, o, a):
     elif op == OP_ERF:
         for i in range(n):
             o[i] = erff(a[i])
+        for i in range(n):   # tails (|x| >= ERF_TAIL): float64 libm, only for those lanes
+            x = np.float64(a[i])
+            if abs(x) >= ERF_TAIL:
+                o[i] = math.erf(x)
     elif op == OP_GELU:
         for i in range(n):
             x = a[i]
             o[i] = _F_HALF * x * (_F_ONE + erff(x * _F_SQRT1_2))
+        for i in range(n):   # x < GELU_TAIL: 1 + erf cancels; use erfc (float64 libm)
+            x = np.float64(a[i])
+            if x < GELU_TAIL:
+                o[i] = 0.5 * x * math.erfc(-x * _SQRT1_2)
     elif op == OP_GELU_TANH:
-        for i in range(n):
+        for i in range(n):   # 0.5*(1 + tanh(u)) == sigmoid(2u): no cancellation for x < 0
             x = a[i]
-            o[i] = _F_HALF * x * (_F_ONE + tanhf(_F_K0 * (x + _F_K1 * x * x * x)))
+            u = _F_K0 * (x + _F_K1 * x * x * x)
+            o[i] = x * sigmoidf(u + u)
     elif op == OP_SILU:
         for i in range(n):
             x = a[i]
@@ -510,17 +521,15 @@ def _cast_to_f32(o, a, t, src):
 
 
 @njit(**OPTS)
-def _cast(o, a, t, src, dst):
-    if dst == BK_B8:
-        for i in range(o.shape[0]):
-            o[i] = a[i] != 0
-    elif dst == BK_I64:
-        _cast_to_int(o, a, t, src == BK_F32 or src == BK_F64)
-    elif dst == BK_F32:
-        _cast_to_f32(o, a, t, src)
-    else:
-        for i in range(o.shape[0]):
-            o[i] = np.float64(a[i])
+def _cast_to_b8(o, a):
+    for i in range(o.shape[0]):
+        o[i] = a[i] != 0
+
+
+@njit(**OPTS)
+def _cast_to_f64(o, a):
+    for i in range(o.shape[0]):
+        o[i] = np.float64(a[i])
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -599,33 +608,57 @@ def _acc_arg(op, v, ix, x, bm, bn, ncv, c0):
 
 
 @njit(**OPTS)
+def _tree(op, s, bn):
+    """Pairwise-halving tree over s[:bn] (next power of two, identity padding); result in s[0]."""
+    width = bn
+    p = 1
+    while p < width:
+        p *= 2
+    while p > 1:
+        h = p // 2
+        m = width - h
+        if m > 0:
+            lo = s[:m]
+            hi = s[h:h + m]
+            if op == R_SUM:
+                for k in range(m):
+                    lo[k] = lo[k] + hi[k]
+            elif op == R_PROD:
+                for k in range(m):
+                    lo[k] = lo[k] * hi[k]
+            elif op == R_MAX:
+                for k in range(m):
+                    lo[k] = _fmax(lo[k], hi[k])
+            else:
+                for k in range(m):
+                    lo[k] = _fmin(lo[k], hi[k])
+        width = h
+        p = h
+
+
+@njit(**OPTS)
+def _tree_arg(op, sv, si, bn):
+    """(value, index) tree; ties and NaNs pick the lower index; result index in si[0]."""
+    width = bn
+    p = 1
+    while p < width:
+        p *= 2
+    while p > 1:
+        h = p // 2
+        m = width - h
+        for k in range(max(m, 0)):
+            if _arg_better(op, sv[h + k], si[h + k], sv[k], si[k], True):
+                sv[k] = sv[h + k]
+                si[k] = si[h + k]
+        width = h
+        p = h
+
+
+@njit(**OPTS)
 def _rfin(op, o, acc, bm, bn, s):
     for r in range(bm):
         s[:bn] = acc[r * bn:(r + 1) * bn]
-        width = bn
-        p = 1
-        while p < width:
-            p *= 2
-        while p > 1:
-            h = p // 2
-            m = width - h
-            if m > 0:
-                lo = s[:m]
-                hi = s[h:h + m]
-                if op == R_SUM:
-                    for k in range(m):
-                        lo[k] = lo[k] + hi[k]
-                elif op == R_PROD:
-                    for k in range(m):
-                        lo[k] = lo[k] * hi[k]
-                elif op == R_MAX:
-                    for k in range(m):
-                        lo[k] = _fmax(lo[k], hi[k])
-                else:
-                    for k in range(m):
-                        lo[k] = _fmin(lo[k], hi[k])
-            width = h
-            p = h
+        _tree(op, s, bn)
         o[r * bn:(r + 1) * bn] = s[0]
 
 
@@ -634,17 +667,26 @@ def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
     for r in range(bm):
         sv[:bn] = v[r * bn:(r + 1) * bn]
         si[:bn] = ix[r * bn:(r + 1) * bn]
-        width = bn
-        p = 1
-        while p < width:
-            p *= 2
-        while p > 1:
-            h = p // 2
-            m = width - h
-            for k in range(max(m, 0)):
-                if _arg_better(op, sv[h + k], si[h + k], sv[k], si[k], True):
-                    sv[k] = sv[h + k]
-                    si[k] = si[h + k]
-            width = h
-            p = h
+        _tree_arg(op, sv, si, bn)
+        o[r * bn:(r + 1) * bn] = si[0]
+
+
+@njit(**OPTS)
+def _rowred(op, o, x, bm, bn, ncv, s, is_float):
+    """Single-tile reduction of x over its valid columns (identity elsewhere), broadcast."""
+    for r in range(bm):
+        s[:ncv] = x[r * bn:r * bn + ncv]
+        _accinit(op, s[ncv:bn], is_float)
+        _tree(op, s, bn)
+        o[r * bn:(r + 1) * bn] = s[0]
+
+
+@njit(**OPTS)
+def _rowred_arg(op, o, x, bm, bn, ncv, c0, sv, si, is_float):
+    for r in range(bm):
+        sv[:ncv] = x[r * bn:r * bn + ncv]
+        _accinit(op, sv[ncv:bn], is_float)
+        for j in range(bn):
+            si[j] = c0 + j if j < ncv else 9223372036854775807
+        _tree_arg(op, sv, si, bn)
         o[r * bn:(r + 1) * bn] = si[0]

@@ -115,6 +115,23 @@ def _arg_better(op: str, v_new, i_new, v_old, i_old, tie_by_index: bool):
     return better
 
 
+def _arg_tree(op: str, vals: np.ndarray, idxs: np.ndarray) -> np.ndarray:
+    """Pairwise-halving (value, index) tree over columns; ties and NaNs pick the lower index."""
+    width, p = vals.shape[1], 1
+    while p < width:
+        p *= 2
+    while p > 1:
+        h = p // 2
+        n = max(0, min(h, width - h))
+        if n:
+            better = _arg_better(op, vals[:, h:h + n], idxs[:, h:h + n], vals[:, :n], idxs[:, :n],
+                                 tie_by_index=True)
+            vals[:, :n] = np.where(better, vals[:, h:h + n], vals[:, :n])
+            idxs[:, :n] = np.where(better, idxs[:, h:h + n], idxs[:, :n])
+        width, p = min(width, h), h
+    return idxs[:, :1]
+
+
 class _Kernel:
     def __init__(self, kl: KernelLayout, buffers: list[np.ndarray]):
         self.kl, self.buffers = kl, buffers
@@ -178,6 +195,21 @@ class _Kernel:
     def op_index(self, spec, f, ctx) -> None:
         self.put(Bank.I64, f[0], self.addresses(f[1], ctx))
 
+    def op_storerow(self, spec, f, ctx) -> None:
+        sec, r_idx, r_valid, c_idx, c_valid, c_global = ctx
+        self.op_store(spec, f, ("F", r_idx, r_valid, np.zeros_like(c_idx), c_valid, c_global))
+
+    def op_rowred(self, spec, f, ctx) -> None:
+        _, _, _, _, c_valid, c_global = ctx
+        x = self.get(spec.bank, f[1])
+        ident = np.array(reduce_identity(spec.op, spec.bank), spec.bank.np_dtype)
+        masked = np.where(c_valid[None, :], x, ident)
+        if spec.op.startswith("arg"):
+            idx = np.where(c_valid, c_global, np.iinfo(np.int64).max)
+            self.put(Bank.I64, f[0], _arg_tree(spec.op, masked, np.broadcast_to(idx[None, :], self.tile).copy()))
+            return
+        self.put(spec.bank, f[0], _tree(masked, _combine(spec.op, spec.bank))[:, None])
+
     def op_store(self, spec, f, ctx) -> None:
         j = f[1]
         dtype = DType(int(self.kl.opnd_dtype[j]))
@@ -222,20 +254,7 @@ class _Kernel:
     def op_rfin(self, spec, f, ctx) -> None:
         if spec.op.startswith("arg"):
             v, i = self.get(spec.bank, f[1]), self.get(Bank.I64, f[2])
-            vals, idxs = v.copy(), i.copy()
-            width, p = vals.shape[1], 1
-            while p < width:
-                p *= 2
-            while p > 1:
-                h = p // 2
-                n = max(0, min(h, width - h))
-                if n:
-                    better = _arg_better(spec.op, vals[:, h:h + n], idxs[:, h:h + n], vals[:, :n], idxs[:, :n],
-                                         tie_by_index=True)
-                    vals[:, :n] = np.where(better, vals[:, h:h + n], vals[:, :n])
-                    idxs[:, :n] = np.where(better, idxs[:, h:h + n], idxs[:, :n])
-                width, p = min(width, h), h
-            self.put(Bank.I64, f[0], idxs[:, :1])
+            self.put(Bank.I64, f[0], _arg_tree(spec.op, v.copy(), i.copy()))
             return
         acc = self.get(spec.bank, f[1])
         self.put(spec.bank, f[0], _tree(acc, _combine(spec.op, spec.bank))[:, None])
