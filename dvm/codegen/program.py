@@ -92,6 +92,8 @@ class ProgramLayout:
     kernels: tuple[KernelLayout, ...]
     # per argument: (min element index, max element index) any kernel can touch; None if untouched
     extents: tuple[tuple[int, int] | None, ...]
+    # per argument: (NumPy dtype, written?, extent), what check_buffers tests before every run
+    arg_checks: tuple = ()
 
 
 class Program:

@@ -80,7 +80,8 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
         if info.role != ARG_IN and ext is not None and (ext[0] < 0 or ext[1] >= info.numel):
             raise VerifyError("bounds", f"argument {a} ({ARG_ROLES[info.role]}) holds {info.numel} "
                                         f"elements but the program touches [{ext[0]}, {ext[1]}]")
-    return ProgramLayout(tuple(args), tuple(kernels), tuple(extents))
+    checks = tuple((DType(a.dtype).np_dtype, a.role != ARG_IN, ext) for a, ext in zip(args, extents))
+    return ProgramLayout(tuple(args), tuple(kernels), tuple(extents), checks)
 
 
 def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "_Facts"]:
@@ -337,14 +338,14 @@ def check_buffers(layout: ProgramLayout, buffers, check_overlap: bool = True) ->
     """Run before every execution: buffers match the argument table and hold every touched element."""
     if len(buffers) != len(layout.args):
         raise VerifyError("buffers", f"program takes {len(layout.args)} buffers, got {len(buffers)}")
-    for a, (buf, info, ext) in enumerate(zip(buffers, layout.args, layout.extents)):
+    for a, (buf, (np_dtype, writable, ext)) in enumerate(zip(buffers, layout.arg_checks)):
         if not isinstance(buf, np.ndarray) or buf.ndim != 1:
             raise VerifyError("buffers", f"buffer {a} must be a 1-D NumPy array")
-        if buf.dtype != DType(info.dtype).np_dtype:
+        if buf.dtype != np_dtype:
             raise VerifyError("buffers", f"buffer {a} has dtype {buf.dtype}, the program expects "
-                                         f"{DType(info.dtype).short}")
-        if info.role != ARG_IN and not buf.flags.writeable:
-            raise VerifyError("buffers", f"buffer {a} ({ARG_ROLES[info.role]}) is read-only")
+                                         f"{DType(layout.args[a].dtype).short}")
+        if writable and not buf.flags.writeable:
+            raise VerifyError("buffers", f"buffer {a} ({ARG_ROLES[layout.args[a].role]}) is read-only")
         if ext is not None and (ext[0] < 0 or ext[1] >= len(buf)):
             raise VerifyError("bounds", f"buffer {a} has {len(buf)} elements, the program touches "
                                         f"[{ext[0]}, {ext[1]}]")

@@ -200,28 +200,28 @@ class KernelFunction:
         functools.update_wrapper(self, fn)
 
     # -- arguments ------------------------------------------------------------------------------
-    def _coerce(self, args) -> list[np.ndarray]:
+    def _coerce(self, args) -> tuple[list[np.ndarray], tuple]:
+        """The arguments as arrays, and their signature: (dtype, shape class) per argument,
+        where a shape class keeps sizes 0 and 1 and marks the others -1 (dynamic=True)."""
         if len(args) != len(self.arg_names):
             raise TraceError(f"{self.fn.__name__} takes {len(self.arg_names)} array argument(s) "
                              f"({', '.join(self.arg_names)}), got {len(args)}")
-        out = []
+        arrays, sig = [], []
         for name, a in zip(self.arg_names, args):
             arr = a if isinstance(a, np.ndarray) else np.asarray(a)
             try:
-                dtype_of(arr.dtype)
+                dt = dtype_of(arr.dtype)
             except TypeError as e:
                 raise DTypeError(f"argument '{name}': {e}") from None
-            out.append(arr)
-        return out
+            arrays.append(arr)
+            sig.append((dt, arr.shape if not self.dynamic else tuple(d if d < 2 else -1 for d in arr.shape)))
+        return arrays, tuple(sig)
 
-    def _signature(self, arrays: list[np.ndarray]) -> tuple:
-        if not self.dynamic:
-            return tuple((dtype_of(a.dtype), a.shape) for a in arrays)
-        return tuple((dtype_of(a.dtype), tuple(d if d in (0, 1) else -1 for d in a.shape)) for a in arrays)
+    def _signature(self, arrays) -> tuple:
+        return self._coerce(arrays)[1]
 
     def trace(self, *args) -> _Traced:
-        arrays = self._coerce(args)
-        return self._trace(self._signature(arrays))
+        return self._trace(self._coerce(args)[1])
 
     def _trace(self, sig: tuple) -> _Traced:
         traced = self._traces.get(sig)
@@ -304,8 +304,8 @@ class KernelFunction:
         return env
 
     def __call__(self, *args):
-        arrays = self._coerce(args)
-        traced = self._trace(self._signature(arrays))
+        arrays, sig = self._coerce(args)
+        traced = self._traces.get(sig) or self._trace(sig)
         env = self._bind(traced, arrays)
         outs = traced.graph.run(env, arrays)
         return outs[0] if traced.single else tuple(outs)
@@ -313,8 +313,8 @@ class KernelFunction:
     def program(self, *args) -> Program:
         """The encoded Program for these arguments (shapes, dtypes and layouts)."""
         from ..runtime.compiled import as_buffer
-        arrays = self._coerce(args)
-        traced = self._trace(self._signature(arrays))
+        arrays, sig = self._coerce(args)
+        traced = self._trace(sig)
         env = self._bind(traced, arrays)
         return traced.graph.program(env, [as_buffer(a)[1] for a in arrays])
 

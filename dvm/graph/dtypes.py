@@ -100,6 +100,9 @@ DEFAULT_INT = DType.INT64
 
 def dtype_of(x: object) -> DType:
     """Resolve a DType, its name, a NumPy dtype or an array to a DType (TypeError otherwise)."""
+    hit = _BY_NP.get(x) if isinstance(x, np.dtype) else None
+    if hit is not None:
+        return hit
     if isinstance(x, DType):
         return x
     if isinstance(x, str):

@@ -53,6 +53,7 @@ class CompiledGraph:
         self.args = [ArgSpec(ARG_IN, n.dtype, None) for n in self.inputs] + \
             [ArgSpec(ARG_OUT, o.dtype, tuple(o.shape)) for o in self.outputs] + \
             [ArgSpec(ARG_WS, w.dtype, tuple(w.shape)) for w in self.plan.workspaces]
+        self._out_specs = [(tuple(o.shape), o.dtype.np_dtype) for o in self.outputs]
         self._programs: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         counters.bump("graphs_compiled")
@@ -60,7 +61,7 @@ class CompiledGraph:
         debug.on_compile(self)
 
     def program(self, env: Mapping[str, int], layouts: Sequence[Layout]) -> Program:
-        key = (tuple(sorted(env.items())), tuple((l[1], l[2]) for l in layouts))
+        key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]))  # env order is fixed per graph
         with self._lock:
             prog = self._programs.get(key)
             if prog is not None:
@@ -89,9 +90,12 @@ class CompiledGraph:
             except NeedsCopy as e:  # a view chain the input's strides cannot express
                 arrays[e.slot] = np.ascontiguousarray(arrays[e.slot])
                 counters.bump("input_copies")
-        outs = [np.empty(tuple(evaluate(d, env) for d in o.shape), o.dtype.np_dtype) for o in self.outputs]
-        ws = [np.empty(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
-        execute(prog, list(bufs) + [o.reshape(-1) for o in outs] + ws, fresh_outputs=True)
+        outs = [np.empty(tuple([evaluate(d, env) for d in shape]), dt) for shape, dt in self._out_specs]
+        buffers = list(bufs)
+        buffers += [o.reshape(-1) for o in outs]
+        if self.plan.workspaces:
+            buffers += [np.empty(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
+        execute(prog, buffers, fresh_outputs=True)
         return outs
 
 
