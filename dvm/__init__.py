@@ -11,5 +11,11 @@ from .runtime.counters import snapshot as counters
 from .runtime.launch import execute
 
 __version__ = "0.1.0"
-__all__ = ["kernel", "KernelFunction", "explain", "Program", "disasm", "verify", "execute", "counters",
+
+
+def compile(model=None, **kwargs):  # noqa: A001 (the torch.compile shorthand)
+    """`torch.compile(model, backend="dvm", dynamic=True, **kwargs)`; imports torch lazily."""
+    from .frontend.torch_backend import compile as compile_
+    return compile_(model, **kwargs)
+__all__ = ["kernel", "KernelFunction", "explain", "compile", "Program", "disasm", "verify", "execute", "counters",
            "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]

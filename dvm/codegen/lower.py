@@ -105,6 +105,12 @@ class _Emitter:
         self._red_sweep[node] = out
         return out
 
+    def exact(self, node: Node) -> bool:
+        """The register of `node` holds a value exactly representable in node.dtype: loads and
+        constants, and narrowing casts (which round)."""
+        return node.op in ("const", "input", "iota") or node.op in VIEW_OPS or self.from_workspace(node) \
+            or (node.op == "cast" and not cast_is_noop(node.inputs[0].dtype, node.dtype))
+
     def from_workspace(self, node: Node) -> bool:
         slot = self.plan.slot_of.get(node)
         return slot is not None and self.plan.group_of[node] < self.g.index
@@ -141,6 +147,13 @@ class _Emitter:
             src = node.inputs[0]
             reg_in = self.value(src, sec)
             if cast_is_noop(src.dtype, node.dtype):
+                if src.dtype in (DType.FLOAT16, DType.BFLOAT16) and node.dtype != src.dtype \
+                        and not self.exact(src):
+                    # a computed f16/bf16 value is held at f32 precision; widening it must give
+                    # the f16/bf16 value, as in eager: round to the source dtype first
+                    reg = self.new(Bank.F32)
+                    self.emit(sec, "cast.f32.f32", reg, reg_in, int(src.dtype))
+                    return reg
                 return reg_in
             reg = self.new(node.dtype.bank)
             self.emit(sec, f"cast.{src.dtype.bank.short}.{node.dtype.bank.short}", reg, reg_in, int(node.dtype))
@@ -210,8 +223,9 @@ class _Emitter:
             row = self.is_row(v)
             sec = self.sec("F", max(m, 0)) if row else self.sec("B", m + 1)
             src = v
-            while src.op == "cast" and src.dtype == v.dtype and src.inputs[0].dtype.bank == v.dtype.bank:
-                src = src.inputs[0]  # the store rounds/wraps exactly like this same-bank cast
+            while src.op == "cast" and src.dtype == v.dtype and src.inputs[0].dtype.bank == v.dtype.bank \
+                    and not cast_is_noop(src.inputs[0].dtype, src.dtype):
+                src = src.inputs[0]  # the store rounds/wraps exactly like this narrowing cast
             reg = self.value(src, sec)
             spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
             kind = "storerow" if self.single and row else "store"

@@ -217,8 +217,12 @@ class KernelFunction:
             sig.append((dt, arr.shape if not self.dynamic else tuple(d if d < 2 else -1 for d in arr.shape)))
         return arrays, tuple(sig)
 
-    def _signature(self, arrays) -> tuple:
-        return self._coerce(arrays)[1]
+    def instance(self, *args) -> tuple[_Traced, dict[str, int], list[np.ndarray]]:
+        """(traced graph, symbol values, arrays) for these arguments: the steps of a call before
+        encoding, for tools that time encoding alone."""
+        arrays, sig = self._coerce(args)
+        traced = self._trace(sig)
+        return traced, self._bind(traced, arrays), arrays
 
     def trace(self, *args) -> _Traced:
         return self._trace(self._coerce(args)[1])
@@ -303,11 +307,13 @@ class KernelFunction:
                                  f"{', '.join(f'{n}{tuple(a.shape)}' for n, a in zip(self.arg_names, arrays))})")
         return env
 
-    def __call__(self, *args):
+    def __call__(self, *args, vm: str | None = None):
+        """Run on NumPy arrays; `vm` picks the VM for this call ("cpu", "reference"; default:
+        DVM_VM)."""
         arrays, sig = self._coerce(args)
         traced = self._traces.get(sig) or self._trace(sig)
         env = self._bind(traced, arrays)
-        outs = traced.graph.run(env, arrays)
+        outs = traced.graph.run(env, arrays, vm=vm)
         return outs[0] if traced.single else tuple(outs)
 
     def program(self, *args) -> Program:

@@ -7,10 +7,13 @@ from ..runtime.debug import graph_ir, report
 from .builder import KernelFunction
 
 
-def explain(fn: KernelFunction, *args, ir: bool = False) -> str:
-    """A readable report: fusion groups, kernels of the Program for these arguments, counters."""
+def explain(fn, *args, ir: bool = False) -> str:
+    """A readable report for a @dvm.kernel function (fusion groups, kernels of the Program for
+    these arguments, counters) or for a torch model / function (segments, DVM kernels,
+    fallbacks with reasons, counters)."""
     if not isinstance(fn, KernelFunction):
-        raise TypeError("dvm.explain takes a @dvm.kernel function and its arguments")
+        from .torch_backend import explain_model  # a torch model / function (imports torch)
+        return explain_model(fn, *args)
     traced = fn.trace(*args)
     lines = [f"{fn!r}", report(traced.graph)]
     if traced.checks:

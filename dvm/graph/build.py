@@ -183,7 +183,7 @@ def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = Fa
             raise DTypeError("mean(): could not infer output dtype. Input dtype must be either a "
                              f"floating point or complex dtype. Got: {x.dtype.short}")
         wide = DType.FLOAT64 if x.dtype is DType.FLOAT64 else DType.FLOAT32
-        total = cast(reduce(ctx, "sum", x, axes, True), wide)
+        total = reduce(ctx, "sum", cast(x, wide), axes, True)  # accumulate and divide in f32/f64
         count = const(prod(x.shape[a] for a in axes), wide)
         out = cast(elementwise(ctx, "div", total, count), x.dtype)
     else:

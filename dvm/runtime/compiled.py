@@ -80,7 +80,7 @@ class CompiledGraph:
                 self._programs.popitem(last=False)
         return prog
 
-    def run(self, env: Mapping[str, int], arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(self, env: Mapping[str, int], arrays: Sequence[np.ndarray], vm: str | None = None) -> list[np.ndarray]:
         arrays = list(arrays)
         for _ in range(len(arrays) + 1):
             bufs, layouts = zip(*[as_buffer(a) for a in arrays]) if arrays else ((), ())
@@ -95,7 +95,7 @@ class CompiledGraph:
         buffers += [o.reshape(-1) for o in outs]
         if self.plan.workspaces:
             buffers += [np.empty(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
-        execute(prog, buffers, fresh_outputs=True)
+        execute(prog, buffers, vm=vm, fresh_outputs=True)
         return outs
 
 

@@ -15,10 +15,8 @@ need is traced and warmed up with shapes that are not measured).
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -27,6 +25,8 @@ from typing import Callable
 import numpy as np
 
 import dvm
+
+from .bench_common import loadavg, machine_info, percentiles, progress, write_json
 
 BUDGET_P50_US = 20.0
 BUDGET_P99_US = 100.0
@@ -184,22 +184,12 @@ class _Arena:
         return [x] + [self.v[i, :shape[-1]] for i in range(bk.n_vectors)]
 
 
-def _percentiles(samples_ns: list[int]) -> dict:
-    s = sorted(samples_ns)
-    n = len(s)
-
-    def rank(q: float) -> float:  # nearest-rank percentile
-        return s[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e3
-    return {"p50": rank(0.50), "p99": rank(0.99), "max": s[-1] / 1e3, "mean": sum(s) / n / 1e3, "n": n}
-
-
 def _within(stats: dict) -> bool:
     return stats["p50"] <= BUDGET_P50_US and stats["p99"] <= BUDGET_P99_US
 
 
 def _progress(msg: str, quiet: bool) -> None:
-    if not quiet:
-        print(f"[dvm bench encode] {msg}", file=sys.stderr, flush=True)
+    progress("encode", msg, quiet)
 
 
 def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena: _Arena,
@@ -221,9 +211,8 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
     # (traced, env, layouts) for the pure-encode loop.
     prepared = []
     for s in shapes:
-        arrays = kf._coerce(arena.args(bk, s))
-        traced = kf._trace(kf._signature(arrays))
-        prepared.append((traced, kf._bind(traced, arrays), [as_buffer(a)[1] for a in arrays]))
+        traced, env, arrays = kf.instance(*arena.args(bk, s))
+        prepared.append((traced, env, [as_buffer(a)[1] for a in arrays]))
 
     # Warm-up, untimed: per signature, encode + verify a few shapes that are not measured.
     patterns = {_pattern(s): s for s in shapes}
@@ -233,9 +222,7 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
             w = _sibling(rng, s)
             if w in seen:
                 continue
-            arrays = arena.args(bk, w)
-            traced = kf._trace(kf._signature(arrays))
-            env = kf._bind(traced, arrays)
+            traced, env, arrays = kf.instance(*arena.args(bk, w))
             layouts = [as_buffer(a)[1] for a in arrays]
             verify(encode_program(traced.graph.templates, traced.graph.args, env, layouts))
             verify(traced.graph.program(env, layouts))
@@ -256,7 +243,7 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
             encode_ns.append(clock() - t0)
     finally:
         gc.enable()
-    enc = _percentiles(encode_ns)
+    enc = percentiles(encode_ns)
     _progress(f"{bk.name}: encode      p50 {enc['p50']:.1f} us  p99 {enc['p99']:.1f} us", quiet)
 
     # Timed: the first-call path of a new shape, trace excluded (the trace lookup is a dict hit).
@@ -268,9 +255,7 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
     try:
         for args in arg_lists:
             t0 = clock()
-            arrays = kf._coerce(args)
-            traced = kf._trace(kf._signature(arrays))
-            env = kf._bind(traced, arrays)
+            traced, env, arrays = kf.instance(*args)
             layouts = [as_buffer(a)[1] for a in arrays]
             t1 = clock()
             prog = traced.graph.program(env, layouts)
@@ -281,8 +266,8 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
             parts_ns.append((t1 - t0, t2 - t1, t3 - t2))
     finally:
         gc.enable()
-    first = _percentiles(first_ns)
-    first["p50_parts"] = {name: _percentiles([p[i] for p in parts_ns])["p50"]
+    first = percentiles(first_ns)
+    first["p50_parts"] = {name: percentiles([p[i] for p in parts_ns])["p50"]
                           for i, name in enumerate(("bind", "program_cache_and_encode", "verify"))}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in first["p50_parts"].items())
     _progress(f"{bk.name}: first call  p50 {first['p50']:.1f} us  p99 {first['p99']:.1f} us  "
@@ -292,31 +277,6 @@ def bench_kernel(bk: BenchKernel, n_shapes: int, rng: np.random.Generator, arena
             "encode_within_budget": _within(enc), "first_call_within_budget": _within(first)}
 
 
-def machine_info() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 0
-    return {"cpu": model, "cores": cores, "python": platform.python_version(),
-            "numpy": np.__version__, "dvm": dvm.__version__, "platform": platform.platform()}
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):
-        return None
-
-
 def run(n_shapes: int = DEFAULT_SHAPES, seed: int = 0, kernels=None, quiet: bool = False) -> dict:
     if n_shapes < 1:
         raise ValueError("--shapes must be at least 1")
@@ -324,7 +284,7 @@ def run(n_shapes: int = DEFAULT_SHAPES, seed: int = 0, kernels=None, quiet: bool
     arena = _Arena()
     chosen = [bk for bk in KERNELS if kernels is None or bk.name in kernels]
     t0 = time.time()
-    load_start = _loadavg()
+    load_start = loadavg()
     results = {}
     for i, bk in enumerate(chosen):
         _progress(f"[{i + 1}/{len(chosen)}] {bk.name} ({bk.what})", quiet)
@@ -340,7 +300,7 @@ def run(n_shapes: int = DEFAULT_SHAPES, seed: int = 0, kernels=None, quiet: bool
         "budget_us": {"p50": BUDGET_P50_US, "p99": BUDGET_P99_US},
         "machine": machine_info(),
         # other processes on the machine inflate the tails (p99, max): the load is recorded
-        "loadavg_1min": {"start": load_start, "end": _loadavg()},
+        "loadavg_1min": {"start": load_start, "end": loadavg()},
         "kernels": results,
         "all_within_budget": all(r["encode_within_budget"] for r in results.values()),
     }
@@ -380,11 +340,6 @@ def main(n_shapes: int | None = None, seed: int = 0, json_path: str | None = DEF
     else:
         print("\nall kernels within the encode budget", file=out)
     if json_path:
-        d = os.path.dirname(json_path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        write_json(json_path, report)
         print(f"wrote {json_path}", file=out)
     return 0

@@ -2,6 +2,8 @@
 
     dvm demo [--seed S]                               builder-API kernels over changing shapes
     dvm bench encode [--shapes N] [--seed S] [--json PATH] [--quick]
+    dvm bench ops [--sizes small,medium,large,odd] [--cases C,..] [--quick] [--repeat N]
+                  [--no-inductor | --inductor] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
     dvm version
 
@@ -46,6 +48,28 @@ def cmd_bench_encode(args) -> int:
     return bench_encode.main(n_shapes=args.shapes, seed=args.seed, json_path=json_path, quick=args.quick)
 
 
+def cmd_bench_ops(args) -> int:
+    from . import bench_ops
+    try:
+        sizes = bench_ops.parse_sizes(args.sizes) if args.sizes is not None else None
+        cases = bench_ops.parse_cases(args.cases) if args.cases is not None else None
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    if args.repeat is not None and args.repeat < 1:
+        _err("--repeat must be at least 1")
+        return EXIT_USAGE
+    if args.threads < 1:
+        _err("--threads must be at least 1")
+        return EXIT_USAGE
+
+    def path(p):
+        return None if p in ("", "-") else p
+    return bench_ops.main(sizes=sizes, cases=cases, quick=args.quick, repeat=args.repeat,
+                          inductor=args.inductor, json_path=path(args.json), md_path=path(args.md),
+                          png_path=path(args.png), threads=args.threads, seed=args.seed)
+
+
 def cmd_disasm(args) -> int:
     import dvm
     from dvm.errors import VerifyError
@@ -71,7 +95,7 @@ def cmd_disasm(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench_encode
+    from . import bench_encode, bench_ops
     p = argparse.ArgumentParser(prog="dvm", description="DVM: a real-time operator compiler "
                                 "(fused kernels encoded to bytecode per instance, run by a VM).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -97,6 +121,38 @@ def build_parser() -> argparse.ArgumentParser:
                          f"'-' for none)")
     be.add_argument("--quick", action="store_true", help="a short smoke run")
     be.set_defaults(func=cmd_bench_encode)
+    bo = bsub.add_parser("ops", help="fused kernels vs NumPy, PyTorch eager, numexpr, Inductor, copy",
+                         description="Time DVM kernels (elementwise chains, bias+GELU, SiLU*b, softmax, "
+                                     "LayerNorm, RMSNorm, sum/max over either axis) side by side with "
+                                     "the reference VM, NumPy, PyTorch eager and native kernels, numexpr, "
+                                     "torch.compile Inductor (static and dynamic; compile time reported "
+                                     "separately) and a memory-copy roofline of the same bytes, plus "
+                                     "the cached launch overhead. Ratios are baseline time / DVM time "
+                                     "(> 1: DVM is faster). Progress goes to stderr, tables to stdout.")
+    bo.add_argument("--sizes", default=None, metavar="LIST",
+                    help=f"comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} "
+                         f"(default all; small with --quick)")
+    bo.add_argument("--cases", default=None, metavar="LIST",
+                    help=f"comma-separated cases (default all: {','.join(bench_ops.CASE_NAMES)})")
+    bo.add_argument("--quick", action="store_true",
+                    help="a short run: small sizes, fewer repeats, no Inductor unless --inductor")
+    bo.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help=f"timed samples per measurement, at least (short calls get more); the "
+                         f"median is reported (default {bench_ops.DEFAULT_REPEAT}; {bench_ops.QUICK_REPEAT} with --quick)")
+    ind = bo.add_mutually_exclusive_group()
+    ind.add_argument("--no-inductor", dest="inductor", action="store_false", default=None,
+                     help="skip torch.compile (its first compile costs 10-25 s)")
+    ind.add_argument("--inductor", dest="inductor", action="store_true", default=None,
+                     help="run torch.compile even with --quick")
+    bo.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="torch and numexpr threads (default 2)")
+    bo.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
+    for flag, default, what in (("--json", bench_ops.DEFAULT_JSON, "the results as JSON"),
+                                ("--md", bench_ops.DEFAULT_MD, "the markdown tables"),
+                                ("--png", bench_ops.DEFAULT_PNG, "the plot (PNG)")):
+        bo.add_argument(flag, default=default, metavar="PATH",
+                        help=f"where to write {what} (default {default}; '-' for none)")
+    bo.set_defaults(func=cmd_bench_ops)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
     s = sub.add_parser("disasm", help="verify a saved Program (.npy) and print its disassembly",

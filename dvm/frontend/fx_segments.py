@@ -1,0 +1,313 @@
+"""Cut an ATen FX graph (symbolic sizes) into DVM segments and PyTorch steps, once per graph.
+
+Nodes are visited in graph order. A lowerable node joins the open segment; its tensor arguments
+that are not values of that segment become segment inputs. A node that is not lowerable runs
+through PyTorch; it closes the open segment only when it needs one of its values (or mutates),
+so independent PyTorch ops (weight transposes, matmuls of other values) do not split segments.
+Views of tensors outside the open segment run through PyTorch (free, no copy); views inside a
+segment are DVM reshape/permute/broadcast nodes, replayed by PyTorch on the segment's output
+only when a PyTorch op needs the view. Segment outputs are exactly the values PyTorch needs later.
+Sizes are SymPy expressions on the FX side; they are converted to DVM SymExpr here, once.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from ..graph.build import ShapeContext, reshape
+from ..graph.node import Node
+from ..graph.symbolic import SymExpr, decide_eq, floordiv, mod, sym
+from . import aten_table as T
+from .aten_table import Unsupported
+
+
+# -- sizes: SymPy -> SymExpr ------------------------------------------------------------------
+class Syms:
+    """Converts PyTorch sizes (int / SymInt) to DVM dims; remembers each symbol's range."""
+
+    def __init__(self) -> None:
+        self.cache: dict = {}
+
+    def dim(self, d):
+        if isinstance(d, int):
+            return d
+        if isinstance(d, torch.SymInt):
+            node = d.node
+            expr = node.expr
+            if node.shape_env is not None:
+                expr = node.shape_env.simplify(expr)
+            return self.expr(expr, node.shape_env)
+        raise Unsupported(f"size of type {type(d).__name__}")
+
+    def shape(self, t) -> tuple:
+        return tuple(self.dim(d) for d in t.shape)
+
+    def expr(self, e, shape_env=None):
+        import sympy
+        from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+        if e.is_Integer:
+            return int(e)
+        if e.is_Symbol:
+            name = str(e)
+            if name not in self.cache:
+                lo = 0
+                rng = shape_env.var_to_range.get(e) if shape_env is not None else None
+                if rng is not None and rng.lower.is_finite:
+                    lo = max(int(rng.lower), 0)
+                self.cache[name] = sym(name, lo=lo)
+            return self.cache[name]
+        args = [self.expr(a, shape_env) for a in e.args]
+        if isinstance(e, sympy.Add):
+            out = 0
+            for a in args:
+                out = out + a
+            return out
+        if isinstance(e, sympy.Mul):
+            out = 1
+            for a in args:
+                out = out * a
+            return out
+        if isinstance(e, FloorDiv):
+            return floordiv(args[0], args[1])
+        if isinstance(e, (Mod, PythonMod)):
+            return mod(args[0], args[1])
+        if isinstance(e, sympy.Pow) and isinstance(args[1], int) and args[1] >= 0:
+            out = 1
+            for _ in range(args[1]):
+                out = out * args[0]
+            return out
+        raise Unsupported(f"size expression {e}")
+
+
+def fake(n) -> object:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+# -- plan ---------------------------------------------------------------------------------------
+@dataclass
+class Segment:
+    index: int
+    members: list = field(default_factory=list)      # FX nodes lowered into this segment
+    value: dict = field(default_factory=dict)        # FX node -> Node | tuple of Nodes
+    inputs: list = field(default_factory=list)       # FX nodes (torch values) flowing in
+    input_nodes: list = field(default_factory=list)  # their 'input' Nodes
+    outputs: list = field(default_factory=list)      # FX nodes PyTorch needs later
+    ctx: ShapeContext = field(default_factory=ShapeContext)
+    closed: bool = False
+
+
+@dataclass
+class TorchStep:
+    node: fx.Node
+    kind: str      # "fallback", "view", "cube", "python"
+    reason: str = ""
+
+
+@dataclass
+class SegmentStep:
+    segment: Segment
+
+
+def _is_tensor(v) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def _arg_nodes(n: fx.Node) -> list:
+    out: list = []
+    fx.node.map_arg((n.args, n.kwargs), lambda a: out.append(a) or a)
+    return out
+
+
+class Planner:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.syms = Syms()
+        self.steps: list = []
+        self.segments: list[Segment] = []
+        self.open: Segment | None = None
+        self.seg_of: dict = {}          # FX node -> Segment (DVM values)
+        self.ready: set = set()         # FX nodes with a torch value at this point of the plan
+        self.reasons: dict = {}         # FX node -> fallback reason
+
+    # -- torch availability -------------------------------------------------------------------
+    def need_torch(self, a) -> None:
+        if not isinstance(a, fx.Node) or a in self.ready:
+            return
+        seg = self.seg_of[a]
+        if seg is self.open:
+            self.close()
+        if a.target in T.VIEW_OPS:
+            for x in _arg_nodes(a):
+                self.need_torch(x)
+            self.steps.append(TorchStep(a, "view"))
+        else:
+            seg.outputs.append(a)
+        self.ready.add(a)
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.open.closed = True
+            self.steps.append(SegmentStep(self.open))
+            self.open = None
+
+    # -- lowering -----------------------------------------------------------------------------
+    def dvm_arg(self, seg: Segment, a, new_inputs: list):
+        if not isinstance(a, fx.Node):
+            if isinstance(a, (list, tuple)):
+                return type(a)(self.dvm_arg(seg, x, new_inputs) for x in a)
+            if isinstance(a, torch.SymInt):
+                return self.syms.dim(a)
+            return a
+        v = getattr(self.gm, a.target) if a.op == "get_attr" else fake(a)
+        if seg.value.get(a) is not None and self.seg_of.get(a) is seg:
+            return seg.value[a]
+        if isinstance(v, (torch.SymInt, int)) and not isinstance(v, bool):
+            return self.syms.dim(v)
+        if isinstance(v, (float, bool)) or v is None:
+            raise Unsupported(f"argument {a.name} is a {type(v).__name__} computed in the graph")
+        if not _is_tensor(v):
+            raise Unsupported(f"argument {a.name} of type {type(v).__name__}")
+        if a in seg.inputs:
+            return seg.input_nodes[seg.inputs.index(a)]
+        for na, node in new_inputs:
+            if na is a:
+                return node
+        if v.device.type != "cpu":
+            raise Unsupported(f"device {v.device}")
+        node = Node.make("input", T.dvm_dtype(v.dtype), self.syms.shape(v),
+                         index=len(seg.inputs) + len(new_inputs), name=a.name)
+        new_inputs.append((a, node))
+        return node
+
+    def try_lower(self, n: fx.Node) -> str | None:
+        """Lower n into the open segment; the reason it could not, or None."""
+        handler = T.LOWERINGS.get(n.target)
+        if handler is None:
+            return "not in table"
+        out = fake(n)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not outs or not all(_is_tensor(o) for o in outs):
+            return "non-tensor result"
+        if n.target in T.VIEW_OPS and not any(self.seg_of.get(a) is self.open and self.open is not None
+                                              for a in _arg_nodes(n)[:1]):
+            return "view"
+        seg = self.open or Segment(len(self.segments))
+        new_inputs: list = []
+        n_checks = len(seg.ctx.checks)
+        try:
+            for o in outs:
+                T.dvm_dtype(o.dtype)
+                if o.device.type != "cpu":
+                    raise Unsupported(f"device {o.device}")
+            lw = _Lower(seg.ctx, out, self.syms)
+            args = self.dvm_arg(seg, n.args, new_inputs)
+            kwargs = {k: self.dvm_arg(seg, v, new_inputs) for k, v in n.kwargs.items()}
+            result = handler(lw, *args, **kwargs)
+            results = result if isinstance(result, tuple) else (result,)
+            if len(results) != len(outs):
+                raise Unsupported("output count")
+            results = tuple(self.check(seg, r, o) for r, o in zip(results, outs))
+        except Unsupported as e:
+            del seg.ctx.checks[n_checks:]
+            return str(e)
+        except Exception as e:  # DVM's DTypeError / ShapeError and the like: PyTorch decides
+            del seg.ctx.checks[n_checks:]
+            return f"{type(e).__name__}: {e}"
+        if self.open is None:
+            self.open = seg
+            self.segments.append(seg)
+        for a, node in new_inputs:
+            self.need_torch(a)
+            seg.inputs.append(a)
+            seg.input_nodes.append(node)
+        seg.members.append(n)
+        seg.value[n] = results if isinstance(out, (tuple, list)) else results[0]
+        self.seg_of[n] = seg
+        return None
+
+    def check(self, seg: Segment, r: Node, o: torch.Tensor) -> Node:
+        if not isinstance(r, Node):
+            raise Unsupported("handler result")
+        if r.dtype is not T.dvm_dtype(o.dtype):
+            raise Unsupported(f"dtype rule gives {r.dtype.short}, PyTorch {o.dtype}")
+        shape = self.syms.shape(o)
+        if len(shape) != r.ndim:
+            if decide_eq(_numel(shape), _numel(r.shape)) is not True:
+                raise Unsupported(f"rank {r.ndim}, PyTorch {len(shape)}")
+            return reshape(seg.ctx, r, shape)
+        for a, b in zip(r.shape, shape):
+            if decide_eq(a, b) is False:
+                raise Unsupported(f"shape {r.shape}, PyTorch {shape}")
+            if decide_eq(a, b) is None:
+                seg.ctx.require_eq(a, b, f"shape of {r!r} against PyTorch's {shape}")
+        return r
+
+    # -- the walk -----------------------------------------------------------------------------
+    def run(self) -> None:
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder" or n.op == "get_attr":
+                self.ready.add(n)
+            elif n.op == "output":
+                for a in _arg_nodes(n):
+                    self.need_torch(a)
+            elif n.op == "call_function":
+                self.visit(n)
+            else:
+                raise Unsupported(f"FX op {n.op}")
+
+    def visit(self, n: fx.Node) -> None:
+        src = n.args[0] if n.target is operator.getitem and n.args else None
+        if isinstance(src, fx.Node) and isinstance(self.seg_of.get(src) and self.seg_of[src].value[src], tuple):
+            seg = self.seg_of[src]          # one result of a multi-output DVM op
+            seg.members.append(n)
+            seg.value[n] = seg.value[src][n.args[1]]
+            self.seg_of[n] = seg
+            return
+        reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
+        if reason is None:
+            return
+        schema = getattr(n.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            self.close()
+        cuts = self.open is not None and any(self.seg_of.get(a) is self.open for a in _arg_nodes(n))
+        for a in _arg_nodes(n):
+            self.need_torch(a)
+        if n.target in T.VIEW_OPS and not cuts:
+            kind = "view"
+        elif n.target in T.CUBE_OPS:
+            kind = "cube"
+        else:
+            kind = "python" if reason == "python" else "fallback"
+        self.steps.append(TorchStep(n, kind, reason))
+        self.ready.add(n)
+
+
+def _numel(shape):
+    out = 1
+    for d in shape:
+        out = out * d
+    return out
+
+
+class _Lower:
+    """What a table handler sees: the shape context and PyTorch's result for the node."""
+    __slots__ = ("ctx", "out", "syms")
+
+    def __init__(self, ctx, out, syms):
+        self.ctx, self.out, self.syms = ctx, out, syms
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.syms.shape(self.out)
+
+
+def plan(gm: fx.GraphModule) -> Planner:
+    p = Planner(gm)
+    p.run()
+    return p
+
+
+__all__ = ["plan", "Planner", "Segment", "SegmentStep", "TorchStep", "SymExpr", "Unsupported"]

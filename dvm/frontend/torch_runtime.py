@@ -1,0 +1,242 @@
+"""Run a planned ATen FX graph: PyTorch steps and DVM segments, in graph order.
+
+Each segment is one CompiledGraph, built once per FX graph on symbolic sizes; all of its vector
+kernels run in ONE VM launch (sequence stacking: CompiledGraph puts them in one Program). A call
+binds symbol values from the placeholders (SymInt arguments and tensor sizes), converts tensors
+to NumPy views without copies, runs, and wraps the results with torch.from_numpy. DVM adds no
+size guards; the shape facts recorded while tracing are checked at each call (a clear
+ShapeError, never a wrong result).
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..errors import ShapeError
+from ..graph.build import permute
+from ..graph.node import topo_order
+from ..graph.symbolic import SymExpr, evaluate, free_symbols
+from ..runtime import counters
+from ..runtime.compiled import CompiledGraph
+from .aten_table import Unsupported
+from .fx_segments import TorchStep, fake, plan
+
+# DVM outputs are row-major; PyTorch's may follow an input's memory order. Only views care: a
+# view PyTorch could take on its layout but not on ours is taken as a reshape (a counted copy).
+STORE_IN_TORCH_ORDER = False
+_RESHAPE_INSTEAD = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _bare(d) -> str | None:
+    if isinstance(d, torch.SymInt):
+        expr = d.node.expr
+        return str(expr) if expr.is_Symbol else None
+    return None
+
+
+def _stride_order(v) -> tuple | None:
+    """The permutation that lists v's dims in PyTorch's memory order (None: row-major already)."""
+    if not isinstance(v, torch.Tensor) or v.ndim < 2:
+        return None
+    try:
+        sizes = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.shape]
+        strides = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.stride()]
+    except (TypeError, AttributeError):
+        return None
+    perm = tuple(sorted(range(v.ndim), key=lambda i: -strides[i]))
+    if perm == tuple(range(v.ndim)):
+        return None
+    acc, expect = 1, [0] * v.ndim
+    for i in reversed(perm):
+        expect[i] = acc
+        acc *= sizes[i]
+    if any(sizes[i] > 1 and expect[i] != strides[i] for i in range(v.ndim)):
+        return None          # not a dense permutation (expanded, overlapping): keep row-major
+    # dims of size 1 keep their place: only the order of the others matters
+    big = [i for i in perm if sizes[i] > 1]
+    if big == sorted(big):
+        return None
+    return perm
+
+
+def _torch_step(n: fx.Node):
+    target, args, kwargs = n.target, n.args, n.kwargs
+
+    def run(values, env):
+        a, k = fx.node.map_arg((args, kwargs), values.__getitem__)
+        values[n] = target(*a, **k)
+
+    def run_view(values, env):
+        a, k = fx.node.map_arg((args, kwargs), values.__getitem__)
+        try:
+            values[n] = target(*a, **k)
+        except RuntimeError:
+            if a[0].is_contiguous():
+                raise
+            counters.bump("torch_view_copies")
+            values[n] = target(a[0].contiguous(), *a[1:], **k)
+    return run_view if target in _RESHAPE_INSTEAD else run
+
+
+class SegmentRunner:
+    def __init__(self, seg, graph_syms: set):
+        self.seg = seg
+        nodes, self.out_map = [], []
+        for fxn in seg.outputs:
+            node = seg.value[fxn]
+            if node.op == "input":
+                self.out_map.append((fxn, True, node.attr("index"), None))
+                continue
+            perm = _stride_order(fake(fxn)) if STORE_IN_TORCH_ORDER else None
+            inv = None
+            if perm is not None:   # store in PyTorch's memory order, view back (costs a kernel)
+                node = permute(seg.ctx, node, perm)
+                inv = tuple(perm.index(i) for i in range(len(perm)))
+            if node not in nodes:
+                nodes.append(node)
+            self.out_map.append((fxn, False, nodes.index(node), inv))
+        needed: set = set()
+        for node in topo_order(nodes):
+            for d in node.shape:
+                needed |= {s.name for s in free_symbols(d)}
+            if node.op == "const" and isinstance(node.attr("value"), SymExpr):
+                needed |= {s.name for s in free_symbols(node.attr("value"))}
+        for c in seg.ctx.checks:
+            needed |= {s.name for s in free_symbols(c.lhs) | free_symbols(c.rhs if c.rhs is not None else 0)}
+        self.binds, bound = [], set(graph_syms)
+        for i, node in enumerate(seg.input_nodes):
+            for j, d in enumerate(node.shape):
+                s = d.as_symbol() if isinstance(d, SymExpr) else None
+                if s is not None and s.name not in bound:
+                    self.binds.append((i, j, s.name))
+                    bound.add(s.name)
+        if needed - bound:
+            raise Unsupported(f"sizes {sorted(needed - bound)} cannot be bound from the inputs")
+        self.checks = list(seg.ctx.checks)
+        self.inputs = list(seg.inputs)
+        t0 = time.perf_counter()
+        self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
+        self.compile_s = time.perf_counter() - t0
+        self.n_kernels = len(self.graph.templates) if self.graph else 0
+
+    def __call__(self, values, env):
+        tensors = [values[x] for x in self.inputs]
+        if self.binds:
+            env = dict(env)
+            for i, j, name in self.binds:
+                env[name] = tensors[i].shape[j]
+        for c in self.checks:
+            lhs = evaluate(c.lhs, env)
+            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
+                raise ShapeError(f"dvm torch backend: {c.why} (sizes {env})")
+        outs = self.graph.run(env, [to_numpy(t) for t in tensors]) if self.graph else []
+        counters.bump("torch_segment_launches")
+        for fxn, is_input, k, inv in self.out_map:
+            if is_input:
+                values[fxn] = tensors[k].clone()
+            else:
+                values[fxn] = from_numpy(outs[k]) if inv is None else from_numpy(outs[k]).permute(inv)
+
+
+class CompiledFx:
+    """The callable returned to AOTAutograd for one ATen graph (boxed calling convention)."""
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule, example_inputs, kind: str):
+        t0 = time.perf_counter()
+        self.gm, self.kind = gm, kind
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.binds, syms = [], set()
+        for i, ph in enumerate(self.placeholders):
+            v = fake(ph)
+            v = example_inputs[i] if v is None and i < len(example_inputs) else v
+            dims = [(None, v)] if isinstance(v, torch.SymInt) else \
+                list(enumerate(v.shape)) if isinstance(v, torch.Tensor) else []
+            for j, d in dims:
+                name = _bare(d)
+                if name is not None and name not in syms:
+                    self.binds.append((i, j, name))
+                    syms.add(name)
+        self.consts = {n: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+        planner = plan(gm)
+        self.steps, self.segments, self.torch_steps = [], [], []
+        for step in planner.steps:
+            if isinstance(step, TorchStep):
+                self.steps.append(_torch_step(step.node))
+                self.torch_steps.append(step)
+                counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
+                continue
+            try:
+                runner = SegmentRunner(step.segment, syms)
+            except Exception as e:  # the whole segment runs through PyTorch, with the reason
+                for n in step.segment.members:
+                    self.steps.append(_torch_step(n))
+                    ts = TorchStep(n, "fallback", f"segment not compiled: {type(e).__name__}: {e}")
+                    self.torch_steps.append(ts)
+                    counters.bump(f"fallback:{n.target}:{ts.reason}")
+                continue
+            self.steps.append(runner)
+            self.segments.append(runner)
+            counters.bump("torch_segments")
+        self.output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.compile_s = time.perf_counter() - t0
+        counters.bump("torch_graphs_compiled")
+        COMPILED.append(self)
+
+    def __call__(self, *args):
+        # boxed (one list, cleared to free inputs early) or plain arguments (AOTAutograd's
+        # backward wrapper drops the _boxed_call attribute)
+        args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        values = dict(self.consts)
+        values.update(zip(self.placeholders, args))
+        env = {}
+        for i, j, name in self.binds:
+            env[name] = int(args[i]) if j is None else args[i].shape[j]
+        if isinstance(args, list):
+            args.clear()
+        for step in self.steps:
+            step(values, env)
+        return fx.node.map_arg(self.output.args[0], values.__getitem__)
+
+    # -- explain --------------------------------------------------------------------------------
+    def describe(self) -> str:
+        lines = [f"{self.kind} graph: {len(self.segments)} DVM segment(s), "
+                 f"{sum(s.n_kernels for s in self.segments)} vector kernel(s), "
+                 f"{sum(1 for s in self.torch_steps if s.kind == 'cube')} cube kernel(s) through PyTorch, "
+                 f"{sum(1 for s in self.torch_steps if s.kind == 'fallback')} fallback op(s); "
+                 f"backend compile {self.compile_s * 1e3:.1f} ms"]
+        for i, s in enumerate(self.segments):
+            ops = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
+                                      for n in s.seg.members)
+            lines.append(f"  segment {i}: {s.n_kernels} vector kernel(s) in ONE launch (sequence-stacked), "
+                         f"{len(s.inputs)} in / {len(s.out_map)} out; ops: "
+                         + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
+            if s.graph is not None:
+                for g in s.graph.plan.groups:
+                    lines.append("    " + g.describe())
+        reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
+        for (op, why), k in sorted(reasons.items()):
+            lines.append(f"  fallback {op} x{k}: {why}")
+        cubes = collections.Counter(str(s.node.target) for s in self.torch_steps if s.kind == "cube")
+        for op, k in sorted(cubes.items()):
+            lines.append(f"  cube {op} x{k}: executed by PyTorch (BLAS)")
+        return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Helpers shared by the `dvm bench` benchmarks: machine description, load average, progress
+lines on stderr, JSON output, and a median-of-repeats wall-clock timer."""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+import dvm
+
+
+def machine_info() -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    return {"cpu": model, "cores": cores, "python": platform.python_version(),
+            "numpy": np.__version__, "dvm": dvm.__version__, "platform": platform.platform()}
+
+
+def loadavg() -> float | None:
+    """The 1-minute load average (other processes inflate timings: it is recorded)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def progress(bench: str, msg: str, quiet: bool = False) -> None:
+    """One progress line on stderr, `[dvm bench NAME] msg`."""
+    if not quiet:
+        print(f"[dvm bench {bench}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json(path: str, report: dict) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, allow_nan=False)
+        f.write("\n")
+
+
+def write_text(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+
+
+def percentiles(samples_ns: list[int]) -> dict:
+    """Nearest-rank p50 / p99, max and mean of nanosecond samples, in microseconds."""
+    s = sorted(samples_ns)
+    n = len(s)
+
+    def rank(q: float) -> float:
+        return s[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e3
+    return {"p50": rank(0.50), "p99": rank(0.99), "max": s[-1] / 1e3, "mean": sum(s) / n / 1e3, "n": n}
+
+
+def time_call(fn: Callable[[], object], repeat: int, min_total_s: float = 0.05,
+              min_sample_s: float = 20e-6, warmup: int = 2, max_samples: int = 1000) -> dict:
+    """Median wall-clock seconds per call of `fn()`.
+
+    `warmup` untimed calls and up to 5 calibration calls; then samples of `number` back-to-back calls each, `number` chosen so
+    that a sample lasts at least `min_sample_s` (timer overhead well under 1 %), and at least
+    `repeat` samples, more for short calls until about `min_total_s` of timing (at most
+    `max_samples`). Short samples and the median keep one descheduled call (another process on
+    the machine, an OpenMP thread waiting for a busy core) from polluting the result. Timed with
+    time.perf_counter, the garbage collector disabled. Returns {"median_s", "min_s", "max_s",
+    "number", "samples"}."""
+    for _ in range(warmup):
+        fn()
+    clock = time.perf_counter
+    gc.collect()
+    gc.disable()
+    try:
+        one = math.inf   # calibrate on the fastest of a few calls: one stalled call must not
+        spent = 0.0      # shrink the sample count
+        for _ in range(5):
+            t0 = clock()
+            fn()
+            dt = clock() - t0
+            one, spent = min(one, dt), spent + dt
+            if spent > min_total_s:
+                break
+        one = max(one, 1e-9)
+        number = max(1, min(100_000, int(math.ceil(min_sample_s / one))))
+        n = max(1, repeat, min(max_samples, int(min_total_s / (number * one))))
+        samples = []
+        for _ in range(n):
+            t0 = clock()
+            for _ in range(number):
+                fn()
+            samples.append((clock() - t0) / number)
+    finally:
+        gc.enable()
+    samples.sort()
+    n = len(samples)
+    median = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+    return {"median_s": median, "min_s": samples[0], "max_s": samples[-1], "number": number, "samples": n}
+
+
+def fmt_time(seconds: float | None) -> str:
+    """A time with a unit that keeps 3 significant digits: 812 ns, 41.2 us, 3.07 ms, 1.25 s."""
+    if seconds is None:
+        return "—"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
+        if seconds >= scale or unit == "ns":
+            v = seconds / scale
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
+    return f"{seconds:.3g} s"  # pragma: no cover

@@ -1,0 +1,736 @@
+"""`dvm bench ops`: DVM kernels against NumPy, PyTorch eager, numexpr, Inductor and a copy roofline.
+
+For every case (an elementwise chain, softmax, LayerNorm, a reduction ...) and every shape of the
+chosen size classes, one run times side by side:
+
+  dvm               the kernel, called as a user calls it, on the VM `dvm.config.config().vm` selects
+  reference VM      the same kernel's Program on the reference (NumPy) VM, forced through
+                    runtime.launch.execute(..., vm="reference"); small shapes only
+  numpy             the same computation written with NumPy float32 ops
+  torch eager       PyTorch composite ops, the way the formula is written
+  torch native      PyTorch's fused native kernel where one exists (softmax, layer_norm, rms_norm)
+  numexpr           numexpr.evaluate with a fixed expression string (elementwise cases)
+  inductor static   torch.compile(eager form, dynamic=False), steady state after warm-up
+  inductor dynamic  torch.compile(eager form, dynamic=True), steady state after warm-up
+  copy              np.copyto of a buffer whose bytes read + written equal the kernel's
+
+Each baseline is reported as a ratio to DVM (baseline time / DVM time: > 1 means DVM is faster),
+and DVM's effective bandwidth (bytes read + written / time) as a fraction of the copy's. Inductor's
+compile times are reported separately: the first compile (cold: a fresh Inductor cache directory
+unless TORCHINDUCTOR_CACHE_DIR is set; the first one in the process also pays Dynamo/Inductor
+start-up) and a second compile of the same function after torch._dynamo.reset() (warm cache).
+
+Timing (bench_common.time_call): the median over at least `repeat` samples after warm-up,
+time.perf_counter, gc disabled while timing; a sample is enough back-to-back calls to last 20 us,
+and short calls get more samples (up to about `min_total_s` of timing each). Every DVM result
+is checked against NumPy (float32 tolerances) before timing; a mismatch aborts that case loudly and the command
+exits 1. Baselines are checked too: a baseline that disagrees with NumPy is reported, not timed.
+
+With the reference VM selected (DVM_VM=reference) DVM only runs shapes of at most
+REFERENCE_MAX_NUMEL elements; larger ones say "skipped: reference VM" in the table.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+import dvm
+
+from .bench_common import fmt_time, loadavg, machine_info, progress, time_call, write_json, write_text
+from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
+from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
+
+DEFAULT_JSON = os.path.join("bench-results", "ops.json")
+DEFAULT_MD = os.path.join("bench-results", "ops.md")
+DEFAULT_PNG = os.path.join("bench-results", "ops.png")
+DEFAULT_REPEAT = 10
+QUICK_REPEAT = 5
+MIN_TOTAL_S = 0.05          # timing per measurement, at least (short calls get more samples)
+QUICK_MIN_TOTAL_S = 0.01
+REFERENCE_MAX_NUMEL = 1 << 17      # the reference VM runs shapes up to 128 K elements
+LAUNCH_BUDGET_US = 10.0
+
+# Shapes (rows, cols) per size class; float32 throughout.
+SIZES: dict[str, list[tuple[int, int]]] = {
+    "small": [(32, 128)],                       # 4 K elements
+    "medium": [(256, 1024)],                    # 256 K
+    "large": [(4096, 4096)],                    # 16 M
+    # tails everywhere: a row length just past 1000, a tall skinny 17-wide one (first-axis
+    # reductions over 4097 rows, last-axis ones over 17), and a few very long prime-length rows
+    "odd": [(1000, 1001), (4097, 17), (7, 65537)],
+}
+SIZE_ORDER = ("small", "medium", "large", "odd")
+
+BASELINES = ("reference_vm", "numpy", "torch_eager", "torch_native", "numexpr",
+             "inductor_static", "inductor_dynamic", "copy")
+LABELS = {"dvm": "DVM", "reference_vm": "reference VM", "numpy": "NumPy", "torch_eager": "torch eager",
+          "torch_native": "torch native", "numexpr": "numexpr", "inductor_static": "Inductor static",
+          "inductor_dynamic": "Inductor dynamic", "copy": "copy"}
+
+
+# ---------------------------------------------------------------------------------------------
+# DVM kernels (chain8, bias_gelu, softmax, layernorm, rmsnorm come from bench_encode).
+@dvm.kernel
+def tanh_exp(k, a, b):
+    """tanh(exp(a*b) + a) * b"""
+    a, b = k.load(a), k.load(b)
+    return k.store(k.mul(k.tanh(k.add(k.exp(k.mul(a, b)), a)), b))
+
+
+@dvm.kernel
+def silu_mul(k, a, b):
+    """SiLU(a) * b (the gate of a SwiGLU MLP)"""
+    return k.store(k.mul(k.silu(k.load(a)), k.load(b)))
+
+
+@dvm.kernel
+def sum_last(k, x):
+    return k.store(k.sum(k.load(x), axis=-1))
+
+
+@dvm.kernel
+def max_last(k, x):
+    return k.store(k.max(k.load(x), axis=-1))
+
+
+@dvm.kernel
+def sum_first(k, x):
+    return k.store(k.sum(k.load(x), axis=0))
+
+
+@dvm.kernel
+def max_first(k, x):
+    return k.store(k.max(k.load(x), axis=0))
+
+
+@dvm.kernel
+def add_one(k, x):
+    """The launch-overhead probe: one add."""
+    return k.store(k.add(k.load(x), 1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy forms (float32 in, float32 out).
+def _np_erf(x: np.ndarray) -> np.ndarray:
+    """erf by Abramowitz & Stegun 7.1.26 (max abs error 1.5e-7): NumPy has no erf."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + np.float32(0.3275911) * a)
+    p = ((((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
+          - np.float32(0.284496736)) * t + np.float32(0.254829592)) * t
+    return np.copysign(1.0 - p * np.exp(-a * a), x)
+
+
+def _np_bias_gelu(x, b):
+    v = x + b
+    return 0.5 * v * (1.0 + _np_erf(v * np.float32(1 / math.sqrt(2.0))))
+
+
+def _np_tanh_exp(a, b):
+    return np.tanh(np.exp(a * b) + a) * b
+
+
+def _np_silu_mul(a, b):
+    return a / (1.0 + np.exp(-a)) * b
+
+
+# PyTorch forms, imported lazily (torch costs ~1 s to import).
+def _torch_forms() -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    def chain8_t(x):
+        t = torch.sigmoid(x * 1.702)
+        t = x * t
+        t = t + 0.1
+        t = torch.tanh(t)
+        t = t * t
+        t = t - 0.5
+        return torch.abs(t)
+
+    def softmax_t(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    def layernorm_t(x, w, b):
+        xc = x - x.mean(-1, keepdim=True)
+        var = (xc * xc).mean(-1, keepdim=True)
+        return xc * torch.rsqrt(var + 1e-5) * w + b
+
+    def rmsnorm_t(x, w):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+    return {
+        "chain8": (chain8_t, None),
+        "tanh_exp": (lambda a, b: torch.tanh(torch.exp(a * b) + a) * b, None),
+        "bias_gelu": (lambda x, b: F.gelu(x + b), None),
+        "silu_mul": (lambda a, b: F.silu(a) * b, None),
+        "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
+        "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
+        "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+        "sum_last": (lambda x: x.sum(-1), None),
+        "max_last": (lambda x: x.amax(-1), None),
+        "sum_first": (lambda x: x.sum(0), None),
+        "max_first": (lambda x: x.amax(0), None),
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    kernel: dvm.KernelFunction
+    n_vectors: int               # arguments of shape (cols,) after the full-shape ones
+    n_full: int                  # full-shape arguments
+    numpy: Callable
+    kind: str                    # elementwise | norm | sum | max
+    native_name: str | None = None
+    numexpr: str | None = None   # a fixed expression over a, b and float32 constants c1.. (never user input)
+    numexpr_consts: dict = field(default_factory=dict)
+    numexpr_note: str = "not elementwise"
+    reduce_axis: int | None = None
+
+    def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
+        full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
+        vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
+        if self.name == "layernorm":   # weight near 1, bias small: a realistic LayerNorm
+            vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
+        elif self.name == "rmsnorm":
+            vecs = [1.0 + 0.1 * vecs[0]]
+        return full + [v.astype(np.float32) for v in vecs]
+
+    def tolerance(self, shape: tuple) -> tuple[float, float]:
+        """(rtol, atol) against the NumPy float32 result."""
+        if self.kind == "elementwise":
+            return 1e-5, 1e-6
+        if self.kind == "norm":
+            return 1e-4, 1e-5
+        if self.kind == "max":
+            return 0.0, 0.0
+        n = shape[self.reduce_axis]   # sum: float32 rounding grows with the reduced length
+        return 1e-5, 1e-6 * n
+
+
+CASES = (
+    Case("chain8", "8-op elementwise chain", chain8, 0, 1, _ref_chain8, "elementwise",
+         numexpr="abs(tanh(a * (1 / (1 + exp(-(a * c1)))) + c2) ** 2 - c3)",
+         numexpr_consts={"c1": 1.702, "c2": 0.1, "c3": 0.5}),
+    Case("tanh_exp", "tanh(exp(a*b)+a)*b", tanh_exp, 0, 2, _np_tanh_exp, "elementwise",
+         numexpr="tanh(exp(a * b) + a) * b"),
+    Case("bias_gelu", "bias-add (broadcast over rows) + GELU", bias_gelu, 1, 1, _np_bias_gelu,
+         "elementwise", numexpr_note="numexpr has no erf"),
+    Case("silu_mul", "SiLU(a) * b", silu_mul, 0, 2, _np_silu_mul, "elementwise",
+         numexpr="a / (1 + exp(-a)) * b"),
+    Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
+         native_name="torch.softmax"),
+    Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
+         "norm", native_name="F.layer_norm"),
+    Case("rmsnorm", "RMSNorm (weight) over the last axis", rmsnorm, 1, 1, _ref_rmsnorm, "norm",
+         native_name="F.rms_norm"),
+    Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",
+         reduce_axis=-1),
+    Case("max_last", "max over the last axis", max_last, 0, 1, lambda x: x.max(axis=-1), "max",
+         reduce_axis=-1),
+    Case("sum_first", "sum over the first axis", sum_first, 0, 1, lambda x: x.sum(axis=0), "sum",
+         reduce_axis=0),
+    Case("max_first", "max over the first axis", max_first, 0, 1, lambda x: x.max(axis=0), "max",
+         reduce_axis=0),
+)
+CASE_NAMES = tuple(c.name for c in CASES)
+
+
+# ---------------------------------------------------------------------------------------------
+def call_on_vm(kf: dvm.KernelFunction, args, vm: str):
+    """Call kernel `kf` as a user does, with its Program run on the named VM."""
+    return kf(*args, vm=vm)
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _check(got, want: np.ndarray, rtol: float, atol: float, who: str) -> None:
+    got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise Mismatch(f"{who}: got {got.dtype}{list(got.shape)}, NumPy gives {want.dtype}{list(want.shape)}")
+    try:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as e:
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        i = np.unravel_index(int(np.nanargmax(err)), err.shape) if err.size else ()
+        raise Mismatch(f"{who} disagrees with NumPy (rtol {rtol:g}, atol {atol:g}): max abs error "
+                       f"{float(np.nanmax(err)):.3g} at {tuple(int(j) for j in i)} "
+                       f"(got {got[i]!r}, NumPy {want[i]!r}); "
+                       f"{str(e).strip().splitlines()[2] if len(str(e).splitlines()) > 2 else ''}") from None
+
+
+def _shape_str(shape: tuple) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _size_class(shape: tuple) -> str:
+    for name, shapes in SIZES.items():
+        if tuple(shape) in shapes:
+            return name
+    return "custom"
+
+
+class _Run:
+    """State of one `dvm bench ops` run."""
+
+    def __init__(self, repeat: int, min_total_s: float, inductor: bool, quiet: bool):
+        self.repeat, self.min_total_s, self.inductor, self.quiet = repeat, min_total_s, inductor, quiet
+        self.t_start = time.perf_counter()
+        self.vm = dvm.config.config().vm
+        self.torch_forms = _torch_forms()
+        self.first_inductor_compile: dict | None = None
+        self.failed: list[str] = []
+
+    def log(self, msg: str) -> None:
+        progress("ops", f"{msg}  [{time.perf_counter() - self.t_start:.1f} s]", self.quiet)
+
+    def timed(self, fn) -> dict:
+        return time_call(fn, self.repeat, self.min_total_s)
+
+    # -- one (case, shape) ----------------------------------------------------------------------
+    def bench_case(self, case: Case, shape: tuple, rng: np.random.Generator) -> dict:
+        import torch
+        arrays = case.inputs(rng, shape)
+        want = case.numpy(*arrays)
+        assert want.dtype == np.float32, f"{case.name}: the NumPy form must stay float32"
+        numel = int(np.prod(shape))
+        nbytes = sum(a.nbytes for a in arrays) + want.nbytes
+        rtol, atol = case.tolerance(shape)
+        row: dict = {"case": case.name, "what": case.what, "shape": list(shape), "size_class": _size_class(shape),
+                     "numel": numel, "bytes": nbytes, "tolerance": {"rtol": rtol, "atol": atol},
+                     "dvm": {}, "baselines": {}, "inductor_compile_s": {}}
+        tag = f"{case.name} {_shape_str(shape)}"
+
+        # DVM: correctness first, then timing.
+        d = row["dvm"]
+        d["vm"] = self.vm
+        if self.vm == "reference" and numel > REFERENCE_MAX_NUMEL:
+            d.update(status="skipped", note="skipped: reference VM")
+            self.log(f"{tag}: dvm skipped (reference VM, {numel} elements > {REFERENCE_MAX_NUMEL})")
+        else:
+            try:
+                t0 = time.perf_counter()
+                got = case.kernel(*arrays)
+                d["first_call_s"] = time.perf_counter() - t0
+                _check(got, want, rtol, atol, f"DVM ({self.vm} VM)")
+            except Exception as e:   # a mismatch or a crash aborts the case, loudly
+                kind = "mismatch" if isinstance(e, Mismatch) else "error"
+                msg = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
+                d.update(status=kind, note=msg)
+                self.failed.append(f"{tag}: {msg}")
+                print(f"[dvm bench ops] {tag}: DVM {kind.upper()}, case aborted: {msg}", file=sys.stderr,
+                      flush=True)
+                return row
+            t = self.timed(lambda: case.kernel(*arrays))
+            d.update(status="ok", time=t, median_s=t["median_s"])
+            self.log(f"{tag}: dvm ({self.vm}) {fmt_time(t['median_s'])}")
+
+        # The baselines.
+        targs = [torch.from_numpy(a) for a in arrays]
+        eager, native = self.torch_forms[case.name]
+        runs: dict[str, tuple[Callable | None, str]] = {}
+        if self.vm != "reference" and numel <= REFERENCE_MAX_NUMEL:
+            runs["reference_vm"] = (lambda: call_on_vm(case.kernel, arrays, "reference"), "")
+        elif self.vm == "reference" and numel <= REFERENCE_MAX_NUMEL:
+            runs["reference_vm"] = (lambda: call_on_vm(case.kernel, arrays, "reference"),
+                                    "the selected VM is the reference VM")
+        else:
+            runs["reference_vm"] = (None, f"skipped: more than {REFERENCE_MAX_NUMEL} elements")
+        runs["numpy"] = (lambda: case.numpy(*arrays), "")
+        runs["torch_eager"] = (lambda: eager(*targs), "")
+        runs["torch_native"] = ((lambda: native(*targs), case.native_name) if native is not None
+                                else (None, "n/a: no native kernel"))
+        if case.numexpr is not None:
+            import numexpr
+            names = ["a", "b"][:case.n_full]
+            local = dict(zip(names, arrays))
+            local.update({k: np.float32(v) for k, v in case.numexpr_consts.items()})
+            expr = case.numexpr
+            runs["numexpr"] = (lambda: numexpr.evaluate(expr, local_dict=local), "")
+        else:
+            runs["numexpr"] = (None, f"n/a: {case.numexpr_note}")
+        for mode in ("static", "dynamic"):
+            if self.inductor:
+                runs[f"inductor_{mode}"] = (lambda mode=mode: self.inductor_fn(case, eager, targs, mode, row), "")
+            else:
+                runs[f"inductor_{mode}"] = (None, "not run (--no-inductor)")
+        for name, (fn, note) in runs.items():
+            b = row["baselines"][name] = {"note": note} if note else {}
+            if fn is None:
+                b["status"] = "skipped" if note.startswith(("skipped", "not run")) else "n/a"
+                continue
+            try:
+                if name.startswith("inductor_"):
+                    fn = fn()   # compiles (timed separately), returns the steady-state callable
+                got = fn()
+                _check(got, want, rtol, atol, LABELS[name])
+            except Mismatch as e:
+                b.update(status="mismatch", note=str(e))
+                print(f"[dvm bench ops] {tag}: baseline {LABELS[name]} MISMATCH, not timed: {e}",
+                      file=sys.stderr, flush=True)
+                continue
+            except Exception as e:
+                b.update(status="error", note=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                print(f"[dvm bench ops] {tag}: baseline {LABELS[name]} failed: {b['note']}", file=sys.stderr,
+                      flush=True)
+                continue
+            t = self.timed(fn)
+            b.update(status="ok", time=t, median_s=t["median_s"])
+            self.log(f"{tag}: {LABELS[name]} {fmt_time(t['median_s'])}")
+
+        # The copy roofline: np.copyto of nbytes / 2 (read) into nbytes / 2 (written), preallocated.
+        n_copy = max(1, nbytes // 8)
+        src = np.ones(n_copy, np.float32)
+        dst = np.zeros(n_copy, np.float32)
+        t = self.timed(lambda: np.copyto(dst, src))
+        row["baselines"]["copy"] = {"status": "ok", "time": t, "median_s": t["median_s"],
+                                    "note": f"np.copyto of {n_copy * 4} bytes into a preallocated buffer"}
+        self.log(f"{tag}: copy {fmt_time(t['median_s'])}")
+        del src, dst
+
+        # Ratios and bandwidths.
+        dvm_s = d.get("median_s")
+        for name, b in row["baselines"].items():
+            s = b.get("median_s")
+            b["gbps"] = nbytes / s / 1e9 if s else None
+            b["ratio_to_dvm"] = s / dvm_s if (s and dvm_s) else None
+        copy_s = row["baselines"]["copy"]["median_s"]
+        d["gbps"] = nbytes / dvm_s / 1e9 if dvm_s else None
+        d["copy_fraction"] = copy_s / dvm_s if dvm_s else None
+        row["copy_gbps"] = nbytes / copy_s / 1e9
+        return row
+
+    # -- Inductor -------------------------------------------------------------------------------
+    def inductor_fn(self, case: Case, eager: Callable, targs: list, mode: str, row: dict) -> Callable:
+        """Compile `eager` with Inductor (fresh Dynamo state), time the first call (cold compile)
+        and a recompile after torch._dynamo.reset() (warm caches); return the compiled callable."""
+        import torch
+        import torch._dynamo
+        dynamic = mode == "dynamic"
+        tag = f"{case.name} {_shape_str(tuple(row['shape']))}"
+        self.log(f"{tag}: Inductor {mode}: compiling")
+        torch._dynamo.reset()
+        compiled = torch.compile(eager, dynamic=dynamic, backend="inductor")
+        t0 = time.perf_counter()
+        compiled(*targs)
+        first = time.perf_counter() - t0
+        torch._dynamo.reset()
+        again = torch.compile(eager, dynamic=dynamic, backend="inductor")
+        t0 = time.perf_counter()
+        again(*targs)
+        warm = time.perf_counter() - t0
+        info = {"first_s": first, "warm_s": warm}
+        if self.first_inductor_compile is None:
+            info["first_in_process"] = True
+            self.first_inductor_compile = {"case": case.name, "shape": row["shape"], "mode": mode, "seconds": first}
+        row["inductor_compile_s"][mode] = info
+        self.log(f"{tag}: Inductor {mode}: compile {first:.2f} s cold, {warm:.2f} s warm")
+        return lambda: again(*targs)
+
+    # -- launch overhead ------------------------------------------------------------------------
+    def launch_overhead(self) -> dict:
+        import torch
+        x = np.ones((1,), np.float32)
+        tx = torch.from_numpy(x)
+        probes = {
+            "dvm_add": (f"DVM add_one ({self.vm} VM)", lambda: add_one(x)),
+            "dvm_chain8": (f"DVM chain8 ({self.vm} VM)", lambda: chain8(x)),
+        }
+        if self.vm != "reference":
+            probes["reference_vm_add"] = ("DVM add_one (reference VM, forced)",
+                                          lambda: call_on_vm(add_one, [x], "reference"))
+        probes["torch_add"] = ("torch.add (eager)", lambda: torch.add(tx, 1.0))
+        probes["numpy_add"] = ("np.add", lambda: np.add(x, np.float32(1.0)))
+        out = {}
+        for key, (label, fn) in probes.items():
+            fn()
+            t = time_call(fn, self.repeat, max(self.min_total_s, 0.02), warmup=20)
+            out[key] = {"what": label, "median_us": t["median_s"] * 1e6, "time": t}
+            self.log(f"launch overhead: {label} {t['median_s'] * 1e6:.2f} us")
+        out["budget_us"] = LAUNCH_BUDGET_US
+        out["dvm_within_budget"] = out["dvm_add"]["median_us"] <= LAUNCH_BUDGET_US
+        out["dvm_vs_torch"] = out["dvm_add"]["median_us"] / out["torch_add"]["median_us"]
+        return out
+
+
+def _set_threads(n: int) -> dict:
+    import numexpr
+    import torch
+    old = {"torch": torch.get_num_threads(), "numexpr": numexpr.set_num_threads(n)}
+    torch.set_num_threads(n)
+    return old
+
+
+def run(sizes=("small", "medium", "large", "odd"), cases=None, repeat: int = DEFAULT_REPEAT,
+        inductor: bool = True, min_total_s: float = MIN_TOTAL_S, threads: int = 2, seed: int = 0,
+        quiet: bool = False) -> dict:
+    import numexpr
+    import torch
+    chosen = [c for c in CASES if cases is None or c.name in cases]
+    shapes = [(s, shape) for s in SIZE_ORDER if s in sizes for shape in SIZES[s]]
+    old_threads = _set_threads(threads)
+    old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    tmp_cache = None
+    if inductor and old_cache is None:
+        tmp_cache = tempfile.mkdtemp(prefix="dvm-bench-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp_cache
+    load_start = loadavg()
+    t0 = time.time()
+    r = _Run(repeat, min_total_s, inductor, quiet)
+    r.log(f"VM {r.vm}; {len(chosen)} cases x {len(shapes)} shapes "
+          f"({', '.join(_shape_str(s) for _, s in shapes)}); repeat {repeat}; threads {threads}; "
+          f"Inductor {'on' if inductor else 'off'}")
+    rows = []
+    rng = np.random.default_rng(seed)
+    try:
+        launch = r.launch_overhead()
+        n = len(chosen) * len(shapes)
+        i = 0
+        for _, shape in shapes:
+            for case in chosen:
+                i += 1
+                r.log(f"[{i}/{n}] {case.name} {_shape_str(shape)} ({case.what})")
+                rows.append(r.bench_case(case, shape, rng))
+    finally:
+        torch.set_num_threads(old_threads["torch"])
+        numexpr.set_num_threads(old_threads["numexpr"])
+        if tmp_cache is not None:
+            if old_cache is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            shutil.rmtree(tmp_cache, ignore_errors=True)
+    extra = {}
+    if "numba" in sys.modules:
+        try:
+            extra["numba_threads"] = sys.modules["numba"].get_num_threads()
+        except Exception:  # pragma: no cover
+            pass
+    return {
+        "benchmark": "ops",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "seconds": round(time.time() - t0, 2),
+        "vm": r.vm,
+        "dtype": "float32",
+        "repeat": repeat, "min_total_s": min_total_s, "threads": threads, "seed": seed,
+        "sizes": list(sizes), "shapes": [list(s) for _, s in shapes],
+        "reference_vm_max_numel": REFERENCE_MAX_NUMEL,
+        "inductor": inductor,
+        "inductor_cache": None if not inductor else ("fresh temporary directory (cold)" if tmp_cache
+                                                      else f"TORCHINDUCTOR_CACHE_DIR={old_cache}"),
+        "inductor_first_compile_in_process": r.first_inductor_compile,
+        "versions": {"torch": torch.__version__, "numexpr": numexpr.__version__, **extra},
+        "machine": machine_info(),
+        "loadavg_1min": {"start": load_start, "end": loadavg()},
+        "launch_overhead": launch,
+        "results": rows,
+        "failures": r.failed,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _cell(b: dict) -> str:
+    st = b.get("status")
+    if st == "ok":
+        r = b.get("ratio_to_dvm")
+        return f"{fmt_time(b['median_s'])} ({r:.2f}×)" if r is not None else fmt_time(b["median_s"])
+    if st in ("mismatch", "error"):
+        return f"**{st.upper()}**"
+    if st == "n/a":
+        return "n/a"
+    return "not run" if b.get("note", "").startswith("not run") else "skipped"
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        "# dvm bench ops",
+        "",
+        f"VM: **{report['vm']}** (DVM_VM). {report['date']}; {m['cpu']}, {m['cores']} cores; threads "
+        f"{report['threads']} (torch, numexpr); float32; median of at least {report['repeat']} samples; 1-min load "
+        f"{report['loadavg_1min']['start']} at start, {report['loadavg_1min']['end']} at end; "
+        f"{report['seconds']:.0f} s in all.",
+        "",
+        "Each cell: the baseline's time per call, and in parentheses its ratio to DVM "
+        "(baseline time / DVM time: **> 1 means DVM is faster**). *GB/s*: bytes read + written "
+        "(inputs + output, each once) per second; *% copy*: DVM's bandwidth as a fraction of the "
+        "copy's (np.copyto of the same bytes into a preallocated buffer; every kernel and baseline "
+        "allocates its output, the copy does not). *n/a*: no such baseline for this case (see the "
+        "JSON notes); *skipped*: the reference VM runs shapes of at most "
+        f"{report['reference_vm_max_numel']:,} elements; *not run*: Inductor off (--no-inductor / --quick).",
+    ]
+    load = max([v for v in report["loadavg_1min"].values() if v is not None], default=None)
+    if load is not None and m["cores"] and load > 0.5 * m["cores"]:
+        lines += ["", f"**Warning: the machine was busy** (1-min load average up to {load} on {m['cores']} "
+                      "cores): other processes compete for the cores, and multi-threaded baselines "
+                      "(PyTorch with several threads) can stall for a scheduler quantum (~10 ms) per "
+                      "parallel region. Compare with `--threads 1`, or re-run on an idle machine."]
+    by_shape: dict[tuple, list] = {}
+    for row in report["results"]:
+        by_shape.setdefault(tuple(row["shape"]), []).append(row)
+    cols = ["reference_vm", "numpy", "torch_eager", "torch_native", "numexpr",
+            "inductor_static", "inductor_dynamic"]
+    for shape, rows in by_shape.items():
+        numel = rows[0]["numel"]
+        lines += ["", f"## {_shape_str(shape)} ({numel:,} elements, {rows[0]['size_class']})", "",
+                  "| case | bytes | DVM | DVM GB/s | % copy | " + " | ".join(LABELS[c] for c in cols) + " | copy |",
+                  "| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: |"]
+        for row in rows:
+            d = row["dvm"]
+            if d.get("status") == "ok":
+                dv = [fmt_time(d["median_s"]), f"{d['gbps']:.2f}", f"{100 * d['copy_fraction']:.3g} %"]
+            elif d.get("status") == "skipped":
+                dv = [d["note"], "—", "—"]
+            else:
+                dv = [f"**{d.get('status', '?').upper()}**", "—", "—"]
+            cells = [_cell(row["baselines"].get(c, {"status": "skipped"})) for c in cols]
+            cp = row["baselines"]["copy"]
+            lines.append(f"| {row['case']} | {_fmt_bytes(row['bytes'])} | " + " | ".join(dv) + " | "
+                         + " | ".join(cells) + f" | {fmt_time(cp['median_s'])} ({row['copy_gbps']:.1f} GB/s) |")
+    if report["inductor"]:
+        lines += ["", "## Inductor compile time (seconds; first call after torch._dynamo.reset())", "",
+                  f"Cache: {report['inductor_cache']}. *cold*: the first compile of this function and shape "
+                  "in the run; *warm*: compiling it again after torch._dynamo.reset(), with Inductor's "
+                  "caches warm. Each (case, shape, mode) is compiled fresh; dynamic=True would reuse its "
+                  "graph for other shapes.", ""]
+        fic = report.get("inductor_first_compile_in_process")
+        if fic:
+            lines += [f"First Inductor compile in the process (includes Dynamo/Inductor start-up): "
+                      f"**{fic['seconds']:.1f} s** ({fic['case']} {_shape_str(fic['shape'])}, {fic['mode']}).", ""]
+        lines += ["| case | shape | static cold | static warm | dynamic cold | dynamic warm |",
+                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for row in report["results"]:
+            c = row["inductor_compile_s"]
+            vals = []
+            for mode in ("static", "dynamic"):
+                x = c.get(mode)
+                vals += [f"{x['first_s']:.2f}", f"{x['warm_s']:.2f}"] if x else ["—", "—"]
+            lines.append(f"| {row['case']} | {_shape_str(row['shape'])} | " + " | ".join(vals) + " |")
+    lo = report["launch_overhead"]
+    lines += ["", "## Cached launch overhead (1-element tensor, Python call → results)", "",
+              "| what | median per call |", "| --- | ---: |"]
+    for k, v in lo.items():
+        if isinstance(v, dict):
+            lines.append(f"| {v['what']} | {v['median_us']:.2f} us |")
+    lines += ["", f"Budget (DESIGN.md §9): ≤ {lo['budget_us']:g} us; DVM add_one "
+              f"{'within' if lo['dvm_within_budget'] else '**MISSES**'} it; DVM / torch eager = "
+              f"{lo['dvm_vs_torch']:.2f}."]
+    if report["failures"]:
+        lines += ["", "## Failures", ""] + [f"- {f}" for f in report["failures"]]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_shape: dict[tuple, list] = {}
+    for row in report["results"]:
+        by_shape.setdefault(tuple(row["shape"]), []).append(row)
+    series = ["dvm"] + [b for b in BASELINES if b != "copy"]
+    colors = dict(zip(series, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(len(by_shape), 1, figsize=(16, 3.6 * max(1, len(by_shape))), squeeze=False)
+    handles: dict = {}
+    for ax, (shape, rows) in zip(axes[:, 0], by_shape.items()):
+        x = np.arange(len(rows))
+        width = 0.8 / len(series)
+        for j, s in enumerate(series):
+            vals = []
+            for row in rows:
+                e = row["dvm"] if s == "dvm" else row["baselines"].get(s, {})
+                vals.append((e.get("gbps") or 0.0) if e.get("status") == "ok" else 0.0)
+            if any(vals):
+                handles[s] = ax.bar(x + (j - len(series) / 2 + 0.5) * width, vals, width, color=colors[s])
+        copy = [row["copy_gbps"] for row in rows]
+        handles["copy"] = ax.hlines(copy, x - 0.45, x + 0.45, colors="k", linestyles="dashed")
+        lo = min(v for row in rows for v in [row["dvm"].get("gbps")] +
+                 [b.get("gbps") for b in row["baselines"].values()] if v) * 0.5
+        for i, row in enumerate(rows):
+            if row["dvm"].get("status") != "ok":
+                ax.text(x[i] - 0.4 + 0.4 / len(series), lo * 1.1,
+                        "DVM " + row["dvm"].get("note", row["dvm"].get("status", ""))[:28],
+                        rotation=90, ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=lo)
+        ax.set_xticks(x, [row["case"] for row in rows])
+        ax.set_ylabel("GB/s (read + written)")
+        ax.set_title(f"{_shape_str(shape)} float32 ({rows[0]['numel']:,} elements) — DVM on the "
+                     f"{report['vm']} VM; higher is faster")
+        ax.grid(axis="y", alpha=0.3)
+    order = [s for s in series + ["copy"] if s in handles]
+    axes[0, 0].legend([handles[s] for s in order],
+                      [LABELS[s] + (" (roofline)" if s == "copy" else "") for s in order],
+                      loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8)
+    fig.tight_layout()
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def parse_sizes(text: str) -> list[str]:
+    sizes = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if not sizes or bad:
+        raise ValueError(f"unknown size class(es) {', '.join(bad) or repr(text)}; choose from {', '.join(SIZE_ORDER)}")
+    return sizes
+
+
+def parse_cases(text: str) -> list[str]:
+    cases = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in cases if s not in CASE_NAMES]
+    if not cases or bad:
+        raise ValueError(f"unknown case(s) {', '.join(bad) or repr(text)}; choose from {', '.join(CASE_NAMES)}")
+    return cases
+
+
+def main(sizes=None, cases=None, quick: bool = False, repeat: int | None = None, inductor: bool | None = None,
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD,
+         png_path: str | None = DEFAULT_PNG, threads: int = 2, seed: int = 0, out=None) -> int:
+    """Run, print the markdown tables on `out`, write JSON / markdown / PNG. Exit 1 if a DVM result
+    disagreed with NumPy (or DVM failed) in any case."""
+    out = out or sys.stdout
+    if sizes is None:
+        sizes = ["small"] if quick else list(SIZE_ORDER)
+    if repeat is None:
+        repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
+    if inductor is None:
+        inductor = not quick
+    report = run(sizes=sizes, cases=cases, repeat=repeat, inductor=inductor,
+                 min_total_s=QUICK_MIN_TOTAL_S if quick else MIN_TOTAL_S, threads=threads, seed=seed)
+    text = markdown(report)
+    print(text, file=out)
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}", file=out)
+    if md_path:
+        write_text(md_path, text)
+        print(f"wrote {md_path}", file=out)
+    if png_path:
+        plot(report, png_path)
+        print(f"wrote {png_path}", file=out)
+    if report["failures"]:
+        print(f"\nDVM FAILED in {len(report['failures'])} case(s):", file=out)
+        for f in report["failures"]:
+            print(f"  {f}", file=out)
+        return 1
+    return 0

@@ -1,0 +1,204 @@
+"""torch.compile(backend="dvm", dynamic=True) on small functions: eager equality over many sizes,
+no recompiles, training gradients, fallbacks with reasons, bad input, explain, entry point.
+
+Tolerances: torch.testing.assert_close defaults for the output dtype, except (ONE table):
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import dvm.frontend.torch_backend as tb  # noqa: E402
+from dvm.runtime import counters  # noqa: E402
+
+# case -> (rtol, atol, reason). Everything else uses assert_close's defaults.
+LOOSER_TOL = {
+    "mlp": (2e-5, 1e-4, "1-ulp differences of silu/gelu (DVM's exp/erf vs ATen's vectorized ones) "
+                        "are summed by the following matmul (K=32)"),
+}
+
+SIZES = [2, 3, 5, 17, 64, 129, 300]
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Overrides conftest's both-VM parametrization: the frontend does not depend on the VM, so
+    these run once, on the VM DVM_VM selects (the reference VM by default)."""
+    yield os.environ.get("DVM_VM", "reference")
+
+
+def _graphs() -> int:
+    return counters.snapshot().get("torch_dynamo_graphs", 0)
+
+
+def check(fn, make_args, sizes=SIZES, case=None, max_graphs=1):
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="dvm", dynamic=True)
+    before = _graphs()
+    rtol, atol = LOOSER_TOL.get(case, (None, None, ""))[:2]
+    for n in sizes:
+        args = make_args(n)
+        got, want = cf(*args), fn(*args)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: {m}")
+    assert _graphs() - before <= max_graphs, "recompiled"
+    return cf
+
+
+def test_elementwise_chain():
+    def f(x, y):
+        return torch.tanh(torch.exp(x * y) + x) * y - torch.sigmoid(x).sqrt().neg() / (y.abs() + 1)
+    check(f, lambda n: (torch.randn(n, 7), torch.randn(7)))
+
+
+def test_softmax_log_softmax():
+    check(lambda x: (torch.softmax(x, -1), F.log_softmax(x, 0)), lambda n: (torch.randn(3, n) * 4,))
+
+
+def test_layer_norm_and_rms_norm():
+    w, b = torch.randn(48), torch.randn(48)
+
+    def f(x):
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        return F.layer_norm(x, (48,), w, b, 1e-5), rms
+    check(f, lambda n: (torch.randn(n, 48),))
+
+
+def test_layer_norm_bf16():
+    w = torch.randn(32, dtype=torch.bfloat16)
+    check(lambda x: F.layer_norm(x, (32,), w), lambda n: (torch.randn(n, 32, dtype=torch.bfloat16),))
+
+
+def test_mlp_gelu_silu():
+    w1, w2, w3 = torch.randn(16, 32), torch.randn(16, 32), torch.randn(32, 16)
+
+    def f(x):
+        h = F.gelu(x @ w1) + F.gelu(x @ w2, approximate="tanh")
+        return (F.silu(x @ w1) * (x @ w2)) @ w3, h
+    check(f, lambda n: (torch.randn(n, 16),), case="mlp")
+
+
+def test_reductions():
+    def f(x):
+        return (x.sum(-1), x.mean(0), x.amax(1, keepdim=True), x.amin(0), x.argmax(-1),
+                x.max(dim=1).values, x.sum(), (x > 0).sum(1), x.double().prod(-1))
+    check(f, lambda n: (torch.randn(n, 5),))
+
+
+def test_views_and_broadcasts():
+    def f(x, y):
+        t = x.reshape(-1, 2).transpose(0, 1) * 2
+        u = x.unsqueeze(0).expand(3, -1, -1) + y.view(1, 1, -1)
+        return t + 1, u.permute(2, 0, 1).contiguous() * y.sum(), x.t() @ x
+    check(f, lambda n: (torch.randn(n, 4), torch.randn(4)))
+
+
+def test_dtype_casts():
+    def f(x, i):
+        return ((x.to(torch.bfloat16) * 3).float() + i, (x.half() + 1).to(torch.float32),
+                i.to(torch.float64) / 3, (x > 0).to(torch.int32) * i, torch.where(x > 0, x, i.float()))
+    check(f, lambda n: (torch.randn(n, 3), torch.randint(-5, 5, (n, 3))))
+
+
+def test_clamp_where_compare():
+    def f(x):
+        return x.clamp(-0.5, 0.5), x.clamp(min=0.1), torch.where(x < 0, 0.0, x) + (x >= 0.2).float(), \
+            torch.maximum(x, x * 0.5)
+    check(f, lambda n: (torch.randn(n, 6),))
+
+
+def test_float_attribute_no_recompile():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps = 1e-5
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+    m = M()
+    torch._dynamo.reset()
+    cm = torch.compile(m, backend="dvm", dynamic=True)
+    before = _graphs()
+    for n, eps in zip(SIZES, (1e-5, 1e-3, 0.5, 2.0, 1e-5, 0.1, 3.0)):
+        m.eps = eps
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(cm(x), m(x))
+    assert _graphs() - before <= 1
+
+
+def test_size_one_specializes_once():
+    cf = check(lambda x: torch.softmax(x * 2, -1), lambda n: (torch.randn(n, 9),), sizes=[5, 7, 1, 1, 9, 2, 1],
+               max_graphs=2)  # Dynamo's own one-time specialization of a size equal to 1
+    assert cf is not None
+
+
+def test_training_step_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.LayerNorm(24), torch.nn.GELU(),
+                                torch.nn.Linear(24, 5))
+    torch._dynamo.reset()
+    cm = torch.compile(model, backend="dvm", dynamic=True)
+    for n in (4, 7, 33):
+        x, y = torch.randn(n, 12), torch.randint(0, 5, (n,))
+        model.zero_grad()
+        F.cross_entropy(cm(x).softmax(-1).log() * 1.0 + cm(x).tanh(), y).backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        F.cross_entropy(model(x).softmax(-1).log() * 1.0 + model(x).tanh(), y).backward()
+        for g, p in zip(got, model.parameters()):
+            torch.testing.assert_close(g, p.grad)
+
+
+def test_fallbacks_counted_with_reasons():
+    counters.reset()
+
+    def f(x, idx):
+        y = torch.exp(x)
+        z = torch.cumsum(y, 0)          # not in the table: runs through PyTorch
+        return z[idx] * 2, torch.cat([y, z]) * 0.5
+    check(f, lambda n: (torch.randn(n, 3), torch.tensor([0, n - 1, 1, 0, 1])))
+    snap = counters.snapshot()
+    assert any(k.startswith("fallback:aten.cumsum.default:") for k in snap)
+    assert snap.get("torch_segments", 0) >= 2
+
+
+def test_complex_falls_back_to_pytorch():
+    def f(x):
+        return (x * 2 + 1).abs()
+    check(f, lambda n: (torch.randn(n, 3, dtype=torch.complex64),))
+    assert any("complex" in k for k in counters.snapshot())
+
+
+def test_mismatched_shapes_raise_pytorch_error():
+    torch._dynamo.reset()
+    cf = torch.compile(lambda a, b: (a + b).exp(), backend="dvm", dynamic=True)
+    cf(torch.randn(4, 3), torch.randn(4, 3))
+    with pytest.raises(Exception, match="size|shape|match"):
+        cf(torch.randn(5, 3), torch.randn(6, 3))
+
+
+def test_explain_reports_segments_and_fallbacks():
+    def f(x):
+        return torch.cumsum(torch.softmax(x, -1), 0).exp() + 1
+    torch._dynamo.reset()
+    text = tb.explain_model(f, torch.randn(6, 5))
+    assert "DVM segment" in text and "ONE launch" in text
+    assert "fallback aten.cumsum.default" in text and "counters" in text
+
+
+def test_entry_point_without_import():
+    code = ("import torch; f = torch.compile(lambda x: (x * 2).exp(), backend='dvm', dynamic=True); "
+            "x = torch.randn(5, 3); torch.testing.assert_close(f(x), (x * 2).exp()); "
+            "import sys; assert 'dvm.frontend.torch_backend' in sys.modules")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+def test_dvm_compile_shorthand():
+    torch._dynamo.reset()
+    cf = tb.compile(lambda x: torch.relu(x) * 3)
+    x = torch.randn(7, 2)
+    torch.testing.assert_close(cf(x), torch.relu(x) * 3)
