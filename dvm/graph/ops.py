@@ -68,6 +68,7 @@ class OpDef:
 # NumPy reference semantics (PyTorch's), on float64 / int64 / bool arrays.
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -141,12 +142,15 @@ def _reciprocal(x):
 
 
 def _gelu(x):
-    return 0.5 * x * (1.0 + _erf(x * _SQRT1_2))
+    # 0.5*x*(1+erf(x/sqrt2)) without the cancellation of 1+erf for x << 0: 0.5*x*erfc(-x/sqrt2)
+    return 0.5 * x * _erfc(-x * _SQRT1_2)
 
 
 def _gelu_tanh(x):
+    # 0.5*x*(1+tanh(u)) == x*sigmoid(2u): the same function, without the cancellation for x << 0
     with np.errstate(all="ignore"):
-        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        u = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        return x * _sigmoid(2.0 * u)
 
 
 def _silu(x):
