@@ -53,8 +53,19 @@ def _ew_kind(spec: isa.InstrSpec) -> int:
     return ci.K_BIN if same else ci.K_CMP
 
 
-def _decode(spec: isa.InstrSpec) -> tuple[int, int, int, int, int]:
+def _writes_f(spec: isa.InstrSpec) -> int:
+    """1: field f1 is an f32 register the instruction writes; 2: one it reads and writes."""
+    if not spec.fields or spec.fields[0].bank != Bank.F32:
+        return 0
+    return {"d": 1, "m": 2}.get(spec.fields[0].role, 0)
+
+
+def _decode(spec: isa.InstrSpec) -> tuple[int, int, int, int, int, int]:
     """Decoded row; group -1 (the VM reports 'unhandled' if it meets one) for unknown forms."""
+    return _decode5(spec) + (_writes_f(spec),)
+
+
+def _decode5(spec: isa.InstrSpec) -> tuple[int, int, int, int, int]:
     if spec.group not in _GROUP or spec.bank not in _BANK:
         return -1, 0, 0, 0, 0
     bank = _BANK[spec.bank]
@@ -73,7 +84,7 @@ def _decode(spec: isa.InstrSpec) -> tuple[int, int, int, int, int]:
 
 
 def _build_decode_table() -> np.ndarray:
-    dec = np.full((isa.MAX_OPCODE + 1, 5), -1, np.int64)
+    dec = np.full((isa.MAX_OPCODE + 1, 6), -1, np.int64)
     for spec in isa.ISA:
         dec[spec.code] = _decode(spec)
     return dec
@@ -84,7 +95,7 @@ DECODE = _build_decode_table()
 
 def handled(spec: isa.InstrSpec) -> bool:
     """Whether the compiled dispatch implements `spec` (mirrors cpu_interp._exec / cpu_kernels)."""
-    g, op, bank, src, kind = _decode(spec)
+    g, op, bank, src, kind, _ = _decode(spec)
     if g < 0:
         return False
     if spec.group == "ew":
@@ -127,10 +138,55 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOL
 
 
-class _Desc:
-    __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work")
+_SPECS = {spec.code: spec for spec in isa.ISA}
 
-    def __init__(self, kl: KernelLayout):
+
+def _f_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
+    return {int(row[1 + i]) for i, f in enumerate(spec.fields) if f.role in roles and f.bank == Bank.F32}
+
+
+def _in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
+    """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
+    cast) may write its result straight into that store's tile: the store is then skipped. Only when
+    the register is read by nothing but that store (until it is written again)."""
+    instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
+    peep = np.full(len(instrs), -1, np.int64)
+    specs = [_SPECS.get(int(r[0])) for r in instrs]
+    if any(sp is None for sp in specs):
+        return peep
+    reads = [_f_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
+    writes = [_f_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
+    for s, e in sections:
+        for pc in range(s, e - 1):
+            sp, nx = specs[pc], specs[pc + 1]
+            if sp.group not in ("ew", "cast") or _writes_f(sp) != 1:
+                continue
+            r = int(instrs[pc, 1])
+            if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:
+                continue
+            j = int(instrs[pc + 1, 2])
+            if int(kl.opnd_dtype[j]) != int(DType.FLOAT32):
+                continue
+            ok, dead = True, False
+            for q in range(pc + 2, e):
+                if r in reads[q]:
+                    ok = False
+                    break
+                if r in writes[q]:
+                    dead = True
+                    break
+            if ok and not dead:   # live out of the section: only if no other section reads it
+                ok = not any(r in reads[q] for s2, e2 in sections if (s2, e2) != (s, e) for q in range(s2, e2))
+            if ok:
+                peep[pc] = j
+    return peep
+
+
+class _Desc:
+    __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
+                 "args")
+
+    def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
         rows, cols = kl.rows, kl.cols
         meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue]
@@ -153,35 +209,73 @@ class _Desc:
         n_ct = -(-cols // kl.bn)
         self.n_units = n_rb * n_ct if self.tile_par else n_rb
         self.work = rows * max(cols, 1) * len(kl.sweeps)
+        sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
+        self.peep = _in_place_plan(kl, [(int(a), int(b)) for a, b in sections])
+        # per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then)
+        argst = np.zeros(n_args, np.int64)
+        loaded = set()
+        for row in self.instrs:
+            sp = _SPECS.get(int(row[0]))
+            if sp is None or sp.group not in ("load", "store", "storerow"):
+                continue
+            j = int(row[2])
+            if not 0 <= j < n_opnd:
+                continue
+            a = int(kl.opnd_arg[j])
+            if 0 <= a < n_args:
+                if sp.group == "load":
+                    loaded.add(a)
+                else:
+                    argst[a] = 1
+        for a in loaded:
+            if argst[a]:
+                argst[a] = 2
+        self.argst = argst
+        self.args = None
 
 
-def _desc(kl: KernelLayout) -> _Desc:
+def _desc(kl: KernelLayout, n_args: int) -> _Desc:
     d = kl.__dict__.get("_cpu_desc")
     if d is None:
-        d = _Desc(kl)
+        d = _Desc(kl, n_args)
         object.__setattr__(kl, "_cpu_desc", d)   # cache on the (immutable) layout
     return d
 
 
+def _prog(layout: ProgramLayout) -> tuple:
+    pd = layout.__dict__.get("_cpu_prog")
+    if pd is None:
+        n_args = len(layout.args)
+        argsz = np.array([DType(a.dtype).np_dtype.itemsize for a in layout.args], np.int64)
+        descs = tuple(_desc(kl, n_args) for kl in layout.kernels)
+        outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
+        pd = (argsz, descs, outs)
+        object.__setattr__(layout, "_cpu_prog", pd)
+    return pd
+
+
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
     """Execute a verified program (see codegen.verifier.verify / check_buffers)."""
-    bufs = list(buffers)
-    copied = []
-    for a, b in enumerate(bufs):
+    argsz, descs, outs = _prog(layout)
+    bufs = buffers
+    copied = ()
+    for b in buffers:
         if not b.flags.c_contiguous:
-            bufs[a] = np.ascontiguousarray(b)
-            if layout.args[a].role != ARG_IN:
-                copied.append(a)
+            bufs = [np.ascontiguousarray(x) for x in buffers]
+            copied = [a for a in outs if not buffers[a].flags.c_contiguous]
+            break
     addrs = np.array([b.__array_interface__["data"][0] for b in bufs], np.int64)
     numels = np.array([b.shape[0] for b in bufs], np.int64)
-    nthreads = numba.get_num_threads() if threads is None else max(1, int(threads))
     try:
-        for kl in layout.kernels:
-            d = _desc(kl)
+        for d in descs:
             if d.n_units == 0:
                 continue
-            chunks = min(nthreads, d.n_units) if d.work >= PARALLEL_MIN_ELEMS else 1
-            args = (d.tile_par, d.instrs, DECODE, d.meta, d.dims, d.optab, d.consts, addrs, numels)
+            chunks = 1
+            if d.work >= PARALLEL_MIN_ELEMS:   # get_num_threads costs ~1 us: only when it matters
+                nthreads = numba.get_num_threads() if threads is None else max(1, int(threads))
+                chunks = min(nthreads, d.n_units)
+            args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
+                    argsz, d.argst)
             if chunks > 1:
                 bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
                 futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)

@@ -8,6 +8,13 @@ Kernel descriptor (built by cpu.py):
   optab   int64 [n_opnd, 4+nd]   kind, arg, dtype, offset, strides
   consts  int64 [n_const]        constant bits
   addrs, numels  int64 [n_args]  buffer addresses and sizes
+  peep    int64 [n_instr]        operand of the store right after an f32 op that may write in place
+  argsz, argst   int64 [n_args]  element size; 1 stored by the kernel, 2 stored and loaded
+
+In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A load of a full,
+contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
+result is only stored writes straight into the output tile and the store is skipped. Both only
+when no stored argument overlaps another argument (checked per call), so results are unchanged.
 """
 from __future__ import annotations
 
@@ -38,6 +45,48 @@ def _addr(j, idx, optab, dims, d0, d1):
         off += (rem % size) * optab[j, 4 + d]
         rem //= size
     return off
+
+
+@njit(inline='always', **OPTS)
+def _fv(F, fp, k):
+    """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
+    p = fp[k]
+    if p == 0:
+        return F[k]
+    return carray(ptr_f32(p), F.shape[1])
+
+
+@njit(**OPTS)
+def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
+    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements (a full
+    tile, unit column stride, rows back to back), else 0. Such a tile is read in place by a load
+    (the register aliases the buffer) or written in place by the op feeding a store."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    if optab[j, 2] != DT_F32 or nc != 1 or optab[j, 4 + nr] != 1:
+        return 0
+    if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
+        return 0
+    if bm > 1 and (nr != 1 or optab[j, 4] != bn):
+        return 0
+    base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
+    return addrs[optab[j, 1]] + 4 * base
+
+
+@njit(**OPTS)
+def _alias_ok(addrs, numels, argsz, argst):
+    """In-place tiles only when no stored argument overlaps any other argument."""
+    n = addrs.shape[0]
+    for a in range(n):
+        if argst[a] == 2:
+            return False
+        if argst[a] == 0:
+            continue
+        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
+        for b in range(n):
+            if b != a and hi > lo and numels[b] > 0:
+                if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
+                    return False
+    return True
 
 
 @njit(inline='always', **OPTS)
@@ -146,15 +195,20 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
 
 
 @njit(inline='always', **OPTS)
-def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0, fin, ix):
+def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix):
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
-        _mem(is_store, F[d], carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        if aok and not is_store and not fin:
+            p = _direct_addr(j, optab, dims, meta, addrs, r0, c0)
+            if p != 0:
+                fp[d] = p
+                return 0
+        _mem(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_F16:
-        _mem(is_store, F[d], carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_BF16:
-        _mem(is_store, F[d], carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_F64:
         _mem(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
     elif dt == DT_I64:
@@ -181,10 +235,10 @@ def _index(o, j, optab, dims, meta, r0, c0, fin):
 
 
 @njit(inline='always', **OPTS)
-def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
+def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp):
     if kind == K_UN:
         if bank == BK_F32:
-            return 0 if _un_f32(op, F[f1], F[f2]) else ERR_UNHANDLED
+            return 0 if _un_f32(op, _fv(F, fp, f1), _fv(F, fp, f2)) else ERR_UNHANDLED
         if bank == BK_F64:
             return 0 if _un_f64(op, D[f1], D[f2]) else ERR_UNHANDLED
         if bank == BK_I64:
@@ -192,13 +246,13 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
         return 0 if _un_b8(op, B[f1], B[f2]) else ERR_UNHANDLED
     if kind == K_PRED:
         if bank == BK_F32:
-            return 0 if _pred(op, B[f1], F[f2]) else ERR_UNHANDLED
+            return 0 if _pred(op, B[f1], _fv(F, fp, f2)) else ERR_UNHANDLED
         if bank == BK_F64:
             return 0 if _pred(op, B[f1], D[f2]) else ERR_UNHANDLED
         return ERR_UNHANDLED
     if kind == K_BIN:
         if bank == BK_F32:
-            return 0 if _bin_float(op, F[f1], F[f2], F[f3]) else ERR_UNHANDLED
+            return 0 if _bin_float(op, _fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
         if bank == BK_F64:
             return 0 if _bin_float(op, D[f1], D[f2], D[f3]) else ERR_UNHANDLED
         if bank == BK_I64:
@@ -206,7 +260,7 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
         return 0 if _bin_b8(op, B[f1], B[f2], B[f3]) else ERR_UNHANDLED
     if kind == K_CMP:
         if bank == BK_F32:
-            return 0 if _cmp(op, B[f1], F[f2], F[f3]) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1], _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
         if bank == BK_F64:
             return 0 if _cmp(op, B[f1], D[f2], D[f3]) else ERR_UNHANDLED
         if bank == BK_I64:
@@ -214,7 +268,7 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
         return ERR_UNHANDLED
     if kind == K_WHERE:
         if bank == BK_F32:
-            _where(F[f1], B[f2], F[f3], F[f4])
+            _where(_fv(F, fp, f1), B[f2], _fv(F, fp, f3), _fv(F, fp, f4))
         elif bank == BK_F64:
             _where(D[f1], B[f2], D[f3], D[f4])
         elif bank == BK_I64:
@@ -224,7 +278,7 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
         return 0
     if kind == K_CLAMP:
         if bank == BK_F32:
-            _clamp(F[f1], F[f2], F[f3], F[f4])
+            _clamp(_fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3), _fv(F, fp, f4))
         elif bank == BK_F64:
             _clamp(D[f1], D[f2], D[f3], D[f4])
         elif bank == BK_I64:
@@ -236,11 +290,11 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B):
 
 
 @njit(inline='always', **OPTS)
-def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
+def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp):
     if dst == BK_F32:
-        o = F[d]
+        o = _fv(F, fp, d)
         if src == BK_F32:
-            _cast_to_f32(o, F[s], t, src)
+            _cast_to_f32(o, _fv(F, fp, s), t, src)
         elif src == BK_F64:
             _cast_to_f32(o, D[s], t, src)
         elif src == BK_I64:
@@ -250,7 +304,7 @@ def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
     elif dst == BK_I64:
         o = I[d]
         if src == BK_F32:
-            _cast_to_int(o, F[s], t, src == BK_F32)
+            _cast_to_int(o, _fv(F, fp, s), t, src == BK_F32)
         elif src == BK_F64:
             _cast_to_int(o, D[s], t, src == BK_F64)
         elif src == BK_I64:
@@ -260,7 +314,7 @@ def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
     elif dst == BK_F64:
         o = D[d]
         if src == BK_F32:
-            _cast_to_f64(o, F[s])
+            _cast_to_f64(o, _fv(F, fp, s))
         elif src == BK_F64:
             _cast_to_f64(o, D[s])
         elif src == BK_I64:
@@ -270,7 +324,7 @@ def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
     else:
         o = B[d]
         if src == BK_F32:
-            _cast_to_b8(o, F[s])
+            _cast_to_b8(o, _fv(F, fp, s))
         elif src == BK_F64:
             _cast_to_b8(o, D[s])
         elif src == BK_I64:
@@ -280,11 +334,11 @@ def _cast_dispatch(src, dst, t, d, s, F, D, I, B):
 
 
 @njit(inline='always', **OPTS)
-def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
+def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2):
     is_arg = op == R_ARGMAX or op == R_ARGMIN
     if g == G_ACCINIT:
         if bank == BK_F32:
-            _accinit(op, F[f1], bank == BK_F32)
+            _accinit(op, _fv(F, fp, f1), bank == BK_F32)
         elif bank == BK_F64:
             _accinit(op, D[f1], bank == BK_F64)
         else:
@@ -294,13 +348,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
     elif g == G_ACC:
         if is_arg:
             if bank == BK_F32:
-                _acc_arg(op, F[f1], I[f2], F[f3], bm, bn, ncv, c0)
+                _acc_arg(op, _fv(F, fp, f1), I[f2], _fv(F, fp, f3), bm, bn, ncv, c0)
             elif bank == BK_F64:
                 _acc_arg(op, D[f1], I[f2], D[f3], bm, bn, ncv, c0)
             else:
                 _acc_arg(op, I[f1], I[f2], I[f3], bm, bn, ncv, c0)
         elif bank == BK_F32:
-            _acc(op, F[f1], F[f2], bm, bn, ncv)
+            _acc(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv)
         elif bank == BK_F64:
             _acc(op, D[f1], D[f2], bm, bn, ncv)
         else:
@@ -308,13 +362,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
     elif g == G_ROWRED:
         if is_arg:
             if bank == BK_F32:
-                _rowred_arg(op, I[f1], F[f2], bm, bn, ncv, c0, sf, si2, bank == BK_F32)
+                _rowred_arg(op, I[f1], _fv(F, fp, f2), bm, bn, ncv, c0, sf, si2, bank == BK_F32)
             elif bank == BK_F64:
                 _rowred_arg(op, I[f1], D[f2], bm, bn, ncv, c0, sd, si2, bank == BK_F64)
             else:
                 _rowred_arg(op, I[f1], I[f2], bm, bn, ncv, c0, si, si2, bank != BK_I64)
         elif bank == BK_F32:
-            _rowred(op, F[f1], F[f2], bm, bn, ncv, sf, bank == BK_F32)
+            _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, sf, bank == BK_F32)
         elif bank == BK_F64:
             _rowred(op, D[f1], D[f2], bm, bn, ncv, sd, bank == BK_F64)
         else:
@@ -322,13 +376,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
     else:
         if is_arg:
             if bank == BK_F32:
-                _rfin_arg(op, I[f1], F[f2], I[f3], bm, bn, sf, si2)
+                _rfin_arg(op, I[f1], _fv(F, fp, f2), I[f3], bm, bn, sf, si2)
             elif bank == BK_F64:
                 _rfin_arg(op, I[f1], D[f2], I[f3], bm, bn, sd, si2)
             else:
                 _rfin_arg(op, I[f1], I[f2], I[f3], bm, bn, si, si2)
         elif bank == BK_F32:
-            _rfin(op, F[f1], F[f2], bm, bn, sf)
+            _rfin(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, sf)
         elif bank == BK_F64:
             _rfin(op, D[f1], D[f2], bm, bn, sd)
         else:
@@ -336,25 +390,39 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2):
 
 
 @njit(inline='always', **OPTS)
-def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, B,
+def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
           r0, c0, fin, ix, sf, sd, si, si2):
     bm, bn = meta[M_BM], meta[M_BN]
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
+    skip = s - 1
     for pc in range(s, e):
+        if pc == skip:   # this store's data was written in place by the previous instruction
+            continue
         opc = instrs[pc, 0]
         g, op, bank, src, kind = dec[opc, 0], dec[opc, 1], dec[opc, 2], dec[opc, 3], dec[opc, 4]
         f1, f2, f3, f4 = instrs[pc, 1], instrs[pc, 2], instrs[pc, 3], instrs[pc, 4]
+        wf = dec[opc, 5]
+        if wf == 2 and fp[f1] != 0:   # read-modify-write of an aliased register: copy it in first
+            F[f1][:] = carray(ptr_f32(fp[f1]), F.shape[1])
+            fp[f1] = 0
+        elif wf == 1:   # writes F register f1: back to its bank row, or in place
+            fp[f1] = 0
+            if aok and not fin and peep[pc] >= 0:
+                p = _direct_addr(peep[pc], optab, dims, meta, addrs, r0, c0)
+                if p != 0:
+                    fp[f1] = p
+                    skip = pc + 1
         err = 0
         if g == G_EW:
-            err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B)
+            err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp)
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
-            err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, r0, c0,
-                         fin or g == G_STOREROW, ix)
+            err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
+                         r0, c0, fin or g == G_STOREROW, ix)
         elif g == G_CAST:
-            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B)
+            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp)
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
-            _red(g, op, bank, f1, f2, f3, F, D, I, B, bm, bn, ncv, c0, sf, sd, si, si2)
+            _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2)
         elif g == G_INDEX:
             _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
         elif g == G_CONST:
@@ -375,7 +443,7 @@ def _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, 
 
 
 @njit(inline='always', **OPTS)
-def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par."""
     bm, bn = meta[M_BM], meta[M_BN]
     t = bm * bn
@@ -383,6 +451,8 @@ def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs,
     D = np.empty((meta[M_ND], t), np.float64)
     I = np.empty((meta[M_NI], t), np.int64)
     B = np.empty((meta[M_NB], t), np.uint8)
+    fp = np.zeros(max(meta[M_NF], 1), np.int64)
+    aok = _alias_ok(addrs, numels, argsz, argst)
     ix = np.empty(2 * bn, np.int64)
     sf = np.empty(bn, np.float32)
     sd = np.empty(bn, np.float64)
@@ -413,17 +483,18 @@ def _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs,
                 s, e, c0, fin = meta[sw + 2], meta[sw + 3], (ph - 1) * bn, bm < 0
         if s == e:
             continue
-        err = _exec(s, e, instrs, dec, meta, dims, optab, consts, addrs, numels, F, D, I, B,
-                    r0, c0, fin, ix, sf, sd, si, si2)
+        err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
+                    aok, r0, c0, fin, ix, sf, sd, si, si2)
         if err != 0:
             return err
     return 0
 
 
 @njit(cache=True, **OPTS)
-def run_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels):
+def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst):
     """Run work units [u0, u1) on the calling thread (releases the GIL)."""
-    return _exec_units(u0, u1, tile_par, instrs, dec, meta, dims, optab, consts, addrs, numels)
+    return _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels,
+                       argsz, argst)
 
 
 ENTRY_POINTS = (run_units,)

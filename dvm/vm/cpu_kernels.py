@@ -59,6 +59,7 @@ REDUCTIONS_HANDLED = {BK_F32: set(RED_NAMES), BK_F64: set(RED_NAMES), BK_I64: se
 ERR_UNHANDLED, ERR_ZERODIV = 1, 2
 ERF_TAIL = 1.5      # erf: |x| beyond this is recomputed in float64 (the rational fit loses ULPs)
 GELU_TAIL = -0.5    # gelu: x below this uses 0.5*x*erfc(-x/sqrt(2)) in float64
+GELU_TANH_TAIL = -2.0   # gelu(approximate='tanh'): x below this is recomputed in float64
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _F_SQRT1_2 = np.float32(_SQRT1_2)
@@ -112,6 +113,12 @@ def _un_common(op, o, a):
     else:
         return False
     return True
+
+
+@njit(**OPTS)
+def _sigmoid64(x):
+    e = np.exp(-abs(x))
+    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
 
 
 @njit(**OPTS)
@@ -171,6 +178,11 @@ def _un_f32(op, o, a):
             x = a[i]
             u = _F_K0 * (x + _F_K1 * x * x * x)
             o[i] = x * sigmoidf(u + u)
+        for i in range(n):   # x < GELU_TANH_TAIL: exp(2u) magnifies u's rounding; redo in float64
+            x = np.float64(a[i])
+            if x < GELU_TANH_TAIL:
+                u = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+                o[i] = x * _sigmoid64(u + u)
     elif op == OP_SILU:
         for i in range(n):
             x = a[i]
@@ -178,12 +190,6 @@ def _un_f32(op, o, a):
     else:
         return False
     return True
-
-
-@njit(**OPTS)
-def _sigmoid64(x):
-    e = np.exp(-abs(x))
-    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
 
 
 @njit(**OPTS)

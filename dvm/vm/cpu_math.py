@@ -19,6 +19,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 OPTS = dict(nogil=True, error_model="numpy")
+# polynomial kernels: let LLVM fuse a*b+c into FMA (never nnan/ninf/reassoc: IEEE specials stay exact)
+MOPTS = dict(OPTS, fastmath={"contract"})
 f32 = np.float32
 
 
@@ -174,22 +176,34 @@ _ONE, _TWO, _HALF, _ZERO = f32(1.0), f32(2.0), f32(0.5), f32(0.0)
 _EXP_HI, _EXP_LO = f32(88.8), f32(-104.0)
 
 
-@njit(**OPTS)
-def _scale2(y, n):
-    """y * 2**n for float n in [-151, 129] (two exact steps, one final rounding)."""
-    k = np.int64(n) if n == n else np.int64(0)
-    k1 = k >> 1
-    k2 = k - k1
-    return y * bits_f32((k1 + 127) << 23) * bits_f32((k2 + 127) << 23)
+@intrinsic
+def _scale2(typingctx, y, n):
+    """y * 2**n for float32 n integral in [-151, 129] (NaN n counts as 0): two exact steps, one
+    final rounding, in 32-bit integer lanes (an int64 detour halves the vector width)."""
+    if y != types.float32 or n != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        yv, nv = args
+        i32, f = ir.IntType(32), ir.FloatType()
+        nv = builder.select(builder.fcmp_ordered("ord", nv, nv), nv, ir.Constant(f, 0.0))
+        k = builder.fptosi(nv, i32)
+        k1 = builder.ashr(k, ir.Constant(i32, 1))
+        k2 = builder.sub(k, k1)
+        bias = ir.Constant(i32, 127)
+        s1 = builder.bitcast(builder.shl(builder.add(k1, bias), ir.Constant(i32, 23)), f)
+        s2 = builder.bitcast(builder.shl(builder.add(k2, bias), ir.Constant(i32, 23)), f)
+        return builder.fmul(builder.fmul(yv, s1), s2)
+    return types.float32(y, n), codegen
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def _exp_poly(r):
     p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
     return p * r * r + r + _ONE
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def expf(x):
     xc = x
     if xc > _EXP_HI:
@@ -201,7 +215,7 @@ def expf(x):
     return _scale2(_exp_poly(r), n)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def exp2f(x):
     xc = x
     if xc > f32(129.0):
@@ -217,7 +231,7 @@ _E2, _E3, _E4, _E5 = f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120)
 _E6, _E7, _E8, _E9 = f32(1 / 720), f32(1 / 5040), f32(1 / 40320), f32(1 / 362880)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def expm1f(x):
     xc = x
     if xc > f32(88.0):
@@ -249,7 +263,7 @@ _INF32 = f32(np.inf)
 _NAN32 = f32(np.nan)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def _log_parts(x):
     """x > 0 finite: (e, t) with log(x) = e*ln2 + t, t = log(m) for m in [sqrt(.5), sqrt(2))."""
     xs = x * _TWO23 if x < _TINY else x
@@ -268,7 +282,7 @@ def _log_parts(x):
     return e, m, y
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def _log_special(x, v):
     if x == 0:
         v = -_INF32
@@ -281,21 +295,21 @@ def _log_special(x, v):
     return v
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def logf(x):
     e, m, y = _log_parts(x)
     v = y + e * _C2 + m + e * _C1
     return _log_special(x, v)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def log2f(x):
     e, m, y = _log_parts(x)
     v = y * _LOG2EA + m * _LOG2EA + y + m + e
     return _log_special(x, v)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def log1pf(x):
     u = _ONE + x
     d = u - _ONE
@@ -311,18 +325,42 @@ _T0, _T1, _T2 = f32(-5.70498872745e-3), f32(2.06390887954e-2), f32(-5.3739715553
 _T3, _T4 = f32(1.33314422036e-1), f32(-3.33332819422e-1)
 
 
-@njit(**OPTS)
+@intrinsic
+def _pow2i(typingctx, n):
+    """2**n for float32 n integral in [-126, 127] (32-bit lanes: cvttps2dq, add, shift)."""
+    if n != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        k = builder.fptosi(args[0], i32)
+        e = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
+        return builder.bitcast(e, ir.FloatType())
+    return types.float32(n), codegen
+
+
+_TANH_SAT = f32(9.5)   # tanh(x) rounds to +-1 in float32 beyond ~9.01
+
+
+@njit(**MOPTS)
 def tanhf(x):
+    """Odd polynomial below 0.625, else 1 - 2/(exp(2|x|) + 1) with an exp specialised to the
+    range [0, 19] (one scaling step, no clamping of specials: NaN takes the polynomial path)."""
     a = abs(x)
-    z = x * x
-    small = (((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z) * x + x
-    e = expf(a + a)
+    a = a if a < _TANH_SAT else _TANH_SAT   # NaN -> 9.5 here; the select below returns NaN
+    t = a + a
+    n = np.rint(t * _LOG2E)
+    r = t - n * _C1 - n * _C2
+    e = _exp_poly(r) * _pow2i(n)
     big = _ONE - _TWO / (e + _ONE)
     big = big if x > 0 else -big
-    return small if a < f32(0.625) or x != x else big
+    z = x * x
+    small = (((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z) * x + x
+    v = small if a < f32(0.625) or x != x else big
+    return x if x == 0 else v   # keeps -0.0
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def sigmoidf(x):
     e = expf(-abs(x))
     d = _ONE + e
@@ -336,7 +374,7 @@ _B0, _B2, _B4 = f32(-1.42647390514189e-02), f32(-7.37332916720468e-03), f32(-1.6
 _B6, _B8 = f32(-2.13374055278905e-04), f32(-1.45660718464996e-05)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def erff(x):
     """Rational approximation (Eigen's float erf) on [-4, 4], +-1 outside."""
     xc = x
@@ -361,7 +399,7 @@ _K4, _K5, _K6 = -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.1359
 SINCOS_BIG = 1.0e6   # |x| above this: the caller recomputes with libm (float64)
 
 
-@njit(**OPTS)
+@njit(**MOPTS)
 def sincosf(x, quad_shift):
     """sin(x) (quad_shift=0) or cos(x) (quad_shift=1) of a float32, as float32."""
     xd = np.float64(x)
