@@ -131,8 +131,8 @@ def test_bench_encode_rejects_zero_shapes(capsys):
     assert "--shapes" in capsys.readouterr().err
 
 
-def test_demo_runs_and_checks_results(capsys):
-    assert main(["demo"]) == 0
+def test_builder_demo_runs_and_checks_results(capsys):
+    assert main(["demo", "--builder"]) == 0
     out = capsys.readouterr().out
     for bk in KERNELS:
         assert bk.name in out

@@ -1,9 +1,12 @@
 """The `dvm` command line (also `python -m dvm`).
 
-    dvm demo [--seed S]                               builder-API kernels over changing shapes
+    dvm demo [--no-inductor] [--seed S]               tiny Llama over changing lengths: eager vs DVM vs Inductor
+    dvm demo --builder [--seed S]                     builder-API kernels over changing shapes
     dvm bench encode [--shapes N] [--seed S] [--json PATH] [--quick]
     dvm bench ops [--sizes small,medium,large,odd] [--cases C,..] [--quick] [--repeat N]
                   [--no-inductor | --inductor] [--json PATH] [--md PATH] [--png PATH]
+    dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
+                     [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
     dvm version
 
@@ -35,8 +38,10 @@ def cmd_version(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
-    return run_demo(seed=args.seed)
+    from . import demo
+    if args.builder:
+        return demo.run_builder_demo(seed=args.seed)
+    return demo.run_model_demo(seed=args.seed, inductor=args.inductor)
 
 
 def cmd_bench_encode(args) -> int:
@@ -70,6 +75,35 @@ def cmd_bench_ops(args) -> int:
                           png_path=path(args.png), threads=args.threads, seed=args.seed)
 
 
+def cmd_bench_models(args) -> int:
+    from . import bench_models
+    try:
+        models = bench_models.parse_list(args.models, "model", bench_models.MODEL_NAMES) if args.models else None
+        batches = bench_models.parse_list(args.batches, "batch size", cast=int) if args.batches else None
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    if batches is not None and any(b < 1 for b in batches):
+        _err("--batches: batch sizes must be at least 1")
+        return EXIT_USAGE
+    if args.lengths is not None and not 1 <= args.lengths <= bench_models.MAX_LENGTH:
+        _err(f"--lengths must be in 1 .. {bench_models.MAX_LENGTH}")
+        return EXIT_USAGE
+    if args.repeat is not None and args.repeat < 1:
+        _err("--repeat must be at least 1")
+        return EXIT_USAGE
+    if args.threads < 1:
+        _err("--threads must be at least 1")
+        return EXIT_USAGE
+
+    def path(p):
+        return None if p in ("", "-") else p
+    return bench_models.main(models=models, n_lengths=args.lengths, batches=batches, seed=args.seed,
+                             quick=args.quick, inductor=args.inductor, repeat=args.repeat,
+                             threads=args.threads, json_path=path(args.json), md_path=path(args.md),
+                             png_path=path(args.png))
+
+
 def cmd_disasm(args) -> int:
     import dvm
     from dvm.errors import VerifyError
@@ -95,14 +129,23 @@ def cmd_disasm(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench_encode, bench_ops
+    from . import bench_encode, bench_models, bench_ops
     p = argparse.ArgumentParser(prog="dvm", description="DVM: a real-time operator compiler "
                                 "(fused kernels encoded to bytecode per instance, run by a VM).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run builder-API kernels over a stream of changing shapes",
-                       description="Run softmax, LayerNorm, bias+GELU, an 8-op chain and RMSNorm over "
-                                   "changing shapes; check every result against NumPy.")
+    d = sub.add_parser("demo", help="a tiny Llama over changing sequence lengths: eager vs DVM vs Inductor",
+                       description="Run a tiny Hugging Face Llama (random weights, no downloads) over "
+                                   "random sequence lengths at batch sizes 1 and 3, eagerly, under "
+                                   "torch.compile(backend='dvm', dynamic=True) and under Inductor "
+                                   "(dynamic=True, cold cache); print first-call and compile times, total "
+                                   "stream time, steady-state latency, recompiles and the error vs eager. "
+                                   "Exit 1 if DVM's logits differ from eager's beyond rtol = atol = 1e-4. "
+                                   "With --builder: the builder-API demo (softmax, LayerNorm, bias+GELU, an "
+                                   "8-op chain, RMSNorm over changing shapes, checked against NumPy).")
+    d.add_argument("--builder", action="store_true", help="run the builder-API kernel demo instead")
+    d.add_argument("--no-inductor", dest="inductor", action="store_false",
+                   help="skip Inductor (its first compile takes most of the demo's time)")
     d.add_argument("--seed", type=int, default=0, help="random seed for shapes and data (default 0)")
     d.set_defaults(func=cmd_demo)
 
@@ -153,6 +196,44 @@ def build_parser() -> argparse.ArgumentParser:
         bo.add_argument(flag, default=default, metavar="PATH",
                         help=f"where to write {what} (default {default}; '-' for none)")
     bo.set_defaults(func=cmd_bench_ops)
+    bm = bsub.add_parser("models", help="Hugging Face models over changing sequence lengths: eager, "
+                                        "Inductor, DVM",
+                         description="Tiny transformers models (random weights, no downloads) over a stream "
+                                     "of random sequence lengths (1 .. 1024) at two batch sizes, side by "
+                                     "side: eager, Inductor (dynamic=None and dynamic=True, cold and warm "
+                                     "cache) and DVM (backend='dvm', dynamic=True). Reports first-call time "
+                                     "(backend compile vs tracing), total stream time, steady-state latency "
+                                     "per length bucket, recompiles, max abs error vs eager, DVM kernels "
+                                     "and fallbacks. Progress goes to stderr, tables to stdout. Exit 1 if "
+                                     "DVM's logits differ from eager's beyond rtol = atol = 1e-4.")
+    bm.add_argument("--models", default=None, metavar="LIST",
+                    help=f"comma-separated models from {','.join(bench_models.MODEL_NAMES)} "
+                         f"(default all; llama with --quick)")
+    bm.add_argument("--lengths", type=int, default=None, metavar="N",
+                    help=f"number of random sequence lengths, 1 included (default "
+                         f"{bench_models.DEFAULT_LENGTHS}; {bench_models.QUICK_LENGTHS} with --quick)")
+    bm.add_argument("--batches", default=None, metavar="LIST",
+                    help="comma-separated batch sizes (default 1,3; 1 with --quick)")
+    bm.add_argument("--seed", type=int, default=0, help="random seed for lengths, order, weights, tokens (default 0)")
+    bm.add_argument("--quick", action="store_true",
+                    help="a short run: llama, 6 lengths, batch 1, no Inductor unless --inductor")
+    bind = bm.add_mutually_exclusive_group()
+    bind.add_argument("--no-inductor", dest="inductor", action="store_false", default=None,
+                      help="skip torch.compile with Inductor (its first compile costs 10-25 s per graph)")
+    bind.add_argument("--inductor", dest="inductor", action="store_true", default=None,
+                      help="run Inductor even with --quick")
+    bm.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help=f"steady-state calls per (batch, length) after the stream; the median is reported "
+                         f"(default {bench_models.DEFAULT_REPEAT}; {bench_models.QUICK_REPEAT} with --quick)")
+    bm.add_argument("--threads", type=int, default=bench_models.DEFAULT_THREADS, metavar="N",
+                    help=f"torch and numba threads, the same for every system (default "
+                         f"{bench_models.DEFAULT_THREADS}: tiny models on a shared machine)")
+    for flag, default, what in (("--json", bench_models.DEFAULT_JSON, "the results as JSON"),
+                                ("--md", bench_models.DEFAULT_MD, "the markdown tables"),
+                                ("--png", bench_models.DEFAULT_PNG, "the plots (PNG)")):
+        bm.add_argument(flag, default=default, metavar="PATH",
+                        help=f"where to write {what} (default {default}; '-' for none)")
+    bm.set_defaults(func=cmd_bench_models)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
     s = sub.add_parser("disasm", help="verify a saved Program (.npy) and print its disassembly",

@@ -1,0 +1,796 @@
+"""`dvm bench models`: Hugging Face models over a stream of changing sequence lengths.
+
+Tiny `transformers` models built from small configs with random weights (no downloads; the
+environment gets HF_HUB_OFFLINE=1) run a stream of random (batch, sequence length) inputs, in
+inference (eval, torch.no_grad, use_cache=False), under each system side by side, each in a fresh
+Dynamo state (torch._dynamo.reset() between systems):
+
+  eager                  the model as written
+  inductor_dynamic_cold  torch.compile(model, dynamic=True), Inductor, fresh temporary
+                         TORCHINDUCTOR_CACHE_DIR and Inductor's in-memory caches cleared
+  inductor_dynamic_warm  the same stream again after torch._dynamo.reset(), caches kept
+  inductor_default_cold  torch.compile(model) (dynamic=None: automatic dynamic, a static first
+                         compile, then recompiles with the changing dimensions symbolic), cold
+  inductor_default_warm  the same, warm
+  dvm                    torch.compile(model, backend="dvm", dynamic=True)
+
+Per system: the first call's time, split into the backend's own compile time and the rest
+(Dynamo + AOTAutograd tracing, plus the first run itself); the backend's compile time over the
+whole stream; the total stream time (every call, compiles included); the number of graphs
+compiled (recompiles = graphs - 1; for DVM the "torch_dynamo_graphs" counter, for Inductor a
+counting wrapper backend; Dynamo's counters["stats"]["unique_graphs"] is recorded too); whether
+Dynamo hit its recompile limit (it then runs the frame eagerly for good: reported, never hidden);
+the maximum absolute error of the logits against eager over the stream; and the steady-state
+latency of every (batch, length) of the stream (median of repeated calls after the stream),
+summarised per length bucket. For DVM, the kernels of the compiled graph: segments (VM launches
+per forward), vector kernels, cube (matmul) ops run through PyTorch, fallback ops with reasons.
+
+Backend compile time: Inductor's is the time spent in compile_fx_inner (lowering, code generation,
+C++ compilation; a warm cache hit may skip it), measured by a wrapper backend that calls
+torch._inductor.compile_fx.compile_fx with a timed inner_compile. DVM's is the time spent
+building dvm.frontend.torch_runtime.CompiledFx objects (planning, fusion, templates), measured by
+wrapping the class inside dvm.frontend.torch_backend for the duration of the benchmark.
+
+Before any system runs, Dynamo is warmed up once on a trivial function (backend "eager"), so
+Dynamo's own import-time start-up is paid by no system in particular. Inductor's first compile in
+the process also pays Inductor's start-up (imports, C++ compiler checks): it is the first
+Inductor system of the first model, and it is said in the report.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+
+from .bench_common import fmt_time, loadavg, machine_info, progress, write_json, write_text
+
+DEFAULT_JSON = os.path.join("bench-results", "models.json")
+DEFAULT_MD = os.path.join("bench-results", "models.md")
+DEFAULT_PNG = os.path.join("bench-results", "models.png")
+MODEL_NAMES = ("llama", "qwen2_moe")
+DEFAULT_LENGTHS = 32
+QUICK_LENGTHS = 6
+MAX_LENGTH = 1024
+DEFAULT_BATCHES = (1, 3)
+DEFAULT_REPEAT = 5
+# Tiny models: each op's parallel region lasts microseconds, and on a shared 2-core machine an
+# OpenMP thread waiting for a busy core stalls it for a scheduler quantum (eager at 2 threads ran
+# 10-40x slower than at 1 under load 2). One thread by default, the same for every system
+# (torch's intra-op threads: eager, Inductor's C++ kernels, matmuls; numba: DVM's CPU VM).
+DEFAULT_THREADS = 1
+QUICK_REPEAT = 2
+BUCKETS = ((1, 16), (17, 128), (129, 512), (513, 1024))
+# fused f32 reductions (RMSNorm means, softmax sums) sum in another order than ATen; the error
+# grows through the layers and the LM head (the tolerance of tests/test_hf_models.py)
+RTOL = ATOL = 1e-4
+VOCAB = 256
+
+SYSTEMS = ("eager", "inductor_dynamic_cold", "inductor_dynamic_warm", "inductor_default_cold",
+           "inductor_default_warm", "dvm")
+INDUCTOR_SYSTEMS = SYSTEMS[1:5]
+LABELS = {"eager": "eager", "inductor_dynamic_cold": "Inductor dynamic=True, cold",
+          "inductor_dynamic_warm": "Inductor dynamic=True, warm",
+          "inductor_default_cold": "Inductor dynamic=None, cold",
+          "inductor_default_warm": "Inductor dynamic=None, warm",
+          "dvm": "DVM (dynamic=True)"}
+SHORT = {"eager": "eager", "dvm": "DVM", "inductor_dynamic_cold": "Inductor\ndynamic\ncold",
+         "inductor_dynamic_warm": "Inductor\ndynamic\nwarm", "inductor_default_cold": "Inductor\ndefault\ncold",
+         "inductor_default_warm": "Inductor\ndefault\nwarm"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: small configs, random weights, no downloads.
+def _llama(seed: int):
+    import torch
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                   max_position_embeddings=2048, use_cache=False)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _qwen2_moe(seed: int):
+    import torch
+    import transformers
+    cfg = transformers.Qwen2MoeConfig(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                      shared_expert_intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                      num_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
+                                      use_cache=False)
+    torch.manual_seed(seed)
+    return transformers.Qwen2MoeForCausalLM(cfg)
+
+
+MODELS: dict[str, tuple[Callable, str]] = {
+    "llama": (_llama, "LlamaForCausalLM: 2 layers, hidden 128, MLP 256, 4 heads (2 KV), vocab 256"),
+    "qwen2_moe": (_qwen2_moe, "Qwen2MoeForCausalLM: 2 layers, hidden 128, 4 experts (top-2, MLP 64) "
+                              "+ shared expert 128, 4 heads (2 KV), vocab 256"),
+}
+
+
+def stream_lengths(n: int, seed: int, max_length: int = MAX_LENGTH) -> list[int]:
+    """n distinct random lengths in 1 .. max_length, 1 included, log-uniform (so that every
+    bucket gets some), at least one per bucket when n allows, in random order."""
+    rng = np.random.default_rng(seed)
+    n = min(n, max_length)
+    out = [1]
+    for lo, hi in BUCKETS:   # one per bucket first
+        hi = min(hi, max_length)
+        if len(out) < n and lo <= hi and not any(lo <= x <= hi for x in out):
+            out.append(int(rng.integers(lo, hi + 1)))
+    while len(out) < n:
+        x = int(round(math.exp(rng.uniform(0.0, math.log(max_length)))))
+        x = min(max(x, 1), max_length)
+        if x not in out:
+            out.append(x)
+    rng.shuffle(out)
+    return [int(x) for x in out]
+
+
+def make_stream(lengths: list[int], batches: list[int], seed: int) -> list[tuple[int, int]]:
+    """Every (batch, length) pair, in random order (a length arrives at each batch size)."""
+    pairs = [(b, L) for L in lengths for b in batches]
+    order = np.random.default_rng(seed + 1).permutation(len(pairs))
+    return [pairs[i] for i in order]
+
+
+def _ids(b: int, L: int, seed: int):
+    import torch
+    g = torch.Generator().manual_seed(seed * 1_000_003 + b * 7919 + L)
+    return torch.randint(0, VOCAB, (b, L), generator=g)
+
+
+def _bucket(L: int) -> str:
+    for lo, hi in BUCKETS:
+        if lo <= L <= hi:
+            return f"{lo}-{hi}"
+    return f">{BUCKETS[-1][1]}"
+
+
+# ---------------------------------------------------------------------------------------------
+class _LimitWatcher(logging.Handler):
+    """Catches Dynamo's "hit config.recompile_limit" warning (the frame then runs eagerly)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        try:
+            msg = record.getMessage()
+        except Exception:  # pragma: no cover
+            return
+        if "recompile_limit" in msg or "cache_size_limit" in msg:
+            self.messages.append(msg.splitlines()[0] + " " + " ".join(
+                line.strip() for line in msg.splitlines()[1:3]))
+
+
+class _Stats:
+    def __init__(self):
+        self.graphs = 0
+        self.backend_s = 0.0          # the backend's own compile
+        self.backend_calls = 0
+        self.wrapper_s = 0.0          # Inductor: all of compile_fx (AOT tracing included)
+        self.compiled: list = []      # DVM: the CompiledFx objects
+
+
+def _inductor_backend(stats: _Stats):
+    """A Dynamo backend doing what backend="inductor" does (compile_fx), counting graphs and
+    timing compile_fx_inner (Inductor's own compile of each AOT graph)."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def inner(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return compile_fx_inner(*args, **kwargs)
+        finally:
+            stats.backend_s += time.perf_counter() - t0
+            stats.backend_calls += 1
+
+    def backend(gm, example_inputs):
+        t0 = time.perf_counter()
+        try:
+            out = compile_fx(gm, example_inputs, inner_compile=inner)
+        finally:
+            stats.wrapper_s += time.perf_counter() - t0
+        stats.graphs += 1
+        return out
+    return backend
+
+
+class _TimeDvmCompiler:
+    """Times DVM's compilers: wraps CompiledFx as dvm.frontend.torch_backend sees it."""
+
+    def __init__(self, stats: _Stats):
+        self.stats = stats
+
+    def __enter__(self):
+        from dvm.frontend import torch_backend as tb
+        self.tb, self.orig = tb, tb.CompiledFx
+        stats, orig = self.stats, self.orig
+
+        def timed(gm, example_inputs, kind):
+            t0 = time.perf_counter()
+            try:
+                obj = orig(gm, example_inputs, kind)
+            finally:
+                stats.backend_s += time.perf_counter() - t0
+                stats.backend_calls += 1
+            stats.compiled.append(obj)
+            return obj
+        tb.CompiledFx = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.tb.CompiledFx = self.orig
+        return False
+
+
+def _dvm_graph_info(cfx) -> dict:
+    segs = cfx.segments
+    fallbacks = Counter(f"{s.node.target}: {s.reason}" for s in cfx.torch_steps if s.kind == "fallback")
+    cubes = Counter(str(s.node.target) for s in cfx.torch_steps if s.kind == "cube")
+    return {"kind": cfx.kind, "segments": len(segs), "vector_kernels": sum(s.n_kernels for s in segs),
+            "cube_ops": sum(cubes.values()), "cube": dict(cubes),
+            "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks),
+            "compile_s": cfx.compile_s}
+
+
+# ---------------------------------------------------------------------------------------------
+class _Run:
+    def __init__(self, repeat: int, seed: int, quiet: bool, bench: str = "models"):
+        self.repeat, self.seed, self.quiet, self.bench = repeat, seed, quiet, bench
+        self.t_start = time.perf_counter()
+        self.first_inductor: dict | None = None
+
+    def log(self, msg: str) -> None:
+        progress(self.bench, f"{msg}  [{time.perf_counter() - self.t_start:.1f} s]", self.quiet)
+
+    def system(self, name: str, model, model_name: str, stream, reference: dict | None,
+               cache_dir: str | None = None) -> tuple[dict, dict]:
+        """Run the stream (and then the steady-state timings) under one system."""
+        import torch
+        import torch._dynamo
+        from torch._dynamo.utils import counters as dynamo_counters
+
+        from dvm.runtime import counters as dvm_counters
+        tag = f"{model_name} {name}"
+        torch._dynamo.reset()
+        dynamo_counters.clear()
+        stats = _Stats()
+        watcher = _LimitWatcher()
+        dlog = logging.getLogger("torch._dynamo.convert_frame")
+        dlog.addHandler(watcher)
+        timer = None
+        dvm_before = dvm_counters.snapshot()
+        if name == "eager":
+            fn = model
+        elif name == "dvm":
+            timer = _TimeDvmCompiler(stats).__enter__()
+            fn = torch.compile(model, backend="dvm", dynamic=True)
+        else:
+            if name.endswith("_cold"):
+                from torch._inductor.utils import clear_caches
+                clear_caches()
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+            fn = torch.compile(model, backend=_inductor_backend(stats),
+                               dynamic=True if "dynamic" in name else None)
+        self.log(f"{tag}: start ({LABELS[name]}{'; cache ' + cache_dir if cache_dir else ''})")
+
+        def graphs() -> int:
+            if name == "dvm":
+                return dvm_counters.snapshot().get("torch_dynamo_graphs", 0) - dvm_before.get("torch_dynamo_graphs", 0)
+            return stats.graphs
+
+        outputs = {} if reference is None else None
+        calls, max_err, bad = [], 0.0, []
+        first: dict = {}
+        try:
+            with torch.no_grad():
+                t_stream = time.perf_counter()
+                for i, (b, L) in enumerate(stream):
+                    ids = _ids(b, L, self.seed)
+                    g0, c0 = graphs(), stats.backend_s
+                    t0 = time.perf_counter()
+                    logits = fn(input_ids=ids).logits
+                    dt = time.perf_counter() - t0
+                    new = graphs() - g0
+                    comp = stats.backend_s - c0
+                    calls.append({"batch": b, "length": L, "s": dt, "new_graphs": new, "backend_compile_s": comp})
+                    if i == 0:
+                        first = {"first_call_s": dt, "backend_compile_first_s": comp,
+                                 "tracing_first_s": max(0.0, dt - comp)}
+                    if outputs is not None:
+                        outputs[(b, L)] = logits
+                    else:
+                        want = reference[(b, L)]
+                        if tuple(logits.shape) != tuple(want.shape):
+                            bad.append(f"b={b} L={L}: shape {tuple(logits.shape)} vs {tuple(want.shape)}")
+                            max_err = math.inf
+                        else:
+                            err = (logits - want).abs()
+                            max_err = max(max_err, float(err.max()))
+                            if not bool((err <= ATOL + RTOL * want.abs()).all()):
+                                bad.append(f"b={b} L={L}: max abs err {float(err.max()):.3g}")
+                    self.log(f"{tag}: [{i + 1}/{len(stream)}] batch {b} length {L}: {fmt_time(dt)}"
+                             + (f" ({new} new graph(s), backend compile {fmt_time(comp)})" if new else ""))
+                stream_s = time.perf_counter() - t_stream
+                graphs_stream = graphs()
+                # steady state: every (batch, length) of the stream again, `repeat` timed calls each
+                steady = []
+                for b, L in sorted(set(stream)):
+                    ids = _ids(b, L, self.seed)
+                    ts = []
+                    for _ in range(self.repeat):
+                        t0 = time.perf_counter()
+                        fn(input_ids=ids)
+                        ts.append(time.perf_counter() - t0)
+                    steady.append({"batch": b, "length": L, "median_s": float(np.median(ts)), "min_s": min(ts)})
+                self.log(f"{tag}: steady state timed ({len(steady)} shapes x {self.repeat})")
+        finally:
+            dlog.removeHandler(watcher)
+            if timer is not None:
+                timer.__exit__(None, None, None)
+        unique = int(dynamo_counters["stats"].get("unique_graphs", 0))
+        limit_keys = {f"{k}:{kk}": v for k, d in dynamo_counters.items() for kk, v in d.items()
+                      if "recompile limit" in str(kk).lower() or "recompile_limit" in str(kk)}
+        res = {"system": name, "label": LABELS[name], **first,
+               "backend_compile_total_s": stats.backend_s, "backend_compiles": stats.backend_calls,
+               "stream_total_s": stream_s, "stream_calls": len(stream), "calls": calls,
+               "graphs": graphs_stream if name != "eager" else 0,
+               "recompiles": max(0, graphs_stream - 1) if name != "eager" else 0,
+               "graphs_after_stream": (graphs() - graphs_stream) if name != "eager" else 0,
+               "dynamo_unique_graphs": unique,
+               "recompile_limit_hit": bool(watcher.messages or limit_keys),
+               "recompile_limit_messages": watcher.messages[:4] + [f"{k} x{v}" for k, v in limit_keys.items()],
+               "max_abs_err": None if reference is None else (max_err if math.isfinite(max_err) else None),
+               "within_tolerance": True if reference is None else not bad,
+               "mismatches": bad[:10], "steady": steady, "buckets": _buckets(steady)}
+        if name.startswith("inductor"):
+            res["inductor_compile_fx_total_s"] = stats.wrapper_s
+            res["dynamic"] = True if "dynamic" in name else None
+            res["cache"] = "cold" if name.endswith("_cold") else "warm"
+        if name == "dvm":
+            after = dvm_counters.snapshot()
+            delta = {k: v - dvm_before.get(k, 0) for k, v in after.items()
+                     if isinstance(v, int) and v != dvm_before.get(k, 0)}
+            infos = [_dvm_graph_info(c) for c in stats.compiled if hasattr(c, "segments")]
+            main = max(infos, key=lambda x: x["vector_kernels"] + x["cube_ops"] + x["fallback_ops"], default=None)
+            res["dvm"] = {
+                "graphs": infos, "main_graph": main,
+                "graph_fallbacks": {k: v for k, v in delta.items() if k.startswith("fallback:graph:")},
+                "counters": {k: v for k, v in sorted(delta.items())
+                             if not k.startswith(("view:", "python:", "fallback:", "cube:"))},
+                "size1_patterns": len({(b == 1, L == 1) for b, L in stream}),
+            }
+            res["dvm"]["recompiles_beyond_size1"] = max(0, graphs_stream - res["dvm"]["size1_patterns"])
+        if name == "inductor_dynamic_cold" or name == "inductor_default_cold":
+            if self.first_inductor is None:
+                self.first_inductor = {"model": model_name, "system": name, "first_call_s": first.get("first_call_s")}
+                res["first_inductor_compile_in_process"] = True
+        self.log(f"{tag}: done: first call {fmt_time(first.get('first_call_s'))} (backend compile "
+                 f"{fmt_time(first.get('backend_compile_first_s'))}), stream {fmt_time(stream_s)}, "
+                 f"{res['graphs']} graph(s)" + (", RECOMPILE LIMIT HIT" if res["recompile_limit_hit"] else "")
+                 + ("" if res["max_abs_err"] is None else f", max abs err {res['max_abs_err']:.3g}")
+                 + ("" if res["within_tolerance"] else " OUTSIDE TOLERANCE"))
+        return res, outputs
+
+
+def _buckets(steady: list[dict]) -> dict:
+    """{batch: {bucket: median over the bucket's lengths of their steady-state medians}}."""
+    out: dict = {}
+    for b in sorted({s["batch"] for s in steady}):
+        row = {}
+        for lo, hi in BUCKETS:
+            vals = [s["median_s"] for s in steady if s["batch"] == b and lo <= s["length"] <= hi]
+            row[f"{lo}-{hi}"] = float(np.median(vals)) if vals else None
+        out[str(b)] = row
+    return out
+
+
+def _warm_dynamo() -> float:
+    """Pay Dynamo's import-time start-up once, outside every system (backend "eager")."""
+    import torch
+    import torch._dynamo
+    t0 = time.perf_counter()
+    f = torch.compile(lambda x: torch.relu(x) + 1, backend="eager")
+    f(torch.ones(3))
+    torch._dynamo.reset()
+    return time.perf_counter() - t0
+
+
+def _numba_threading_layer() -> str:
+    """Make numba's threading layer "workqueue" if nothing chose one and it is not launched yet.
+
+    DVM's CPU VM runs its own thread pool, but numba.get_num_threads() (which it calls for large
+    kernels) launches numba's threading layer, by default OpenMP; its idle threads spin-wait
+    against PyTorch's OpenMP threads, and on this 2-core machine that made eager PyTorch (and
+    everything else run through torch in the process) 10-40x slower. The workqueue layer has no
+    such threads. Returns the layer in use (or the one that will be), as recorded in the report."""
+    try:
+        import numba
+        from numba.np.ufunc import parallel
+    except Exception:  # pragma: no cover
+        return "unavailable"
+    if getattr(parallel, "_is_initialized", False):
+        try:
+            return f"{numba.threading_layer()} (launched before the benchmark)"
+        except Exception:  # pragma: no cover
+            return "unknown"
+    if "NUMBA_THREADING_LAYER" not in os.environ and str(numba.config.THREADING_LAYER) == "default":
+        numba.config.THREADING_LAYER = "workqueue"
+        return "workqueue (set by the benchmark: numba's OpenMP layer stalls PyTorch's threads)"
+    return str(numba.config.THREADING_LAYER)
+
+
+def _set_threads(n: int) -> tuple[int, int | None]:
+    import torch
+    old = (torch.get_num_threads(), None)
+    torch.set_num_threads(n)
+    try:
+        import numba
+        old = (old[0], numba.get_num_threads())
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except Exception:  # pragma: no cover
+        pass
+    return old
+
+
+def _restore_threads(old: tuple[int, int | None]) -> None:
+    import torch
+    torch.set_num_threads(old[0])
+    if old[1] is not None:
+        import numba
+        numba.set_num_threads(old[1])
+
+
+def run(models=MODEL_NAMES, n_lengths: int = DEFAULT_LENGTHS, batches=DEFAULT_BATCHES, seed: int = 0,
+        inductor: bool = True, repeat: int = DEFAULT_REPEAT, lengths: list[int] | None = None,
+        inductor_modes=("dynamic", "default"), warm: bool = True, threads: int = DEFAULT_THREADS,
+        quiet: bool = False, bench: str = "models") -> dict:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import dvm.frontend.torch_backend  # noqa: F401  (registers backend "dvm")
+    layer = _numba_threading_layer()
+    old_threads = _set_threads(threads)
+    try:
+        report = _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm,
+                      threads, quiet, bench)
+        report["numba_threading_layer"] = layer
+        return report
+    finally:
+        _restore_threads(old_threads)
+
+
+def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm, threads,
+         quiet, bench) -> dict:
+    import torch
+    import transformers
+
+    import dvm
+    load_start = loadavg()
+    t0 = time.time()
+    r = _Run(repeat, seed, quiet, bench)
+    if lengths is None:
+        lengths = stream_lengths(n_lengths, seed)
+    stream = make_stream(lengths, list(batches), seed)
+    systems = ["eager", "dvm"]
+    if inductor:
+        for mode in inductor_modes:
+            systems += [f"inductor_{mode}_cold"] + ([f"inductor_{mode}_warm"] if warm else [])
+    vm = dvm.config.config().vm
+    r.log(f"models {','.join(models)}; {len(lengths)} lengths {sorted(lengths)}; batches "
+          f"{list(batches)}; {len(stream)} calls per system; systems {', '.join(systems)}; VM {vm}; "
+          f"torch threads {torch.get_num_threads()}; 1-min load {load_start}")
+    warm_s = _warm_dynamo()
+    r.log(f"Dynamo warmed up ({warm_s:.1f} s, not charged to any system)")
+    old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    results = {}
+    try:
+        for m in models:
+            make, what = MODELS[m]
+            model = make(seed).eval()
+            r.log(f"{m}: {what}")
+            per: dict = {}
+            ref = None
+            for name in systems:
+                if name.endswith("_cold"):
+                    tmp = tempfile.mkdtemp(prefix="dvm-bench-models-inductor-")
+                    cache = tmp
+                elif name.endswith("_warm"):
+                    cache = tmp
+                else:
+                    cache = None
+                try:
+                    res, outs = r.system(name, model, m, stream, ref, cache)
+                except Exception as e:   # a failing system is reported, the others still run
+                    msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    print(f"[dvm bench models] {m} {name}: FAILED: {msg}", file=sys.stderr, flush=True)
+                    res, outs = {"system": name, "label": LABELS[name], "error": msg}, None
+                    if name == "eager":
+                        raise
+                per[name] = res
+                if name == "eager":
+                    ref = outs
+                if name.endswith("_warm") or (name.endswith("_cold") and not warm):
+                    shutil.rmtree(cache, ignore_errors=True)
+                    if old_cache is None:
+                        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                    else:
+                        os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+            torch._dynamo.reset()
+            results[m] = {"what": what, "systems": per}
+            del ref
+    finally:
+        if old_cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+    extra = {}
+    if "numba" in sys.modules:
+        try:
+            extra["numba_threads"] = sys.modules["numba"].get_num_threads()
+        except Exception:  # pragma: no cover
+            pass
+    failures = []
+    for m, mr in results.items():
+        d = mr["systems"].get("dvm", {})
+        if "error" in d:
+            failures.append(f"{m}: DVM failed: {d['error']}")
+        elif not d.get("within_tolerance", True):
+            failures.append(f"{m}: DVM outside tolerance (rtol {RTOL}, atol {ATOL}): {'; '.join(d['mismatches'][:3])}")
+        elif d.get("dvm", {}).get("graph_fallbacks"):
+            failures.append(f"{m}: DVM fell back to PyTorch for whole graphs: {d['dvm']['graph_fallbacks']}")
+    return {
+        "benchmark": "models",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "seconds": round(time.time() - t0, 2),
+        "vm": vm, "seed": seed, "repeat": repeat, "batches": list(batches), "lengths": list(lengths),
+        "stream": [list(p) for p in stream], "buckets": [f"{lo}-{hi}" for lo, hi in BUCKETS],
+        "systems": systems, "inductor": inductor,
+        "tolerance": {"rtol": RTOL, "atol": ATOL},
+        "dynamo_warmup_s": warm_s,
+        "inductor_first_compile_in_process": r.first_inductor,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, **extra},
+        "threads": threads,
+        "machine": machine_info(),
+        "loadavg_1min": {"start": load_start, "end": loadavg()},
+        "models": results,
+        "failures": failures,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+def _t(x) -> str:
+    return fmt_time(x) if isinstance(x, (int, float)) and x is not None else "—"
+
+
+def summary_rows(report: dict, model: str) -> list[list[str]]:
+    rows = []
+    for name in report["systems"]:
+        s = report["models"][model]["systems"].get(name)
+        if s is None:
+            continue
+        if "error" in s:
+            rows.append([LABELS[name], f"**FAILED**: {s['error'][:80]}"] + ["—"] * 7)
+            continue
+        if name == "eager":
+            comp = "—"
+            graphs = "—"
+        else:
+            comp = f"{_t(s['backend_compile_first_s'])} / {_t(s['tracing_first_s'])}"
+            graphs = f"{s['graphs']} ({s['recompiles']} recompiles)"
+            if s["recompile_limit_hit"]:
+                graphs += " **limit hit: rest runs eager**"
+        err = "—" if s["max_abs_err"] is None else f"{s['max_abs_err']:.2g}" + ("" if s["within_tolerance"] else " **FAIL**")
+        extra = "—"
+        if name == "dvm" and s.get("dvm", {}).get("main_graph"):
+            g = s["dvm"]["main_graph"]
+            extra = (f"{g['vector_kernels']} vector kernels in {g['segments']} launches, {g['cube_ops']} matmuls, "
+                     f"{g['fallback_ops']} fallbacks")
+        rows.append([LABELS[name], _t(s["first_call_s"]), comp, _t(s["backend_compile_total_s"] if name != "eager" else None),
+                     _t(s["stream_total_s"]), graphs, err, extra])
+    return rows
+
+
+SUMMARY_HEAD = ["system", "first call", "its backend compile / tracing+run", "backend compile (stream)",
+                "total stream", "graphs compiled", "max abs err vs eager", "DVM kernels"]
+
+
+def _table(head: list[str], rows: list[list[str]], align=None) -> list[str]:
+    align = align or (["---"] + ["---:"] * (len(head) - 1))
+    return ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"] + \
+           ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def steady_rows(report: dict, model: str) -> tuple[list[str], list[list[str]]]:
+    head = ["system"] + [f"b={b} L {bk}" for b in report["batches"] for bk in report["buckets"]]
+    rows = []
+    for name in report["systems"]:
+        s = report["models"][model]["systems"].get(name)
+        if s is None or "error" in s:
+            continue
+        cells = []
+        for b in report["batches"]:
+            for bk in report["buckets"]:
+                cells.append(_t(s["buckets"].get(str(b), {}).get(bk)))
+        rows.append([LABELS[name]] + cells)
+    return head, rows
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    load = report["loadavg_1min"]
+    lines = [
+        "# dvm bench models",
+        "",
+        f"{report['date']}; {m['cpu']}, {m['cores']} cores; torch {report['versions']['torch']} "
+        f"({report['threads']} thread(s): torch and DVM's numba VM; numba threading layer "
+        f"{report.get('numba_threading_layer', '?')}), transformers {report['versions']['transformers']}; DVM VM "
+        f"**{report['vm']}**; 1-min load {load['start']} at start, {load['end']} at end; "
+        f"{report['seconds']:.0f} s in all.",
+        "",
+        f"Stream: {len(report['lengths'])} random sequence lengths in 1 … {max(report['lengths'])} "
+        f"(1 included) × batch sizes {report['batches']} = {len(report['stream'])} calls per system, in random "
+        f"order, inference (eval, no_grad, use_cache=False), float32, random weights. Each system starts "
+        f"from a fresh Dynamo state. *first call*: the first call of the stream (compiles included), split "
+        f"into the backend's own compile (Inductor: compile_fx_inner; DVM: building CompiledFx) and the rest "
+        f"(Dynamo + AOTAutograd tracing + the run). *total stream*: all calls of the stream, compiles "
+        f"included. *cold*: a fresh TORCHINDUCTOR_CACHE_DIR and cleared in-memory caches; *warm*: the same "
+        f"stream after torch._dynamo.reset() with the caches kept. *max abs err*: logits vs eager over the "
+        f"stream (tolerance rtol = atol = {report['tolerance']['rtol']:g}). Dynamo was warmed up on a trivial "
+        f"function before any system ({report['dynamo_warmup_s']:.1f} s, not charged).",
+    ]
+    fi = report.get("inductor_first_compile_in_process")
+    if fi:
+        lines += ["", f"The first Inductor compile in the process ({fi['model']}, {LABELS[fi['system']]}) "
+                      f"also pays Inductor's start-up: first call {_t(fi['first_call_s'])}."]
+    loads = [v for v in load.values() if v is not None]
+    if loads and m["cores"] and max(loads) > 0.5 * m["cores"]:
+        lines += ["", f"**Warning: the machine was busy** (1-min load average up to {max(loads)} on "
+                      f"{m['cores']} cores): other processes competed for the cores; timings are inflated "
+                      "and noisier than on an idle machine."]
+    for model, mr in report["models"].items():
+        lines += ["", f"## {model}: {mr['what']}", ""]
+        lines += _table(SUMMARY_HEAD, summary_rows(report, model), ["---"] + ["---:"] * 6 + ["---"])
+        head, rows = steady_rows(report, model)
+        lines += ["", "Steady-state latency per call (median over the bucket's lengths of each length's "
+                      f"median of {report['repeat']} calls after the stream):", ""]
+        lines += _table(head, rows)
+        d = mr["systems"].get("dvm", {})
+        if "dvm" in d:
+            dv = d["dvm"]
+            g = dv.get("main_graph")
+            lines += [""]
+            if g:
+                lines.append(f"DVM graph: {g['segments']} DVM segment(s) (one VM launch each, sequence-stacked), "
+                             f"{g['vector_kernels']} vector kernels, {g['cube_ops']} matmuls through PyTorch, "
+                             f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms.")
+                for why, k in sorted(g["fallbacks"].items()):
+                    lines.append(f"- fallback {why} ×{k}")
+            lines.append(f"DVM graphs compiled: {d['graphs']} (size-1 patterns in the stream: "
+                         f"{dv['size1_patterns']}; recompiles beyond Dynamo's size-1 specializations: "
+                         f"{dv['recompiles_beyond_size1']}).")
+            if dv["graph_fallbacks"]:
+                lines.append(f"**Whole graphs fell back to PyTorch**: {dv['graph_fallbacks']}")
+        for name in report["systems"]:
+            s = mr["systems"].get(name, {})
+            if s.get("recompile_limit_hit"):
+                lines.append(f"\n**{LABELS[name]}: Dynamo hit its recompile limit**; from then on the frame "
+                             f"runs eagerly (no Inductor): {'; '.join(s['recompile_limit_messages'][:2])}")
+            if s.get("mismatches"):
+                lines.append(f"\n**{LABELS[name]}: outside tolerance**: {'; '.join(s['mismatches'][:3])}")
+    if report["failures"]:
+        lines += ["", "## Failures", ""] + [f"- {f}" for f in report["failures"]]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(report["models"])
+    batches = report["batches"]
+    colors = dict(zip(SYSTEMS, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(len(models), len(batches) + 1, figsize=(6 * (len(batches) + 1), 4.2 * len(models)),
+                             squeeze=False)
+    for i, model in enumerate(models):
+        per = report["models"][model]["systems"]
+        for j, b in enumerate(batches):
+            ax = axes[i, j]
+            for name in report["systems"]:
+                s = per.get(name, {})
+                pts = sorted((x["length"], x["median_s"]) for x in s.get("steady", []) if x["batch"] == b)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker=".", label=LABELS[name],
+                            color=colors[name], linestyle="--" if name.endswith("_warm") else "-")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("steady-state latency (ms)")
+            ax.set_title(f"{model}, batch {b}")
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.legend(fontsize=7)
+        ax = axes[i, -1]
+        names = [n for n in report["systems"] if "stream_total_s" in per.get(n, {})]
+        vals = [per[n]["stream_total_s"] for n in names]
+        comp = [per[n]["backend_compile_total_s"] for n in names]
+        x = np.arange(len(names))
+        ax.bar(x, vals, color=[colors[n] for n in names])
+        ax.bar(x, comp, color="none", edgecolor="k", hatch="//", label="of which backend compile")
+        for k, v in enumerate(vals):
+            ax.text(k, v, f"{v:.1f} s", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [SHORT[n] for n in names], fontsize=7)
+        ax.set_ylabel("total stream time (s)")
+        ax.set_title(f"{model}: {len(report['stream'])} calls, compiles included")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"dvm bench models — {report['machine']['cpu']}, load {report['loadavg_1min']['start']}", fontsize=9)
+    fig.tight_layout()
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def parse_list(text: str, what: str, choices=None, cast=str) -> list:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ValueError(f"empty {what} list {text!r}")
+    try:
+        vals = [cast(s) for s in items]
+    except ValueError:
+        raise ValueError(f"bad {what} list {text!r}") from None
+    if choices is not None:
+        bad = [v for v in vals if v not in choices]
+        if bad:
+            raise ValueError(f"unknown {what}(s) {', '.join(map(str, bad))}; choose from {', '.join(choices)}")
+    return vals
+
+
+def main(models=None, n_lengths: int | None = None, batches=None, seed: int = 0, quick: bool = False,
+         inductor: bool | None = None, repeat: int | None = None, threads: int = DEFAULT_THREADS, json_path: str | None = DEFAULT_JSON,
+         md_path: str | None = DEFAULT_MD, png_path: str | None = DEFAULT_PNG, out=None) -> int:
+    """Run, print the markdown on `out`, write JSON / markdown / PNG. Exit 1 if DVM failed, or its
+    logits differed from eager's beyond the tolerance, or a whole graph fell back to PyTorch."""
+    out = out or sys.stdout
+    if models is None:
+        models = ["llama"] if quick else list(MODEL_NAMES)
+    if n_lengths is None:
+        n_lengths = QUICK_LENGTHS if quick else DEFAULT_LENGTHS
+    if batches is None:
+        batches = [1] if quick else list(DEFAULT_BATCHES)
+    if inductor is None:
+        inductor = not quick
+    if repeat is None:
+        repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
+    report = run(models=models, n_lengths=n_lengths, batches=batches, seed=seed, inductor=inductor, repeat=repeat,
+                 threads=threads)
+    text = markdown(report)
+    print(text, file=out)
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}", file=out)
+    if md_path:
+        write_text(md_path, text)
+        print(f"wrote {md_path}", file=out)
+    if png_path:
+        plot(report, png_path)
+        print(f"wrote {png_path}", file=out)
+    if report["failures"]:
+        print(f"\nDVM FAILED for {len(report['failures'])} model(s):", file=out)
+        for f in report["failures"]:
+            print(f"  {f}", file=out)
+        return 1
+    return 0
