@@ -8,6 +8,7 @@
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
+    dvm explain [--model llama|qwen2_moe] [--length L] [--batch B]   what the torch backend fuses
     dvm version
 
 User errors (bad arguments, unreadable or malformed files, a bad DVM_* environment variable)
@@ -23,6 +24,24 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def _err(msg: str) -> None:
     print(f"dvm: error: {msg}", file=sys.stderr)
+
+
+def cmd_explain(args) -> int:
+    """Compile a tiny Hugging Face model with the DVM backend and print what fused."""
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    import dvm
+    from . import bench_models
+    build, about = bench_models.MODELS[args.model]
+    model = build(args.seed).eval()
+    ids = torch.randint(0, bench_models.VOCAB, (args.batch, args.length),
+                        generator=torch.Generator().manual_seed(args.seed))
+    print(f"{args.model}: {about}; input {args.batch}x{args.length}")
+    with torch.no_grad():
+        print(dvm.explain(model, ids))
+    return EXIT_OK
 
 
 def cmd_version(args) -> int:
@@ -241,6 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Exit code 2 if the file is not a valid program.")
     s.add_argument("file", metavar="FILE.npy")
     s.set_defaults(func=cmd_disasm)
+
+    x = sub.add_parser("explain", help="what the torch backend fuses in a tiny Llama / Qwen2-MoE",
+                       description="Compile a tiny Hugging Face model (random weights, no downloads) with "
+                                   "torch.compile(backend='dvm', dynamic=True), run it once and print "
+                                   "dvm.explain: segments, vector kernels per launch, cube kernels, "
+                                   "fallbacks with reasons, counters.")
+    x.add_argument("--model", choices=sorted(bench_models.MODELS), default="llama")
+    x.add_argument("--length", type=int, default=17, help="sequence length (default 17)")
+    x.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    x.add_argument("--seed", type=int, default=0)
+    x.set_defaults(func=cmd_explain)
 
     v = sub.add_parser("version", help="print the DVM version")
     v.set_defaults(func=cmd_version)
