@@ -4,7 +4,7 @@ DVM_DEBUG     0 quiet, 1 timings and counters, 2 fusion groups, 3 graph IR, 4 di
 DVM_DUMP_DIR  directory where programs and reports are written when debugging (unset: none)
 DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on disk; the default)
               or "reference" (NumPy, the executable spec)
-DVM_DETERMINISTIC  1: fixed thread count and reduction order (default 1)
+DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Config:
     debug: int
     dump_dir: str | None
     vm: str
-    deterministic: bool
+    threads: int
     cache_size: int
 
 
@@ -44,7 +44,7 @@ def config() -> Config:
     if vm not in VMS:
         raise ValueError(f"DVM_VM={vm!r}: available VMs are {', '.join(VMS)}")
     return Config(debug=_int("DVM_DEBUG", 0, 0, 5), dump_dir=os.environ.get("DVM_DUMP_DIR") or None,
-                  vm=vm, deterministic=_int("DVM_DETERMINISTIC", 1, 0, 1) == 1,
+                  vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20))
 
 

@@ -25,6 +25,7 @@ MAX_BN = 4096
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep);
 # tests that pin the multi-sweep form set it to 0
 SINGLE_TILE_COLS = MAX_BN
+COLUMN_MAJOR_BN = 16   # tile width when the reduced axis is strided and the kept one contiguous
 
 
 class NeedsCopy(Exception):
@@ -109,21 +110,20 @@ def _compiled(t: KernelTemplate) -> _Compiled:
 
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> tuple[list[int], _Compiled]:
     """The kernel block's words before its instructions, and the stream chosen (whose
-    instructions follow): the single-tile stream when every row fits one tile."""
+    instructions follow): the single-tile stream when every row fits one tile, unless the
+    reduced axis is strided while the kept axis is contiguous (then short, tall tiles)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
+    folded = _folded(c, dom, env, inputs)
+    column_major = _column_major(folded[2], folded[4])
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
-    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
+    if t.single is not None and not column_major \
+            and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
         c = _compiled(t.single)
-    n = len(dom)
-    per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
-    ra, ca = c.row_axes, c.col_axes
-    row_sizes, row_strides = _fold([dom[i] for i in ra], [[st[i] for i in ra] for st, _ in per_opnd])
-    col_sizes, col_strides = _fold([dom[i] for i in ca], [[st[i] for i in ca] for st, _ in per_opnd])
-    if not ca and row_sizes:  # elementwise: the innermost folded dim becomes the column dim
-        col_sizes, col_strides = [row_sizes.pop()], [[st.pop()] for st in row_strides]
+        folded = _folded(c, dom, env, inputs)
+    per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
-    bn = min(_pow2_at_least(max(C, 1)), MAX_BN)
+    bn = min(_pow2_at_least(max(C, 1)), COLUMN_MAJOR_BN if column_major else MAX_BN)
     bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):
@@ -134,6 +134,23 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
             bits = float_bits(v) if is_float else int(v)
         words += [bank, bits]
     return words, c
+
+
+def _folded(c: _Compiled, dom: list[int], env, inputs):
+    n = len(dom)
+    per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
+    ra, ca = c.row_axes, c.col_axes
+    row_sizes, row_strides = _fold([dom[i] for i in ra], [[st[i] for i in ra] for st, _ in per_opnd])
+    col_sizes, col_strides = _fold([dom[i] for i in ca], [[st[i] for i in ca] for st, _ in per_opnd])
+    if not ca and row_sizes:  # elementwise: the innermost folded dim becomes the column dim
+        col_sizes, col_strides = [row_sizes.pop()], [[st.pop()] for st in row_strides]
+    return per_opnd, row_sizes, row_strides, col_sizes, col_strides
+
+
+def _column_major(row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
+    """A reduction whose operands are contiguous along the kept (row) axis and strided along the
+    reduced one (e.g. a sum over axis 0): tiles of many rows and few columns read whole cache lines."""
+    return any(rs and cs and rs[-1] == 1 and cs[-1] not in (0, 1) for rs, cs in zip(row_strides, col_strides))
 
 
 def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:

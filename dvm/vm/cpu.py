@@ -8,7 +8,7 @@ Threads: work units are row blocks (each runs all sweeps of its rows, so reducti
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
 init/fin, single tiles. Units are split into contiguous chunks, one per thread: the caller runs
 the first, a thread pool the rest (the compiled code releases the GIL). The thread count is
-numba.get_num_threads() (NUMBA_NUM_THREADS / numba.set_num_threads).
+DVM_NUM_THREADS (dvm.config); numba's own threading layer is never used.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from ..codegen import isa
+from ..config import config
 from ..codegen.program import ARG_IN, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from . import cpu_interp as ci
@@ -271,8 +272,10 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
             if d.n_units == 0:
                 continue
             chunks = 1
-            if d.work >= PARALLEL_MIN_ELEMS:   # get_num_threads costs ~1 us: only when it matters
-                nthreads = numba.get_num_threads() if threads is None else max(1, int(threads))
+            if d.work >= PARALLEL_MIN_ELEMS:
+                # our own pool (DVM_NUM_THREADS); numba's threading layer is never started: its
+                # spinning OpenMP threads slow PyTorch in the same process down 10-40x
+                nthreads = config().threads if threads is None else max(1, int(threads))
                 chunks = min(nthreads, d.n_units)
             args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
                     argsz, d.argst)

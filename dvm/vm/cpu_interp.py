@@ -454,9 +454,9 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
     fp = np.zeros(max(meta[M_NF], 1), np.int64)
     aok = _alias_ok(addrs, numels, argsz, argst)
     ix = np.empty(2 * bn, np.int64)
-    sf = np.empty(bn, np.float32)
-    sd = np.empty(bn, np.float64)
-    si = np.empty(bn, np.int64)
+    sf = np.empty(2 * bn, np.float32)   # reduction scratch: two rows (the tree ping-pongs)
+    sd = np.empty(2 * bn, np.float64)
+    si = np.empty(2 * bn, np.int64)
     si2 = np.empty(bn, np.int64)
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn

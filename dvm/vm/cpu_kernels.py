@@ -551,6 +551,18 @@ def _combine(op, a, b):
 
 
 @njit(**OPTS)
+def _fill(o, v):
+    for i in range(o.shape[0]):
+        o[i] = v
+
+
+@njit(**OPTS)
+def _copy(o, a):
+    for i in range(o.shape[0]):
+        o[i] = a[i]
+
+
+@njit(**OPTS)
 def _accinit(op, o, is_float):
     if op == R_SUM:
         v = 0.0
@@ -560,18 +572,39 @@ def _accinit(op, o, is_float):
         v = -np.inf
     else:
         v = np.inf
+    n = o.shape[0]
     if is_float:
-        o[:] = v
+        for i in range(n):
+            o[i] = v
     elif op == R_MAX or op == R_ARGMAX:
-        o[:] = -9223372036854775807 - 1
+        for i in range(n):
+            o[i] = -9223372036854775807 - 1
     elif op == R_MIN or op == R_ARGMIN:
-        o[:] = 9223372036854775807
+        for i in range(n):
+            o[i] = 9223372036854775807
     else:
-        o[:] = np.int64(v)
+        iv = np.int64(v)
+        for i in range(n):
+            o[i] = iv
 
 
 @njit(**OPTS)
 def _acc(op, acc, x, bm, bn, ncv):
+    if ncv == bn:   # whole tile: one flat, vectorized lane-wise combine
+        n = bm * bn
+        if op == R_SUM:
+            for j in range(n):
+                acc[j] = acc[j] + x[j]
+        elif op == R_PROD:
+            for j in range(n):
+                acc[j] = acc[j] * x[j]
+        elif op == R_MAX:
+            for j in range(n):
+                acc[j] = _fmax(acc[j], x[j])
+        else:
+            for j in range(n):
+                acc[j] = _fmin(acc[j], x[j])
+        return
     for r in range(bm):
         av = acc[r * bn:r * bn + ncv]
         xv = x[r * bn:r * bn + ncv]
@@ -661,38 +694,152 @@ def _tree_arg(op, sv, si, bn):
 
 
 @njit(**OPTS)
+def _lvl1(op, d, x, q):
+    """One tree level of width 2q: d[k] = x[k] . x[k+q] (d and x distinct)."""
+    if op == R_SUM:
+        for k in range(q):
+            d[k] = x[k] + x[k + q]
+    elif op == R_PROD:
+        for k in range(q):
+            d[k] = x[k] * x[k + q]
+    elif op == R_MAX:
+        for k in range(q):
+            d[k] = _fmax(x[k], x[k + q])
+    else:
+        for k in range(q):
+            d[k] = _fmin(x[k], x[k + q])
+
+
+@njit(**OPTS)
+def _lvl2(op, d, x, q):
+    """Two tree levels of width 4q in one pass, in the tree's order:
+    d[k] = (x[k] . x[k+2q]) . (x[k+q] . x[k+3q])."""
+    if op == R_SUM:
+        for k in range(q):
+            d[k] = (x[k] + x[k + 2 * q]) + (x[k + q] + x[k + 3 * q])
+    elif op == R_PROD:
+        for k in range(q):
+            d[k] = (x[k] * x[k + 2 * q]) * (x[k + q] * x[k + 3 * q])
+    elif op == R_MAX:
+        for k in range(q):
+            d[k] = _fmax(_fmax(x[k], x[k + 2 * q]), _fmax(x[k + q], x[k + 3 * q]))
+    else:
+        for k in range(q):
+            d[k] = _fmin(_fmin(x[k], x[k + 2 * q]), _fmin(x[k + q], x[k + 3 * q]))
+
+
+@njit(**OPTS)
+def _lvl3(op, d, x, q):
+    """Three tree levels of width 8q in one pass, in the tree's order."""
+    if op == R_SUM:
+        for k in range(q):
+            d[k] = (((x[k] + x[k + 4 * q]) + (x[k + 2 * q] + x[k + 6 * q]))
+                    + ((x[k + q] + x[k + 5 * q]) + (x[k + 3 * q] + x[k + 7 * q])))
+    elif op == R_PROD:
+        for k in range(q):
+            d[k] = (((x[k] * x[k + 4 * q]) * (x[k + 2 * q] * x[k + 6 * q]))
+                    * ((x[k + q] * x[k + 5 * q]) * (x[k + 3 * q] * x[k + 7 * q])))
+    elif op == R_MAX:
+        for k in range(q):
+            d[k] = _fmax(_fmax(_fmax(x[k], x[k + 4 * q]), _fmax(x[k + 2 * q], x[k + 6 * q])),
+                         _fmax(_fmax(x[k + q], x[k + 5 * q]), _fmax(x[k + 3 * q], x[k + 7 * q])))
+    else:
+        for k in range(q):
+            d[k] = _fmin(_fmin(_fmin(x[k], x[k + 4 * q]), _fmin(x[k + 2 * q], x[k + 6 * q])),
+                         _fmin(_fmin(x[k + q], x[k + 5 * q]), _fmin(x[k + 3 * q], x[k + 7 * q])))
+
+
+@njit(**OPTS)
+def _tree_p2(op, x, a, b, p):
+    """The pairwise-halving tree over x[:p] (p a power of two), levels fused up to three per pass
+    (same order, so bitwise the same result), ping-ponging between scratch rows a and b (a must
+    not be x). Returns the reduced value."""
+    src = x
+    dst = a
+    other = b
+    while p > 16:
+        if p >= 128:
+            q = p // 8
+            _lvl3(op, dst, src, q)
+        elif p >= 64:
+            q = p // 4
+            _lvl2(op, dst, src, q)
+        else:
+            q = p // 2
+            _lvl1(op, dst, src, q)
+        p = q
+        src, dst, other = dst, other, dst
+    # last levels (p <= 16) in scalar code
+    if p == 1:
+        return src[0]
+    for k in range(p):
+        dst[k] = src[k]
+    while p > 1:
+        h = p // 2
+        for k in range(h):
+            dst[k] = _combine(op, dst[k], dst[k + h])
+        p = h
+    return dst[0]
+
+
+@njit(**OPTS)
+def _is_pow2(n):
+    return n > 0 and (n & (n - 1)) == 0
+
+
+@njit(**OPTS)
 def _rfin(op, o, acc, bm, bn, s):
+    """s: scratch of 2*bn lanes."""
+    a = s[:bn]
+    b = s[bn:2 * bn]
+    p2 = _is_pow2(bn)
     for r in range(bm):
-        s[:bn] = acc[r * bn:(r + 1) * bn]
-        _tree(op, s, bn)
-        o[r * bn:(r + 1) * bn] = s[0]
+        if p2:
+            v = _tree_p2(op, acc[r * bn:(r + 1) * bn], a, b, bn)
+        else:
+            _copy(a, acc[r * bn:(r + 1) * bn])
+            _tree(op, a, bn)
+            v = a[0]
+        _fill(o[r * bn:(r + 1) * bn], v)
 
 
 @njit(**OPTS)
 def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
     for r in range(bm):
-        sv[:bn] = v[r * bn:(r + 1) * bn]
-        si[:bn] = ix[r * bn:(r + 1) * bn]
+        _copy(sv[:bn], v[r * bn:(r + 1) * bn])
+        _copy(si[:bn], ix[r * bn:(r + 1) * bn])
         _tree_arg(op, sv, si, bn)
-        o[r * bn:(r + 1) * bn] = si[0]
+        _fill(o[r * bn:(r + 1) * bn], si[0])
 
 
 @njit(**OPTS)
 def _rowred(op, o, x, bm, bn, ncv, s, is_float):
-    """Single-tile reduction of x over its valid columns (identity elsewhere), broadcast."""
+    """Single-tile reduction of x over its valid columns (identity elsewhere), broadcast.
+    s: scratch of 2*bn lanes."""
+    a = s[:bn]
+    b = s[bn:2 * bn]
+    p2 = _is_pow2(bn)
     for r in range(bm):
-        s[:ncv] = x[r * bn:r * bn + ncv]
-        _accinit(op, s[ncv:bn], is_float)
-        _tree(op, s, bn)
-        o[r * bn:(r + 1) * bn] = s[0]
+        xr = x[r * bn:(r + 1) * bn]
+        if p2 and ncv == bn:
+            v = _tree_p2(op, xr, a, b, bn)
+        else:
+            _copy(a[:ncv], xr[:ncv])
+            _accinit(op, a[ncv:bn], is_float)
+            if p2:
+                v = _tree_p2(op, a, b, a, bn)
+            else:
+                _tree(op, a, bn)
+                v = a[0]
+        _fill(o[r * bn:(r + 1) * bn], v)
 
 
 @njit(**OPTS)
 def _rowred_arg(op, o, x, bm, bn, ncv, c0, sv, si, is_float):
     for r in range(bm):
-        sv[:ncv] = x[r * bn:r * bn + ncv]
+        _copy(sv[:ncv], x[r * bn:r * bn + ncv])
         _accinit(op, sv[ncv:bn], is_float)
         for j in range(bn):
             si[j] = c0 + j if j < ncv else 9223372036854775807
         _tree_arg(op, sv, si, bn)
-        o[r * bn:(r + 1) * bn] = si[0]
+        _fill(o[r * bn:(r + 1) * bn], si[0])
