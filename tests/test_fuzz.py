@@ -1,5 +1,5 @@
 """Mutation fuzzing of Programs: every mutant of a valid program is either rejected with
-dvm.VerifyError (by dvm.verify or dvm.execute) or runs to completion on the reference VM,
+dvm.VerifyError (by dvm.verify or dvm.execute) or runs to completion on the VM under test (conftest runs it on both VMs),
 touching nothing outside the buffers it was given.
 
 Accepted exceptions besides VerifyError: ZeroDivisionError, only from a mutant that contains an

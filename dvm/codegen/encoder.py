@@ -74,11 +74,12 @@ class _Compiled:
             self.opnds.append((spec, base))
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         self.tail = [*t.prologue] + [w for sw in t.sweeps for w in sw]
-        self.consts = [(int(bank), bank in (Bank.F32, Bank.F64), value if isinstance(value, SymExpr) else None,
+        self.consts = [(int(bank), bank in (Bank.F32, Bank.F64), _dim_getter(value) if isinstance(value, SymExpr) else None,
                         None if isinstance(value, SymExpr) else
                         (float_bits(value) if bank in (Bank.F32, Bank.F64) else int(value)))
                        for bank, value in t.consts]
         self.instrs = t.instrs.reshape(-1)
+        self.instr_list = self.instrs.tolist()
 
 
 def _operand_strides(spec, base, n: int, env, inputs: Sequence[Layout]) -> tuple[list[int], int]:
@@ -114,13 +115,18 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
-    folded = _folded(c, dom, env, inputs)
-    column_major = _column_major(folded[2], folded[4])
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
-    if t.single is not None and not column_major \
-            and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
-        c = _compiled(t.single)
+    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
+        single = _compiled(t.single)
+        folded = _folded(single, dom, env, inputs)
+        column_major = _column_major(folded[2], folded[4])
+        if column_major:
+            folded = _folded(c, dom, env, inputs)
+        else:
+            c = single
+    else:
         folded = _folded(c, dom, env, inputs)
+        column_major = _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
     bn = min(_pow2_at_least(max(C, 1)), COLUMN_MAJOR_BN if column_major else MAX_BN)
@@ -129,8 +135,8 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):
         words += [spec.kind, spec.slot, int(spec.dtype), offset, *rs, *cs]
     for bank, is_float, sym_value, bits in c.consts:
-        if sym_value is not None:
-            v = evaluate(sym_value, env)
+        if sym_value is not None:  # a precompiled getter for a symbolic constant (e.g. a mean's count)
+            v = sym_value(env)
             bits = float_bits(v) if is_float else int(v)
         words += [bank, bits]
     return words, c
@@ -150,7 +156,10 @@ def _folded(c: _Compiled, dom: list[int], env, inputs):
 def _column_major(row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
     """A reduction whose operands are contiguous along the kept (row) axis and strided along the
     reduced one (e.g. a sum over axis 0): tiles of many rows and few columns read whole cache lines."""
-    return any(rs and cs and rs[-1] == 1 and cs[-1] not in (0, 1) for rs, cs in zip(row_strides, col_strides))
+    for rs, cs in zip(row_strides, col_strides):
+        if rs and cs and rs[-1] == 1 and cs[-1] != 0 and cs[-1] != 1:
+            return True
+    return False
 
 
 def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -178,9 +187,12 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
     for a in args:
         numel = 0
         if a.role != ARG_IN:
+            getters = a.__dict__.get("_getters")
+            if getters is None:
+                getters = a.__dict__["_getters"] = [_dim_getter(d) for d in a.shape]
             numel = 1
-            for d in a.shape:
-                numel *= evaluate(d, env)
+            for g in getters:
+                numel *= g(env)
         arg_words += [a.role, int(a.dtype), numel]
     start = HEADER_WORDS + len(arg_words) + 2 * len(blocks)
     table: list[int] = []
@@ -188,16 +200,11 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
         size = len(b) + len(c.instrs)
         table += [start, size]
         start += size
-    words = np.empty(start, np.int64)
-    head = [MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table]
-    pos = len(head)
-    words[:pos] = head
+    flat = [MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table]
     for b, c in blocks:
-        words[pos:pos + len(b)] = b
-        pos += len(b)
-        instrs = c.instrs
-        words[pos:pos + len(instrs)] = instrs
-        pos += len(instrs)
+        flat += b
+        flat += c.instr_list
+    words = np.array(flat, np.int64)  # one conversion of a Python list: cheaper than slice fills
     words.flags.writeable = False
     return Program(words)
 
