@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import dvm
+from dvm.frontend.library import bias_gelu, layernorm, softmax
 from dvm.graph.dtypes import DType
 from dvm.codegen import encoder
 
@@ -26,29 +27,6 @@ def _multi_sweep_programs(monkeypatch):
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("DVM_UPDATE_GOLDEN") == "1"
-
-
-@dvm.kernel
-def softmax(k, x):
-    x = k.load(x)
-    m = k.max(x, axis=-1, keepdims=True)
-    e = k.exp(k.sub(x, m))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
-
-
-@dvm.kernel
-def layernorm(k, x, w, b):
-    x = k.load(x)
-    mu = k.mean(x, axis=-1, keepdims=True)
-    d = k.sub(x, mu)
-    var = k.mean(k.mul(d, d), axis=-1, keepdims=True)
-    y = k.mul(d, k.rsqrt(k.add(var, 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(b)))
-
-
-@dvm.kernel
-def bias_gelu(k, x, b):
-    return k.store(k.gelu(k.add(k.load(x), k.load(b))))
 
 
 @dvm.kernel

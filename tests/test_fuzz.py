@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import dvm
+from dvm.frontend.library import layernorm, softmax
 from dvm.codegen import isa
 from dvm.codegen.verifier import check_buffers
 from dvm.codegen.program import (ARG_IN, ARG_WORDS, CONST_WORDS, HEADER_WORDS, KHEAD_WORDS,
@@ -45,24 +46,6 @@ INT_DIV = {isa.opcode("floor_divide.i64"), isa.opcode("remainder.i64")}
 
 # ---------------------------------------------------------------------------------------------
 # Programs
-
-
-@dvm.kernel
-def softmax(k, x):
-    x = k.load(x)
-    m = k.max(x, axis=-1, keepdims=True)
-    e = k.exp(k.sub(x, m))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
-
-
-@dvm.kernel
-def layernorm(k, x, w, b):
-    x = k.load(x)
-    mu = k.mean(x, axis=-1, keepdims=True)
-    d = k.sub(x, mu)
-    var = k.mean(k.mul(d, d), axis=-1, keepdims=True)
-    y = k.mul(d, k.rsqrt(k.add(var, 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(b)))
 
 
 @dvm.kernel

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import dvm
+from dvm.frontend.library import layernorm, softmax
 from dvm.codegen import isa, verifier
 from dvm.codegen.disasm import format_instr
 from dvm.codegen.program import (ARG_WORDS, CONST_WORDS, HEADER_WORDS, KHEAD_WORDS, KTABLE_WORDS,
@@ -30,7 +31,6 @@ def _multi_sweep_programs(monkeypatch):
     """This module pins the multi-sweep stream (its corpus and goldens index into it); the
     single-tile stream has its own tests in test_single_tile.py."""
     monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,24 +78,6 @@ def parse(words) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Valid programs
-
-
-@dvm.kernel
-def softmax(k, x):
-    x = k.load(x)
-    m = k.max(x, axis=-1, keepdims=True)
-    e = k.exp(k.sub(x, m))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
-
-
-@dvm.kernel
-def layernorm(k, x, w, b):
-    x = k.load(x)
-    mu = k.mean(x, axis=-1, keepdims=True)
-    d = k.sub(x, mu)
-    var = k.mean(k.mul(d, d), axis=-1, keepdims=True)
-    y = k.mul(d, k.rsqrt(k.add(var, 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(b)))
 
 
 @dvm.kernel

@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..codegen import encoder
 from ..codegen.encoder import ArgSpec, NeedsCopy, encode_program
 from ..codegen.lower import lower
 from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
@@ -61,7 +62,8 @@ class CompiledGraph:
         debug.on_compile(self)
 
     def program(self, env: Mapping[str, int], layouts: Sequence[Layout]) -> Program:
-        key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]))  # env order is fixed per graph
+        # env order is fixed per graph; the single-tile threshold decides the stream, so it is part of the key
+        key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]), encoder.SINGLE_TILE_COLS)
         with self._lock:
             prog = self._programs.get(key)
             if prog is not None:

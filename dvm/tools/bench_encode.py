@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 import dvm
+from ..frontend.library import bias_gelu, layernorm, rmsnorm, softmax  # noqa: F401 (re-exported for the demo)
 
 from .bench_common import loadavg, machine_info, percentiles, progress, write_json
 
@@ -52,40 +53,6 @@ def chain8(k, x):
     t = k.sub(t, 0.5)
     t = k.abs(t)
     return k.store(t)
-
-
-@dvm.kernel
-def bias_gelu(k, x, b):
-    """Broadcast bias-add (bias over the last dim) then exact GELU."""
-    return k.store(k.gelu(k.add(k.load(x), k.load(b))))
-
-
-@dvm.kernel
-def softmax(k, x):
-    """Safe softmax over the last dim."""
-    x = k.load(x)
-    m = k.max(x, axis=-1, keepdims=True)
-    e = k.exp(k.sub(x, m))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
-
-
-@dvm.kernel
-def layernorm(k, x, w, b):
-    """LayerNorm over the last dim with weight and bias (eps 1e-5)."""
-    x = k.load(x)
-    mean = k.mean(x, axis=-1, keepdims=True)
-    xc = k.sub(x, mean)
-    var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
-    y = k.mul(xc, k.rsqrt(k.add(var, 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(b)))
-
-
-@dvm.kernel
-def rmsnorm(k, x, w):
-    """RMSNorm over the last dim with weight (eps 1e-6)."""
-    x = k.load(x)
-    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
-    return k.store(k.mul(k.mul(x, k.rsqrt(k.add(ms, 1e-6))), k.load(w)))
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

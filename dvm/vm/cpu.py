@@ -16,7 +16,6 @@ import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
 from ..codegen import isa
