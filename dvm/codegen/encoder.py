@@ -146,8 +146,8 @@ def _folded(c: _Compiled, dom: list[int], env, inputs):
     n = len(dom)
     per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
     ra, ca = c.row_axes, c.col_axes
-    row_sizes, row_strides = _fold([dom[i] for i in ra], [[st[i] for i in ra] for st, _ in per_opnd])
-    col_sizes, col_strides = _fold([dom[i] for i in ca], [[st[i] for i in ca] for st, _ in per_opnd])
+    row_sizes, row_strides = _fold(dom, ra, per_opnd)
+    col_sizes, col_strides = _fold(dom, ca, per_opnd)
     if not ca and row_sizes:  # elementwise: the innermost folded dim becomes the column dim
         col_sizes, col_strides = [row_sizes.pop()], [[st.pop()] for st in row_strides]
     return per_opnd, row_sizes, row_strides, col_sizes, col_strides
@@ -162,21 +162,28 @@ def _column_major(row_strides: list[list[int]], col_strides: list[list[int]]) ->
     return False
 
 
-def _fold(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
-    """Drop unit dims and merge neighbours (i, i+1) with stride[i] == stride[i+1] * size[i+1]
-    for every operand. Returns (sizes, per-operand strides)."""
-    keep = [i for i, d in enumerate(sizes) if d != 1]
+def _fold(dom: list[int], axes: list[int], per_opnd: list) -> tuple[list[int], list[list[int]]]:
+    """Over `axes` of the domain: drop unit dims and merge neighbours (i, j) whose strides satisfy
+    stride[i] == stride[j] * size[j] for every operand. Returns (sizes, per-operand strides)."""
+    full = [st for st, _ in per_opnd]
     out_sizes: list[int] = []
-    out_strides: list[list[int]] = [[] for _ in strides]
-    for i in keep:
-        if out_sizes and all(st[-1] == s[i] * sizes[i] for st, s in zip(out_strides, strides)):
-            out_sizes[-1] *= sizes[i]
-            for st, s in zip(out_strides, strides):
-                st[-1] = s[i]
-        else:
-            out_sizes.append(sizes[i])
-            for st, s in zip(out_strides, strides):
-                st.append(s[i])
+    out_strides: list[list[int]] = [[] for _ in full]
+    for i in axes:
+        d = dom[i]
+        if d == 1:
+            continue
+        if out_sizes:
+            for st, f in zip(out_strides, full):
+                if st[-1] != f[i] * d:
+                    break
+            else:  # every operand is contiguous across the two dims: merge
+                out_sizes[-1] *= d
+                for st, f in zip(out_strides, full):
+                    st[-1] = f[i]
+                continue
+        out_sizes.append(d)
+        for st, f in zip(out_strides, full):
+            st.append(f[i])
     return out_sizes, out_strides
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from dataclasses import dataclass, field
 from math import prod
 
@@ -135,9 +136,14 @@ class Program:
         return f"<dvm.Program {len(self.words)} words {self.digest}>"
 
 
+_F64 = struct.Struct("<d")
+_I64 = struct.Struct("<q")
+
+
 def float_bits(value: float) -> int:
-    return int(np.array(value, dtype=np.float64).view(np.int64))
+    """The float64 bit pattern of `value` as a signed int64 (the constant-pool encoding)."""
+    return _I64.unpack(_F64.pack(float(value)))[0]
 
 
 def bits_float(bits: int | np.integer) -> float:
-    return float(np.array(bits, dtype=np.int64).view(np.float64))
+    return _F64.unpack(_I64.pack(int(bits)))[0]
