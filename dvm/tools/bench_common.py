@@ -65,6 +65,28 @@ def write_text(path: str, text: str) -> None:
         f.write(text if text.endswith("\n") else text + "\n")
 
 
+def finish_report(report: dict, text: str, plot: Callable[[dict, str], None], json_path: str | None,
+                  md_path: str | None, png_path: str | None, out, failed_what: str) -> int:
+    """Print the markdown, write JSON / markdown / PNG where asked, list DVM failures.
+    Returns the exit code: 1 when DVM failed anywhere."""
+    print(text, file=out)
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}", file=out)
+    if md_path:
+        write_text(md_path, text)
+        print(f"wrote {md_path}", file=out)
+    if png_path:
+        plot(report, png_path)
+        print(f"wrote {png_path}", file=out)
+    if report["failures"]:
+        print(f"\nDVM FAILED in {len(report['failures'])} {failed_what}:", file=out)
+        for f in report["failures"]:
+            print(f"  {f}", file=out)
+        return 1
+    return 0
+
+
 def percentiles(samples_ns: list[int]) -> dict:
     """Nearest-rank p50 / p99, max and mean of nanosecond samples, in microseconds."""
     s = sorted(samples_ns)

@@ -50,7 +50,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import fmt_time, loadavg, machine_info, progress, write_json, write_text
+from .bench_common import finish_report, fmt_time, loadavg, machine_info, progress
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
 DEFAULT_MD = os.path.join("bench-results", "models.md")
@@ -777,20 +777,4 @@ def main(models=None, n_lengths: int | None = None, batches=None, seed: int = 0,
         repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
     report = run(models=models, n_lengths=n_lengths, batches=batches, seed=seed, inductor=inductor, repeat=repeat,
                  threads=threads)
-    text = markdown(report)
-    print(text, file=out)
-    if json_path:
-        write_json(json_path, report)
-        print(f"wrote {json_path}", file=out)
-    if md_path:
-        write_text(md_path, text)
-        print(f"wrote {md_path}", file=out)
-    if png_path:
-        plot(report, png_path)
-        print(f"wrote {png_path}", file=out)
-    if report["failures"]:
-        print(f"\nDVM FAILED for {len(report['failures'])} model(s):", file=out)
-        for f in report["failures"]:
-            print(f"  {f}", file=out)
-        return 1
-    return 0
+    return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "model(s)")

@@ -44,7 +44,7 @@ import numpy as np
 
 import dvm
 
-from .bench_common import fmt_time, loadavg, machine_info, progress, time_call, write_json, write_text
+from .bench_common import finish_report, fmt_time, loadavg, machine_info, progress, time_call
 from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
 from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
 
@@ -717,20 +717,4 @@ def main(sizes=None, cases=None, quick: bool = False, repeat: int | None = None,
         inductor = not quick
     report = run(sizes=sizes, cases=cases, repeat=repeat, inductor=inductor,
                  min_total_s=QUICK_MIN_TOTAL_S if quick else MIN_TOTAL_S, threads=threads, seed=seed)
-    text = markdown(report)
-    print(text, file=out)
-    if json_path:
-        write_json(json_path, report)
-        print(f"wrote {json_path}", file=out)
-    if md_path:
-        write_text(md_path, text)
-        print(f"wrote {md_path}", file=out)
-    if png_path:
-        plot(report, png_path)
-        print(f"wrote {png_path}", file=out)
-    if report["failures"]:
-        print(f"\nDVM FAILED in {len(report['failures'])} case(s):", file=out)
-        for f in report["failures"]:
-            print(f"  {f}", file=out)
-        return 1
-    return 0
+    return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "case(s)")

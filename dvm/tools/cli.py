@@ -63,13 +63,27 @@ def cmd_demo(args) -> int:
     return demo.run_model_demo(seed=args.seed, inductor=args.inductor)
 
 
+def _path(p: str | None) -> str | None:
+    """An output path option: '' or '-' means none."""
+    return None if p in ("", "-") else p
+
+
+def _repeat_threads_ok(args) -> bool:
+    if args.repeat is not None and args.repeat < 1:
+        _err("--repeat must be at least 1")
+        return False
+    if args.threads < 1:
+        _err("--threads must be at least 1")
+        return False
+    return True
+
+
 def cmd_bench_encode(args) -> int:
     from . import bench_encode
     if args.shapes is not None and args.shapes < 1:
         _err("--shapes must be at least 1")
         return EXIT_USAGE
-    json_path = None if args.json in ("", "-") else args.json
-    return bench_encode.main(n_shapes=args.shapes, seed=args.seed, json_path=json_path, quick=args.quick)
+    return bench_encode.main(n_shapes=args.shapes, seed=args.seed, json_path=_path(args.json), quick=args.quick)
 
 
 def cmd_bench_ops(args) -> int:
@@ -80,18 +94,11 @@ def cmd_bench_ops(args) -> int:
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE
-    if args.repeat is not None and args.repeat < 1:
-        _err("--repeat must be at least 1")
+    if not _repeat_threads_ok(args):
         return EXIT_USAGE
-    if args.threads < 1:
-        _err("--threads must be at least 1")
-        return EXIT_USAGE
-
-    def path(p):
-        return None if p in ("", "-") else p
     return bench_ops.main(sizes=sizes, cases=cases, quick=args.quick, repeat=args.repeat,
-                          inductor=args.inductor, json_path=path(args.json), md_path=path(args.md),
-                          png_path=path(args.png), threads=args.threads, seed=args.seed)
+                          inductor=args.inductor, json_path=_path(args.json), md_path=_path(args.md),
+                          png_path=_path(args.png), threads=args.threads, seed=args.seed)
 
 
 def cmd_bench_models(args) -> int:
@@ -108,19 +115,12 @@ def cmd_bench_models(args) -> int:
     if args.lengths is not None and not 1 <= args.lengths <= bench_models.MAX_LENGTH:
         _err(f"--lengths must be in 1 .. {bench_models.MAX_LENGTH}")
         return EXIT_USAGE
-    if args.repeat is not None and args.repeat < 1:
-        _err("--repeat must be at least 1")
+    if not _repeat_threads_ok(args):
         return EXIT_USAGE
-    if args.threads < 1:
-        _err("--threads must be at least 1")
-        return EXIT_USAGE
-
-    def path(p):
-        return None if p in ("", "-") else p
     return bench_models.main(models=models, n_lengths=args.lengths, batches=batches, seed=args.seed,
                              quick=args.quick, inductor=args.inductor, repeat=args.repeat,
-                             threads=args.threads, json_path=path(args.json), md_path=path(args.md),
-                             png_path=path(args.png))
+                             threads=args.threads, json_path=_path(args.json), md_path=_path(args.md),
+                             png_path=_path(args.png))
 
 
 def cmd_disasm(args) -> int:
