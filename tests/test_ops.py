@@ -433,3 +433,12 @@ def test_accepts_matches_torch_for_every_op():
             except dvm.DTypeError:
                 accepted = False
             assert ok == accepted, f"{name}({dt}): torch accepts={ok}, DVM accepts={accepted}"
+
+
+@pytest.mark.parametrize("exponent", [0.5, -0.5, 1.5, 2, -1])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_pow_scalar_exponent_special_values(exponent, dtype):
+    """Eager's pow with a scalar exponent of +-0.5 is sqrt / rsqrt: pow(-inf, 0.5) is NaN (not
+    C pow's +inf) and pow(-0.0, -0.5) is -inf. Found by Hypothesis; pinned here."""
+    x = np.array([-np.inf, -0.0, -4.0, np.inf, 0.0, 4.0, np.nan]).astype(NP_DTYPE[dtype])
+    check_ew("pow", (x, exponent), functools.partial(torch_with_scalar, "pow"), f"pow({dtype}, {exponent})")

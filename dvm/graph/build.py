@@ -144,6 +144,11 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
         return broadcast_view(ctx, cast(args[0], result), shape)
     if name in ("isnan", "isinf", "isfinite") and not compute.is_float:
         return elementwise(ctx, "eq" if name == "isfinite" else "ne", args[0], args[0])
+    if name == "pow" and compute.is_float and data[1].op == "const" and data[1].attr("weak") \
+            and data[1].attr("value") in (0.5, -0.5):
+        # PyTorch's pow with a scalar exponent of +-0.5 is sqrt / rsqrt (sqrt(-inf) is NaN, not
+        # pow's +inf; rsqrt(-0.0) is -inf)
+        return elementwise(ctx, "sqrt" if data[1].attr("value") > 0 else "rsqrt", cast(data[0], compute))
     if compute.bank not in op.banks:
         if op.bool_via_int and compute is DType.BOOL:
             wide = elementwise(ctx, name, *[cast(a, DType.INT64) for a in args])
