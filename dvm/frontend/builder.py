@@ -16,7 +16,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..codegen import encoder
 from ..codegen.program import Program
+from ..config import config
 from ..errors import DTypeError, ShapeError, TraceError
 from ..graph import build
 from ..graph.build import ShapeContext
@@ -196,6 +198,7 @@ class KernelFunction:
             raise TraceError("a kernel function takes the builder `k` as its first parameter")
         self.arg_names = params[1:]
         self._traces: dict = {}
+        self._launches: dict = {}   # call signature -> (Launch, single output); bounded by DVM_CACHE_SIZE
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -310,11 +313,28 @@ class KernelFunction:
     def __call__(self, *args, vm: str | None = None):
         """Run on NumPy arrays; `vm` picks the VM for this call ("cpu", "reference"; default:
         DVM_VM)."""
-        arrays, sig = self._coerce(args)
-        traced = self._traces.get(sig) or self._trace(sig)
-        env = self._bind(traced, arrays)
-        outs = traced.graph.run(env, arrays, vm=vm)
-        return outs[0] if traced.single else tuple(outs)
+        vm = vm or config().vm
+        try:   # the hot path: a call signature seen before needs no coercion, tracing or binding
+            key = (tuple([(type(a), a.dtype, a.shape, a.strides) for a in args]), vm, encoder.SINGLE_TILE_COLS)
+            known = self._launches.get(key)
+        except (AttributeError, TypeError):   # not arrays (lists, scalars, ...): the general path
+            key = known = None
+        if known is not None:
+            launch, single = known
+            outs = launch(list(args))
+        else:
+            arrays, sig = self._coerce(args)
+            traced = self._traces.get(sig) or self._trace(sig)
+            env = self._bind(traced, arrays)
+            launch, hit = traced.graph.launcher(env, arrays, vm)
+            single = traced.single
+            if key is not None and all(type(a) is np.ndarray for a in args):
+                with self._lock:
+                    self._launches[key] = (launch, single)
+                    while len(self._launches) > config().cache_size:
+                        self._launches.pop(next(iter(self._launches)))
+            outs = launch(list(arrays), hit)
+        return outs[0] if single else tuple(outs)
 
     def program(self, *args) -> Program:
         """The encoded Program for these arguments (shapes, dtypes and layouts)."""

@@ -19,7 +19,9 @@ from ..graph.node import Node
 from ..graph.symbolic import evaluate
 from ..graph.views import Layout, contiguous_strides
 from . import counters, debug
-from .launch import execute
+from ..codegen.verifier import check_buffers, verify
+from ..vm.buffers import data_ptr
+from .launch import vm_runner
 
 
 def as_buffer(a: np.ndarray) -> tuple[np.ndarray, Layout]:
@@ -28,9 +30,8 @@ def as_buffer(a: np.ndarray) -> tuple[np.ndarray, Layout]:
     if a.flags.c_contiguous:
         return a.reshape(-1), (a.shape, tuple(s // item for s in a.strides) if a.size > 1
                                else contiguous_strides(a.shape), 0)
-    if any(s % item for s in a.strides):
+    if _misaligned(a):
         a = np.ascontiguousarray(a)
-        counters.bump("input_copies")
     if a.size == 0:
         return np.empty(0, a.dtype), (a.shape, (0,) * a.ndim, 0)
     flips = tuple(slice(None, None, -1) if s < 0 else slice(None) for s in a.strides)
@@ -57,6 +58,7 @@ class CompiledGraph:
         self._out_specs = [(tuple(o.shape), o.dtype.np_dtype) for o in self.outputs]
         self._programs: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._launches: dict = {}
         counters.bump("graphs_compiled")
         counters.bump("kernels_vector", len(self.templates))
         debug.on_compile(self)
@@ -83,7 +85,30 @@ class CompiledGraph:
         return prog
 
     def run(self, env: Mapping[str, int], arrays: Sequence[np.ndarray], vm: str | None = None) -> list[np.ndarray]:
-        arrays = list(arrays)
+        launch, hit = self.launcher(env, arrays, vm)
+        return launch(list(arrays), hit)
+
+    def launcher(self, env: Mapping[str, int], arrays: Sequence[np.ndarray],
+                 vm: str | None = None) -> tuple["Launch", bool]:
+        """The Launch for these symbol values and these arrays' dtypes, shapes and strides, and
+        whether it was cached already."""
+        vm = vm or config().vm
+        key = (tuple(env.values()), tuple([(type(a), a.dtype, a.shape, a.strides) for a in arrays]), vm,
+               encoder.SINGLE_TILE_COLS)
+        launch = self._launches.get(key)
+        hit = launch is not None
+        if not hit:
+            launch = self._new_launch(env, list(arrays), vm)
+            if all(isinstance(a, np.ndarray) for a in arrays):
+                with self._lock:
+                    self._launches[key] = launch
+                    while len(self._launches) > config().cache_size:
+                        self._launches.pop(next(iter(self._launches)))
+        return launch, hit
+
+    def _new_launch(self, env: Mapping[str, int], arrays: list[np.ndarray], vm: str) -> "Launch":
+        """Slow path: encode (or find) the Program, verify it and check real buffers once."""
+        original = list(arrays)
         for _ in range(len(arrays) + 1):
             bufs, layouts = zip(*[as_buffer(a) for a in arrays]) if arrays else ((), ())
             try:
@@ -91,14 +116,63 @@ class CompiledGraph:
                 break
             except NeedsCopy as e:  # a view chain the input's strides cannot express
                 arrays[e.slot] = np.ascontiguousarray(arrays[e.slot])
-                counters.bump("input_copies")
-        outs = [np.empty(tuple([evaluate(d, env) for d in shape]), dt) for shape, dt in self._out_specs]
-        buffers = list(bufs)
-        buffers += [o.reshape(-1) for o in outs]
-        if self.plan.workspaces:
-            buffers += [np.empty(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
-        execute(prog, buffers, vm=vm, fresh_outputs=True)
+        copy_slots = tuple(i for i, (a, b) in enumerate(zip(original, arrays)) if a is not b or _misaligned(a))
+        arrays = [np.ascontiguousarray(a) if _misaligned(a) else a for a in arrays]
+        outs = [(tuple([evaluate(d, env) for d in shape]), dt) for shape, dt in self._out_specs]
+        ws = [(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
+        buffers = list(bufs) + [np.empty(shape, dt).reshape(-1) for shape, dt in outs] + \
+            [np.empty(n, dt) for n, dt in ws]
+        layout = verify(prog)
+        check_buffers(layout, buffers, check_overlap=False)   # outputs and workspaces are fresh
+        deltas = [_buffer_delta(a) for a in arrays] + [0] * (len(outs) + len(ws))
+        numels = [b.shape[0] for b in buffers]
+        return Launch(layout, copy_slots, outs, ws, vm, deltas, numels)
+
+
+class Launch:
+    """A verified Program bound to one call signature: symbol values and the dtypes, shapes and
+    strides of the input arrays. Invariant: built from buffers that passed check_buffers; a later
+    call with the same signature has inputs of the same dtypes and extents (as_buffer derives the
+    buffers from shape and strides alone) and fresh outputs, so the check holds for it too. Calls
+    skip binding, encoding, verification and buffer checks; the CPU VM gets addresses directly."""
+    __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu")
+
+    def __init__(self, layout, copy_slots, out_specs, ws_specs, vm, deltas, numels):
+        self.layout, self.copy_slots, self.out_specs, self.ws_specs = layout, copy_slots, out_specs, ws_specs
+        self.vm, self.deltas, self.numels = vm, deltas, numels
+        self._run_cpu = None
+        if vm == "cpu":
+            from ..vm.cpu import run_addrs
+            self._run_cpu = run_addrs
+
+    def __call__(self, arrays: list[np.ndarray], cached: bool = True) -> list[np.ndarray]:
+        """Run on `arrays` (same signature as the one this Launch was built for; the list may be
+        modified); returns the outputs. `cached`: counted as a program cache hit."""
+        for s in self.copy_slots:
+            arrays[s] = np.ascontiguousarray(arrays[s])
+            counters.bump("input_copies")
+        outs = [np.empty(shape, dt) for shape, dt in self.out_specs]
+        ws = [np.empty(n, dt) for n, dt in self.ws_specs]
+        counters.bump_launch(cached)
+        if self._run_cpu is not None:
+            self._run_cpu(self.layout, np.array([data_ptr(a) + d for a, d in zip(arrays + outs + ws, self.deltas)]
+                                                + self.numels, np.int64))
+        else:
+            buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
+            vm_runner(self.vm)(self.layout, buffers)
         return outs
+
+
+def _misaligned(a: np.ndarray) -> bool:
+    """Strides that are not whole elements: as_buffer copies such an array."""
+    return not a.flags.c_contiguous and any(s % a.itemsize for s in a.strides)
+
+
+def _buffer_delta(a: np.ndarray) -> int:
+    """Bytes from a's data pointer to the start of as_buffer(a)'s buffer (its lowest element)."""
+    if a.size == 0 or a.flags.c_contiguous:
+        return 0
+    return sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0)
 
 
 def _numel(shape, env) -> int:

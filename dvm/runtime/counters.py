@@ -15,6 +15,14 @@ def bump(name: str, n: int = 1) -> None:
         _COUNTS[name] += n
 
 
+def bump_launch(cache_hit: bool) -> None:
+    """One launch (the hot path: one lock round trip), and a program cache hit when it was one."""
+    with _LOCK:
+        _COUNTS["launches"] += 1
+        if cache_hit:
+            _COUNTS["cache_hits"] += 1
+
+
 def record_encode(ns: int) -> None:
     with _LOCK:
         _COUNTS["encodes"] += 1

@@ -22,6 +22,7 @@ from ..codegen import isa
 from ..config import config
 from ..codegen.program import ARG_IN, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
+from .buffers import data_ptr
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import cpu_math
@@ -184,7 +185,7 @@ def _in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndar
 
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "args")
+                 "blob")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
@@ -231,7 +232,7 @@ class _Desc:
             if argst[a]:
                 argst[a] = 2
         self.argst = argst
-        self.args = None
+        self.blob = None   # set by _prog (needs the program's element sizes)
 
 
 def _desc(kl: KernelLayout, n_args: int) -> _Desc:
@@ -242,12 +243,29 @@ def _desc(kl: KernelLayout, n_args: int) -> _Desc:
     return d
 
 
+def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
+    """The descriptor as one int64 array (layout: cpu_interp.P_*)."""
+    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst]
+    assert len(segs) == ci.P_HEADER // 2 - 1
+    head = np.zeros(ci.P_HEADER, np.int64)
+    head[0] = d.tile_par
+    head[-1] = d.optab.shape[1]
+    at = ci.P_HEADER
+    for k, seg in enumerate(segs):
+        head[1 + 2 * k], head[2 + 2 * k] = at, seg.size
+        at += seg.size
+    return np.concatenate([head] + [np.ascontiguousarray(seg, np.int64).reshape(-1) for seg in segs])
+
+
 def _prog(layout: ProgramLayout) -> tuple:
     pd = layout.__dict__.get("_cpu_prog")
     if pd is None:
         n_args = len(layout.args)
         argsz = np.array([DType(a.dtype).np_dtype.itemsize for a in layout.args], np.int64)
         descs = tuple(_desc(kl, n_args) for kl in layout.kernels)
+        for d in descs:
+            if d.blob is None:
+                d.blob = _pack(d, argsz)
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
         pd = (argsz, descs, outs)
         object.__setattr__(layout, "_cpu_prog", pd)
@@ -256,7 +274,7 @@ def _prog(layout: ProgramLayout) -> tuple:
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
     """Execute a verified program (see codegen.verifier.verify / check_buffers)."""
-    argsz, descs, outs = _prog(layout)
+    _, _, outs = _prog(layout)
     bufs = buffers
     copied = ()
     for b in buffers:
@@ -264,33 +282,39 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
             bufs = [np.ascontiguousarray(x) for x in buffers]
             copied = [a for a in outs if not buffers[a].flags.c_contiguous]
             break
-    addrs = np.array([b.__array_interface__["data"][0] for b in bufs], np.int64)
-    numels = np.array([b.shape[0] for b in bufs], np.int64)
     try:
-        for d in descs:
-            if d.n_units == 0:
-                continue
-            chunks = 1
-            if d.work >= PARALLEL_MIN_ELEMS:
-                # our own pool (DVM_NUM_THREADS); numba's threading layer is never started: its
-                # spinning OpenMP threads slow PyTorch in the same process down 10-40x
-                nthreads = config().threads if threads is None else max(1, int(threads))
-                chunks = min(nthreads, d.n_units)
-            args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
-                    argsz, d.argst)
-            if chunks > 1:
-                bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
-                futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)
-                        for c in range(1, chunks)]
-                errs = [ci.run_units(bounds[0], bounds[1], *args)] + [f.result() for f in futs]
-                err = max(errs)
-            else:
-                err = ci.run_units(0, d.n_units, *args)
-            if err == ci.ERR_ZERODIV:
-                raise ZeroDivisionError("integer division or remainder by zero")
-            if err != 0:
-                raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+        run_addrs(layout, np.array([data_ptr(b) for b in bufs] + [b.shape[0] for b in bufs], np.int64), threads)
     finally:
         for a in copied:
             buffers[a][...] = bufs[a]
     _ = bufs  # keep the (possibly copied) buffers alive until the VM has finished
+
+
+def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:
+    """Execute a verified program on buffers given by base address and element count (`bufs`: the
+    n addresses, then the n counts, int64). The caller
+    keeps the buffers alive and guarantees they passed check_buffers (or have the same dtypes and
+    extents as buffers that did)."""
+    _, descs, _ = _prog(layout)
+    for d in descs:
+        if d.n_units == 0:
+            continue
+        chunks = 1
+        if d.work >= PARALLEL_MIN_ELEMS:
+            # our own pool (DVM_NUM_THREADS); numba's threading layer is never started: its
+            # spinning OpenMP threads slow PyTorch in the same process down 10-40x
+            nthreads = config().threads if threads is None else max(1, int(threads))
+            chunks = min(nthreads, d.n_units)
+        args = (d.blob, DECODE, bufs)
+        if chunks > 1:
+            bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
+            futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)
+                    for c in range(1, chunks)]
+            errs = [ci.run_units(bounds[0], bounds[1], *args)] + [f.result() for f in futs]
+            err = max(errs)
+        else:
+            err = ci.run_units(0, d.n_units, *args)
+        if err == ci.ERR_ZERODIV:
+            raise ZeroDivisionError("integer division or remainder by zero")
+        if err != 0:
+            raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")

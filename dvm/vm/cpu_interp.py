@@ -1,7 +1,7 @@
 """The CPU VM interpreter: memory access per tile, the per-instruction dispatch and the row-block /
 tile loops, compiled once by numba and cached on disk.
 
-Kernel descriptor (built by cpu.py):
+Kernel descriptor (built by cpu.py, passed packed into one array: see run_units):
   instrs  int64 [n_instr, 6]     the program's instructions (opcode + 5 fields)
   dec     int64 [n_opcodes, 5]   per opcode: group, op id, bank, source bank, ew kind
   meta    int64 [...]            see cpu.py (_M_* offsets)
@@ -490,11 +490,30 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
     return 0
 
 
+# Packed kernel descriptor (cpu.py `_pack`): one int64 array, so that a launch passes 3 arrays to
+# the compiled code instead of 10 (numba's per-argument dispatch cost dominates small launches).
+# blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
+# blob[P_HEADER - 1] = the width of an optab row.
+P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST = range(8)
+P_HEADER = 2 + 2 * 8
+
+
+@njit(inline='always', **OPTS)
+def _seg(blob, k):
+    o = blob[1 + 2 * k]
+    return blob[o:o + blob[2 + 2 * k]]
+
+
 @njit(cache=True, **OPTS)
-def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst):
-    """Run work units [u0, u1) on the calling thread (releases the GIL)."""
-    return _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels,
-                       argsz, argst)
+def run_units(u0, u1, blob, dec, bufs):
+    """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
+    GIL); bufs: the n buffer addresses, then their n element counts."""
+    n = bufs.size // 2
+    instrs = _seg(blob, P_INSTRS).reshape((-1, 6))
+    optab = _seg(blob, P_OPTAB).reshape((-1, blob[P_HEADER - 1]))
+    return _exec_units(u0, u1, blob[0] != 0, instrs, dec, _seg(blob, P_PEEP), _seg(blob, P_META),
+                       _seg(blob, P_DIMS), optab, _seg(blob, P_CONSTS), bufs[:n], bufs[n:],
+                       _seg(blob, P_ARGSZ), _seg(blob, P_ARGST))
 
 
 ENTRY_POINTS = (run_units,)

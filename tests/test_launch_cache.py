@@ -1,0 +1,114 @@
+"""The cached launch path: a call signature seen before (dtypes, shapes, strides, VM) reuses its
+verified Launch, and still gives exactly the results of a first call for every layout."""
+import numpy as np
+import pytest
+
+import dvm
+from dvm.errors import DTypeError, ShapeError
+from dvm.vm.buffers import _interface_ptr, data_ptr
+
+
+@dvm.kernel
+def axpy(k, x, y):
+    return k.store(k.add(k.mul(k.load(x), 2.0), k.load(y)))
+
+
+@dvm.kernel
+def row_softmax_and_sum(k, x):
+    x = k.load(x)
+    e = k.exp(k.sub(x, k.max(x, axis=-1, keepdims=True)))
+    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True))), k.store(k.sum(x, axis=0))
+
+
+def _expect_axpy(x, y):
+    return (x.astype(np.float32) * np.float32(2.0) + y).astype(np.float32)
+
+
+def _layouts(rng):
+    """(x, y) pairs of one shape in different memory layouts."""
+    base = rng.standard_normal((7, 10)).astype(np.float32)
+    big = rng.standard_normal((14, 20)).astype(np.float32)
+    return {
+        "contiguous": base.copy(),
+        "transposed": np.asfortranarray(base),
+        "strided": big[::2, ::2],
+        "reversed": big[:7, ::-2],
+        "broadcast row": np.broadcast_to(base[0], (7, 10)),
+    }
+
+
+def test_repeat_calls_hit_the_launch_cache(vm):
+    x, y = np.ones((5, 33), np.float32), np.arange(5 * 33, dtype=np.float32).reshape(5, 33)
+    axpy(x, y)
+    dvm.reset_counters()
+    for i in range(4):
+        out = axpy(x + i, y)
+        np.testing.assert_array_equal(out, _expect_axpy(x + i, y))
+    c = dvm.counters()
+    assert c.get("encodes", 0) == 0 and c.get("traces", 0) == 0
+    assert c["launches"] == 4 and c["cache_hits"] == 4
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "reversed", "broadcast row"])
+def test_every_layout_gives_first_call_results_on_repeat(vm, layout):
+    rng = np.random.default_rng(0)
+    x = _layouts(rng)[layout]
+    y = rng.standard_normal((7, 10)).astype(np.float32)
+    first = axpy(x, y)
+    for _ in range(3):   # the same signature with new data: the cached Launch
+        x2 = _layouts(rng)[layout]
+        y2 = rng.standard_normal((7, 10)).astype(np.float32)
+        np.testing.assert_allclose(axpy(x2, y2), _expect_axpy(x2, y2), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(first, _expect_axpy(x, y), rtol=1e-6, atol=1e-6)
+
+
+def test_partial_element_strides_are_copied_and_counted_on_every_call(vm):
+    raw = np.zeros(6 * 12, np.uint8)
+    x = np.ndarray((12,), np.float32, raw.data, strides=(6,))   # a stride of 1.5 elements
+    x[...] = np.arange(12, dtype=np.float32)
+    y = np.ones(12, np.float32)
+    dvm.reset_counters()
+    for _ in range(3):
+        np.testing.assert_array_equal(axpy(x, y), _expect_axpy(x, y))
+    assert dvm.counters().get("input_copies", 0) >= 3
+
+
+def test_multi_output_workspace_kernel_on_repeat(vm):
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        x = rng.standard_normal((6, 40)).astype(np.float32)
+        sm, s0 = row_softmax_and_sum(x)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        np.testing.assert_allclose(sm, e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s0, x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_vm_choice_is_part_of_the_signature(vm):
+    x, y = np.full(9, 3.0, np.float32), np.ones(9, np.float32)
+    for chosen in ("cpu", "reference", "cpu"):
+        np.testing.assert_array_equal(axpy(x, y, vm=chosen), np.full(9, 7.0, np.float32))
+    with pytest.raises(ValueError, match="unknown VM"):
+        axpy(x, y, vm="nonsense")
+
+
+def test_bad_inputs_after_cached_calls_still_raise(vm):
+    x, y = np.ones((4, 8), np.float32), np.ones((4, 8), np.float32)
+    axpy(x, y)
+    axpy(x, y)
+    with pytest.raises(DTypeError, match="argument 'x'"):
+        axpy(np.ones((4, 8), np.complex64), y)
+    with pytest.raises(ShapeError):
+        axpy(np.ones((4, 8), np.float32), np.ones((4, 9), np.float32))
+    np.testing.assert_array_equal(axpy(x, y), np.full((4, 8), 3.0, np.float32))
+
+
+def test_lists_and_scalars_take_the_general_path(vm):
+    np.testing.assert_array_equal(axpy([1.0, 2.0], [1.0, 1.0]), np.array([3.0, 5.0]))
+    np.testing.assert_array_equal(axpy([1.0, 2.0], [1.0, 1.0]), np.array([3.0, 5.0]))
+
+
+def test_data_ptr_matches_the_array_interface():
+    base = np.arange(100, dtype=np.float64)
+    for a in (base, base[3:], base[::-1], base.reshape(10, 10).T, base[5:6], np.empty(0, np.int8),
+              np.asfortranarray(base.reshape(4, 25)), np.ones((), np.bool_)):
+        assert data_ptr(a) == _interface_ptr(a)
