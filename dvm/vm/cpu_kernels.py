@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from .cpu_math import (OPTS, SINCOS_BIG, bf2f, erff, exp2f, expf, expm1f, f2bf, f2h, f64_to_f16_f32,
-                       h2f, log1pf, log2f, logf, sigmoidf, sincosf, tanhf)
+                       gelu_tanhf, geluf, h2f, log1pf, log2f, logf, sigmoidf, sincosf, tanhf)
 
 # banks / dtype codes (checked against dvm.graph.dtypes in cpu.py)
 BK_F32, BK_F64, BK_I64, BK_B8 = 0, 1, 2, 3
@@ -57,16 +57,8 @@ HANDLED = {
 REDUCTIONS_HANDLED = {BK_F32: set(RED_NAMES), BK_F64: set(RED_NAMES), BK_I64: set(RED_NAMES)}
 
 ERR_UNHANDLED, ERR_ZERODIV = 1, 2
-ERF_TAIL = 1.5      # erf: |x| beyond this is recomputed in float64 (the rational fit loses ULPs)
-GELU_TAIL = -0.5    # gelu: x below this uses 0.5*x*erfc(-x/sqrt(2)) in float64
-GELU_TANH_TAIL = -2.0   # gelu(approximate='tanh'): x below this is recomputed in float64
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
-_F_SQRT1_2 = np.float32(_SQRT1_2)
-_F_K0 = np.float32(_SQRT_2_OVER_PI)
-_F_K1 = np.float32(0.044715)
-_F_HALF = np.float32(0.5)
-_F_ONE = np.float32(1.0)
 _I64_MIN = np.int64(-2 ** 63)
 
 
@@ -161,28 +153,12 @@ def _un_f32(op, o, a):
     elif op == OP_ERF:
         for i in range(n):
             o[i] = erff(a[i])
-        for i in range(n):   # tails (|x| >= ERF_TAIL): float64 libm, only for those lanes
-            x = np.float64(a[i])
-            if abs(x) >= ERF_TAIL:
-                o[i] = math.erf(x)
     elif op == OP_GELU:
         for i in range(n):
-            x = a[i]
-            o[i] = _F_HALF * x * (_F_ONE + erff(x * _F_SQRT1_2))
-        for i in range(n):   # x < GELU_TAIL: 1 + erf cancels; use erfc (float64 libm)
-            x = np.float64(a[i])
-            if x < GELU_TAIL:
-                o[i] = 0.5 * x * math.erfc(-x * _SQRT1_2)
+            o[i] = geluf(a[i])
     elif op == OP_GELU_TANH:
-        for i in range(n):   # 0.5*(1 + tanh(u)) == sigmoid(2u): no cancellation for x < 0
-            x = a[i]
-            u = _F_K0 * (x + _F_K1 * x * x * x)
-            o[i] = x * sigmoidf(u + u)
-        for i in range(n):   # x < GELU_TANH_TAIL: exp(2u) magnifies u's rounding; redo in float64
-            x = np.float64(a[i])
-            if x < GELU_TANH_TAIL:
-                u = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-                o[i] = x * _sigmoid64(u + u)
+        for i in range(n):
+            o[i] = gelu_tanhf(a[i])
     elif op == OP_SILU:
         for i in range(n):
             x = a[i]

@@ -2,7 +2,7 @@
 
 - bit casts (float32 <-> int, float64 <-> int64) and address -> typed pointer, as numba intrinsics;
 - float16 / bfloat16 <-> float32 conversions by bit manipulation (round to nearest even);
-- float32 math (exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, erf, sin, cos): range reduction
+- float32 math (exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, erf, gelu, sin, cos): range reduction
   and polynomials in straight-line code (selects, no calls), so the loops over a tile vectorize.
   NaN, +-inf and -0.0 follow PyTorch. Measured errors vs a float64 reference: see tests and
   dvm/vm/cpu_probe.py (`ulp` mode).
@@ -70,6 +70,19 @@ def f64_bits(typingctx, x):
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(64))
     return types.int64(x), codegen
+
+
+@intrinsic
+def fmaf(typingctx, a, b, c):
+    """a*b + c with one rounding (llvm.fma.f32: vfmadd on x86, vectorizes)."""
+    if not (a == types.float32 and b == types.float32 and c == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+    return types.float32(a, b, c), codegen
 
 
 def _ptr_intrinsic(nbtype):
@@ -231,7 +244,7 @@ _E2, _E3, _E4, _E5 = f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120)
 _E6, _E7, _E8, _E9 = f32(1 / 720), f32(1 / 5040), f32(1 / 40320), f32(1 / 362880)
 
 
-@njit(**MOPTS)
+@njit(inline="always", **MOPTS)   # LLVM does not inline it: numba does; FMAs explicit (see exp_hl)
 def expm1f(x):
     xc = x
     if xc > f32(88.0):
@@ -239,12 +252,13 @@ def expm1f(x):
     if xc < f32(-30.0):
         xc = f32(-30.0)
     n = np.rint(xc * _LOG2E)
-    r = xc - n * _C1 - n * _C2
+    r = fmaf(-n, _C2, fmaf(-n, _C1, xc))
     if n == 0:
         r = xc
-    p = r + r * r * (_E2 + r * (_E3 + r * (_E4 + r * (_E5 + r * (_E6 + r * (_E7 + r * (_E8 + r * _E9)))))))
+    pe = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(_E9, r, _E8), r, _E7), r, _E6), r, _E5), r, _E4), r, _E3), r, _E2)
+    p = fmaf(r * r, pe, r)
     t = _scale2(_ONE, n)
-    y = t * p + (t - _ONE)
+    y = fmaf(t, p, t - _ONE)
     if x > f32(88.0):
         y = expf(x)
     if x == 0:
@@ -367,25 +381,115 @@ def sigmoidf(x):
     return _ONE / d if x >= 0 else e / d
 
 
-_A1, _A3, _A5 = f32(-1.60960333262415e-02), f32(-2.95459980854025e-03), f32(-7.34990630326855e-04)
-_A7, _A9, _A11 = f32(-5.69250639462346e-05), f32(-2.10102402082508e-06), f32(2.77068142495902e-08)
-_A13 = f32(-2.72614225801306e-10)
-_B0, _B2, _B4 = f32(-1.42647390514189e-02), f32(-7.37332916720468e-03), f32(-1.68282697438203e-03)
-_B6, _B8 = f32(-2.13374055278905e-04), f32(-1.45660718464996e-05)
+# The functions below are inlined by numba (inline="always": LLVM would not inline them), so they
+# are compiled with the caller's flags, without fastmath contract: FMAs are explicit (fmaf).
+@njit(inline="always", **MOPTS)
+def exp_hl(xh, xl):
+    """exp(xh + xl) for xh in [-103, 88], |xl| <= ulp(xh) (an argument known to more than f32
+    precision). The reduced argument is carried with its rounding error, r + rl, and e^rl is
+    applied as rl * e^r, so the only large rounding is the final 1 + t (max ~0.8 ULP)."""
+    n = np.rint(xh * _LOG2E)
+    r1 = fmaf(-n, _C1, xh)                # exact (n*_C1 has <= 18 significant bits)
+    r = fmaf(-n, _C2, r1)
+    rl = fmaf(-n, _C2, r1 - r) + xl        # r1 - r exact: the rounding error of r, plus xl
+    p = fmaf(fmaf(fmaf(fmaf(fmaf(_P0, r, _P1), r, _P2), r, _P3), r, _P4), r, _P5)
+    q2 = r * r * p
+    t = fmaf(rl, r + q2, q2 + rl) + r       # e^(r + rl) - 1 ~ r + r^2 p + rl e^r
+    return _scale2(t + _ONE, n)
 
 
-@njit(**MOPTS)
+# erfc(a) = exp(-a^2) (1 + p(q)) / (1 + 2a), q = (a-2)/(a+2): p near-minimax (Lawson) on
+# a in [0, 10.5] (q in [-1, 0.68]), abs error 1.8e-8; p in [0, 0.29], so its rounding is damped.
+_Q0, _Q1, _Q2 = f32(2.7697840332984924e-01), f32(-9.2763990163803101e-02), f32(-1.6603153944015503e-01)
+_Q3, _Q4, _Q5 = f32(1.6405555605888367e-01), f32(-5.4202940315008163e-02), f32(-8.0605158582329750e-03)
+_Q6, _Q7, _Q8 = f32(8.6262524127960205e-03), f32(1.3122824020683765e-03), f32(-1.2232054723426700e-03)
+_Q9 = f32(-3.9634321001358330e-04)
+_FOUR = f32(4.0)
+
+
+@njit(inline="always", **MOPTS)
+def erfc_parts(a, e):
+    """erfc(a) as y0 + c (c a small correction, to be added last) for a in [0, 10.5], given
+    e = exp(-a*a) (computed by the caller from an exact a*a). q is computed with one residual
+    step (p's slope is ~0.9 near a = 0), and the quotient by the rounded 1 + 2a = d + d_lo
+    (d_lo exact) is corrected by one residual step: ~1.5 ULP."""
+    r = _ONE / (a + _TWO)
+    q = fmaf(-_FOUR, r, _ONE)
+    q = fmaf(r, fmaf(-q, a, fmaf(-_TWO, q + _ONE, a)), q)   # (a-2) - q(a+2) = a - 2(q+1) - qa
+    p = fmaf(fmaf(fmaf(fmaf(fmaf(_Q9, q, _Q8), q, _Q7), q, _Q6), q, _Q5), q, _Q4)
+    p = fmaf(fmaf(fmaf(fmaf(p, q, _Q3), q, _Q2), q, _Q1), q, _Q0)
+    a2 = a + a
+    d = a2 + _ONE
+    d_lo = a2 - (d - _ONE)
+    rd = _ONE / d
+    y0 = fmaf(e, p, e) * rd
+    res = fmaf(-y0, d_lo, fmaf(e, p, fmaf(-y0, d, e)))      # e(1+p) - y0 (d + d_lo)
+    return y0, res * rd
+
+
+# erf(x) = x + x*P(x^2) on |x| < 1 (P: erf(x)/x - 1, Lawson fit, rel. error 1.2e-9)
+_R0, _R1, _R2 = f32(1.2837916709551256e-01), f32(-3.7612625956535339e-01), f32(1.1283585429191589e-01)
+_R3, _R4, _R5 = f32(-2.6853810995817184e-02), f32(5.1883277483284473e-03), f32(-8.0101925414055586e-04)
+_R6 = f32(7.8538578236475587e-05)
+
+
+@njit(inline="always", **MOPTS)
 def erff(x):
-    """Rational approximation (Eigen's float erf) on [-4, 4], +-1 outside."""
-    xc = x
-    if xc > f32(4.0):
-        xc = f32(4.0)
-    if xc < f32(-4.0):
-        xc = f32(-4.0)
-    z = xc * xc
-    p = (((((_A13 * z + _A11) * z + _A9) * z + _A7) * z + _A5) * z + _A3) * z + _A1
-    q = (((_B8 * z + _B6) * z + _B4) * z + _B2) * z + _B0
-    return xc * p / q
+    """|x| < 1: odd polynomial; else +-(1 - erfc(|x|)) (|x| clamped to 4, where erf rounds to
+    +-1). Max ~1.1 ULP; NaN takes the polynomial path."""
+    ax = abs(x)
+    z = x * x
+    pz = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(_R6, z, _R5), z, _R4), z, _R3), z, _R2), z, _R1), z, _R0)
+    small = fmaf(x, pz, x)
+    a = ax if ax < _FOUR else _FOUR
+    h = a * a
+    y0, c = erfc_parts(a, exp_hl(-h, -fmaf(a, a, -h)))
+    big = _ONE - (y0 + c)
+    big = -big if x < 0 else big
+    return small if (ax < _ONE or x != x) else big
+
+
+_SQRT1_2 = f32(0.70710678118654752440)
+_GELU_BIG = f32(14.0)    # |x| beyond: gelu(x) = x, or a result below the f32 normal range
+
+
+@njit(inline="always", **MOPTS)
+def geluf(x):
+    """0.5 x erfc(-x/sqrt2) = x - 0.5 x erfc(x/sqrt2) (x > 0): no cancellation, no libm. The
+    exponent x*x/2 is split hi/lo exactly (FMA), so exp(-x*x/2) keeps its relative accuracy in
+    the negative tail. Max ~2.8 ULP."""
+    ax = abs(x)
+    ax = ax if ax < _GELU_BIG else _GELU_BIG    # NaN -> _GELU_BIG; x itself carries the NaN
+    h = ax * ax
+    y0, c = erfc_parts(ax * _SQRT1_2, exp_hl(-_HALF * h, -_HALF * fmaf(ax, ax, -h)))
+    big = abs(x) < _GELU_BIG
+    y0 = y0 if big else _ZERO                  # -inf: -inf * 0 = NaN, as 0.5 x erfc(inf)
+    c = c if big else _ZERO
+    hx = _HALF * x
+    pos = fmaf(-hx, y0 + c, x)
+    pos = x if x > f32(10.0) else pos          # +inf stays inf
+    neg = fmaf(hx, y0, hx * c) if hx != 0 else hx  # keeps the sign of zero (-0.0, -1e-45)
+    return neg if x <= 0 else pos
+
+
+_GT_C1 = 1.5957691216057308        # 2 sqrt(2/pi)
+_GT_C3 = 0.071354816273287509      # 2 sqrt(2/pi) 0.044715
+
+
+@njit(inline="always", **MOPTS)
+def gelu_tanhf(x):
+    """0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). 2u is formed in
+    float64 and split hi/lo, so exp(-|2u|) keeps its relative accuracy in the negative tail."""
+    xd = np.float64(x)
+    w = xd * (_GT_C1 + _GT_C3 * xd * xd)
+    w = -abs(w)
+    inside = w > -103.0                        # beyond, e = 0: -inf -> -inf * 0 = NaN, as the
+    w = w if inside else -103.0                # reference; NaN -> -103, x carries the NaN
+    wh = np.float32(w)
+    e = exp_hl(wh, np.float32(w - np.float64(wh)))
+    e = e if inside else _ZERO
+    num = e if x < 0 else _ONE
+    return x * (num / (_ONE + e))
 
 
 # sin / cos: reduction and polynomials in float64 (fdlibm kernels), rounded once at the end.
