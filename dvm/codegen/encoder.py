@@ -26,6 +26,9 @@ MAX_BN = 4096
 # tests that pin the multi-sweep form set it to 0
 SINGLE_TILE_COLS = MAX_BN
 COLUMN_MAJOR_BN = 16   # tile width when the reduced axis is strided and the kept one contiguous
+# single-tile rows at most this wide get a tile exactly one row wide (no padding lanes: a 17-column
+# softmax would otherwise compute 32 lanes per row); the CPU VM holds such tiles column-major
+EXACT_BN_COLS = 64
 
 
 class NeedsCopy(Exception):
@@ -115,6 +118,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
+    single_stream = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
     if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
         single = _compiled(t.single)
@@ -123,13 +127,16 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:
-            c = single
+            c, single_stream = single, True
     else:
         folded = _folded(c, dom, env, inputs)
         column_major = _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
-    bn = min(_pow2_at_least(max(C, 1)), COLUMN_MAJOR_BN if column_major else MAX_BN)
+    if single_stream and C <= EXACT_BN_COLS:
+        bn = C
+    else:
+        bn = min(_pow2_at_least(max(C, 1)), COLUMN_MAJOR_BN if column_major else MAX_BN)
     bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):

@@ -24,7 +24,7 @@ from ..codegen.program import ARG_IN, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_math
+from . import cpu_math, cpu_mem, cpu_reduce
 
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
@@ -108,7 +108,7 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_math, ck, ci):
+    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, ci):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]
@@ -182,14 +182,44 @@ def _in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndar
     return peep
 
 
+NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers
+
+
+def _transposed(kl: KernelLayout) -> bool:
+    """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
+    narrow (a tree level is then one loop over BM rows instead of a short loop per row) or whose
+    operands are contiguous along the kept axis (a column of the tile is then a contiguous run).
+    The layout is invisible: every lane holds the same value and the tree pairs the same lanes.
+    Argmax/argmin keep the row-major form."""
+    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes:
+        return False
+    groups = set()
+    for row in np.asarray(kl.instrs).reshape(-1, isa.WORDS):
+        sp = _SPECS.get(int(row[0]))
+        if sp is None:
+            return False
+        groups.add(sp.group)
+        if sp.group in ("acc", "rfin", "rowred") and sp.op.startswith("arg"):
+            return False
+    if not groups & {"acc", "rfin", "rowred"}:
+        return False
+    if kl.bn <= NARROW_BN:
+        return True
+    nr = len(kl.row_sizes)
+    strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
+    return any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides)
+
+
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "args")
+                 "args", "transposed")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
         rows, cols = kl.rows, kl.cols
-        meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue]
+        self.transposed = _transposed(kl)
+        meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue, int(self.transposed)]
+        assert len(meta) == cpu_mem.M_SW
         for sw in kl.sweeps:
             meta += [*sw.init, *sw.body, *sw.fin]
         self.meta = np.array(meta, np.int64)
