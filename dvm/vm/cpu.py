@@ -20,12 +20,13 @@ import numpy as np
 
 from ..codegen import isa
 from ..config import config
-from ..codegen.program import ARG_IN, KernelLayout, ProgramLayout
+from ..codegen.program import ARG_IN, MAX_REGS, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import cpu_math, cpu_mem, cpu_reduce
 
+assert ci.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
 _BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
@@ -210,9 +211,26 @@ def _transposed(kl: KernelLayout) -> bool:
     return any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides)
 
 
+def _reg_io(instrs: np.ndarray) -> np.ndarray:
+    """Per instruction and field: 1 + the bank of a register it reads (columns 0-4) or writes
+    (columns 5-9), else 0 ('m' fields count as both). The VM tracks compact registers with it."""
+    rio = np.zeros((len(instrs), 10), np.int64)
+    for pc, row in enumerate(instrs):
+        sp = _SPECS.get(int(row[0]))
+        if sp is None:
+            continue
+        for f, fld in enumerate(sp.fields):
+            if fld.is_reg and fld.bank in _BANK:
+                if fld.role in "sm":
+                    rio[pc, f] = 1 + _BANK[fld.bank]
+                if fld.role in "dm":
+                    rio[pc, 5 + f] = 1 + _BANK[fld.bank]
+    return rio
+
+
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "args", "transposed")
+                 "args", "transposed", "rio")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
@@ -233,6 +251,7 @@ class _Desc:
         self.optab = optab
         self.consts = np.array(kl.const_bits, np.int64).reshape(-1).copy()
         self.instrs = np.array(kl.instrs, np.int64).reshape(-1, isa.WORDS).copy()
+        self.rio = _reg_io(self.instrs)
         sw0 = kl.sweeps[0]
         self.tile_par = (len(kl.sweeps) == 1 and sw0.init[0] == sw0.init[1] and sw0.fin[0] == sw0.fin[1])
         n_rb = -(-rows // kl.bm)
@@ -307,7 +326,7 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
                 nthreads = config().threads if threads is None else max(1, int(threads))
                 chunks = min(nthreads, d.n_units)
             args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
-                    argsz, d.argst)
+                    argsz, d.argst, d.rio)
             if chunks > 1:
                 bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
                 futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)

@@ -28,12 +28,13 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
                       _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t)
-from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
-                         _rowred_t)
+from .cpu_reduce import (ROWB_OPS, _acc, _acc_arg, _acc_t, _accinit, _bin_rowb, _expand, _rfin, _rfin_arg,
+                         _rfin_t, _rowred, _rowred_arg, _rowred_t)
 
 # instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
 G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
 K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
+MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
 
 
 @njit(inline='always', **OPTS)
@@ -46,15 +47,17 @@ def _fv(F, fp, k):
 
 
 @njit(inline='always', **OPTS)
-def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix):
-    if meta[M_TL] != 0:
+def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact):
+    """compact: a finalize store of a compact register (row r at lane r: column 0 of a
+    column-major tile, whatever the kernel's layout)."""
+    if meta[M_TL] != 0 or compact:
         _mem_t(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
     else:
         _mem(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
 
 
 @njit(inline='always', **OPTS)
-def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix):
+def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix, compact):
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
@@ -63,73 +66,74 @@ def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok
             if p != 0:
                 fp[d] = p
                 return 0
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_F16:
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_BF16:
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_F64:
-        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_I64:
-        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_I32:
-        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_BOOL:
-        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     else:
         return ERR_UNHANDLED
     return 0
 
 
 @njit(inline='always', **OPTS)
-def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp):
+def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n):
+    """On the first n lanes of each register (all of them, or BM for compact registers)."""
     if kind == K_UN:
         if bank == BK_F32:
-            return 0 if _un_f32(op, _fv(F, fp, f1), _fv(F, fp, f2)) else ERR_UNHANDLED
+            return 0 if _un_f32(op, _fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _un_f64(op, D[f1], D[f2]) else ERR_UNHANDLED
+            return 0 if _un_f64(op, D[f1][:n], D[f2][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return 0 if _un_i64(op, I[f1], I[f2]) else ERR_UNHANDLED
-        return 0 if _un_b8(op, B[f1], B[f2]) else ERR_UNHANDLED
+            return 0 if _un_i64(op, I[f1][:n], I[f2][:n]) else ERR_UNHANDLED
+        return 0 if _un_b8(op, B[f1][:n], B[f2][:n]) else ERR_UNHANDLED
     if kind == K_PRED:
         if bank == BK_F32:
-            return 0 if _pred(op, B[f1], _fv(F, fp, f2)) else ERR_UNHANDLED
+            return 0 if _pred(op, B[f1][:n], _fv(F, fp, f2)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _pred(op, B[f1], D[f2]) else ERR_UNHANDLED
+            return 0 if _pred(op, B[f1][:n], D[f2][:n]) else ERR_UNHANDLED
         return ERR_UNHANDLED
     if kind == K_BIN:
         if bank == BK_F32:
-            return 0 if _bin_float(op, _fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
+            return 0 if _bin_float(op, _fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _bin_float(op, D[f1], D[f2], D[f3]) else ERR_UNHANDLED
+            return 0 if _bin_float(op, D[f1][:n], D[f2][:n], D[f3][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return _bin_i64(op, I[f1], I[f2], I[f3])
-        return 0 if _bin_b8(op, B[f1], B[f2], B[f3]) else ERR_UNHANDLED
+            return _bin_i64(op, I[f1][:n], I[f2][:n], I[f3][:n])
+        return 0 if _bin_b8(op, B[f1][:n], B[f2][:n], B[f3][:n]) else ERR_UNHANDLED
     if kind == K_CMP:
         if bank == BK_F32:
-            return 0 if _cmp(op, B[f1], _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _cmp(op, B[f1], D[f2], D[f3]) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], D[f2][:n], D[f3][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return 0 if _cmp(op, B[f1], I[f2], I[f3]) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], I[f2][:n], I[f3][:n]) else ERR_UNHANDLED
         return ERR_UNHANDLED
     if kind == K_WHERE:
         if bank == BK_F32:
-            _where(_fv(F, fp, f1), B[f2], _fv(F, fp, f3), _fv(F, fp, f4))
+            _where(_fv(F, fp, f1)[:n], B[f2][:n], _fv(F, fp, f3)[:n], _fv(F, fp, f4)[:n])
         elif bank == BK_F64:
-            _where(D[f1], B[f2], D[f3], D[f4])
+            _where(D[f1][:n], B[f2][:n], D[f3][:n], D[f4][:n])
         elif bank == BK_I64:
-            _where(I[f1], B[f2], I[f3], I[f4])
+            _where(I[f1][:n], B[f2][:n], I[f3][:n], I[f4][:n])
         else:
-            _where(B[f1], B[f2], B[f3], B[f4])
+            _where(B[f1][:n], B[f2][:n], B[f3][:n], B[f4][:n])
         return 0
     if kind == K_CLAMP:
         if bank == BK_F32:
-            _clamp(_fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3), _fv(F, fp, f4))
+            _clamp(_fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n], _fv(F, fp, f4)[:n])
         elif bank == BK_F64:
-            _clamp(D[f1], D[f2], D[f3], D[f4])
+            _clamp(D[f1][:n], D[f2][:n], D[f3][:n], D[f4][:n])
         elif bank == BK_I64:
-            _clamp(I[f1], I[f2], I[f3], I[f4])
+            _clamp(I[f1][:n], I[f2][:n], I[f3][:n], I[f4][:n])
         else:
             return ERR_UNHANDLED
         return 0
@@ -137,47 +141,47 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp):
 
 
 @njit(inline='always', **OPTS)
-def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp):
+def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp, n):
     if dst == BK_F32:
-        o = _fv(F, fp, d)
+        o = _fv(F, fp, d)[:n]
         if src == BK_F32:
-            _cast_to_f32(o, _fv(F, fp, s), t, src)
+            _cast_to_f32(o, _fv(F, fp, s)[:n], t, src)
         elif src == BK_F64:
-            _cast_to_f32(o, D[s], t, src)
+            _cast_to_f32(o, D[s][:n], t, src)
         elif src == BK_I64:
-            _cast_to_f32(o, I[s], t, src)
+            _cast_to_f32(o, I[s][:n], t, src)
         else:
-            _cast_to_f32(o, B[s], t, src)
+            _cast_to_f32(o, B[s][:n], t, src)
     elif dst == BK_I64:
-        o = I[d]
+        o = I[d][:n]
         if src == BK_F32:
-            _cast_to_int(o, _fv(F, fp, s), t, src == BK_F32)
+            _cast_to_int(o, _fv(F, fp, s)[:n], t, src == BK_F32)
         elif src == BK_F64:
-            _cast_to_int(o, D[s], t, src == BK_F64)
+            _cast_to_int(o, D[s][:n], t, src == BK_F64)
         elif src == BK_I64:
-            _cast_to_int(o, I[s], t, src != BK_I64)
+            _cast_to_int(o, I[s][:n], t, src != BK_I64)
         else:
-            _cast_to_int(o, B[s], t, src != BK_B8)
+            _cast_to_int(o, B[s][:n], t, src != BK_B8)
     elif dst == BK_F64:
-        o = D[d]
+        o = D[d][:n]
         if src == BK_F32:
-            _cast_to_f64(o, _fv(F, fp, s))
+            _cast_to_f64(o, _fv(F, fp, s)[:n])
         elif src == BK_F64:
-            _cast_to_f64(o, D[s])
+            _cast_to_f64(o, D[s][:n])
         elif src == BK_I64:
-            _cast_to_f64(o, I[s])
+            _cast_to_f64(o, I[s][:n])
         else:
-            _cast_to_f64(o, B[s])
+            _cast_to_f64(o, B[s][:n])
     else:
-        o = B[d]
+        o = B[d][:n]
         if src == BK_F32:
-            _cast_to_b8(o, _fv(F, fp, s))
+            _cast_to_b8(o, _fv(F, fp, s)[:n])
         elif src == BK_F64:
-            _cast_to_b8(o, D[s])
+            _cast_to_b8(o, D[s][:n])
         elif src == BK_I64:
-            _cast_to_b8(o, I[s])
+            _cast_to_b8(o, I[s][:n])
         else:
-            _cast_to_b8(o, B[s])
+            _cast_to_b8(o, B[s][:n])
 
 
 @njit(inline='always', **OPTS)
@@ -260,8 +264,11 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 
 @njit(inline='always', **OPTS)
 def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
-          r0, c0, fin, ix, sf, sd, si, si2):
+          r0, c0, fin, ix, sf, sd, si, si2, rio, st):
+    """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
+    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant)."""
     bm, bn = meta[M_BM], meta[M_BN]
+    tl = meta[M_TL] != 0
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
     skip = s - 1
     for pc in range(s, e):
@@ -271,29 +278,39 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         g, op, bank, src, kind = dec[opc, 0], dec[opc, 1], dec[opc, 2], dec[opc, 3], dec[opc, 4]
         f1, f2, f3, f4 = instrs[pc, 1], instrs[pc, 2], instrs[pc, 3], instrs[pc, 4]
         wf = dec[opc, 5]
+        mode, cf = _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st)
+        if mode == 0:
+            _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl)
         if wf == 2 and fp[f1] != 0:   # read-modify-write of an aliased register: copy it in first
             F[f1][:] = carray(ptr_f32(fp[f1]), F.shape[1])
             fp[f1] = 0
         elif wf == 1:   # writes F register f1: back to its bank row, or in place
             fp[f1] = 0
-            if aok and not fin and peep[pc] >= 0:
+            if aok and not fin and peep[pc] >= 0 and mode != 1:
                 p = _direct_addr(peep[pc], optab, dims, meta, addrs, r0, c0)
                 if p != 0:
                     fp[f1] = p
                     skip = pc + 1
+        n = bm if mode == 1 else bm * bn
         err = 0
         if g == G_EW:
-            err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp)
+            if mode == 2:   # f32 binary op of a full tile and a compact register, broadcast on the fly
+                full, comp = (f3, f2) if cf == 1 else (f2, f3)
+                _bin_rowb(op, _fv(F, fp, f1), _fv(F, fp, full), _fv(F, fp, comp), bm, bn, tl, cf == 1)
+            else:
+                err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n)
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
             err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
-                         r0, c0, fin or g == G_STOREROW, ix)
+                         r0, c0, fin or g == G_STOREROW, ix, mode == 1)
         elif g == G_CAST:
-            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp)
+            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp, n)
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
-            _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, meta[M_TL] != 0)
+            _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, tl)
+            if (g == G_RFIN or g == G_ROWRED) and op != R_ARGMAX and op != R_ARGMIN:
+                mode = 1   # _rfin / _rowred leave compact results
         elif g == G_INDEX:
-            if meta[M_TL] != 0:
+            if tl:
                 _index_t(I[f1], f2, optab, dims, meta, r0, c0, fin)
             else:
                 _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
@@ -307,20 +324,81 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 I[f1][:] = bits
             else:
                 B[f1][:] = 1 if bits != 0 else 0
+            mode = 3
         else:
             err = ERR_UNHANDLED
         if err != 0:
             return err
+        if g != G_STORE and g != G_STOREROW:
+            new = 1 if mode == 1 else (2 if mode == 3 else 0)
+            for f in range(5):
+                b = rio[pc, 5 + f]
+                if b > 0:
+                    st[b - 1, instrs[pc, 1 + f]] = new
     return 0
 
 
 @njit(inline='always', **OPTS)
+def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
+    """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
+    1 compact (every register source is compact or uniform: computed on BM lanes; or a finalize
+    store / storerow of a compact register), 2 a supported f32 binary op of one full and one
+    compact source. Also returns the field of the compact source."""
+    ncomp = 0
+    nfull = 0
+    cf = 0
+    for f in range(5):
+        b = rio[pc, f]
+        if b > 0:
+            sv = st[b - 1, instrs[pc, 1 + f]]
+            if sv == 1:
+                ncomp += 1
+                cf = f
+            elif sv == 0:
+                nfull += 1
+    if ncomp == 0:
+        return 0, cf
+    if g == G_EW or g == G_CAST:
+        if nfull == 0:
+            return 1, cf
+        if ncomp == 1 and nfull == 1 and g == G_EW and kind == K_BIN and bank == BK_F32:
+            for o in ROWB_OPS:
+                if o == op:
+                    return 2, cf
+        return 0, cf
+    if (g == G_STORE and fin) or g == G_STOREROW:
+        return 1, cf
+    return 0, cf
+
+
+@njit(inline='always', **OPTS)
+def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
+    """Broadcast every compact register instruction pc reads (compact registers are never
+    aliased to a buffer: fp is 0 for them)."""
+    for f in range(5):
+        b = rio[pc, f] - 1
+        if b >= 0:
+            r = instrs[pc, 1 + f]
+            if st[b, r] == 1:
+                if b == BK_F32:
+                    _expand(F[r], bm, bn, tl)
+                elif b == BK_F64:
+                    _expand(D[r], bm, bn, tl)
+                elif b == BK_I64:
+                    _expand(I[r], bm, bn, tl)
+                else:
+                    _expand(B[r], bm, bn, tl)
+                st[b, r] = 0
+
+
+@njit(inline='always', **OPTS)
 def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
-                F, D, I, B, fp, ix, sf, sd, si, si2):
+                rio, F, D, I, B, fp, ix, sf, sd, si, si2, st):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.
     F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units)."""
     bm, bn = meta[M_BM], meta[M_BN]
     fp[:] = 0
+    st[:, :] = 0
     # in-place tiles are row-major runs: never with column-major registers
     aok = meta[M_TL] == 0 and _alias_ok(addrs, numels, argsz, argst)
     cols = meta[M_COLS]
@@ -349,7 +427,7 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
         if s == e:
             continue
         err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
-                    aok, r0, c0, fin, ix, sf, sd, si, si2)
+                    aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st)
         if err != 0:
             return err
     return 0
@@ -368,7 +446,8 @@ def _raw(a):
 
 
 @njit(cache=True, **OPTS)
-def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst):
+def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
+              rio):
     """Run work units [u0, u1) on the calling thread (releases the GIL).
 
     Registers and scratch are allocated here and handed down as raw-pointer views (carray): a
@@ -381,20 +460,21 @@ def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, ad
     Do = np.empty(max(nd * t, 1), np.float64)
     Io = np.empty(max(ni * t, 1), np.int64)
     Bo = np.empty(max(nb * t, 1), np.uint8)
-    So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn, np.int64)   # fp, ix, si (2 bn), si2 (bn)
+    So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + 4 * MAX_REGS, np.int64)   # fp, ix, si, si2, st
     Sf = np.empty(2 * bn, np.float32)               # reduction scratch: two rows (the tree ping-pongs)
     Sd = np.empty(2 * bn, np.float64)
     s0 = So.ctypes.data
     nfp = max(nf, 1)
     # the caller's int64 tables too (the caller keeps them alive during the call)
     err = _exec_units(u0, u1, tile_par, _raw(instrs), _raw(dec), _raw(peep), _raw(meta), _raw(dims),
-                      _raw(optab), _raw(consts), _raw(addrs), _raw(numels), _raw(argsz), _raw(argst),
+                      _raw(optab), _raw(consts), _raw(addrs), _raw(numels), _raw(argsz), _raw(argst), _raw(rio),
                       carray(ptr_f32(Fo.ctypes.data), (nf, t)), carray(ptr_f64(Do.ctypes.data), (nd, t)),
                       carray(ptr_i64(Io.ctypes.data), (ni, t)), carray(ptr_u8(Bo.ctypes.data), (nb, t)),
                       carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
                       carray(ptr_f32(Sf.ctypes.data), 2 * bn), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn))), 2 * bn),
-                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn))
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))
     _keep(Fo, Do, Io, Bo, So, Sf, Sd)
     return err
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cpu_kernels import R_ARGMAX, R_ARGMIN, R_MAX, R_MIN, R_PROD, R_SUM, _fmax, _fmin
+from .cpu_kernels import (OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB, R_ARGMAX, R_ARGMIN, R_MAX, R_MIN,
+                          R_PROD, R_SUM, _fmax, _fmin)
 from .cpu_math import OPTS
 
 
@@ -269,7 +270,7 @@ def _is_pow2(n):
 
 @njit(**OPTS)
 def _rfin(op, o, acc, bm, bn, s):
-    """s: scratch of 2*bn lanes."""
+    """Compact result: row r's value in lane r. s: scratch of 2*bn lanes."""
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
@@ -280,7 +281,7 @@ def _rfin(op, o, acc, bm, bn, s):
             _copy(a, acc[r * bn:(r + 1) * bn])
             _tree(op, a, bn)
             v = a[0]
-        _fill(o[r * bn:(r + 1) * bn], v)
+        o[r] = v   # compact: row r at lane r (cpu_interp expands lazily)
 
 
 @njit(**OPTS)
@@ -294,8 +295,8 @@ def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
 
 @njit(**OPTS)
 def _rowred(op, o, x, bm, bn, ncv, s, is_float):
-    """Single-tile reduction of x over its valid columns (identity elsewhere), broadcast.
-    s: scratch of 2*bn lanes."""
+    """Single-tile reduction of x over its valid columns (identity elsewhere); compact result
+    (row r's value in lane r). s: scratch of 2*bn lanes."""
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
@@ -311,7 +312,7 @@ def _rowred(op, o, x, bm, bn, ncv, s, is_float):
             else:
                 _tree(op, a, bn)
                 v = a[0]
-        _fill(o[r * bn:(r + 1) * bn], v)
+        o[r] = v
 
 
 @njit(**OPTS)
@@ -379,16 +380,127 @@ def _bcast_t(o, bm, bn):
 
 @njit(**OPTS)
 def _rfin_t(op, o, acc, bm, bn):
+    """Compact result (row r at lane r, which is column 0 of a column-major tile)."""
     _copy(o, acc)
     _tree_t(op, o, bm, bn)
-    _bcast_t(o, bm, bn)
 
 
 @njit(**OPTS)
 def _rowred_t(op, o, x, bm, bn, ncv, is_float):
-    """Single-tile reduction over the valid columns (identity elsewhere), broadcast."""
+    """Single-tile reduction over the valid columns (identity elsewhere); compact result."""
     n = ncv * bm
     _copy(o[:n], x[:n])
     _accinit(op, o[n:bm * bn], is_float)
     _tree_t(op, o, bm, bn)
-    _bcast_t(o, bm, bn)
+
+
+# --- row-level (compact) registers ---------------------------------------------------------------
+# A reduction result is constant along the row: the VM keeps it compact (row r's value in lane r,
+# which is also column 0 of a column-major tile), computes row-level arithmetic on BM lanes only,
+# and broadcasts it when a full-tile instruction reads it (_expand), or on the fly (_bin_rowb).
+@njit(**OPTS)
+def _expand(o, bm, bn, tl):
+    """Compact -> broadcast tile, in place."""
+    if tl:
+        _bcast_t(o, bm, bn)
+    else:   # from the last row down: row r's lanes start at r*bn >= r, above every unread lane
+        for r in range(bm - 1, -1, -1):
+            _fill(o[r * bn:(r + 1) * bn], o[r])
+
+
+@njit(**OPTS)
+def _binv(op, o, a, b, swap):
+    """o = a . b lane-wise, or b . a when swap: the f32 add/sub/mul/div/maximum/minimum of
+    cpu_kernels._bin_float, for an operand held compact."""
+    n = o.shape[0]
+    if swap:
+        if op == OP_SUB:
+            for i in range(n):
+                o[i] = b[i] - a[i]
+            return
+        if op == OP_DIV:
+            for i in range(n):
+                o[i] = b[i] / a[i]
+            return
+        if op == OP_MAX:
+            for i in range(n):
+                o[i] = _fmax(b[i], a[i])
+            return
+        if op == OP_MIN:
+            for i in range(n):
+                o[i] = _fmin(b[i], a[i])
+            return
+    if op == OP_ADD:
+        for i in range(n):
+            o[i] = a[i] + b[i]
+    elif op == OP_SUB:
+        for i in range(n):
+            o[i] = a[i] - b[i]
+    elif op == OP_MUL:
+        for i in range(n):
+            o[i] = a[i] * b[i]
+    elif op == OP_DIV:
+        for i in range(n):
+            o[i] = a[i] / b[i]
+    elif op == OP_MAX:
+        for i in range(n):
+            o[i] = _fmax(a[i], b[i])
+    else:
+        for i in range(n):
+            o[i] = _fmin(a[i], b[i])
+
+
+@njit(**OPTS)
+def _bins(op, o, a, v, swap):
+    """_binv with a scalar second operand."""
+    n = o.shape[0]
+    if swap:
+        if op == OP_SUB:
+            for i in range(n):
+                o[i] = v - a[i]
+            return
+        if op == OP_DIV:
+            for i in range(n):
+                o[i] = v / a[i]
+            return
+        if op == OP_MAX:
+            for i in range(n):
+                o[i] = _fmax(v, a[i])
+            return
+        if op == OP_MIN:
+            for i in range(n):
+                o[i] = _fmin(v, a[i])
+            return
+    if op == OP_ADD:
+        for i in range(n):
+            o[i] = a[i] + v
+    elif op == OP_SUB:
+        for i in range(n):
+            o[i] = a[i] - v
+    elif op == OP_MUL:
+        for i in range(n):
+            o[i] = a[i] * v
+    elif op == OP_DIV:
+        for i in range(n):
+            o[i] = a[i] / v
+    elif op == OP_MAX:
+        for i in range(n):
+            o[i] = _fmax(a[i], v)
+    else:
+        for i in range(n):
+            o[i] = _fmin(a[i], v)
+
+
+ROWB_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN)
+
+
+@njit(**OPTS)
+def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
+    """o = a . b (b . a when swap) for a full tile a and a compact register b."""
+    if tl:
+        bv = b[:bm]
+        for k in range(bn):
+            _binv(op, o[k * bm:(k + 1) * bm], a[k * bm:(k + 1) * bm], bv, swap)
+    else:
+        for r in range(bm):
+            _bins(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], b[r], swap)
