@@ -399,8 +399,7 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
     bm, bn = meta[M_BM], meta[M_BN]
     fp[:] = 0
     st[:, :] = 0
-    # in-place tiles are row-major runs: never with column-major registers
-    aok = meta[M_TL] == 0 and _alias_ok(addrs, numels, argsz, argst)
+    aok = _alias_ok(addrs, numels, argsz, argst)
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
     per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)

@@ -33,10 +33,17 @@ def _addr(j, idx, optab, dims, d0, d1):
 
 @njit(**OPTS)
 def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
-    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements (a full
-    tile, unit column stride, rows back to back), else 0. Such a tile is read in place by a load
+    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements in the
+    register layout (a full tile; row-major: unit column stride, rows back to back; column-major:
+    unit row stride, columns back to back), else 0. Such a tile is read in place by a load
     (the register aliases the buffer) or written in place by the op feeding a store."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    if meta[M_TL] != 0:   # column-major: contiguous rows, columns exactly BM apart
+        if optab[j, 2] != DT_F32 or nc != 1 or nr != 1 or optab[j, 4] != 1:
+            return 0
+        if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS] or (bn > 1 and optab[j, 5] != bm):
+            return 0
+        return addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0 + c0 * optab[j, 5])
     if optab[j, 2] != DT_F32 or nc != 1 or optab[j, 4 + nr] != 1:
         return 0
     if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
