@@ -13,8 +13,8 @@ DVM_NUM_THREADS (dvm.config); numba's own threading layer is never used.
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -125,18 +125,75 @@ def _salt_cache() -> None:
 _salt_cache()
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
-_POOL_LOCK = threading.Lock()
+class _Workers:
+    """Persistent daemon threads fed through one C-level SimpleQueue; each launch gets its own
+    reply queue (concurrent launches from several Python threads never mix results). Cheaper per
+    launch than ThreadPoolExecutor's futures, and the compiled code releases the GIL."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def ensure(self, n: int) -> None:
+        if self.count >= n:
+            return
+        with self.lock:
+            while self.count < n:
+                threading.Thread(target=self._loop, name=f"dvm-cpu-{self.count}", daemon=True).start()
+                self.count += 1
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, reply = self.jobs.get()
+            try:
+                reply.put(fn(*args))
+            except BaseException as e:  # handed back to the launching thread
+                reply.put(e)
+
+    def submit(self, fn, args: tuple, reply: queue.SimpleQueue) -> None:
+        self.jobs.put((fn, args, reply))
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    global _POOL, _POOL_SIZE
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_SIZE < workers:
-            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dvm-cpu")
-            _POOL_SIZE = workers
-        return _POOL
+_WORKERS = _Workers()
+
+
+def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
+    """Run one kernel's work units, split into contiguous chunks over DVM_NUM_THREADS threads when
+    it is big enough (the caller runs the first chunk); returns the VM's error code. numba's
+    threading layer is never started: its spinning OpenMP threads slow PyTorch in the same
+    process down 10-40x."""
+    chunks = 1
+    if d.work >= PARALLEL_MIN_ELEMS:
+        nthreads = config().threads if threads is None else max(1, int(threads))
+        chunks = min(nthreads, d.n_units)
+    if chunks == 1:
+        return ci.run_units(0, d.n_units, *args)
+    _WORKERS.ensure(chunks - 1)
+    bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
+    reply: queue.SimpleQueue = queue.SimpleQueue()
+    for c in range(1, chunks):
+        _WORKERS.submit(ci.run_units, (bounds[c], bounds[c + 1], *args), reply)
+    errs = [ci.run_units(bounds[0], bounds[1], *args)]
+    errs += [reply.get() for _ in range(1, chunks)]
+    for e in errs:
+        if isinstance(e, BaseException):
+            raise e
+    return max(errs)
+
+
+def _run_kernels(descs, addrs: np.ndarray, numels: np.ndarray, argsz: np.ndarray, threads: int | None) -> None:
+    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
+    for d in descs:
+        if d.n_units == 0:
+            continue
+        args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
+                argsz, d.argst, d.rio)
+        err = _run_units(d, args, threads)
+        if err == ci.ERR_ZERODIV:
+            raise ZeroDivisionError("integer division or remainder by zero")
+        if err != 0:
+            raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
 
 
 _SPECS = {spec.code: spec for spec in isa.ISA}
@@ -316,29 +373,7 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
     addrs = np.array([b.__array_interface__["data"][0] for b in bufs], np.int64)
     numels = np.array([b.shape[0] for b in bufs], np.int64)
     try:
-        for d in descs:
-            if d.n_units == 0:
-                continue
-            chunks = 1
-            if d.work >= PARALLEL_MIN_ELEMS:
-                # our own pool (DVM_NUM_THREADS); numba's threading layer is never started: its
-                # spinning OpenMP threads slow PyTorch in the same process down 10-40x
-                nthreads = config().threads if threads is None else max(1, int(threads))
-                chunks = min(nthreads, d.n_units)
-            args = (d.tile_par, d.instrs, DECODE, d.peep, d.meta, d.dims, d.optab, d.consts, addrs, numels,
-                    argsz, d.argst, d.rio)
-            if chunks > 1:
-                bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
-                futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)
-                        for c in range(1, chunks)]
-                errs = [ci.run_units(bounds[0], bounds[1], *args)] + [f.result() for f in futs]
-                err = max(errs)
-            else:
-                err = ci.run_units(0, d.n_units, *args)
-            if err == ci.ERR_ZERODIV:
-                raise ZeroDivisionError("integer division or remainder by zero")
-            if err != 0:
-                raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+        _run_kernels(descs, addrs, numels, argsz, threads)
     finally:
         for a in copied:
             buffers[a][...] = bufs[a]

@@ -95,6 +95,10 @@ def _load_row(o, buf, cv, start, stride, n, ix, general):
         else:
             o[:n] = bf2f(buf[start])
         return
+    if not general and plain:   # strided: index directly (vectorizes as a gather)
+        for k in range(n):
+            o[k] = buf[start + k * stride]
+        return
     if not general:
         for k in range(n):
             ix[k] = start + k * stride
@@ -122,6 +126,10 @@ def _store_row(buf, x, cv, start, stride, n, ix, general):
         else:
             for k in range(n):
                 dst[k] = f2bf(x[k])
+        return
+    if not general and cv != DT_F16 and cv != DT_BF16:
+        for k in range(n):
+            buf[start + k * stride] = x[k]
         return
     if not general:
         for k in range(n):
