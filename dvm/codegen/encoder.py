@@ -141,7 +141,8 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     R, C = prod(row_sizes), prod(col_sizes)
     if column_major:
         bm = max(1, R if R <= COLUMN_MAJOR_WHOLE else COLUMN_MAJOR_BM)
-        bn = max(1, min(_pow2_at_least(max(C, 1)), (COLUMN_MAJOR_TILE if R <= COLUMN_MAJOR_WHOLE else TILE_ELEMS) // bm))
+        tile = COLUMN_MAJOR_TILE if R <= COLUMN_MAJOR_WHOLE else TILE_ELEMS
+        bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
         bn = C if single_stream and C <= EXACT_BN_COLS else min(_pow2_at_least(max(C, 1)), MAX_BN)
         bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))

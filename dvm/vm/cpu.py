@@ -24,7 +24,7 @@ from ..codegen.program import ARG_IN, MAX_REGS, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_math, cpu_mem, cpu_reduce
+from . import cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
 
 assert ci.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
@@ -109,7 +109,7 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, ci):
+    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, cpu_rowlevel, ci):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]

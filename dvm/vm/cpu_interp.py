@@ -15,6 +15,12 @@ In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A
 contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
 result is only stored writes straight into the output tile and the store is skipped. Both only
 when no stored argument overlaps another argument (checked per call), so results are unchanged.
+
+Register layout: row-major, or column-major for the kernels cpu._transposed picks (meta[M_TL]);
+see cpu_mem / cpu_reduce. Row-level values (reduction results and arithmetic on them) are kept
+compact, one lane per row, and broadcast lazily (cpu_rowlevel; per-register state in `st`).
+Registers, scratch and the caller's tables are handed to the compiled loops as views without a
+meminfo (run_units), so slicing them never touches a reference count.
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
                       _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t)
-from .cpu_reduce import (ROWB_OPS, _acc, _acc_arg, _acc_t, _accinit, _bin_rowb, _expand, _rfin, _rfin_arg,
-                         _rfin_t, _rowred, _rowred_arg, _rowred_t)
+from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
+                         _rowred_t)
+from .cpu_rowlevel import ROWB_OPS, _bin_rowb, _expand
 
 # instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
 G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
@@ -66,11 +73,14 @@ def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok
             if p != 0:
                 fp[d] = p
                 return 0
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_F16:
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_BF16:
-        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_F64:
         _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_I64:
