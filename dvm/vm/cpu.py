@@ -6,9 +6,9 @@ this module's own numbering (cpu_kernels / cpu_interp), passed to the compiled c
 
 Threads: work units are row blocks (each runs all sweeps of its rows, so reductions never cross
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
-init/fin, single tiles. Units are split into contiguous chunks, one per thread: the caller runs
-the first, a thread pool the rest (the compiled code releases the GIL). The thread count is
-DVM_NUM_THREADS (dvm.config); numba's own threading layer is never used.
+init/fin, single tiles. For a big kernel the caller and DVM_NUM_THREADS - 1 persistent workers
+claim chunks of units from an atomic counter (the compiled code releases the GIL); numba's own
+threading layer is never used.
 """
 from __future__ import annotations
 
@@ -126,9 +126,9 @@ _salt_cache()
 
 
 class _Workers:
-    """Persistent daemon threads fed through one C-level SimpleQueue; each launch gets its own
-    reply queue (concurrent launches from several Python threads never mix results). Cheaper per
-    launch than ThreadPoolExecutor's futures, and the compiled code releases the GIL."""
+    """Persistent daemon threads fed through one C-level SimpleQueue (cheaper per launch than
+    ThreadPoolExecutor's futures); a job may name a reply queue. The compiled code releases the
+    GIL."""
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -147,39 +147,41 @@ class _Workers:
         while True:
             fn, args, reply = self.jobs.get()
             try:
-                reply.put(fn(*args))
-            except BaseException as e:  # handed back to the launching thread
-                reply.put(e)
+                out = fn(*args)
+            except BaseException as e:  # handed back to the launching thread, if it waits
+                out = e
+            if reply is not None:
+                reply.put(out)
 
-    def submit(self, fn, args: tuple, reply: queue.SimpleQueue) -> None:
+    def submit(self, fn, args: tuple, reply: queue.SimpleQueue | None) -> None:
         self.jobs.put((fn, args, reply))
 
 
 _WORKERS = _Workers()
 
 
+_NO_SCHED = np.zeros(0, np.int64)
+CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
+
+
 def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
-    """Run one kernel's work units, split into contiguous chunks over DVM_NUM_THREADS threads when
-    it is big enough (the caller runs the first chunk); returns the VM's error code. numba's
-    threading layer is never started: its spinning OpenMP threads slow PyTorch in the same
-    process down 10-40x."""
-    chunks = 1
+    """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
+    DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they
+    wake up (a thread handoff costs ~60 us on a busy machine), claiming chunks of units from an
+    atomic counter (cpu_interp._exec_units), so a late worker costs nothing. numba's threading
+    layer is never started: its spinning OpenMP threads slow PyTorch in the same process 10-40x."""
+    nthreads = 1
     if d.work >= PARALLEL_MIN_ELEMS:
-        nthreads = config().threads if threads is None else max(1, int(threads))
-        chunks = min(nthreads, d.n_units)
-    if chunks == 1:
-        return ci.run_units(0, d.n_units, *args)
-    _WORKERS.ensure(chunks - 1)
-    bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
-    reply: queue.SimpleQueue = queue.SimpleQueue()
-    for c in range(1, chunks):
-        _WORKERS.submit(ci.run_units, (bounds[c], bounds[c + 1], *args), reply)
-    errs = [ci.run_units(bounds[0], bounds[1], *args)]
-    errs += [reply.get() for _ in range(1, chunks)]
-    for e in errs:
-        if isinstance(e, BaseException):
-            raise e
-    return max(errs)
+        nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
+    if nthreads == 1:
+        return ci.run_units(0, d.n_units, *args, _NO_SCHED, False)
+    _WORKERS.ensure(nthreads - 1)
+    sched = np.zeros(4, np.int64)   # next, done, err, chunk (kept alive by the queued jobs)
+    sched[3] = max(1, d.n_units // (nthreads * CHUNKS_PER_THREAD))
+    for _ in range(nthreads - 1):
+        _WORKERS.submit(ci.run_units, (0, d.n_units, *args, sched, False), None)
+    err = ci.run_units(0, d.n_units, *args, sched, True)
+    return max(err, int(sched[2]))
 
 
 def _run_kernels(descs, addrs: np.ndarray, numels: np.ndarray, argsz: np.ndarray, threads: int | None) -> None:

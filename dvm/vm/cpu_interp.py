@@ -25,7 +25,9 @@ meminfo (run_units), so slicing them never touches a reference count.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
                           DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _bin_b8,
@@ -401,11 +403,29 @@ def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
                 st[b, r] = 0
 
 
+@intrinsic
+def _atomic_add(typingctx, addr, val):
+    """*(int64*)addr += val atomically (sequentially consistent); returns the old value."""
+    if not (isinstance(addr, types.Integer) and isinstance(val, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], ir.PointerType(ir.IntType(64)))
+        return builder.atomic_rmw("add", ptr, args[1], "seq_cst")
+    return types.int64(addr, val), codegen
+
+
 @njit(inline='always', **OPTS)
 def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
-                rio, F, D, I, B, fp, ix, sf, sd, si, si2, st):
+                rio, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.
-    F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units)."""
+    F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units).
+
+    sched empty: this thread runs all of [u0, u1). Else [next, done, err, chunk]: threads share
+    the units, each claiming `chunk` units at a time from `next` (atomically) and adding them to
+    `done` when finished; a thread that starts late finds them claimed. Units are independent
+    (reductions never cross a unit), so results do not depend on who runs which. After an error
+    (stored in err) a thread still claims and counts units, without running them."""
     bm, bn = meta[M_BM], meta[M_BN]
     fp[:] = 0
     st[:, :] = 0
@@ -413,16 +433,39 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
     per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)
-    total = (u1 - u0) * per_unit
-    # one call site for _exec (it is inlined): step -1 is the prologue, then the units' sections
-    for q in range(-1, total):
+    dyn = sched.shape[0] >= 4
+    sp = np.int64(sched.ctypes.data) if dyn else np.int64(0)
+    chunk = max(sched[3], 1) if dyn else max(u1 - u0, 1)
+    a = u0        # the current chunk of units [a, b)
+    b = u0
+    q = -1        # step in the chunk; -1: the prologue
+    total = 0
+    once = False
+    err = 0
+    # one call site for _exec (it is inlined)
+    while True:
+        if q >= total:
+            if dyn:
+                if b > a:
+                    _atomic_add(sp + 8, b - a)
+                a = _atomic_add(sp, chunk)
+            elif once:
+                break
+            else:
+                once = True
+                a = u0
+            if a >= u1:
+                break
+            b = min(a + chunk, u1)
+            total = (b - a) * per_unit
+            q = 0
         if q < 0:
             s, e, r0, c0, fin = meta[M_PRO_S], meta[M_PRO_E], u0 * 0, u0 * 0, bm > 0
         elif tile_par:
-            u = u0 + q
+            u = a + q
             s, e, r0, c0, fin = meta[M_SW + 2], meta[M_SW + 3], (u // nct) * bm, (u % nct) * bn, bm < 0
         else:
-            u = u0 + q // per_unit
+            u = a + q // per_unit
             t = q % per_unit
             sw = M_SW + 6 * (t // (nct + 2))
             ph = t % (nct + 2)
@@ -433,13 +476,14 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
                 s, e, c0, fin = meta[sw + 4], meta[sw + 5], u0 * 0, bm > 0
             else:
                 s, e, c0, fin = meta[sw + 2], meta[sw + 3], (ph - 1) * bn, bm < 0
-        if s == e:
+        q += 1
+        if s == e or err != 0:
             continue
         err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
                     aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st)
-        if err != 0:
-            return err
-    return 0
+        if err != 0 and dyn:
+            sched[2] = err
+    return err
 
 
 @njit(**OPTS)
@@ -456,7 +500,7 @@ def _raw(a):
 
 @njit(cache=True, **OPTS)
 def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
-              rio):
+              rio, sched, wait):
     """Run work units [u0, u1) on the calling thread (releases the GIL).
 
     Registers and scratch are allocated here and handed down as raw-pointer views (carray): a
@@ -477,6 +521,7 @@ def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, ad
     # the caller's int64 tables too (the caller keeps them alive during the call)
     err = _exec_units(u0, u1, tile_par, _raw(instrs), _raw(dec), _raw(peep), _raw(meta), _raw(dims),
                       _raw(optab), _raw(consts), _raw(addrs), _raw(numels), _raw(argsz), _raw(argst), _raw(rio),
+                      _raw(sched),
                       carray(ptr_f32(Fo.ctypes.data), (nf, t)), carray(ptr_f64(Do.ctypes.data), (nd, t)),
                       carray(ptr_i64(Io.ctypes.data), (ni, t)), carray(ptr_u8(Bo.ctypes.data), (nb, t)),
                       carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
@@ -485,6 +530,9 @@ def run_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, ad
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))
     _keep(Fo, Do, Io, Bo, So, Sf, Sd)
+    if wait and sched.shape[0] >= 4:   # the launching thread returns when every unit is done
+        while _atomic_add(np.int64(sched.ctypes.data) + 8, 0) < u1 - u0:
+            pass
     return err
 
 
