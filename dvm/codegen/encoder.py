@@ -25,7 +25,16 @@ MAX_BN = 4096
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep);
 # tests that pin the multi-sweep form set it to 0
 SINGLE_TILE_COLS = MAX_BN
-COLUMN_MAJOR_BN = 16   # tile width when the reduced axis is strided and the kept one contiguous
+# column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at
+# most COLUMN_MAJOR_WHOLE rows a tile holds all of them (a tile is then one contiguous run of the
+# operand, which the CPU VM reads in place; up to COLUMN_MAJOR_TILE elements); longer kept axes
+# get row blocks of COLUMN_MAJOR_BM rows (each tile column one contiguous run)
+COLUMN_MAJOR_WHOLE = 4096
+COLUMN_MAJOR_TILE = 16384
+COLUMN_MAJOR_BM = 1024
+# single-tile rows at most this wide get a tile exactly one row wide (no padding lanes: a 17-column
+# softmax would otherwise compute 32 lanes per row); the CPU VM holds such tiles column-major
+EXACT_BN_COLS = 64
 
 
 class NeedsCopy(Exception):
@@ -115,6 +124,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
+    single_stream = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
     if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
         single = _compiled(t.single)
@@ -123,14 +133,19 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:
-            c = single
+            c, single_stream = single, True
     else:
         folded = _folded(c, dom, env, inputs)
         column_major = _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
-    bn = min(_pow2_at_least(max(C, 1)), COLUMN_MAJOR_BN if column_major else MAX_BN)
-    bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))
+    if column_major:
+        bm = max(1, R if R <= COLUMN_MAJOR_WHOLE else COLUMN_MAJOR_BM)
+        tile = COLUMN_MAJOR_TILE if R <= COLUMN_MAJOR_WHOLE else TILE_ELEMS
+        bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
+    else:
+        bn = C if single_stream and C <= EXACT_BN_COLS else min(_pow2_at_least(max(C, 1)), MAX_BN)
+        bm = max(1, min(TILE_ELEMS // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):
         words += [spec.kind, spec.slot, int(spec.dtype), offset, *rs, *cs]

@@ -6,27 +6,28 @@ this module's own numbering (cpu_kernels / cpu_interp), passed to the compiled c
 
 Threads: work units are row blocks (each runs all sweeps of its rows, so reductions never cross
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
-init/fin, single tiles. Units are split into contiguous chunks, one per thread: the caller runs
-the first, a thread pool the rest (the compiled code releases the GIL). The thread count is
-DVM_NUM_THREADS (dvm.config); numba's own threading layer is never used.
+init/fin, single tiles. For a big kernel the caller and DVM_NUM_THREADS - 1 persistent workers
+claim chunks of units from an atomic counter (the compiled code releases the GIL); numba's own
+threading layer is never used.
 """
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..codegen import isa
 from ..config import config
-from ..codegen.program import ARG_IN, KernelLayout, ProgramLayout
+from ..codegen.program import ARG_IN, MAX_REGS, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from .buffers import data_ptr
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_math
+from . import cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
 
+assert ci.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
 _BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
@@ -109,7 +110,7 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_math, ck, ci):
+    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, cpu_rowlevel, ci):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]
@@ -125,18 +126,75 @@ def _salt_cache() -> None:
 _salt_cache()
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
-_POOL_LOCK = threading.Lock()
+class _Workers:
+    """Persistent daemon threads fed through one C-level SimpleQueue (cheaper per launch than
+    ThreadPoolExecutor's futures); a job may name a reply queue. The compiled code releases the
+    GIL."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def ensure(self, n: int) -> None:
+        if self.count >= n:
+            return
+        with self.lock:
+            while self.count < n:
+                threading.Thread(target=self._loop, name=f"dvm-cpu-{self.count}", daemon=True).start()
+                self.count += 1
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, reply = self.jobs.get()
+            try:
+                out = fn(*args)
+            except BaseException as e:  # handed back to the launching thread, if it waits
+                out = e
+            if reply is not None:
+                reply.put(out)
+
+    def submit(self, fn, args: tuple, reply: queue.SimpleQueue | None) -> None:
+        self.jobs.put((fn, args, reply))
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    global _POOL, _POOL_SIZE
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_SIZE < workers:
-            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dvm-cpu")
-            _POOL_SIZE = workers
-        return _POOL
+_WORKERS = _Workers()
+
+
+_NO_SCHED = np.zeros(0, np.int64)
+CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
+
+
+def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
+    """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
+    DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they
+    wake up (a thread handoff costs ~60 us on a busy machine), claiming chunks of units from an
+    atomic counter (cpu_interp._exec_units), so a late worker costs nothing. numba's threading
+    layer is never started: its spinning OpenMP threads slow PyTorch in the same process 10-40x."""
+    nthreads = 1
+    if d.work >= PARALLEL_MIN_ELEMS:
+        nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
+    if nthreads == 1:
+        return ci.run_units(0, d.n_units, *args, _NO_SCHED, False)
+    _WORKERS.ensure(nthreads - 1)
+    sched = np.zeros(4, np.int64)   # next, done, err, chunk (kept alive by the queued jobs)
+    sched[3] = max(1, d.n_units // (nthreads * CHUNKS_PER_THREAD))
+    for _ in range(nthreads - 1):
+        _WORKERS.submit(ci.run_units, (0, d.n_units, *args, sched, False), None)
+    err = ci.run_units(0, d.n_units, *args, sched, True)
+    return max(err, int(sched[2]))
+
+
+def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
+    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
+    for d in descs:
+        if d.n_units == 0:
+            continue
+        err = _run_units(d, (d.blob, DECODE, bufs), threads)
+        if err == ci.ERR_ZERODIV:
+            raise ZeroDivisionError("integer division or remainder by zero")
+        if err != 0:
+            raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
 
 
 _SPECS = {spec.code: spec for spec in isa.ISA}
@@ -183,14 +241,61 @@ def _in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndar
     return peep
 
 
+NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers
+
+
+def _transposed(kl: KernelLayout) -> bool:
+    """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
+    narrow (a tree level is then one loop over BM rows instead of a short loop per row) or whose
+    operands are contiguous along the kept axis (a column of the tile is then a contiguous run).
+    The layout is invisible: every lane holds the same value and the tree pairs the same lanes.
+    Argmax/argmin keep the row-major form."""
+    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes:
+        return False
+    groups = set()
+    for row in np.asarray(kl.instrs).reshape(-1, isa.WORDS):
+        sp = _SPECS.get(int(row[0]))
+        if sp is None:
+            return False
+        groups.add(sp.group)
+        if sp.group in ("acc", "rfin", "rowred") and sp.op.startswith("arg"):
+            return False
+    if not groups & {"acc", "rfin", "rowred"}:
+        return False
+    if kl.bn <= NARROW_BN:
+        return True
+    nr = len(kl.row_sizes)
+    strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
+    return any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides)
+
+
+def _reg_io(instrs: np.ndarray) -> np.ndarray:
+    """Per instruction and field: 1 + the bank of a register it reads (columns 0-4) or writes
+    (columns 5-9), else 0 ('m' fields count as both). The VM tracks compact registers with it."""
+    rio = np.zeros((len(instrs), 10), np.int64)
+    for pc, row in enumerate(instrs):
+        sp = _SPECS.get(int(row[0]))
+        if sp is None:
+            continue
+        for f, fld in enumerate(sp.fields):
+            if fld.is_reg and fld.bank in _BANK:
+                if fld.role in "sm":
+                    rio[pc, f] = 1 + _BANK[fld.bank]
+                if fld.role in "dm":
+                    rio[pc, 5 + f] = 1 + _BANK[fld.bank]
+    return rio
+
+
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "blob")
+                 "blob", "transposed", "rio")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
         rows, cols = kl.rows, kl.cols
-        meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue]
+        self.transposed = _transposed(kl)
+        meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue, int(self.transposed)]
+        assert len(meta) == cpu_mem.M_SW
         for sw in kl.sweeps:
             meta += [*sw.init, *sw.body, *sw.fin]
         self.meta = np.array(meta, np.int64)
@@ -204,6 +309,7 @@ class _Desc:
         self.optab = optab
         self.consts = np.array(kl.const_bits, np.int64).reshape(-1).copy()
         self.instrs = np.array(kl.instrs, np.int64).reshape(-1, isa.WORDS).copy()
+        self.rio = _reg_io(self.instrs)
         sw0 = kl.sweeps[0]
         self.tile_par = (len(kl.sweeps) == 1 and sw0.init[0] == sw0.init[1] and sw0.fin[0] == sw0.fin[1])
         n_rb = -(-rows // kl.bm)
@@ -245,8 +351,8 @@ def _desc(kl: KernelLayout, n_args: int) -> _Desc:
 
 def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
     """The descriptor as one int64 array (layout: cpu_interp.P_*)."""
-    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst]
-    assert len(segs) == ci.P_HEADER // 2 - 1
+    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio]
+    assert len(segs) == ci.P_HEADER // 2 - 1 and d.instrs.shape[1] == 6 and d.rio.shape[1] == ci.RIO_WIDTH
     head = np.zeros(ci.P_HEADER, np.int64)
     head[0] = d.tile_par
     head[-1] = d.optab.shape[1]
@@ -292,29 +398,6 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
 
 def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:
     """Execute a verified program on buffers given by base address and element count (`bufs`: the
-    n addresses, then the n counts, int64). The caller
-    keeps the buffers alive and guarantees they passed check_buffers (or have the same dtypes and
-    extents as buffers that did)."""
-    _, descs, _ = _prog(layout)
-    for d in descs:
-        if d.n_units == 0:
-            continue
-        chunks = 1
-        if d.work >= PARALLEL_MIN_ELEMS:
-            # our own pool (DVM_NUM_THREADS); numba's threading layer is never started: its
-            # spinning OpenMP threads slow PyTorch in the same process down 10-40x
-            nthreads = config().threads if threads is None else max(1, int(threads))
-            chunks = min(nthreads, d.n_units)
-        args = (d.blob, DECODE, bufs)
-        if chunks > 1:
-            bounds = [d.n_units * c // chunks for c in range(chunks + 1)]
-            futs = [_pool(chunks - 1).submit(ci.run_units, bounds[c], bounds[c + 1], *args)
-                    for c in range(1, chunks)]
-            errs = [ci.run_units(bounds[0], bounds[1], *args)] + [f.result() for f in futs]
-            err = max(errs)
-        else:
-            err = ci.run_units(0, d.n_units, *args)
-        if err == ci.ERR_ZERODIV:
-            raise ZeroDivisionError("integer division or remainder by zero")
-        if err != 0:
-            raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+    n addresses, then the n counts, int64). The caller keeps the buffers alive and guarantees
+    they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
+    _run_kernels(_prog(layout)[1], bufs, threads)

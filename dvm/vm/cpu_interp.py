@@ -15,36 +15,35 @@ In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A
 contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
 result is only stored writes straight into the output tile and the store is skipped. Both only
 when no stored argument overlaps another argument (checked per call), so results are unchanged.
+
+Register layout: row-major, or column-major for the kernels cpu._transposed picks (meta[M_TL]);
+see cpu_mem / cpu_reduce. Row-level values (reduction results and arithmetic on them) are kept
+compact, one lane per row, and broadcast lazily (cpu_rowlevel; per-register state in `st`).
+Registers, scratch and the caller's tables are handed to the compiled loops as views without a
+meminfo (run_units), so slicing them never touches a reference count.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
-                          DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _acc,
-                          _acc_arg, _accinit, _bin_b8, _bin_float, _bin_i64, _cast_to_b8,
-                          _cast_to_f32, _cast_to_f64, _cast_to_int, _clamp, _cmp,
-                          _pred, _rfin, _rfin_arg, _rowred, _rowred_arg, _un_b8, _un_f32, _un_f64, _un_i64, _where)
-from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+                          DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _bin_b8,
+                          _bin_float, _bin_i64, _cast_to_b8, _cast_to_f32, _cast_to_f64, _cast_to_int,
+                          _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
+from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
+                      _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t)
+from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
+                         _rowred_t)
+from .cpu_rowlevel import ROWB_OPS, _bin_rowb, _expand
 
 # instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
 G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
 K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
-# meta layout
-M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_SW = range(14)
-
-
-@njit(**OPTS)
-def _addr(j, idx, optab, dims, d0, d1):
-    """Address contribution of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
-    off = np.int64(0)
-    rem = idx
-    for d in range(d1 - 1, d0 - 1, -1):
-        size = max(dims[d], 1)
-        off += (rem % size) * optab[j, 4 + d]
-        rem //= size
-    return off
+MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
 
 
 @njit(inline='always', **OPTS)
@@ -56,146 +55,18 @@ def _fv(F, fp, k):
     return carray(ptr_f32(p), F.shape[1])
 
 
-@njit(**OPTS)
-def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
-    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements (a full
-    tile, unit column stride, rows back to back), else 0. Such a tile is read in place by a load
-    (the register aliases the buffer) or written in place by the op feeding a store."""
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    if optab[j, 2] != DT_F32 or nc != 1 or optab[j, 4 + nr] != 1:
-        return 0
-    if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
-        return 0
-    if bm > 1 and (nr != 1 or optab[j, 4] != bn):
-        return 0
-    base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
-    return addrs[optab[j, 1]] + 4 * base
-
-
-@njit(**OPTS)
-def _alias_ok(addrs, numels, argsz, argst):
-    """In-place tiles only when no stored argument overlaps any other argument."""
-    n = addrs.shape[0]
-    for a in range(n):
-        if argst[a] == 2:
-            return False
-        if argst[a] == 0:
-            continue
-        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
-        for b in range(n):
-            if b != a and hi > lo and numels[b] > 0:
-                if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
-                    return False
-    return True
-
-
 @njit(inline='always', **OPTS)
-def _load_row(o, buf, cv, start, stride, n, ix, general):
-    """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
-    plain = cv != DT_F16 and cv != DT_BF16
-    if not general and stride == 1:
-        src = buf[start:start + n]
-        if plain:
-            for k in range(n):
-                o[k] = src[k]
-        elif cv == DT_F16:
-            for k in range(n):
-                o[k] = h2f(src[k])
-        else:
-            for k in range(n):
-                o[k] = bf2f(src[k])
-        return
-    if not general and stride == 0:
-        if plain:
-            o[:n] = buf[start]
-        elif cv == DT_F16:
-            o[:n] = h2f(buf[start])
-        else:
-            o[:n] = bf2f(buf[start])
-        return
-    if not general:
-        for k in range(n):
-            ix[k] = start + k * stride
-    if plain:
-        for k in range(n):
-            o[k] = buf[ix[k]]
-    elif cv == DT_F16:
-        for k in range(n):
-            o[k] = h2f(buf[ix[k]])
+def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact):
+    """compact: a finalize store of a compact register (row r at lane r: column 0 of a
+    column-major tile, whatever the kernel's layout)."""
+    if meta[M_TL] != 0 or compact:
+        _mem_t(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
     else:
-        for k in range(n):
-            o[k] = bf2f(buf[ix[k]])
+        _mem(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
 
 
 @njit(inline='always', **OPTS)
-def _store_row(buf, x, cv, start, stride, n, ix, general):
-    if not general and stride == 1:
-        dst = buf[start:start + n]
-        if (cv != DT_F16 and cv != DT_BF16):
-            for k in range(n):
-                dst[k] = x[k]
-        elif cv == DT_F16:
-            for k in range(n):
-                dst[k] = f2h(x[k])
-        else:
-            for k in range(n):
-                dst[k] = f2bf(x[k])
-        return
-    if not general:
-        for k in range(n):
-            ix[k] = start + k * stride
-    if (cv != DT_F16 and cv != DT_BF16):
-        for k in range(n):
-            buf[ix[k]] = x[k]
-    elif cv == DT_F16:
-        for k in range(n):
-            buf[ix[k]] = f2h(x[k])
-    else:
-        for k in range(n):
-            buf[ix[k]] = f2bf(x[k])
-
-
-@njit(**OPTS)
-def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
-    """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j."""
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    rows, cols = meta[M_ROWS], meta[M_COLS]
-    nrv = min(bm, rows - r0)
-    ncv = 1 if fin else min(bn, cols - c0)
-    off = optab[j, 3]
-    zero = off * 0
-    # column addressing for this tile: a single column dim is start + k*stride, else general
-    general = (not fin) and nc > 1
-    stride = 0 if (fin or nc == 0) else optab[j, 4 + nr]
-    if general:
-        for k in range(ncv):
-            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
-    for i in range(bm if not is_store else nrv):
-        row = reg[i * bn:(i + 1) * bn]
-        if i >= nrv:   # clamped rows copy the last valid row
-            row[:] = reg[(nrv - 1) * bn:nrv * bn]
-            continue
-        base = off + _addr(j, r0 + i, optab, dims, zero, nr)
-        if general:
-            for k in range(ncv):
-                ix[ncv + k] = base + ix[k]
-            start = zero
-            ixs = ix[ncv:]
-        else:
-            start = base + c0 * stride
-            ixs = ix[:ncv]
-        if is_store:
-            _store_row(buf, row, cv, start, stride, ncv, ixs, general)
-        else:
-            _load_row(row, buf, cv, start, stride, ncv, ixs, general)
-        if not is_store and ncv < bn:
-            v = row[ncv - 1]
-            for k in range(ncv, bn):
-                row[k] = v
-
-
-@njit(inline='always', **OPTS)
-def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix):
+def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix, compact):
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
@@ -204,85 +75,77 @@ def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok
             if p != 0:
                 fp[d] = p
                 return 0
-        _mem(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_F16:
-        _mem(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_BF16:
-        _mem(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact)
     elif dt == DT_F64:
-        _mem(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_I64:
-        _mem(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_I32:
-        _mem(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     elif dt == DT_BOOL:
-        _mem(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
     else:
         return ERR_UNHANDLED
     return 0
 
 
-@njit(**OPTS)
-def _index(o, j, optab, dims, meta, r0, c0, fin):
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    rows, cols = meta[M_ROWS], meta[M_COLS]
-    for i in range(bm):
-        r = min(r0 + i, rows - 1)
-        base = optab[j, 3] + _addr(j, r, optab, dims, nr - nr, nr)
-        for k in range(bn):
-            c = 0 if fin else min(c0 + k, cols - 1)
-            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc)
-
-
 @njit(inline='always', **OPTS)
-def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp):
+def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n):
+    """On the first n lanes of each register (all of them, or BM for compact registers)."""
     if kind == K_UN:
         if bank == BK_F32:
-            return 0 if _un_f32(op, _fv(F, fp, f1), _fv(F, fp, f2)) else ERR_UNHANDLED
+            return 0 if _un_f32(op, _fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _un_f64(op, D[f1], D[f2]) else ERR_UNHANDLED
+            return 0 if _un_f64(op, D[f1][:n], D[f2][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return 0 if _un_i64(op, I[f1], I[f2]) else ERR_UNHANDLED
-        return 0 if _un_b8(op, B[f1], B[f2]) else ERR_UNHANDLED
+            return 0 if _un_i64(op, I[f1][:n], I[f2][:n]) else ERR_UNHANDLED
+        return 0 if _un_b8(op, B[f1][:n], B[f2][:n]) else ERR_UNHANDLED
     if kind == K_PRED:
         if bank == BK_F32:
-            return 0 if _pred(op, B[f1], _fv(F, fp, f2)) else ERR_UNHANDLED
+            return 0 if _pred(op, B[f1][:n], _fv(F, fp, f2)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _pred(op, B[f1], D[f2]) else ERR_UNHANDLED
+            return 0 if _pred(op, B[f1][:n], D[f2][:n]) else ERR_UNHANDLED
         return ERR_UNHANDLED
     if kind == K_BIN:
         if bank == BK_F32:
-            return 0 if _bin_float(op, _fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
+            return 0 if _bin_float(op, _fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _bin_float(op, D[f1], D[f2], D[f3]) else ERR_UNHANDLED
+            return 0 if _bin_float(op, D[f1][:n], D[f2][:n], D[f3][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return _bin_i64(op, I[f1], I[f2], I[f3])
-        return 0 if _bin_b8(op, B[f1], B[f2], B[f3]) else ERR_UNHANDLED
+            return _bin_i64(op, I[f1][:n], I[f2][:n], I[f3][:n])
+        return 0 if _bin_b8(op, B[f1][:n], B[f2][:n], B[f3][:n]) else ERR_UNHANDLED
     if kind == K_CMP:
         if bank == BK_F32:
-            return 0 if _cmp(op, B[f1], _fv(F, fp, f2), _fv(F, fp, f3)) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n]) else ERR_UNHANDLED
         if bank == BK_F64:
-            return 0 if _cmp(op, B[f1], D[f2], D[f3]) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], D[f2][:n], D[f3][:n]) else ERR_UNHANDLED
         if bank == BK_I64:
-            return 0 if _cmp(op, B[f1], I[f2], I[f3]) else ERR_UNHANDLED
+            return 0 if _cmp(op, B[f1][:n], I[f2][:n], I[f3][:n]) else ERR_UNHANDLED
         return ERR_UNHANDLED
     if kind == K_WHERE:
         if bank == BK_F32:
-            _where(_fv(F, fp, f1), B[f2], _fv(F, fp, f3), _fv(F, fp, f4))
+            _where(_fv(F, fp, f1)[:n], B[f2][:n], _fv(F, fp, f3)[:n], _fv(F, fp, f4)[:n])
         elif bank == BK_F64:
-            _where(D[f1], B[f2], D[f3], D[f4])
+            _where(D[f1][:n], B[f2][:n], D[f3][:n], D[f4][:n])
         elif bank == BK_I64:
-            _where(I[f1], B[f2], I[f3], I[f4])
+            _where(I[f1][:n], B[f2][:n], I[f3][:n], I[f4][:n])
         else:
-            _where(B[f1], B[f2], B[f3], B[f4])
+            _where(B[f1][:n], B[f2][:n], B[f3][:n], B[f4][:n])
         return 0
     if kind == K_CLAMP:
         if bank == BK_F32:
-            _clamp(_fv(F, fp, f1), _fv(F, fp, f2), _fv(F, fp, f3), _fv(F, fp, f4))
+            _clamp(_fv(F, fp, f1)[:n], _fv(F, fp, f2)[:n], _fv(F, fp, f3)[:n], _fv(F, fp, f4)[:n])
         elif bank == BK_F64:
-            _clamp(D[f1], D[f2], D[f3], D[f4])
+            _clamp(D[f1][:n], D[f2][:n], D[f3][:n], D[f4][:n])
         elif bank == BK_I64:
-            _clamp(I[f1], I[f2], I[f3], I[f4])
+            _clamp(I[f1][:n], I[f2][:n], I[f3][:n], I[f4][:n])
         else:
             return ERR_UNHANDLED
         return 0
@@ -290,51 +153,52 @@ def _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp):
 
 
 @njit(inline='always', **OPTS)
-def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp):
+def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp, n):
     if dst == BK_F32:
-        o = _fv(F, fp, d)
+        o = _fv(F, fp, d)[:n]
         if src == BK_F32:
-            _cast_to_f32(o, _fv(F, fp, s), t, src)
+            _cast_to_f32(o, _fv(F, fp, s)[:n], t, src)
         elif src == BK_F64:
-            _cast_to_f32(o, D[s], t, src)
+            _cast_to_f32(o, D[s][:n], t, src)
         elif src == BK_I64:
-            _cast_to_f32(o, I[s], t, src)
+            _cast_to_f32(o, I[s][:n], t, src)
         else:
-            _cast_to_f32(o, B[s], t, src)
+            _cast_to_f32(o, B[s][:n], t, src)
     elif dst == BK_I64:
-        o = I[d]
+        o = I[d][:n]
         if src == BK_F32:
-            _cast_to_int(o, _fv(F, fp, s), t, src == BK_F32)
+            _cast_to_int(o, _fv(F, fp, s)[:n], t, src == BK_F32)
         elif src == BK_F64:
-            _cast_to_int(o, D[s], t, src == BK_F64)
+            _cast_to_int(o, D[s][:n], t, src == BK_F64)
         elif src == BK_I64:
-            _cast_to_int(o, I[s], t, src != BK_I64)
+            _cast_to_int(o, I[s][:n], t, src != BK_I64)
         else:
-            _cast_to_int(o, B[s], t, src != BK_B8)
+            _cast_to_int(o, B[s][:n], t, src != BK_B8)
     elif dst == BK_F64:
-        o = D[d]
+        o = D[d][:n]
         if src == BK_F32:
-            _cast_to_f64(o, _fv(F, fp, s))
+            _cast_to_f64(o, _fv(F, fp, s)[:n])
         elif src == BK_F64:
-            _cast_to_f64(o, D[s])
+            _cast_to_f64(o, D[s][:n])
         elif src == BK_I64:
-            _cast_to_f64(o, I[s])
+            _cast_to_f64(o, I[s][:n])
         else:
-            _cast_to_f64(o, B[s])
+            _cast_to_f64(o, B[s][:n])
     else:
-        o = B[d]
+        o = B[d][:n]
         if src == BK_F32:
-            _cast_to_b8(o, _fv(F, fp, s))
+            _cast_to_b8(o, _fv(F, fp, s)[:n])
         elif src == BK_F64:
-            _cast_to_b8(o, D[s])
+            _cast_to_b8(o, D[s][:n])
         elif src == BK_I64:
-            _cast_to_b8(o, I[s])
+            _cast_to_b8(o, I[s][:n])
         else:
-            _cast_to_b8(o, B[s])
+            _cast_to_b8(o, B[s][:n])
 
 
 @njit(inline='always', **OPTS)
-def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2):
+def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, tl):
+    """tl: column-major tiles (never for arg reductions, see cpu._transposed)."""
     is_arg = op == R_ARGMAX or op == R_ARGMIN
     if g == G_ACCINIT:
         if bank == BK_F32:
@@ -353,6 +217,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
                 _acc_arg(op, D[f1], I[f2], D[f3], bm, bn, ncv, c0)
             else:
                 _acc_arg(op, I[f1], I[f2], I[f3], bm, bn, ncv, c0)
+        elif tl:
+            if bank == BK_F32:
+                _acc_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, ncv)
+            elif bank == BK_F64:
+                _acc_t(op, D[f1], D[f2], bm, ncv)
+            else:
+                _acc_t(op, I[f1], I[f2], bm, ncv)
         elif bank == BK_F32:
             _acc(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv)
         elif bank == BK_F64:
@@ -367,6 +238,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
                 _rowred_arg(op, I[f1], D[f2], bm, bn, ncv, c0, sd, si2, bank == BK_F64)
             else:
                 _rowred_arg(op, I[f1], I[f2], bm, bn, ncv, c0, si, si2, bank != BK_I64)
+        elif tl:
+            if bank == BK_F32:
+                _rowred_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, bank == BK_F32)
+            elif bank == BK_F64:
+                _rowred_t(op, D[f1], D[f2], bm, bn, ncv, bank == BK_F64)
+            else:
+                _rowred_t(op, I[f1], I[f2], bm, bn, ncv, bank != BK_I64)
         elif bank == BK_F32:
             _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, sf, bank == BK_F32)
         elif bank == BK_F64:
@@ -381,6 +259,13 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
                 _rfin_arg(op, I[f1], D[f2], I[f3], bm, bn, sd, si2)
             else:
                 _rfin_arg(op, I[f1], I[f2], I[f3], bm, bn, si, si2)
+        elif tl:
+            if bank == BK_F32:
+                _rfin_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn)
+            elif bank == BK_F64:
+                _rfin_t(op, D[f1], D[f2], bm, bn)
+            else:
+                _rfin_t(op, I[f1], I[f2], bm, bn)
         elif bank == BK_F32:
             _rfin(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, sf)
         elif bank == BK_F64:
@@ -391,8 +276,11 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 
 @njit(inline='always', **OPTS)
 def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
-          r0, c0, fin, ix, sf, sd, si, si2):
+          r0, c0, fin, ix, sf, sd, si, si2, rio, st):
+    """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
+    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant)."""
     bm, bn = meta[M_BM], meta[M_BN]
+    tl = meta[M_TL] != 0
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
     skip = s - 1
     for pc in range(s, e):
@@ -402,29 +290,42 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         g, op, bank, src, kind = dec[opc, 0], dec[opc, 1], dec[opc, 2], dec[opc, 3], dec[opc, 4]
         f1, f2, f3, f4 = instrs[pc, 1], instrs[pc, 2], instrs[pc, 3], instrs[pc, 4]
         wf = dec[opc, 5]
+        mode, cf = _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st)
+        if mode == 0:
+            _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl)
         if wf == 2 and fp[f1] != 0:   # read-modify-write of an aliased register: copy it in first
             F[f1][:] = carray(ptr_f32(fp[f1]), F.shape[1])
             fp[f1] = 0
         elif wf == 1:   # writes F register f1: back to its bank row, or in place
             fp[f1] = 0
-            if aok and not fin and peep[pc] >= 0:
+            if aok and not fin and peep[pc] >= 0 and mode != 1:
                 p = _direct_addr(peep[pc], optab, dims, meta, addrs, r0, c0)
                 if p != 0:
                     fp[f1] = p
                     skip = pc + 1
+        n = bm if mode == 1 else bm * bn
         err = 0
         if g == G_EW:
-            err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp)
+            if mode == 2:   # f32 binary op of a full tile and a compact register, broadcast on the fly
+                full, comp = (f3, f2) if cf == 1 else (f2, f3)
+                _bin_rowb(op, _fv(F, fp, f1), _fv(F, fp, full), _fv(F, fp, comp), bm, bn, tl, cf == 1)
+            else:
+                err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n)
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
             err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
-                         r0, c0, fin or g == G_STOREROW, ix)
+                         r0, c0, fin or g == G_STOREROW, ix, mode == 1)
         elif g == G_CAST:
-            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp)
+            _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp, n)
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
-            _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2)
+            _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, tl)
+            if (g == G_RFIN or g == G_ROWRED) and op != R_ARGMAX and op != R_ARGMIN:
+                mode = 1   # _rfin / _rowred leave compact results
         elif g == G_INDEX:
-            _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
+            if tl:
+                _index_t(I[f1], f2, optab, dims, meta, r0, c0, fin)
+            else:
+                _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
         elif g == G_CONST:
             bits = consts[f2]
             if bank == BK_F32:
@@ -435,42 +336,136 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 I[f1][:] = bits
             else:
                 B[f1][:] = 1 if bits != 0 else 0
+            mode = 3
         else:
             err = ERR_UNHANDLED
         if err != 0:
             return err
+        if g != G_STORE and g != G_STOREROW:
+            new = 1 if mode == 1 else (2 if mode == 3 else 0)
+            for f in range(5):
+                b = rio[pc, 5 + f]
+                if b > 0:
+                    st[b - 1, instrs[pc, 1 + f]] = new
     return 0
 
 
 @njit(inline='always', **OPTS)
-def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst):
-    """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par."""
+def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
+    """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
+    1 compact (every register source is compact or uniform: computed on BM lanes; or a finalize
+    store / storerow of a compact register), 2 a supported f32 binary op of one full and one
+    compact source. Also returns the field of the compact source."""
+    ncomp = 0
+    nfull = 0
+    cf = 0
+    for f in range(5):
+        b = rio[pc, f]
+        if b > 0:
+            sv = st[b - 1, instrs[pc, 1 + f]]
+            if sv == 1:
+                ncomp += 1
+                cf = f
+            elif sv == 0:
+                nfull += 1
+    if ncomp == 0:
+        return 0, cf
+    if g == G_EW or g == G_CAST:
+        if nfull == 0:
+            return 1, cf
+        if ncomp == 1 and nfull == 1 and g == G_EW and kind == K_BIN and bank == BK_F32:
+            for o in ROWB_OPS:
+                if o == op:
+                    return 2, cf
+        return 0, cf
+    if (g == G_STORE and fin) or g == G_STOREROW:
+        return 1, cf
+    return 0, cf
+
+
+@njit(inline='always', **OPTS)
+def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
+    """Broadcast every compact register instruction pc reads (compact registers are never
+    aliased to a buffer: fp is 0 for them)."""
+    for f in range(5):
+        b = rio[pc, f] - 1
+        if b >= 0:
+            r = instrs[pc, 1 + f]
+            if st[b, r] == 1:
+                if b == BK_F32:
+                    _expand(F[r], bm, bn, tl)
+                elif b == BK_F64:
+                    _expand(D[r], bm, bn, tl)
+                elif b == BK_I64:
+                    _expand(I[r], bm, bn, tl)
+                else:
+                    _expand(B[r], bm, bn, tl)
+                st[b, r] = 0
+
+
+@intrinsic
+def _atomic_add(typingctx, addr, val):
+    """*(int64*)addr += val atomically (sequentially consistent); returns the old value."""
+    if not (isinstance(addr, types.Integer) and isinstance(val, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], ir.PointerType(ir.IntType(64)))
+        return builder.atomic_rmw("add", ptr, args[1], "seq_cst")
+    return types.int64(addr, val), codegen
+
+
+@njit(inline='always', **OPTS)
+def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
+                rio, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
+    """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.
+    F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units).
+
+    sched empty: this thread runs all of [u0, u1). Else [next, done, err, chunk]: threads share
+    the units, each claiming `chunk` units at a time from `next` (atomically) and adding them to
+    `done` when finished; a thread that starts late finds them claimed. Units are independent
+    (reductions never cross a unit), so results do not depend on who runs which. After an error
+    (stored in err) a thread still claims and counts units, without running them."""
     bm, bn = meta[M_BM], meta[M_BN]
-    t = bm * bn
-    F = np.empty((meta[M_NF], t), np.float32)
-    D = np.empty((meta[M_ND], t), np.float64)
-    I = np.empty((meta[M_NI], t), np.int64)
-    B = np.empty((meta[M_NB], t), np.uint8)
-    fp = np.zeros(max(meta[M_NF], 1), np.int64)
+    fp[:] = 0
+    st[:, :] = 0
     aok = _alias_ok(addrs, numels, argsz, argst)
-    ix = np.empty(2 * bn, np.int64)
-    sf = np.empty(2 * bn, np.float32)   # reduction scratch: two rows (the tree ping-pongs)
-    sd = np.empty(2 * bn, np.float64)
-    si = np.empty(2 * bn, np.int64)
-    si2 = np.empty(bn, np.int64)
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
     per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)
-    total = (u1 - u0) * per_unit
-    # one call site for _exec (it is inlined): step -1 is the prologue, then the units' sections
-    for q in range(-1, total):
+    dyn = sched.shape[0] >= 4
+    sp = np.int64(sched.ctypes.data) if dyn else np.int64(0)
+    chunk = max(sched[3], 1) if dyn else max(u1 - u0, 1)
+    a = u0        # the current chunk of units [a, b)
+    b = u0
+    q = -1        # step in the chunk; -1: the prologue
+    total = 0
+    once = False
+    err = 0
+    # one call site for _exec (it is inlined)
+    while True:
+        if q >= total:
+            if dyn:
+                if b > a:
+                    _atomic_add(sp + 8, b - a)
+                a = _atomic_add(sp, chunk)
+            elif once:
+                break
+            else:
+                once = True
+                a = u0
+            if a >= u1:
+                break
+            b = min(a + chunk, u1)
+            total = (b - a) * per_unit
+            q = 0
         if q < 0:
             s, e, r0, c0, fin = meta[M_PRO_S], meta[M_PRO_E], u0 * 0, u0 * 0, bm > 0
         elif tile_par:
-            u = u0 + q
+            u = a + q
             s, e, r0, c0, fin = meta[M_SW + 2], meta[M_SW + 3], (u // nct) * bm, (u % nct) * bn, bm < 0
         else:
-            u = u0 + q // per_unit
+            u = a + q // per_unit
             t = q % per_unit
             sw = M_SW + 6 * (t // (nct + 2))
             ph = t % (nct + 2)
@@ -481,39 +476,94 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
                 s, e, c0, fin = meta[sw + 4], meta[sw + 5], u0 * 0, bm > 0
             else:
                 s, e, c0, fin = meta[sw + 2], meta[sw + 3], (ph - 1) * bn, bm < 0
-        if s == e:
+        q += 1
+        if s == e or err != 0:
             continue
         err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
-                    aok, r0, c0, fin, ix, sf, sd, si, si2)
-        if err != 0:
-            return err
-    return 0
+                    aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st)
+        if err != 0 and dyn:
+            sched[2] = err
+    return err
 
 
-# Packed kernel descriptor (cpu.py `_pack`): one int64 array, so that a launch passes 3 arrays to
-# the compiled code instead of 10 (numba's per-argument dispatch cost dominates small launches).
-# blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
-# blob[P_HEADER - 1] = the width of an optab row.
-P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST = range(8)
-P_HEADER = 2 + 2 * 8
+@njit(**OPTS)
+def _keep(*arrays):
+    """A use that keeps the owning arrays alive until here (numba frees after the last use)."""
+    return len(arrays)
 
 
 @njit(inline='always', **OPTS)
-def _seg(blob, k):
-    o = blob[1 + 2 * k]
-    return blob[o:o + blob[2 + 2 * k]]
+def _raw(a):
+    """An int64 array as a view without a meminfo (not reference-counted)."""
+    return carray(ptr_i64(a.ctypes.data), a.shape)
+
+
+# Packed kernel descriptor (cpu.py `_pack`): one int64 array, so that a launch passes a few arrays
+# to the compiled code instead of 13 (numba's per-argument dispatch cost dominates small launches).
+# blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
+# blob[P_HEADER - 1] = the width of an optab row. Segments are handed down as raw views.
+P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST, P_RIO = range(9)
+P_HEADER = 2 + 2 * 9
+RIO_WIDTH = 10
+
+
+@njit(inline='always', **OPTS)
+def _seg(blob, base, k):
+    """Segment k of a packed descriptor (the caller keeps `blob` alive)."""
+    return carray(ptr_i64(base + 8 * blob[1 + 2 * k]), blob[2 + 2 * k])
+
+
+@njit(inline='always', **OPTS)
+def _seg2(blob, base, k, width):
+    return carray(ptr_i64(base + 8 * blob[1 + 2 * k]), (blob[2 + 2 * k] // width, width))
 
 
 @njit(cache=True, **OPTS)
-def run_units(u0, u1, blob, dec, bufs):
+def run_units(u0, u1, blob, dec, bufs, sched, wait):
     """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
-    GIL); bufs: the n buffer addresses, then their n element counts."""
-    n = bufs.size // 2
-    instrs = _seg(blob, P_INSTRS).reshape((-1, 6))
-    optab = _seg(blob, P_OPTAB).reshape((-1, blob[P_HEADER - 1]))
-    return _exec_units(u0, u1, blob[0] != 0, instrs, dec, _seg(blob, P_PEEP), _seg(blob, P_META),
-                       _seg(blob, P_DIMS), optab, _seg(blob, P_CONSTS), bufs[:n], bufs[n:],
-                       _seg(blob, P_ARGSZ), _seg(blob, P_ARGST))
+    GIL); bufs: the n buffer addresses, then their n element counts.
+
+    Registers and scratch are allocated here and handed down as raw-pointer views (carray): a
+    view without a meminfo is never reference-counted, while every slice of an owned array
+    costs an atomic increment and decrement (that was 70% of the time of narrow-row kernels)."""
+    base = blob.ctypes.data
+    n = bufs.shape[0] // 2
+    tile_par = blob[0] != 0
+    instrs = _seg2(blob, base, P_INSTRS, 6)
+    optab = _seg2(blob, base, P_OPTAB, blob[P_HEADER - 1])
+    rio = _seg2(blob, base, P_RIO, RIO_WIDTH)
+    peep, meta, dims = _seg(blob, base, P_PEEP), _seg(blob, base, P_META), _seg(blob, base, P_DIMS)
+    consts, argsz, argst = _seg(blob, base, P_CONSTS), _seg(blob, base, P_ARGSZ), _seg(blob, base, P_ARGST)
+    addrs = carray(ptr_i64(bufs.ctypes.data), n)
+    numels = carray(ptr_i64(bufs.ctypes.data + 8 * n), n)
+    bm, bn = meta[M_BM], meta[M_BN]
+    t = bm * bn
+    nf, nd, ni, nb = meta[M_NF], meta[M_ND], meta[M_NI], meta[M_NB]
+    Fo = np.empty(max(nf * t, 1), np.float32)
+    Do = np.empty(max(nd * t, 1), np.float64)
+    Io = np.empty(max(ni * t, 1), np.int64)
+    Bo = np.empty(max(nb * t, 1), np.uint8)
+    So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + 4 * MAX_REGS, np.int64)   # fp, ix, si, si2, st
+    Sf = np.empty(2 * bn, np.float32)               # reduction scratch: two rows (the tree ping-pongs)
+    Sd = np.empty(2 * bn, np.float64)
+    s0 = So.ctypes.data
+    nfp = max(nf, 1)
+    # the caller's int64 tables too (the caller keeps them alive during the call)
+    err = _exec_units(u0, u1, tile_par, instrs, _raw(dec), peep, meta, dims,
+                      optab, consts, addrs, numels, argsz, argst, rio,
+                      _raw(sched),
+                      carray(ptr_f32(Fo.ctypes.data), (nf, t)), carray(ptr_f64(Do.ctypes.data), (nd, t)),
+                      carray(ptr_i64(Io.ctypes.data), (ni, t)), carray(ptr_u8(Bo.ctypes.data), (nb, t)),
+                      carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
+                      carray(ptr_f32(Sf.ctypes.data), 2 * bn), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn))), 2 * bn),
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))
+    _keep(Fo, Do, Io, Bo, So, Sf, Sd)
+    if wait and sched.shape[0] >= 4:   # the launching thread returns when every unit is done
+        while _atomic_add(np.int64(sched.ctypes.data) + 8, 0) < u1 - u0:
+            pass
+    return err
 
 
 ENTRY_POINTS = (run_units,)

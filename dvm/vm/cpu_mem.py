@@ -1,0 +1,249 @@
+"""Memory access of the CPU VM: addressing, tile loads and stores with dtype conversion, index
+tiles, and the in-place (aliasing) checks. Compiled by numba (inlined into cpu_interp's entry).
+
+Two register layouts (cpu.py picks one per kernel; results are identical):
+  row-major     lane (r, k) at r*BN + k  (_mem, _index)
+  column-major  lane (r, k) at k*BM + r  (_mem_t, _index_t): a column of a tile is BM rows
+                apart in memory, contiguous when the kept axis is the operand's innermost one.
+Edge tiles use clamped indices: lanes outside the domain copy the last valid row / column.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .cpu_kernels import DT_BF16, DT_F16, DT_F32
+from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f
+
+# meta layout (built by cpu.py)
+M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_TL, M_SW = range(15)
+
+
+@njit(**OPTS)
+def _addr(j, idx, optab, dims, d0, d1):
+    """Address contribution of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
+    off = np.int64(0)
+    rem = idx
+    for d in range(d1 - 1, d0 - 1, -1):
+        size = max(dims[d], 1)
+        off += (rem % size) * optab[j, 4 + d]
+        rem //= size
+    return off
+
+
+@njit(**OPTS)
+def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
+    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements in the
+    register layout (a full tile; row-major: unit column stride, rows back to back; column-major:
+    unit row stride, columns back to back), else 0. Such a tile is read in place by a load
+    (the register aliases the buffer) or written in place by the op feeding a store."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    if meta[M_TL] != 0:   # column-major: contiguous rows, columns exactly BM apart
+        if optab[j, 2] != DT_F32 or nc != 1 or nr != 1 or optab[j, 4] != 1:
+            return 0
+        if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS] or (bn > 1 and optab[j, 5] != bm):
+            return 0
+        return addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0 + c0 * optab[j, 5])
+    if optab[j, 2] != DT_F32 or nc != 1 or optab[j, 4 + nr] != 1:
+        return 0
+    if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
+        return 0
+    if bm > 1 and (nr != 1 or optab[j, 4] != bn):
+        return 0
+    base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
+    return addrs[optab[j, 1]] + 4 * base
+
+
+@njit(**OPTS)
+def _alias_ok(addrs, numels, argsz, argst):
+    """In-place tiles only when no stored argument overlaps any other argument."""
+    n = addrs.shape[0]
+    for a in range(n):
+        if argst[a] == 2:
+            return False
+        if argst[a] == 0:
+            continue
+        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
+        for b in range(n):
+            if b != a and hi > lo and numels[b] > 0:
+                if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
+                    return False
+    return True
+
+
+@njit(inline='always', **OPTS)
+def _load_row(o, buf, cv, start, stride, n, ix, general):
+    """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
+    plain = cv != DT_F16 and cv != DT_BF16
+    if not general and stride == 1:
+        src = buf[start:start + n]
+        if plain:
+            for k in range(n):
+                o[k] = src[k]
+        elif cv == DT_F16:
+            for k in range(n):
+                o[k] = h2f(src[k])
+        else:
+            for k in range(n):
+                o[k] = bf2f(src[k])
+        return
+    if not general and stride == 0:
+        if plain:
+            o[:n] = buf[start]
+        elif cv == DT_F16:
+            o[:n] = h2f(buf[start])
+        else:
+            o[:n] = bf2f(buf[start])
+        return
+    if not general and plain:   # strided: index directly (vectorizes as a gather)
+        for k in range(n):
+            o[k] = buf[start + k * stride]
+        return
+    if not general:
+        for k in range(n):
+            ix[k] = start + k * stride
+    if plain:
+        for k in range(n):
+            o[k] = buf[ix[k]]
+    elif cv == DT_F16:
+        for k in range(n):
+            o[k] = h2f(buf[ix[k]])
+    else:
+        for k in range(n):
+            o[k] = bf2f(buf[ix[k]])
+
+
+@njit(inline='always', **OPTS)
+def _store_row(buf, x, cv, start, stride, n, ix, general):
+    if not general and stride == 1:
+        dst = buf[start:start + n]
+        if (cv != DT_F16 and cv != DT_BF16):
+            for k in range(n):
+                dst[k] = x[k]
+        elif cv == DT_F16:
+            for k in range(n):
+                dst[k] = f2h(x[k])
+        else:
+            for k in range(n):
+                dst[k] = f2bf(x[k])
+        return
+    if not general and cv != DT_F16 and cv != DT_BF16:
+        for k in range(n):
+            buf[start + k * stride] = x[k]
+        return
+    if not general:
+        for k in range(n):
+            ix[k] = start + k * stride
+    if (cv != DT_F16 and cv != DT_BF16):
+        for k in range(n):
+            buf[ix[k]] = x[k]
+    elif cv == DT_F16:
+        for k in range(n):
+            buf[ix[k]] = f2h(x[k])
+    else:
+        for k in range(n):
+            buf[ix[k]] = f2bf(x[k])
+
+
+@njit(**OPTS)
+def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
+    """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    nrv = min(bm, rows - r0)
+    ncv = 1 if fin else min(bn, cols - c0)
+    off = optab[j, 3]
+    zero = off * 0
+    # column addressing for this tile: a single column dim is start + k*stride, else general
+    general = (not fin) and nc > 1
+    stride = 0 if (fin or nc == 0) else optab[j, 4 + nr]
+    if general:
+        for k in range(ncv):
+            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
+    for i in range(bm if not is_store else nrv):
+        row = reg[i * bn:(i + 1) * bn]
+        if i >= nrv:   # clamped rows copy the last valid row
+            row[:] = reg[(nrv - 1) * bn:nrv * bn]
+            continue
+        base = off + _addr(j, r0 + i, optab, dims, zero, nr)
+        if general:
+            for k in range(ncv):
+                ix[ncv + k] = base + ix[k]
+            start = zero
+            ixs = ix[ncv:]
+        else:
+            start = base + c0 * stride
+            ixs = ix[:ncv]
+        if is_store:
+            _store_row(buf, row, cv, start, stride, ncv, ixs, general)
+        else:
+            _load_row(row, buf, cv, start, stride, ncv, ixs, general)
+        if not is_store and ncv < bn:
+            v = row[ncv - 1]
+            for k in range(ncv, bn):
+                row[k] = v
+
+
+@njit(**OPTS)
+def _index(o, j, optab, dims, meta, r0, c0, fin):
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    for i in range(bm):
+        r = min(r0 + i, rows - 1)
+        base = optab[j, 3] + _addr(j, r, optab, dims, nr - nr, nr)
+        for k in range(bn):
+            c = 0 if fin else min(c0 + k, cols - 1)
+            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc)
+
+
+
+
+@njit(**OPTS)
+def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
+    """_mem for column-major tiles: column k of the tile is reg[k*bm:(k+1)*bm]. ix: 2*(bm+bn) lanes.
+    Rows are addressed as start + i*stride when there is one row dim, else through ix[:nrv]."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    nrv = min(bm, rows - r0)
+    ncv = 1 if fin else min(bn, cols - c0)
+    off = optab[j, 3]
+    zero = off * 0
+    general = nr > 1
+    stride = optab[j, 4 + nr - 1] if nr == 1 else zero
+    if general:
+        for i in range(nrv):
+            ix[i] = _addr(j, r0 + i, optab, dims, zero, nr)
+    rbase = zero if general else r0 * stride
+    ixs = ix[bm:bm + nrv]
+    for k in range(ncv):
+        col = reg[k * bm:(k + 1) * bm]
+        cbase = off + (zero if fin else _addr(j, c0 + k, optab, dims, nr, nr + nc))
+        if general:
+            for i in range(nrv):
+                ixs[i] = cbase + ix[i]
+        if is_store:
+            _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
+        else:
+            _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
+            if nrv < bm:   # clamped rows copy the last valid row
+                v = col[nrv - 1]
+                for i in range(nrv, bm):
+                    col[i] = v
+    if not is_store:   # clamped columns (and a fin load's broadcast) copy the last valid column
+        last = reg[(ncv - 1) * bm:ncv * bm]
+        for k in range(ncv, bn):
+            dst = reg[k * bm:(k + 1) * bm]
+            for i in range(bm):
+                dst[i] = last[i]
+
+
+@njit(**OPTS)
+def _index_t(o, j, optab, dims, meta, r0, c0, fin):
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    rows, cols = meta[M_ROWS], meta[M_COLS]
+    for k in range(bn):
+        c = 0 if fin else min(c0 + k, cols - 1)
+        cb = optab[j, 3] + _addr(j, c, optab, dims, nr, nr + nc)
+        for i in range(bm):
+            r = min(r0 + i, rows - 1)
+            o[k * bm + i] = cb + _addr(j, r, optab, dims, nr - nr, nr)

@@ -1,0 +1,93 @@
+"""The CPU VM's register layouts, compact row-level registers and shared work units: results match
+the reference VM (bitwise where no transcendental function is involved: the CPU VM's exp may
+differ by an ulp) and do not depend on the thread count (threads=1..3), for
+narrow rows (column-major registers), first-axis reductions (column-major, read in place or
+not), multi-sweep rows, and row-level arithmetic of every bank."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dvm
+from dvm.frontend.library import layernorm, rmsnorm, softmax
+from dvm.vm import cpu, reference
+
+from test_cpu_vm import run_on
+
+RNG = np.random.default_rng(7)
+
+
+@dvm.kernel
+def sum_first(k, x):
+    return k.store(k.sum(k.load(x), axis=0))
+
+
+@dvm.kernel
+def max_first(k, x):
+    return k.store(k.max(k.load(x), axis=0))
+
+
+@dvm.kernel
+def rowlevel_mix(k, x):
+    """Row-level values of several banks: a comparison of two reductions, an int64 row sum, a
+    where between a full tile and a row-level value, and a row-level value stored broadcast."""
+    x = k.load(x)
+    m = k.max(x, axis=-1, keepdims=True)
+    s = k.mean(x, axis=-1, keepdims=True)
+    big = k.gt(k.mul(s, 2.0), m)
+    n = k.sum(k.cast(k.gt(x, s), "int64"), axis=-1, keepdims=True)
+    y = k.where(big, k.sub(x, m), k.add(k.cast(n, "float32"), s))
+    return k.store(k.add(y, k.mul(k.exp(k.sub(m, s)), x))), k.store(k.add(n, 1))
+
+
+@dvm.kernel
+def col_mix(k, x, w):
+    """A first-axis reduction feeding arithmetic with another operand (column-major registers)."""
+    x = k.load(x)
+    return k.store(k.mul(k.sum(k.mul(x, x), axis=0), k.load(w)))
+
+
+EXACT = (layernorm, rmsnorm, sum_first, max_first, col_mix)
+
+
+def _threads(n: int):
+    return lambda layout, bufs: cpu.run(layout, bufs, threads=n)
+
+
+CASES = [
+    (softmax, lambda s: [RNG.standard_normal(s).astype(np.float32)]),
+    (layernorm, lambda s: [RNG.standard_normal(s).astype(np.float32),
+                           RNG.standard_normal(s[-1]).astype(np.float32),
+                           RNG.standard_normal(s[-1]).astype(np.float32)]),
+    (rmsnorm, lambda s: [RNG.standard_normal(s).astype(np.float32), RNG.standard_normal(s[-1]).astype(np.float32)]),
+    (sum_first, lambda s: [RNG.standard_normal(s).astype(np.float32)]),
+    (max_first, lambda s: [RNG.standard_normal(s).astype(np.float32)]),
+    (rowlevel_mix, lambda s: [RNG.standard_normal(s).astype(np.float32)]),
+    (col_mix, lambda s: [RNG.standard_normal(s).astype(np.float32), RNG.standard_normal(s[-1]).astype(np.float32)]),
+]
+
+
+@pytest.mark.parametrize("shape", [(37, 17), (301, 5), (9, 130), (130, 9), (5, 5000), (300, 64), (3, 7, 33)])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_matches_reference(case, shape):
+    kfn, make = CASES[case]
+    args = make(shape)
+    want = run_on(reference.run, kfn, *args)
+    for n in (1, 2, 3):
+        got = run_on(_threads(n), kfn, *args)
+        for g, w in zip(got, want):
+            if kfn in EXACT:
+                assert g.tobytes() == w.tobytes(), (kfn, shape, n)
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)   # exp: an ulp of ~40
+
+
+@pytest.mark.parametrize("shape", [(4097, 17), (1000, 1001), (7, 65537), (256, 1024), (2000, 300)])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_thread_count_does_not_change_results(case, shape):
+    kfn, make = CASES[case]
+    args = make(shape)
+    runs = [run_on(_threads(n), kfn, *args) for n in (1, 2, 3, 2)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert a.tobytes() == b.tobytes(), (kfn, shape)
