@@ -263,10 +263,105 @@ def _scalar_tensor(lw, value, **kwargs):
     return build.cast(_scalar(lw, value), dvm_dtype(lw.out.dtype))
 
 
+INT64_MAX = 2 ** 63 - 1
+
+
+def _slice_start(size, start, length, end) -> object:
+    """PyTorch's clamped start of x[start:end] along an axis of `size` whose result has `length`
+    elements: exact for a start >= 0 (int or size expression) and for slices that run to the end."""
+    if start is None:
+        start = 0
+    if isinstance(start, int) and start < 0:
+        if end is None or (isinstance(end, int) and end >= INT64_MAX // 2):
+            return size - length        # x[-k:]: the last `length` elements
+        if not isinstance(size, int):
+            raise Unsupported("negative slice start on a symbolic size")
+        return max(start + size, 0)
+    if isinstance(start, SymExpr) and build.bounds(start)[0] < 0:
+        raise Unsupported(f"slice start {start} may be negative")
+    return start
+
+
+def _slice(lw, x, dim=0, start=None, end=None, step=1):
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported(f"slice step {step}")
+    dim %= max(x.ndim, 1)
+    length = lw.out_shape[dim]
+    return build.slice_view(lw.ctx, x, dim, _slice_start(x.shape[dim], start, length, end), length, step)
+
+
+def _select(lw, x, dim, index):
+    dim %= max(x.ndim, 1)
+    if isinstance(index, int) and index < 0:
+        index = x.shape[dim] + index
+    elif isinstance(index, SymExpr) and build.bounds(index)[0] < 0:
+        raise Unsupported(f"select index {index} may be negative")
+    return build.slice_view(lw.ctx, x, dim, index, 1, keep=False)
+
+
+def _slice_backward(lw, g, input_sizes, dim, start, end, step):
+    """The gradient of a slice that took the whole axis is the gradient itself (other slices
+    scatter into zeros: PyTorch runs them, or the cat recognizer takes a whole pair)."""
+    dim %= len(input_sizes)
+    if step == 1 and build.decide_eq(g.shape[dim], input_sizes[dim]) is True:
+        return g
+    raise Unsupported("slice_backward of a part of the axis")
+
+
+def _cat(lw, tensors, dim=0):
+    """cat of pieces of one size along `dim`: stack them on a new axis in front of dim (each
+    piece broadcast along it, selected with where on the axis' index: only in-bounds reads),
+    then merge the two axes. Pieces of different sizes run through PyTorch."""
+    dt = dvm_dtype(lw.out.dtype)
+    pieces = [build.cast(t, dt) for t in tensors if not (t.ndim == 1 and build.decide_eq(t.shape[0], 0) is True)]
+    if not pieces:
+        raise Unsupported("cat of empty tensors")
+    if len(pieces) == 1:
+        return pieces[0]
+    dim %= pieces[0].ndim
+    n = pieces[0].shape[dim]
+    for p in pieces:
+        if p.ndim != pieces[0].ndim or build.decide_eq(p.shape[dim], n) is not True:
+            raise Unsupported("cat of pieces of different sizes")
+    return stack_merge(lw.ctx, pieces, dim, lw.out_shape)
+
+
+def stack_merge(ctx, pieces: list, dim: int, out_shape) -> Node:
+    """Concatenate equal-sized `pieces` along `dim`: where-select on a new axis, then reshape."""
+    k = len(pieces)
+    stacked = [build.reshape(ctx, p, p.shape[:dim] + (1,) + p.shape[dim:]) for p in pieces]
+    shape = build.broadcast_shapes(ctx, [s.shape for s in stacked], "cat")
+    shape = shape[:dim] + (k,) + shape[dim + 1:]
+    idx = build.iota(shape, dim)
+    out = stacked[-1]
+    for i in range(k - 2, -1, -1):
+        cond = build.elementwise(ctx, "eq", idx, build.const(i))
+        out = build.elementwise(ctx, "where", cond, stacked[i], out)
+    out = build.broadcast_to(ctx, out, shape)
+    return build.reshape(ctx, out, out_shape)
+
+
+def _new_full(value):
+    def fn(lw, x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return _full(lw, size, value, device=device)
+    return fn
+
+
+# arange(n) in these dtypes is the int64 index cast (RNE), as PyTorch computes it, for n <= 2**24
+_ARANGE_DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def _arange(lw, *args, dtype=None, layout=None, device=None, pin_memory=None):
-    if len(args) != 1 or lw.out.dtype != torch.int64:
-        raise Unsupported("arange with start/step or a non-int64 dtype")
-    return build.iota(lw.out_shape, 0)
+    if len(args) != 1 or lw.out.dtype not in _ARANGE_DTYPES:
+        raise Unsupported("arange with start/step or a dtype other than int / float")
+    n = lw.out_shape[0]
+    if lw.out.dtype is not torch.int64:
+        if isinstance(n, int):
+            if n > 2 ** 24:
+                raise Unsupported("float arange past 2**24")
+        else:
+            lw.ctx.require_eq(build.sym_max(n, 2 ** 24), 2 ** 24, "float arange of at most 2**24 elements")
+    return build.cast(build.iota(lw.out_shape, 0), dvm_dtype(lw.out.dtype))
 
 
 VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
@@ -329,6 +424,8 @@ LOWERINGS.update({
     aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
+    aten.slice.Tensor: _slice, aten.select.int: _select, aten.slice_backward.default: _slice_backward,
+    aten.cat.default: _cat, aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
 })
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the

@@ -21,6 +21,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq, floordiv, mod, sym
 from . import aten_table as T
+from . import fx_patterns
 from .aten_table import Unsupported
 
 
@@ -97,6 +98,7 @@ class Segment:
     outputs: list = field(default_factory=list)      # FX nodes PyTorch needs later
     ctx: ShapeContext = field(default_factory=ShapeContext)
     closed: bool = False
+    patterns: list = field(default_factory=list)     # recognized patterns lowered here (explain)
 
 
 @dataclass
@@ -131,6 +133,8 @@ class Planner:
         self.seg_of: dict = {}          # FX node -> Segment (DVM values)
         self.ready: set = set()         # FX nodes with a torch value at this point of the plan
         self.reasons: dict = {}         # FX node -> fallback reason
+        self.matches = fx_patterns.find(gm)               # root FX node -> Match
+        self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
 
     # -- torch availability -------------------------------------------------------------------
     def need_torch(self, a) -> None:
@@ -182,9 +186,10 @@ class Planner:
         new_inputs.append((a, node))
         return node
 
-    def try_lower(self, n: fx.Node) -> str | None:
-        """Lower n into the open segment; the reason it could not, or None."""
-        handler = T.LOWERINGS.get(n.target)
+    def try_lower(self, n: fx.Node, match=None) -> str | None:
+        """Lower n (or the pattern `match` rooted at n) into the open segment; the reason it
+        could not, or None."""
+        handler = match.lower if match is not None else T.LOWERINGS.get(n.target)
         if handler is None:
             return "not in table"
         out = fake(n)
@@ -203,8 +208,9 @@ class Planner:
                 if o.device.type != "cpu":
                     raise Unsupported(f"device {o.device}")
             lw = _Lower(seg.ctx, out, self.syms)
-            args = self.dvm_arg(seg, n.args, new_inputs)
-            kwargs = {k: self.dvm_arg(seg, v, new_inputs) for k, v in n.kwargs.items()}
+            args = self.dvm_arg(seg, match.args if match is not None else n.args, new_inputs)
+            kwargs = {} if match is not None else \
+                {k: self.dvm_arg(seg, v, new_inputs) for k, v in n.kwargs.items()}
             result = handler(lw, *args, **kwargs)
             results = result if isinstance(result, tuple) else (result,)
             if len(results) != len(outs):
@@ -226,6 +232,8 @@ class Planner:
         seg.members.append(n)
         seg.value[n] = results if isinstance(out, (tuple, list)) else results[0]
         self.seg_of[n] = seg
+        if match is not None:
+            seg.patterns.append(match.kind)
         return None
 
     def check(self, seg: Segment, r: Node, o: torch.Tensor) -> Node:
@@ -259,6 +267,18 @@ class Planner:
                 raise Unsupported(f"FX op {n.op}")
 
     def visit(self, n: fx.Node) -> None:
+        if n in self.absorbed:          # computed by its match's root (or planned there)
+            return
+        match = self.matches.get(n)
+        if match is not None:
+            if self.try_lower(n, match) is None:
+                return
+            for a in match.absorbed:    # the match did not lower: plan its nodes one by one
+                self.absorbed.pop(a, None)
+            absorbed = set(match.absorbed)
+            for a in self.gm.graph.nodes:
+                if a in absorbed:
+                    self.visit(a)
         src = n.args[0] if n.target is operator.getitem and n.args else None
         if isinstance(src, fx.Node) and isinstance(self.seg_of.get(src) and self.seg_of[src].value[src], tuple):
             seg = self.seg_of[src]          # one result of a multi-output DVM op
