@@ -362,3 +362,21 @@ def test_arange_dtypes():
         return tuple(torch.arange(n, dtype=dt) + x[:, 0].to(dt) * 0 for dt in
                      (torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16))
     check(f, lambda n: (torch.randn(n, 2),), sizes=[3, 5, 17, 300, 2100])
+
+
+def test_index_with_aranges_is_a_view():
+    """HF's mask building indexes with aranges (x[arange(b)[:, None, None, None], arange(L)...]):
+    a view of x, no gather. Other index tensors still run through PyTorch (checked values)."""
+    def f(x, y, idx):
+        n, m = x.shape
+        i, j = torch.arange(n)[:, None], torch.arange(m)[None, :]
+        b = torch.arange(1)[:, None, None, None]
+        q = (torch.arange(n) + 0)[None, None, :, None]
+        kv = torch.arange(n)[None, None, None, :]
+        return (x.exp()[i, j] * 2, x[torch.arange(n)] - 1, (y[b, q] == y[b, kv]) & (y[b, kv] <= y[b, q]),
+                x[i.t(), j.t()].t() + 1, x[idx] * 3)
+    counters.reset()
+    check(f, lambda n: (torch.randn(n, 6), torch.randint(0, 3, (1, n)), torch.tensor([0, n - 1, 1])),
+          sizes=[4, 5, 17, 64])
+    fb = [k for k in counters.snapshot() if k.startswith("fallback:aten.index")]
+    assert fb and all("not aranges" in k for k in fb), fb    # only the gather x[idx]

@@ -7,6 +7,8 @@ the op then runs through PyTorch, counted with that reason. `lw.out` is the FX n
 (shape and dtype PyTorch computed), so views take their result shape from it, never from -1s.
 
 Ops not in the table, and ops with dtypes DVM does not have, run through PyTorch as well.
+Slices, selects, cat and arange-indexing live in aten_views; whole patterns (RoPE) that no
+single op's handler can see are matched in fx_patterns before planning.
 `VIEW_OPS` are pure views: on tensors outside the current segment they run through PyTorch
 (free, no copy); `CUBE_OPS` are matmuls executed by PyTorch's BLAS (cube kernels through the
 platform library, DESIGN.md §4).
@@ -19,24 +21,11 @@ from ..graph import build
 from ..graph.dtypes import DType
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr
+from . import aten_views as V
+from .aten_common import Unsupported, dvm_dtype  # (Unsupported is imported from here by the planner)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: DType.INT64,
-                torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
-                torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64}
-
-
-class Unsupported(Exception):
-    """This op (with these arguments) is not lowered; the reason is counted."""
-
-
-def dvm_dtype(dt) -> DType:
-    d = TORCH_TO_DVM.get(dt)
-    if d is None:
-        raise Unsupported(f"dtype {dt}")
-    return d
 
 
 def _scalar(lw, v) -> Node:
@@ -263,84 +252,6 @@ def _scalar_tensor(lw, value, **kwargs):
     return build.cast(_scalar(lw, value), dvm_dtype(lw.out.dtype))
 
 
-INT64_MAX = 2 ** 63 - 1
-
-
-def _slice_start(size, start, length, end) -> object:
-    """PyTorch's clamped start of x[start:end] along an axis of `size` whose result has `length`
-    elements: exact for a start >= 0 (int or size expression) and for slices that run to the end."""
-    if start is None:
-        start = 0
-    if isinstance(start, int) and start < 0:
-        if end is None or (isinstance(end, int) and end >= INT64_MAX // 2):
-            return size - length        # x[-k:]: the last `length` elements
-        if not isinstance(size, int):
-            raise Unsupported("negative slice start on a symbolic size")
-        return max(start + size, 0)
-    if isinstance(start, SymExpr) and build.bounds(start)[0] < 0:
-        raise Unsupported(f"slice start {start} may be negative")
-    return start
-
-
-def _slice(lw, x, dim=0, start=None, end=None, step=1):
-    if not isinstance(step, int) or step < 1:
-        raise Unsupported(f"slice step {step}")
-    dim %= max(x.ndim, 1)
-    length = lw.out_shape[dim]
-    return build.slice_view(lw.ctx, x, dim, _slice_start(x.shape[dim], start, length, end), length, step)
-
-
-def _select(lw, x, dim, index):
-    dim %= max(x.ndim, 1)
-    if isinstance(index, int) and index < 0:
-        index = x.shape[dim] + index
-    elif isinstance(index, SymExpr) and build.bounds(index)[0] < 0:
-        raise Unsupported(f"select index {index} may be negative")
-    return build.slice_view(lw.ctx, x, dim, index, 1, keep=False)
-
-
-def _slice_backward(lw, g, input_sizes, dim, start, end, step):
-    """The gradient of a slice that took the whole axis is the gradient itself (other slices
-    scatter into zeros: PyTorch runs them, or the cat recognizer takes a whole pair)."""
-    dim %= len(input_sizes)
-    if step == 1 and build.decide_eq(g.shape[dim], input_sizes[dim]) is True:
-        return g
-    raise Unsupported("slice_backward of a part of the axis")
-
-
-def _cat(lw, tensors, dim=0):
-    """cat of pieces of one size along `dim`: stack them on a new axis in front of dim (each
-    piece broadcast along it, selected with where on the axis' index: only in-bounds reads),
-    then merge the two axes. Pieces of different sizes run through PyTorch."""
-    dt = dvm_dtype(lw.out.dtype)
-    pieces = [build.cast(t, dt) for t in tensors if not (t.ndim == 1 and build.decide_eq(t.shape[0], 0) is True)]
-    if not pieces:
-        raise Unsupported("cat of empty tensors")
-    if len(pieces) == 1:
-        return pieces[0]
-    dim %= pieces[0].ndim
-    n = pieces[0].shape[dim]
-    for p in pieces:
-        if p.ndim != pieces[0].ndim or build.decide_eq(p.shape[dim], n) is not True:
-            raise Unsupported("cat of pieces of different sizes")
-    return stack_merge(lw.ctx, pieces, dim, lw.out_shape)
-
-
-def stack_merge(ctx, pieces: list, dim: int, out_shape) -> Node:
-    """Concatenate equal-sized `pieces` along `dim`: where-select on a new axis, then reshape."""
-    k = len(pieces)
-    stacked = [build.reshape(ctx, p, p.shape[:dim] + (1,) + p.shape[dim:]) for p in pieces]
-    shape = build.broadcast_shapes(ctx, [s.shape for s in stacked], "cat")
-    shape = shape[:dim] + (k,) + shape[dim + 1:]
-    idx = build.iota(shape, dim)
-    out = stacked[-1]
-    for i in range(k - 2, -1, -1):
-        cond = build.elementwise(ctx, "eq", idx, build.const(i))
-        out = build.elementwise(ctx, "where", cond, stacked[i], out)
-    out = build.broadcast_to(ctx, out, shape)
-    return build.reshape(ctx, out, out_shape)
-
-
 def _new_full(value):
     def fn(lw, x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
         return _full(lw, size, value, device=device)
@@ -424,8 +335,9 @@ LOWERINGS.update({
     aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
-    aten.slice.Tensor: _slice, aten.select.int: _select, aten.slice_backward.default: _slice_backward,
-    aten.cat.default: _cat, aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
+    aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
+    aten.cat.default: V.cat, aten.index.Tensor: V.index,
+    aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
 })
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the

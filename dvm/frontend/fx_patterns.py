@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from ..graph import build
 from ..graph.node import Node
+from .aten_table import Unsupported
 
 aten = torch.ops.aten
 _BIG_END = 2 ** 62       # slice ends at or past this run to the end of the axis
@@ -69,6 +70,8 @@ def _half_slice(n):
     h = size // 2
     start = 0 if start is None else start
     end = size if end is None or (isinstance(end, int) and end >= _BIG_END) else end
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return None              # (never compare SymInts here: that would add guards)
     if (start, end) == (0, h):
         return src, "lo", axis
     if (start, end) == (h, size):
@@ -137,7 +140,7 @@ def _slice_backward_piece(n):
         return None
     v, sizes, dim, start, end, step = n.args
     size = _int(sizes[dim])
-    if step != 1 or size is None or size % 2:
+    if not all(isinstance(i, int) for i in (dim, start, end, step)) or step != 1 or size is None or size % 2:
         return None
     h = size // 2
     end = size if end >= _BIG_END else end
@@ -198,7 +201,6 @@ def _lower_rope(axis: int, flip: bool, negs: tuple, x_pos: int, rot_pos: int, pl
     def lower(lw, x, cos, sin):
         ctx = lw.ctx
         if not isinstance(cos, Node) or not isinstance(sin, Node):
-            from .aten_table import Unsupported
             raise Unsupported("rope with scalar cos / sin")
         a = x.ndim + axis
         x2 = _rows(ctx, x, a)

@@ -114,13 +114,14 @@ def _torch_step(n: fx.Node):
 
     def run_view(values, env):
         a, k = fetch(values)
-        try:
+        x = a[0]
+        if x.is_contiguous():
             values[n] = target(*a, **k)
-        except RuntimeError:
-            if a[0].is_contiguous():
-                raise
+            return
+        # a view where the strides allow it, else a copy (no exception raised and caught)
+        out = values[n] = torch.ops.aten.reshape.default(x, a[1])
+        if out.data_ptr() != x.data_ptr():
             counters.bump("torch_view_copies")
-            values[n] = target(a[0].contiguous(), *a[1:], **k)
     return run_view if target in _RESHAPE_INSTEAD else run
 
 
@@ -195,8 +196,8 @@ class SegmentRunner:
             outs = self.graph.run(env, [c(t) for c, t in zip(self.convert, tensors)])
             for fxn, k, inv, wrap in self.wrap:
                 values[fxn] = wrap(outs[k]) if inv is None else wrap(outs[k]).permute(inv)
-        for fxn, k in self.passthrough:
-            values[fxn] = tensors[k].clone()
+        for fxn, k in self.passthrough:   # (row-major, like every DVM output: later views work)
+            values[fxn] = tensors[k].clone(memory_format=torch.contiguous_format)
         counters.bump("torch_segment_launches")
 
 
