@@ -214,12 +214,14 @@ def test_slice_select_inside_a_segment():
     def f(x):
         y = x.exp()                         # the slices below are of a DVM value: DVM views
         return (y[:, 1:4] * 2, y[1:, ::2] + 1, y[:, -3:].sin(), y[:, 2], y.select(0, -1) * 3,
-                y[..., 1::3] - y[..., 0:1], y.transpose(0, 1)[1:3])
+                y[..., 1::3] - y[..., 0:1], y.transpose(0, 1)[1:3], y[:, -5::2] + 1, y[-2:, -6:-1] * 2)
     counters.reset()
     # (constant slice bounds on a dynamic size may make Dynamo specialize: a few graphs)
     check(f, lambda n: (torch.randn(n, 7),), max_graphs=3)
     check(f, lambda n: (torch.randn(7, n + 1).t(),), max_graphs=3)   # a non-contiguous input
-    assert not _fallbacks(counters.snapshot(), "slice") and not _fallbacks(counters.snapshot(), "select")
+    fb = _fallbacks(counters.snapshot(), "slice") + _fallbacks(counters.snapshot(), "select")
+    # (x[-k::2] and x[-a:-b] on a symbolic size: PyTorch clamps the start; they stay in PyTorch)
+    assert all("negative slice start on a symbolic size" in k for k in fb), fb
 
 
 def test_cat_of_equal_pieces():

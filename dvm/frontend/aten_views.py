@@ -13,13 +13,13 @@ from .aten_common import Unsupported, dvm_dtype
 INT64_MAX = 2 ** 63 - 1
 
 
-def _slice_start(size, start, length, end) -> object:
+def _slice_start(size, start, length, end, step: int) -> object:
     """PyTorch's clamped start of x[start:end] along an axis of `size` whose result has `length`
     elements: exact for a start >= 0 (int or size expression) and for slices that run to the end."""
     if start is None:
         start = 0
     if isinstance(start, int) and start < 0:
-        if end is None or (isinstance(end, int) and end >= INT64_MAX // 2):
+        if step == 1 and (end is None or (isinstance(end, int) and end >= INT64_MAX // 2)):
             return size - length        # x[-k:]: the last `length` elements
         if not isinstance(size, int):
             raise Unsupported("negative slice start on a symbolic size")
@@ -34,7 +34,8 @@ def slice_(lw, x, dim=0, start=None, end=None, step=1):
         raise Unsupported(f"slice step {step}")
     dim %= max(x.ndim, 1)
     length = lw.out_shape[dim]
-    return build.slice_view(lw.ctx, x, dim, _slice_start(x.shape[dim], start, length, end), length, step)
+    return build.slice_view(lw.ctx, x, dim, _slice_start(x.shape[dim], start, length, end, step),
+                            length, step)
 
 
 def select(lw, x, dim, index):

@@ -241,6 +241,8 @@ class CompiledFx:
             self.steps.append(runner)
             self.segments.append(runner)
             counters.bump("torch_segments")
+            for kind in step.segment.patterns:
+                counters.bump(f"torch_pattern:{kind}")
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         self.compile_s = time.perf_counter() - t0
         counters.bump("torch_graphs_compiled")
