@@ -80,6 +80,8 @@ def stack_merge(ctx, pieces: list, dim: int, out_shape) -> Node:
     stacked = [build.reshape(ctx, p, p.shape[:dim] + (1,) + p.shape[dim:]) for p in pieces]
     shape = build.broadcast_shapes(ctx, [s.shape for s in stacked], "cat")
     shape = shape[:dim] + (k,) + shape[dim + 1:]
+    if all(p is pieces[0] for p in pieces):     # cat([x, x]) (HF's rotary emb): a broadcast
+        return build.reshape(ctx, build.broadcast_to(ctx, stacked[0], shape), out_shape)
     idx = build.iota(shape, dim)
     out = stacked[-1]
     for i in range(k - 2, -1, -1):
