@@ -268,7 +268,9 @@ class _Rope(torch.nn.Module):
         x = self.q(h).view(b, n, -1, self.d).transpose(1, 2)
         cos, sin = self.cos_sin(n)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return x * cos + _rotate_half(x) * sin, (_rotate_half(x) * sin + cos * x).exp()
+        y = x * 0.5                   # a DVM value: its rotate_half is the flip form
+        return x * cos + _rotate_half(x) * sin, (_rotate_half(x) * sin + cos * x).exp(), \
+            y * cos + _rotate_half(y) * sin
 
 
 _rope = _Rope().eval()
@@ -281,7 +283,7 @@ def test_rope_is_recognized_and_exact():
     assert not _fallbacks(snap, "cat"), snap
     torch._dynamo.reset()
     text = tb.explain_model(_rope, torch.randn(2, 9, 16))
-    assert "recognized: rope x2" in text, text
+    assert "rope (rotate_half in PyTorch) x2" in text and "rope x1" in text, text
 
 
 def test_rope_same_values_as_unrecognized(monkeypatch):
@@ -292,7 +294,8 @@ def test_rope_same_values_as_unrecognized(monkeypatch):
 
     def f(q, s):
         x = (q @ w).view(q.shape[0], -1, 8)
-        return x * cos + _rotate_half(x) * s, x.transpose(0, 1) * cos + _rotate_half(x.transpose(0, 1)) * s
+        y = x.transpose(0, 1) * 3
+        return x * cos + _rotate_half(x) * s, y * cos + _rotate_half(y) * s
     args = [(torch.randn(n, 4, dtype=torch.bfloat16), torch.randn(1, 1, dtype=torch.bfloat16)) for n in (3, 5, 17)]
     results = []
     for enabled in (True, False):
@@ -319,7 +322,7 @@ def test_rotate_half_alone_and_odd_shapes():
     check(f, lambda n: (torch.randn(4, n).t(), torch.randn(n, 1, 1)), sizes=[3, 5, 17, 64])
     torch._dynamo.reset()
     text = tb.explain_model(f, torch.randn(5, 4), torch.randn(5, 1, 1))
-    assert "recognized: rotate_half x2" in text, text
+    assert "recognized: rotate_half x1" in text and "rotate_half of a PyTorch value" in text, text
 
 
 def test_rope_gradients():

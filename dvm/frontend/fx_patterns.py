@@ -11,6 +11,13 @@ rope: `x * cos + rotate_half(x) * sin` (either operand order) is computed entire
 never a fallback. The value is the same expression as the unfused ops (same ops, same operand
 order): the rewrite only changes the shape the elementwise work is done in.
 
+Where x is a PyTorch value (HF: a view of the q/k projection), the planner runs the rotate_half
+itself (neg + cat) in PyTorch instead and keeps the products fused: the flip form makes every
+operand row d/2 elements long (the flip and the broadcast cos stop the encoder from folding
+the two halves), and the VM pays per row, so on the CPU VM it was slower than a PyTorch cat at
+every length measured (L 3 .. 700). Where x is a DVM value of the open segment (an input
+computed in the segment, the backward's gradient), the flip form keeps it in one launch.
+
 A match names the FX nodes it absorbs (each used only inside the match). The planner skips
 absorbed nodes and lowers the match at its root; if that fails, it plans them one by one.
 """
@@ -38,6 +45,7 @@ class Match:
     args: tuple                    # FX nodes (and constants) handed to `lower`, in order
     lower: Callable                # lower(lw, *dvm_args) -> Node
     absorbed: list = field(default_factory=list)   # FX nodes computed only by the match
+    rotate: list = field(default_factory=list)     # the rotate_half nodes (slices, neg, cat)
 
 
 def _val(n):
@@ -131,7 +139,7 @@ def _cat_match(n: fx.Node) -> Match | None:
     if hv is None or hv[1] != dim % _val(n).ndim:
         return None
     src, axis, flip, negs, nodes = hv
-    return Match("rotate_half", n, (src,), _lower_halves(axis, flip, negs), nodes)
+    return Match("rotate_half", n, (src,), _lower_halves(axis, flip, negs), nodes, [n] + nodes)
 
 
 def _slice_backward_piece(n):
@@ -183,7 +191,7 @@ def _rope_match(n: fx.Node, cats: dict) -> Match | None:
             cos, sin = plain.args[1 - pi], rot.args[1 - ri]
             _, ax, flip, negs, _ = _halves(*cat.args[0])
             lower = _lower_rope(ax - _val(x).ndim, flip, negs, pi, ri, n.args[0] is plain)
-            return Match("rope", n, (x, cos, sin), lower, [plain, rot, cat] + m.absorbed)
+            return Match("rope", n, (x, cos, sin), lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
     return None
 
 

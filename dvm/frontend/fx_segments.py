@@ -101,10 +101,13 @@ class Segment:
     patterns: list = field(default_factory=list)     # recognized patterns lowered here (explain)
 
 
+ROTATE_IN_TORCH = "rotate_half of a PyTorch value: neg + cat in PyTorch, products fused"
+
+
 @dataclass
 class TorchStep:
     node: fx.Node
-    kind: str      # "fallback", "view", "cube", "python"
+    kind: str      # "fallback", "view", "cube", "python", "torch" (a planning choice, with reason)
     reason: str = ""
 
 
@@ -271,14 +274,45 @@ class Planner:
             return
         match = self.matches.get(n)
         if match is not None:
+            if match.rotate and not (self.open is not None and self.seg_of.get(match.args[0]) is self.open):
+                return self.rotate_in_torch(n, match)
             if self.try_lower(n, match) is None:
                 return
-            for a in match.absorbed:    # the match did not lower: plan its nodes one by one
-                self.absorbed.pop(a, None)
-            absorbed = set(match.absorbed)
-            for a in self.gm.graph.nodes:
-                if a in absorbed:
-                    self.visit(a)
+            self.unabsorb(n, match, ())
+        self.visit_plain(n)
+
+    def unabsorb(self, n: fx.Node, match, in_torch) -> None:
+        """Plan a match's absorbed nodes one by one (those in `in_torch` run in PyTorch)."""
+        for a in match.absorbed:
+            self.absorbed.pop(a, None)
+        absorbed = set(match.absorbed)
+        for a in self.gm.graph.nodes:
+            if a is n:
+                break
+            if a in absorbed:
+                self.to_torch(a, ROTATE_IN_TORCH) if a in in_torch else self.visit(a)
+
+    def rotate_in_torch(self, n: fx.Node, match) -> None:
+        """rotate_half of a PyTorch value: its neg and cat run in PyTorch (two cheap ops that
+        cut no segment); the products stay fused. (The flip form reads rows of d/2 elements,
+        which the VM pays per row: slower than a PyTorch cat at every length measured.)"""
+        rotate = set(match.rotate)
+        self.unabsorb(n, match, rotate)
+        if n in rotate:
+            self.to_torch(n, ROTATE_IN_TORCH)
+            return
+        self.visit_plain(n)
+        seg = self.seg_of.get(n)
+        if seg is not None:
+            seg.patterns.append(f"{match.kind} (rotate_half in PyTorch)")
+
+    def to_torch(self, n: fx.Node, reason: str) -> None:
+        for a in _arg_nodes(n):
+            self.need_torch(a)
+        self.steps.append(TorchStep(n, "view" if n.target in T.VIEW_OPS else "torch", reason))
+        self.ready.add(n)
+
+    def visit_plain(self, n: fx.Node) -> None:
         src = n.args[0] if n.target is operator.getitem and n.args else None
         if isinstance(src, fx.Node) and isinstance(self.seg_of.get(src) and self.seg_of[src].value[src], tuple):
             seg = self.seg_of[src]          # one result of a multi-output DVM op

@@ -278,14 +278,16 @@ class CompiledFx:
                          + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
             if s.seg.patterns:
                 pats = collections.Counter(s.seg.patterns)
-                lines.append("    recognized: " + ", ".join(f"{k} x{v}" for k, v in sorted(pats.items()))
-                             + " (lowered whole, over [..., 2, d/2])")
+                lines.append("    recognized: " + ", ".join(f"{k} x{v}" for k, v in sorted(pats.items())))
             if s.graph is not None:
                 for g in s.graph.plan.groups:
                     lines.append("    " + g.describe())
         reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
         for (op, why), k in sorted(reasons.items()):
             lines.append(f"  fallback {op} x{k}: {why}")
+        chosen = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "torch")
+        for (op, why), k in sorted(chosen.items()):
+            lines.append(f"  pytorch {op} x{k}: {why}")
         cubes = collections.Counter(str(s.node.target) for s in self.torch_steps if s.kind == "cube")
         for op, k in sorted(cubes.items()):
             lines.append(f"  cube {op} x{k}: executed by PyTorch (BLAS)")
