@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import dvm.frontend.torch_backend as tb  # noqa: E402
+from dvm.frontend import fx_patterns  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
 # case -> (rtol, atol, reason). Everything else uses assert_close's defaults.
@@ -202,3 +203,185 @@ def test_dvm_compile_shorthand():
     cf = tb.compile(lambda x: torch.relu(x) * 3)
     x = torch.randn(7, 2)
     torch.testing.assert_close(cf(x), torch.relu(x) * 3)
+
+
+# -- slices, select, cat, RoPE (fx_patterns) ----------------------------------------------------
+def _fallbacks(snap: dict, op: str) -> list:
+    return [k for k in snap if k.startswith(f"fallback:aten.{op}")]
+
+
+def test_slice_select_inside_a_segment():
+    def f(x):
+        y = x.exp()                         # the slices below are of a DVM value: DVM views
+        return (y[:, 1:4] * 2, y[1:, ::2] + 1, y[:, -3:].sin(), y[:, 2], y.select(0, -1) * 3,
+                y[..., 1::3] - y[..., 0:1], y.transpose(0, 1)[1:3], y[:, -5::2] + 1, y[-2:, -6:-1] * 2)
+    counters.reset()
+    # (constant slice bounds on a dynamic size may make Dynamo specialize: a few graphs)
+    check(f, lambda n: (torch.randn(n, 7),), max_graphs=3)
+    check(f, lambda n: (torch.randn(7, n + 1).t(),), max_graphs=3)   # a non-contiguous input
+    fb = _fallbacks(counters.snapshot(), "slice") + _fallbacks(counters.snapshot(), "select")
+    # (x[-k::2] and x[-a:-b] on a symbolic size: PyTorch clamps the start; they stay in PyTorch)
+    assert all("negative slice start on a symbolic size" in k for k in fb), fb
+
+
+def test_cat_of_equal_pieces():
+    def f(x, y, i):
+        a = x.exp()
+        return (torch.cat([a, a * 2], -1), torch.cat([a, y, a], 0) + 1, torch.cat([a, i], 1) * 0.5,
+                torch.cat([x.unsqueeze(1), y.unsqueeze(1)], 1).sum(0))
+    counters.reset()
+    check(f, lambda n: (torch.randn(n, 5), torch.randn(5, n).t(),       # a strided input
+                        torch.randint(-3, 3, (n, 5), dtype=torch.int32)), sizes=[3, 4, 17, 64], max_graphs=2)
+    assert not _fallbacks(counters.snapshot(), "cat")
+
+
+def test_cat_of_different_sizes_falls_back():
+    def f(x, y):
+        return torch.cat([x.exp(), y], 0) * 2
+    counters.reset()
+    check(f, lambda n: (torch.randn(n, 3), torch.randn(n + 2, 3)), sizes=[4, 5, 17, 64])
+    assert _fallbacks(counters.snapshot(), "cat")
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class _Rope(torch.nn.Module):
+    """HF-like (parameters and buffers have static sizes): a projection [b, L, heads * 10]
+    viewed [b, heads, L, 10] (non-contiguous), rotary cos / sin [b, L, 10] unsqueezed."""
+
+    def __init__(self, d_in: int = 16, heads: int = 3, d: int = 10):
+        super().__init__()
+        self.q = torch.nn.Linear(d_in, heads * d, bias=False)
+        self.register_buffer("inv_freq", torch.rand(d // 2))
+        self.d = d
+
+    def cos_sin(self, n: int):
+        freqs = torch.arange(n, dtype=torch.float32)[None, :, None] * self.inv_freq[None, None, :]
+        emb = torch.cat([freqs, freqs], -1)
+        return emb.cos(), emb.sin()
+
+    def forward(self, h):
+        b, n, _ = h.shape
+        x = self.q(h).view(b, n, -1, self.d).transpose(1, 2)
+        cos, sin = self.cos_sin(n)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        y = x * 0.5                   # a DVM value: its rotate_half is the flip form
+        return x * cos + _rotate_half(x) * sin, (_rotate_half(x) * sin + cos * x).exp(), \
+            y * cos + _rotate_half(y) * sin
+
+
+_rope = _Rope().eval()
+
+
+def test_rope_is_recognized_and_exact():
+    counters.reset()
+    check(_rope, lambda n: (torch.randn(2, n, 16),), sizes=[3, 5, 17, 64, 129])
+    snap = counters.snapshot()
+    assert not _fallbacks(snap, "cat"), snap
+    torch._dynamo.reset()
+    text = tb.explain_model(_rope, torch.randn(2, 9, 16))
+    assert "rope (rotate_half in PyTorch) x2" in text and "rope x1" in text, text
+
+
+def test_rope_same_values_as_unrecognized(monkeypatch):
+    """The rewrite changes only the shape the work is done in: bitwise the same as the plain
+    lowering of the same ops (bf16, a broadcast cos, a contiguous and a strided input)."""
+    w = torch.randn(4, 16, dtype=torch.bfloat16)
+    cos = torch.rand(8, dtype=torch.bfloat16)
+
+    def f(q, s):
+        x = (q @ w).view(q.shape[0], -1, 8)
+        y = x.transpose(0, 1) * 3
+        return x * cos + _rotate_half(x) * s, y * cos + _rotate_half(y) * s
+    args = [(torch.randn(n, 4, dtype=torch.bfloat16), torch.randn(1, 1, dtype=torch.bfloat16)) for n in (3, 5, 17)]
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(fx_patterns, "ENABLED", enabled)
+        torch._dynamo.reset()
+        cf = torch.compile(f, backend="dvm", dynamic=True)
+        results.append([cf(*a) for a in args])
+    for got, want in zip(*results):
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+    for (q, s), got in zip(args, results[0]):   # and close to eager (bf16 rounding of the products)
+        for g, e in zip(got, f(q, s)):
+            torch.testing.assert_close(g.float(), e.float(), rtol=0.02, atol=0.02)
+
+
+def test_rotate_half_alone_and_odd_shapes():
+    w = torch.randn(4, 18)
+
+    def f(q, s):
+        x = (q @ w).view(q.shape[0], 3, 6)
+        y = x * 1.5
+        return _rotate_half(y) * s, _rotate_half(x.transpose(0, 1)) + 1
+    check(f, lambda n: (torch.randn(n, 4), torch.randn(n, 1, 1)), sizes=[3, 5, 17, 64])
+    check(f, lambda n: (torch.randn(4, n).t(), torch.randn(n, 1, 1)), sizes=[3, 5, 17, 64])
+    torch._dynamo.reset()
+    text = tb.explain_model(f, torch.randn(5, 4), torch.randn(5, 1, 1))
+    assert "recognized: rotate_half x1" in text and "rotate_half of a PyTorch value" in text, text
+
+
+def test_rope_gradients():
+    """The backward of rotate_half (two slice_backwards added) is recognized as well."""
+    w = torch.randn(20, 20, requires_grad=True)
+
+    def f(x):
+        q = (x @ w).view(x.shape[0], 2, 10).transpose(0, 1)
+        cos, sin = _rope.cos_sin(x.shape[0])
+        return (q * cos[0] + _rotate_half(q) * sin[0]).square().sum()
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="dvm", dynamic=True)
+    counters.reset()
+    for n in (3, 7, 20):
+        x = torch.randn(n, 20)
+        w.grad = None
+        cf(x).backward()
+        got = w.grad.clone()
+        w.grad = None
+        f(x).backward()
+        torch.testing.assert_close(got, w.grad)
+    snap = counters.snapshot()
+    assert not _fallbacks(snap, "slice_backward") and not _fallbacks(snap, "cat"), snap
+    assert any("rotate_half_backward" in g.describe() for g in tb.COMPILED)
+
+
+def test_full_reduction_next_to_a_broadcast_output():
+    """A value broadcast along a reduced axis is not stored in the reduction's group."""
+    check(lambda x, y: ((x * y).sum(), y.exp()), lambda n: (torch.randn(2, n, 10), torch.randn(1, n, 10)),
+          sizes=[3, 5, 17, 64])
+
+
+def test_new_ones_zeros():
+    def f(x):
+        return x.new_ones(x.shape[0], 3) * x.sum(-1, keepdim=True), x.new_zeros(2, x.shape[1]) + x[:2]
+    check(f, lambda n: (torch.randn(n, 4),), sizes=[2, 3, 5, 17])
+
+
+def test_arange_dtypes():
+    def f(x):
+        n = x.shape[0]
+        return tuple(torch.arange(n, dtype=dt) + x[:, 0].to(dt) * 0 for dt in
+                     (torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16))
+    check(f, lambda n: (torch.randn(n, 2),), sizes=[3, 5, 17, 300, 2100])
+
+
+def test_index_with_aranges_is_a_view():
+    """HF's mask building indexes with aranges (x[arange(b)[:, None, None, None], arange(L)...]):
+    a view of x, no gather. Other index tensors still run through PyTorch (checked values)."""
+    def f(x, y, idx):
+        n, m = x.shape
+        i, j = torch.arange(n)[:, None], torch.arange(m)[None, :]
+        b = torch.arange(1)[:, None, None, None]
+        q = (torch.arange(n) + 0)[None, None, :, None]
+        kv = torch.arange(n)[None, None, None, :]
+        return (x.exp()[i, j] * 2, x[torch.arange(n)] - 1, (y[b, q] == y[b, kv]) & (y[b, kv] <= y[b, q]),
+                x[i.t(), j.t()].t() + 1, x[idx] * 3)
+    counters.reset()
+    check(f, lambda n: (torch.randn(n, 6), torch.randint(0, 3, (1, n)), torch.tensor([0, n - 1, 1])),
+          sizes=[4, 5, 17, 64])
+    fb = [k for k in counters.snapshot() if k.startswith("fallback:aten.index")]
+    assert fb and all("not aranges" in k for k in fb), fb    # only the gather x[idx]

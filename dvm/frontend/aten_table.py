@@ -7,6 +7,8 @@ the op then runs through PyTorch, counted with that reason. `lw.out` is the FX n
 (shape and dtype PyTorch computed), so views take their result shape from it, never from -1s.
 
 Ops not in the table, and ops with dtypes DVM does not have, run through PyTorch as well.
+Slices, selects, cat and arange-indexing live in aten_views; whole patterns (RoPE) that no
+single op's handler can see are matched in fx_patterns before planning.
 `VIEW_OPS` are pure views: on tensors outside the current segment they run through PyTorch
 (free, no copy); `CUBE_OPS` are matmuls executed by PyTorch's BLAS (cube kernels through the
 platform library, DESIGN.md §4).
@@ -19,24 +21,11 @@ from ..graph import build
 from ..graph.dtypes import DType
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr
+from . import aten_views as V
+from .aten_common import Unsupported, dvm_dtype  # (Unsupported is imported from here by the planner)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: DType.INT64,
-                torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
-                torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64}
-
-
-class Unsupported(Exception):
-    """This op (with these arguments) is not lowered; the reason is counted."""
-
-
-def dvm_dtype(dt) -> DType:
-    d = TORCH_TO_DVM.get(dt)
-    if d is None:
-        raise Unsupported(f"dtype {dt}")
-    return d
 
 
 def _scalar(lw, v) -> Node:
@@ -263,10 +252,27 @@ def _scalar_tensor(lw, value, **kwargs):
     return build.cast(_scalar(lw, value), dvm_dtype(lw.out.dtype))
 
 
+def _new_full(value):
+    def fn(lw, x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return _full(lw, size, value, device=device)
+    return fn
+
+
+# arange(n) in these dtypes is the int64 index cast (RNE), as PyTorch computes it, for n <= 2**24
+_ARANGE_DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def _arange(lw, *args, dtype=None, layout=None, device=None, pin_memory=None):
-    if len(args) != 1 or lw.out.dtype != torch.int64:
-        raise Unsupported("arange with start/step or a non-int64 dtype")
-    return build.iota(lw.out_shape, 0)
+    if len(args) != 1 or lw.out.dtype not in _ARANGE_DTYPES:
+        raise Unsupported("arange with start/step or a dtype other than int / float")
+    n = lw.out_shape[0]
+    if lw.out.dtype is not torch.int64:
+        if isinstance(n, int):
+            if n > 2 ** 24:
+                raise Unsupported("float arange past 2**24")
+        else:
+            lw.ctx.require_eq(build.sym_max(n, 2 ** 24), 2 ** 24, "float arange of at most 2**24 elements")
+    return build.cast(build.iota(lw.out_shape, 0), dvm_dtype(lw.out.dtype))
 
 
 VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
@@ -329,6 +335,9 @@ LOWERINGS.update({
     aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
+    aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
+    aten.cat.default: V.cat, aten.index.Tensor: V.index,
+    aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
 })
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the

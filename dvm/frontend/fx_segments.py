@@ -21,6 +21,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq, floordiv, mod, sym
 from . import aten_table as T
+from . import fx_patterns
 from .aten_table import Unsupported
 
 
@@ -97,12 +98,16 @@ class Segment:
     outputs: list = field(default_factory=list)      # FX nodes PyTorch needs later
     ctx: ShapeContext = field(default_factory=ShapeContext)
     closed: bool = False
+    patterns: list = field(default_factory=list)     # recognized patterns lowered here (explain)
+
+
+ROTATE_IN_TORCH = "rotate_half of a PyTorch value: neg + cat in PyTorch, products fused"
 
 
 @dataclass
 class TorchStep:
     node: fx.Node
-    kind: str      # "fallback", "view", "cube", "python"
+    kind: str      # "fallback", "view", "cube", "python", "torch" (a planning choice, with reason)
     reason: str = ""
 
 
@@ -131,6 +136,8 @@ class Planner:
         self.seg_of: dict = {}          # FX node -> Segment (DVM values)
         self.ready: set = set()         # FX nodes with a torch value at this point of the plan
         self.reasons: dict = {}         # FX node -> fallback reason
+        self.matches = fx_patterns.find(gm)               # root FX node -> Match
+        self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
 
     # -- torch availability -------------------------------------------------------------------
     def need_torch(self, a) -> None:
@@ -182,9 +189,10 @@ class Planner:
         new_inputs.append((a, node))
         return node
 
-    def try_lower(self, n: fx.Node) -> str | None:
-        """Lower n into the open segment; the reason it could not, or None."""
-        handler = T.LOWERINGS.get(n.target)
+    def try_lower(self, n: fx.Node, match=None) -> str | None:
+        """Lower n (or the pattern `match` rooted at n) into the open segment; the reason it
+        could not, or None."""
+        handler = match.lower if match is not None else T.LOWERINGS.get(n.target)
         if handler is None:
             return "not in table"
         out = fake(n)
@@ -203,8 +211,9 @@ class Planner:
                 if o.device.type != "cpu":
                     raise Unsupported(f"device {o.device}")
             lw = _Lower(seg.ctx, out, self.syms)
-            args = self.dvm_arg(seg, n.args, new_inputs)
-            kwargs = {k: self.dvm_arg(seg, v, new_inputs) for k, v in n.kwargs.items()}
+            args = self.dvm_arg(seg, match.args if match is not None else n.args, new_inputs)
+            kwargs = {} if match is not None else \
+                {k: self.dvm_arg(seg, v, new_inputs) for k, v in n.kwargs.items()}
             result = handler(lw, *args, **kwargs)
             results = result if isinstance(result, tuple) else (result,)
             if len(results) != len(outs):
@@ -226,6 +235,8 @@ class Planner:
         seg.members.append(n)
         seg.value[n] = results if isinstance(out, (tuple, list)) else results[0]
         self.seg_of[n] = seg
+        if match is not None:
+            seg.patterns.append(match.kind)
         return None
 
     def check(self, seg: Segment, r: Node, o: torch.Tensor) -> Node:
@@ -259,6 +270,49 @@ class Planner:
                 raise Unsupported(f"FX op {n.op}")
 
     def visit(self, n: fx.Node) -> None:
+        if n in self.absorbed:          # computed by its match's root (or planned there)
+            return
+        match = self.matches.get(n)
+        if match is not None:
+            if match.rotate and not (self.open is not None and self.seg_of.get(match.args[0]) is self.open):
+                return self.rotate_in_torch(n, match)
+            if self.try_lower(n, match) is None:
+                return
+            self.unabsorb(n, match, ())
+        self.visit_plain(n)
+
+    def unabsorb(self, n: fx.Node, match, in_torch) -> None:
+        """Plan a match's absorbed nodes one by one (those in `in_torch` run in PyTorch)."""
+        for a in match.absorbed:
+            self.absorbed.pop(a, None)
+        absorbed = set(match.absorbed)
+        for a in self.gm.graph.nodes:
+            if a is n:
+                break
+            if a in absorbed:
+                self.to_torch(a, ROTATE_IN_TORCH) if a in in_torch else self.visit(a)
+
+    def rotate_in_torch(self, n: fx.Node, match) -> None:
+        """rotate_half of a PyTorch value: its neg and cat run in PyTorch (two cheap ops that
+        cut no segment); the products stay fused. (The flip form reads rows of d/2 elements,
+        which the VM pays per row: slower than a PyTorch cat at every length measured.)"""
+        rotate = set(match.rotate)
+        self.unabsorb(n, match, rotate)
+        if n in rotate:
+            self.to_torch(n, ROTATE_IN_TORCH)
+            return
+        self.visit_plain(n)
+        seg = self.seg_of.get(n)
+        if seg is not None:
+            seg.patterns.append(f"{match.kind} (rotate_half in PyTorch)")
+
+    def to_torch(self, n: fx.Node, reason: str) -> None:
+        for a in _arg_nodes(n):
+            self.need_torch(a)
+        self.steps.append(TorchStep(n, "view" if n.target in T.VIEW_OPS else "torch", reason))
+        self.ready.add(n)
+
+    def visit_plain(self, n: fx.Node) -> None:
         src = n.args[0] if n.target is operator.getitem and n.args else None
         if isinstance(src, fx.Node) and isinstance(self.seg_of.get(src) and self.seg_of[src].value[src], tuple):
             seg = self.seg_of[src]          # one result of a multi-output DVM op

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import ShapeError
+from ..graph.dtypes import DType
 from ..graph.build import permute
 from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
@@ -40,10 +41,21 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _to_numpy_plain(t: torch.Tensor) -> np.ndarray:
+    """The steady-state conversion of a non-bf16 tensor (a tensor that requires grad detaches)."""
+    try:
+        return t.numpy()
+    except RuntimeError:
+        return t.detach().numpy()
+
+
 def from_numpy(a: np.ndarray) -> torch.Tensor:
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+_CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
 
 
 def _bare(d) -> str | None:
@@ -78,22 +90,38 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
+def _getter(a):
+    """values -> the argument: an FX node's value, a (nested) list of them, or a constant."""
+    if isinstance(a, fx.Node):
+        return lambda values: values[a]
+    if isinstance(a, (list, tuple)) and any(isinstance(x, (fx.Node, list, tuple)) for x in a):
+        getters, typ = [_getter(x) for x in a], type(a)
+        return lambda values: typ([g(values) for g in getters])
+    return lambda values: a
+
+
 def _torch_step(n: fx.Node):
-    target, args, kwargs = n.target, n.args, n.kwargs
+    target = n.target
+    arg_getters = [_getter(a) for a in n.args]
+    kw_getters = [(k, _getter(v)) for k, v in n.kwargs.items()]
+
+    def fetch(values):
+        return [g(values) for g in arg_getters], {k: g(values) for k, g in kw_getters}
 
     def run(values, env):
-        a, k = fx.node.map_arg((args, kwargs), values.__getitem__)
+        a, k = fetch(values)
         values[n] = target(*a, **k)
 
     def run_view(values, env):
-        a, k = fx.node.map_arg((args, kwargs), values.__getitem__)
-        try:
+        a, k = fetch(values)
+        x = a[0]
+        if x.is_contiguous():
             values[n] = target(*a, **k)
-        except RuntimeError:
-            if a[0].is_contiguous():
-                raise
+            return
+        # a view where the strides allow it, else a copy (no exception raised and caught)
+        out = values[n] = torch.ops.aten.reshape.default(x, a[1])
+        if out.data_ptr() != x.data_ptr():
             counters.bump("torch_view_copies")
-            values[n] = target(a[0].contiguous(), *a[1:], **k)
     return run_view if target in _RESHAPE_INSTEAD else run
 
 
@@ -132,11 +160,29 @@ class SegmentRunner:
         if needed - bound:
             raise Unsupported(f"sizes {sorted(needed - bound)} cannot be bound from the inputs")
         self.checks = list(seg.ctx.checks)
+        self._checked: set = set()      # env value tuples (fixed key order) that passed the checks
         self.inputs = list(seg.inputs)
+        self.convert = [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain for n in seg.input_nodes]
+        self.wrap = [(fxn, k, inv, from_numpy if nodes[k].dtype is DType.BFLOAT16 else torch.from_numpy)
+                     for fxn, is_input, k, inv in self.out_map if not is_input]
+        self.passthrough = [(fxn, k) for fxn, is_input, k, inv in self.out_map if is_input]
         t0 = time.perf_counter()
         self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
         self.compile_s = time.perf_counter() - t0
         self.n_kernels = len(self.graph.templates) if self.graph else 0
+
+    def check(self, env) -> None:
+        """The shape facts recorded while tracing, once per distinct tuple of sizes."""
+        key = tuple(env.values())      # the env's key order is fixed per graph and segment
+        if key in self._checked:
+            return
+        for c in self.checks:
+            lhs = evaluate(c.lhs, env)
+            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
+                raise ShapeError(f"dvm torch backend: {c.why} (sizes {env})")
+        if len(self._checked) >= _CHECKED_MAX:
+            self._checked.clear()
+        self._checked.add(key)
 
     def __call__(self, values, env):
         tensors = [values[x] for x in self.inputs]
@@ -144,17 +190,15 @@ class SegmentRunner:
             env = dict(env)
             for i, j, name in self.binds:
                 env[name] = tensors[i].shape[j]
-        for c in self.checks:
-            lhs = evaluate(c.lhs, env)
-            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
-                raise ShapeError(f"dvm torch backend: {c.why} (sizes {env})")
-        outs = self.graph.run(env, [to_numpy(t) for t in tensors]) if self.graph else []
+        if self.checks:
+            self.check(env)
+        if self.graph is not None:
+            outs = self.graph.run(env, [c(t) for c, t in zip(self.convert, tensors)])
+            for fxn, k, inv, wrap in self.wrap:
+                values[fxn] = wrap(outs[k]) if inv is None else wrap(outs[k]).permute(inv)
+        for fxn, k in self.passthrough:   # (row-major, like every DVM output: later views work)
+            values[fxn] = tensors[k].clone(memory_format=torch.contiguous_format)
         counters.bump("torch_segment_launches")
-        for fxn, is_input, k, inv in self.out_map:
-            if is_input:
-                values[fxn] = tensors[k].clone()
-            else:
-                values[fxn] = from_numpy(outs[k]) if inv is None else from_numpy(outs[k]).permute(inv)
 
 
 class CompiledFx:
@@ -197,6 +241,8 @@ class CompiledFx:
             self.steps.append(runner)
             self.segments.append(runner)
             counters.bump("torch_segments")
+            for kind in step.segment.patterns:
+                counters.bump(f"torch_pattern:{kind}")
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         self.compile_s = time.perf_counter() - t0
         counters.bump("torch_graphs_compiled")
@@ -230,12 +276,18 @@ class CompiledFx:
             lines.append(f"  segment {i}: {s.n_kernels} vector kernel(s) in ONE launch (sequence-stacked), "
                          f"{len(s.inputs)} in / {len(s.out_map)} out; ops: "
                          + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
+            if s.seg.patterns:
+                pats = collections.Counter(s.seg.patterns)
+                lines.append("    recognized: " + ", ".join(f"{k} x{v}" for k, v in sorted(pats.items())))
             if s.graph is not None:
                 for g in s.graph.plan.groups:
                     lines.append("    " + g.describe())
         reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
         for (op, why), k in sorted(reasons.items()):
             lines.append(f"  fallback {op} x{k}: {why}")
+        chosen = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "torch")
+        for (op, why), k in sorted(chosen.items()):
+            lines.append(f"  pytorch {op} x{k}: {why}")
         cubes = collections.Counter(str(s.node.target) for s in self.torch_steps if s.kind == "cube")
         for op, k in sorted(cubes.items()):
             lines.append(f"  cube {op} x{k}: executed by PyTorch (BLAS)")

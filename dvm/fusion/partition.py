@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph.node import Node, topo_order
-from ..graph.ops import OP_TABLE, Kind
+from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
 
-VIEW_OPS = ("reshape", "permute", "broadcast_to")
+VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
 
 
@@ -65,13 +65,19 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
     'row' values are constant along every reduced axis (only when there are reduced axes)."""
     if len(shape) != len(dom):
         return None
-    varies_on_reduced = False
+    varies_on_reduced = broadcast_on_reduced = False
     for i, (d, s) in enumerate(zip(shape, dom)):
         if d == s:
             varies_on_reduced |= i in axes and not is_one(s)
         elif not is_one(d) or i not in axes:
             return None
-    return "row" if axes and not varies_on_reduced else "full"
+        else:
+            broadcast_on_reduced = True
+    if not (axes and not varies_on_reduced):
+        # a 'full' value is stored in the body, over every axis: a unit dim where the domain
+        # has a reduced axis would be a broadcast store (two writers per element)
+        return None if broadcast_on_reduced else "full"
+    return "row"
 
 
 def offending_reshape(chain: list[Node], start: int) -> int:

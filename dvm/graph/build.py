@@ -14,7 +14,7 @@ from ..errors import DTypeError, ShapeError
 from .dtypes import DEFAULT_FLOAT, DType, result_type, round_to_dtype
 from .node import Node
 from .ops import OP_TABLE, Kind, Promo
-from .symbolic import Dim, SymExpr, decide_eq, floordiv, is_one, prod, render
+from .symbolic import Dim, SymExpr, bounds, decide_eq, floordiv, is_one, prod, render, sym_max
 
 
 @dataclass
@@ -255,3 +255,37 @@ def broadcast_to(ctx: ShapeContext, x: Node, shape: Sequence) -> Node:
     if shape == x.shape:
         return x
     return Node.make("broadcast_to", x.dtype, shape, (x,))
+
+
+def _require_nonneg(ctx: ShapeContext, d: Dim, why: str) -> None:
+    """Record `d >= 0` (as max(d, 0) == d when it is not decided now)."""
+    lo, hi = bounds(d)
+    if lo >= 0:
+        return
+    if hi < 0:
+        raise ShapeError(why)
+    ctx.require_eq(sym_max(d, 0), d, why)
+
+
+def slice_view(ctx: ShapeContext, x: Node, axis: int, start: Dim, length: Dim, step: int = 1,
+               keep: bool = True) -> Node:
+    """Elements start, start + step, ... (`length` of them) along `axis`; keep=False takes one
+    element (length 1) and drops the axis. Invariant: every index read lies in [0, size) —
+    decided now or recorded as a run-time check (a negative step needs concrete sizes)."""
+    if not -x.ndim <= axis < x.ndim or not isinstance(step, int) or step == 0:
+        raise ShapeError(f"slice: axis {axis} / step {step} invalid for rank {x.ndim}")
+    axis %= x.ndim
+    size = x.shape[axis]
+    if not keep:
+        length, step = 1, 1
+    if step < 0 and not all(isinstance(v, int) for v in (start, length, size)):
+        raise ShapeError("slice: a negative step needs concrete sizes")
+    last = start + (length - 1) * step
+    what = f"slice of {render(x.shape)} at axis {axis} from {start}, {length} x step {step}"
+    lowest, highest = (last, start) if step < 0 else (start, last)
+    _require_nonneg(ctx, lowest, f"{what}: negative index")
+    _require_nonneg(ctx, size - 1 - highest, f"{what}: index past the end")
+    if keep and step == 1 and decide_eq(start, 0) is True and decide_eq(length, size) is True:
+        return x
+    shape = x.shape[:axis] + ((length,) if keep else ()) + x.shape[axis + 1:]
+    return Node.make("slice", x.dtype, shape, (x,), axis=axis, start=start, step=step, keep=keep)

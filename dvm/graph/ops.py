@@ -256,6 +256,8 @@ _OPS: list[OpDef] = [
     OpDef("reshape", Kind.MOVEMENT, 1, doc="view with a new shape"),
     OpDef("permute", Kind.MOVEMENT, 1, doc="view with permuted axes"),
     OpDef("broadcast_to", Kind.MOVEMENT, 1, doc="view broadcast to a shape"),
+    OpDef("slice", Kind.MOVEMENT, 1, doc="view of every attrs['step']-th element along attrs['axis'] "
+          "from attrs['start'] (step < 0: reversed); attrs['keep'] False drops the axis (select)"),
 ]
 
 OP_TABLE: dict[str, OpDef] = {op.name: op for op in _OPS}
@@ -265,6 +267,7 @@ UNARY = tuple(o.name for o in _OPS if o.kind is Kind.ELEMENTWISE and o.arity == 
 BINARY = tuple(o.name for o in _OPS if o.kind is Kind.ELEMENTWISE and o.arity == 2)
 TERNARY = tuple(o.name for o in _OPS if o.kind is Kind.ELEMENTWISE and o.arity == 3)
 REDUCTIONS = tuple(o.name for o in _OPS if o.kind is Kind.REDUCE)
+MOVEMENTS = tuple(o.name for o in _OPS if o.kind is Kind.MOVEMENT)  # views: no instruction of their own
 # reductions the VMs implement (mean lowers to sum / count)
 VM_REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin")
 

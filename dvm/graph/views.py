@@ -1,10 +1,14 @@
 """View arithmetic on (shape, strides, offset) in elements: the one place that decides whether a
-chain of reshape / permute / broadcast_to is expressible as strides (numpy's no-copy rules)."""
+chain of reshape / permute / broadcast_to / slice is expressible as strides (numpy's no-copy rules).
+A slice moves the offset by start * stride and multiplies the axis stride by step (negative
+steps give negative strides: the encoder and verifier handle them; every element read stays
+inside the base view because the slice's start and length were checked when it was built)."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 from .node import Node
+from .ops import MOVEMENTS
 from .symbolic import evaluate
 
 Layout = tuple[tuple[int, ...], tuple[int, ...], int]  # shape, strides, offset
@@ -78,15 +82,27 @@ def apply_chain(layout: Layout, chain: Sequence[Node], env: Mapping[str, int]) -
             if ns is None:
                 return None
             shape, strides = new, ns
+        elif v.op == "slice":
+            shape, strides, offset = _slice(shape, strides, offset, v, env)
         else:
             raise ValueError(f"{v.op} is not a view")
     return tuple(shape), tuple(strides), offset
 
 
+def _slice(shape, strides, offset: int, v: Node, env: Mapping[str, int]):
+    a, step = v.attr("axis"), v.attr("step")
+    start = evaluate(v.attr("start"), env)
+    offset += start * strides[a]
+    if not v.attr("keep"):
+        return shape[:a] + shape[a + 1:], strides[:a] + strides[a + 1:], offset
+    n = evaluate(v.shape[a], env)
+    return shape[:a] + (n,) + shape[a + 1:], strides[:a] + (strides[a] * step,) + strides[a + 1:], offset
+
+
 def split_chain(node: Node) -> tuple[Node, list[Node]]:
     """(base, views innermost first) for a node that is a chain of view ops over `base`."""
     chain = []
-    while node.op in ("reshape", "permute", "broadcast_to"):
+    while node.op in MOVEMENTS:
         chain.append(node)
         node = node.inputs[0]
     return node, chain[::-1]

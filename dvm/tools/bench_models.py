@@ -242,6 +242,7 @@ def _dvm_graph_info(cfx) -> dict:
     return {"kind": cfx.kind, "segments": len(segs), "vector_kernels": sum(s.n_kernels for s in segs),
             "cube_ops": sum(cubes.values()), "cube": dict(cubes),
             "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks),
+            "patterns": dict(Counter(p for s in segs for p in s.seg.patterns)),
             "compile_s": cfx.compile_s}
 
 
@@ -676,6 +677,8 @@ def markdown(report: dict) -> str:
                              f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms.")
                 for why, k in sorted(g["fallbacks"].items()):
                     lines.append(f"- fallback {why} ×{k}")
+                for kind, k in sorted(g.get("patterns", {}).items()):
+                    lines.append(f"- recognized {kind} ×{k} (lowered whole)")
             lines.append(f"DVM graphs compiled: {d['graphs']} (size-1 patterns in the stream: "
                          f"{dv['size1_patterns']}; recompiles beyond Dynamo's size-1 specializations: "
                          f"{dv['recompiles_beyond_size1']}).")

@@ -1,0 +1,161 @@
+"""ATen lowerings that move data without computing: slices and selects (DVM 'slice' views), cat
+of equal pieces (a where over a new axis, then a reshape) and indexing with aranges (views).
+Part of the one table in aten_table (LOWERINGS); the same handler conventions apply."""
+from __future__ import annotations
+
+from ..graph import build
+from ..graph.dtypes import DType
+from ..graph.node import Node
+from ..graph.symbolic import SymExpr
+from .aten_common import Unsupported, dvm_dtype
+
+
+INT64_MAX = 2 ** 63 - 1
+
+
+def _slice_start(size, start, length, end, step: int) -> object:
+    """PyTorch's clamped start of x[start:end] along an axis of `size` whose result has `length`
+    elements: exact for a start >= 0 (int or size expression) and for slices that run to the end."""
+    if start is None:
+        start = 0
+    if isinstance(start, int) and start < 0:
+        if step == 1 and (end is None or (isinstance(end, int) and end >= INT64_MAX // 2)):
+            return size - length        # x[-k:]: the last `length` elements
+        if not isinstance(size, int):
+            raise Unsupported("negative slice start on a symbolic size")
+        return max(start + size, 0)
+    if isinstance(start, SymExpr) and build.bounds(start)[0] < 0:
+        raise Unsupported(f"slice start {start} may be negative")
+    return start
+
+
+def slice_(lw, x, dim=0, start=None, end=None, step=1):
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported(f"slice step {step}")
+    dim %= max(x.ndim, 1)
+    length = lw.out_shape[dim]
+    return build.slice_view(lw.ctx, x, dim, _slice_start(x.shape[dim], start, length, end, step),
+                            length, step)
+
+
+def select(lw, x, dim, index):
+    dim %= max(x.ndim, 1)
+    if isinstance(index, int) and index < 0:
+        index = x.shape[dim] + index
+    elif isinstance(index, SymExpr) and build.bounds(index)[0] < 0:
+        raise Unsupported(f"select index {index} may be negative")
+    return build.slice_view(lw.ctx, x, dim, index, 1, keep=False)
+
+
+def slice_backward(lw, g, input_sizes, dim, start, end, step):
+    """The gradient of a slice that took the whole axis is the gradient itself (other slices
+    scatter into zeros: PyTorch runs them, or the cat recognizer takes a whole pair)."""
+    dim %= len(input_sizes)
+    if step == 1 and build.decide_eq(g.shape[dim], input_sizes[dim]) is True:
+        return g
+    raise Unsupported("slice_backward of a part of the axis")
+
+
+def cat(lw, tensors, dim=0):
+    """cat of pieces of one size along `dim`: stack them on a new axis in front of dim (each
+    piece broadcast along it, selected with where on the axis' index: only in-bounds reads),
+    then merge the two axes. Pieces of different sizes run through PyTorch."""
+    dt = dvm_dtype(lw.out.dtype)
+    pieces = [build.cast(t, dt) for t in tensors if not (t.ndim == 1 and build.decide_eq(t.shape[0], 0) is True)]
+    if not pieces:
+        raise Unsupported("cat of empty tensors")
+    if len(pieces) == 1:
+        return pieces[0]
+    dim %= pieces[0].ndim
+    n = pieces[0].shape[dim]
+    for p in pieces:
+        if p.ndim != pieces[0].ndim or build.decide_eq(p.shape[dim], n) is not True:
+            raise Unsupported("cat of pieces of different sizes")
+    return stack_merge(lw.ctx, pieces, dim, lw.out_shape)
+
+
+def stack_merge(ctx, pieces: list, dim: int, out_shape) -> Node:
+    """Concatenate equal-sized `pieces` along `dim`: where-select on a new axis, then reshape."""
+    k = len(pieces)
+    stacked = [build.reshape(ctx, p, p.shape[:dim] + (1,) + p.shape[dim:]) for p in pieces]
+    shape = build.broadcast_shapes(ctx, [s.shape for s in stacked], "cat")
+    shape = shape[:dim] + (k,) + shape[dim + 1:]
+    if all(p is pieces[0] for p in pieces):     # cat([x, x]) (HF's rotary emb): a broadcast
+        return build.reshape(ctx, build.broadcast_to(ctx, stacked[0], shape), out_shape)
+    idx = build.iota(shape, dim)
+    out = stacked[-1]
+    for i in range(k - 2, -1, -1):
+        cond = build.elementwise(ctx, "eq", idx, build.const(i))
+        out = build.elementwise(ctx, "where", cond, stacked[i], out)
+    out = build.broadcast_to(ctx, out, shape)
+    return build.reshape(ctx, out, out_shape)
+
+
+def _iota_axis(n: Node):
+    """(axis, length) when the int64 / int32 node n holds its index along `axis` (0 .. length-1)
+    and is constant along every other axis: an arange reshaped / broadcast / permuted, maybe
+    plus 0 or cast between integer dtypes. None when that is not evident from the graph."""
+    if n.dtype not in (DType.INT64, DType.INT32):
+        return None
+    if n.op == "iota":
+        a = n.attr("axis")
+        return a, n.shape[a]
+    if n.op == "cast" and n.inputs[0].dtype in (DType.INT64, DType.INT32):
+        return _iota_axis(n.inputs[0])
+    if n.op in ("add", "sub") and n.inputs[1].op == "const" and n.inputs[1].attr("value") == 0:
+        r = _iota_axis(n.inputs[0])
+        return r if r is not None and n.shape[r[0]] == r[1] else None
+    if n.op == "add" and n.inputs[0].op == "const" and n.inputs[0].attr("value") == 0:
+        r = _iota_axis(n.inputs[1])
+        return r if r is not None and n.shape[r[0]] == r[1] else None
+    if n.op == "permute":
+        r = _iota_axis(n.inputs[0])
+        return None if r is None else (n.attr("dims").index(r[0]), r[1])
+    if n.op == "broadcast_to":
+        r = _iota_axis(n.inputs[0])
+        return None if r is None else (r[0] + n.ndim - n.inputs[0].ndim, r[1])
+    if n.op == "reshape":
+        r = _iota_axis(n.inputs[0])
+        if r is None:
+            return None
+        src = n.inputs[0].shape
+        if build.is_one(r[1]):
+            return None if src[r[0]] != 1 else (_first_unit(n.shape), 1)
+        big_in = [i for i, d in enumerate(src) if not build.is_one(d)]
+        big_out = [i for i, d in enumerate(n.shape) if not build.is_one(d)]
+        if [src[i] for i in big_in] != [n.shape[i] for i in big_out]:
+            return None          # the reshape merges or splits dims: not a plain unsqueeze
+        return big_out[big_in.index(r[0])], r[1]
+    return None
+
+
+def _first_unit(shape) -> int:
+    return next((i for i, d in enumerate(shape) if build.is_one(d)), 0)
+
+
+def index(lw, x, indices):
+    """x[i_0, ..., i_{k-1}] with each i_j an arange over all of x's axis j, varying along its
+    own axis of the broadcast index shape: a view of x (reshape, permute, broadcast), in
+    bounds by construction. Other indexing (gathers) runs through PyTorch."""
+    if any(i is None or not isinstance(i, Node) for i in indices) or len(indices) > x.ndim:
+        raise Unsupported("index with None / non-tensor / too many indices")
+    k, out_shape = len(indices), lw.out_shape
+    m = len(out_shape) - (x.ndim - k)
+    place: dict = {}
+    for j, i in enumerate(indices):
+        r = _iota_axis(i)
+        if r is None or build.decide_eq(r[1], x.shape[j]) is not True:
+            raise Unsupported("index tensors that are not aranges over the indexed axis")
+        if build.is_one(r[1]):
+            continue             # index 0 of a size-1 axis: the axis drops out
+        a = r[0] + m - i.ndim
+        if a in place.values() or not 0 <= a < m:
+            raise Unsupported("two index tensors along one axis (a diagonal)")
+        place[j] = a
+    kept = [j for j in range(k) if j in place]
+    rest = x.shape[k:]
+    y = build.reshape(lw.ctx, x, tuple(x.shape[j] for j in kept) + (1,) * (m - len(kept)) + rest)
+    units = iter(range(len(kept), m))
+    src_of = {place[j]: n for n, j in enumerate(kept)}
+    dims = [src_of[p] if p in src_of else next(units) for p in range(m)] + list(range(m, m + len(rest)))
+    return build.broadcast_to(lw.ctx, build.permute(lw.ctx, y, dims), out_shape)

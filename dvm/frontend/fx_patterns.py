@@ -1,0 +1,254 @@
+"""Patterns recognized in an ATen FX graph before it is cut into segments (once per graph).
+
+rotate_half: HF's `cat((-x[..., h:], x[..., :h]), -1)` on an axis of size 2h, and its gradient
+`slice_backward(-g[..., :h], h:) + slice_backward(g[..., h:], :h)`. Viewing x as [..., 2, h],
+the halves are the two rows of the size-2 axis: swapping them is a FLIP of that axis (a view
+with a negative stride and an offset, no copy) and the minus signs are where(row == r, -v, v).
+So the whole cat is one elementwise expression over [..., 2, h], reshaped back to [..., 2h].
+
+rope: `x * cos + rotate_half(x) * sin` (either operand order) is computed entirely over
+[..., 2, h] (cos and sin viewed the same way) and reshaped once, so it is ONE vector kernel and
+never a fallback. The value is the same expression as the unfused ops (same ops, same operand
+order): the rewrite only changes the shape the elementwise work is done in.
+
+Where x is a PyTorch value (HF: a view of the q/k projection), the planner runs the rotate_half
+itself (neg + cat) in PyTorch instead and keeps the products fused: the flip form makes every
+operand row d/2 elements long (the flip and the broadcast cos stop the encoder from folding
+the two halves), and the VM pays per row, so on the CPU VM it was slower than a PyTorch cat at
+every length measured (L 3 .. 700). Where x is a DVM value of the open segment (an input
+computed in the segment, the backward's gradient), the flip form keeps it in one launch.
+
+A match names the FX nodes it absorbs (each used only inside the match). The planner skips
+absorbed nodes and lowers the match at its root; if that fails, it plans them one by one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from ..graph import build
+from ..graph.node import Node
+from .aten_table import Unsupported
+
+aten = torch.ops.aten
+_BIG_END = 2 ** 62       # slice ends at or past this run to the end of the axis
+ENABLED = True           # off: every node is lowered on its own (tests compare the two)
+
+
+@dataclass
+class Match:
+    kind: str                      # "rope", "rotate_half", "rotate_half_backward"
+    root: fx.Node
+    args: tuple                    # FX nodes (and constants) handed to `lower`, in order
+    lower: Callable                # lower(lw, *dvm_args) -> Node
+    absorbed: list = field(default_factory=list)   # FX nodes computed only by the match
+    rotate: list = field(default_factory=list)     # the rotate_half nodes (slices, neg, cat)
+
+
+def _val(n):
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _int(d) -> int | None:
+    """A concrete size (head dims are concrete in practice); None for a symbolic one."""
+    if isinstance(d, int):
+        return d
+    try:
+        return int(d) if d.node.expr.is_Integer else None
+    except AttributeError:
+        return None
+
+
+def _half_slice(n):
+    """(source, 'lo' | 'hi', axis) when n is slice(src, axis, 0, h) or slice(src, axis, h, end) of
+    an axis of concrete size 2h; None otherwise."""
+    if not isinstance(n, fx.Node) or n.target is not aten.slice.Tensor or n.kwargs:
+        return None
+    src, dim, start, end, step = (list(n.args) + [0, None, None, 1][len(n.args) - 1:])[:5]
+    v = _val(src)
+    if not isinstance(v, torch.Tensor) or step != 1 or not isinstance(dim, int):
+        return None
+    axis = dim % v.ndim
+    size = _int(v.shape[axis])
+    if size is None or size % 2 or size < 2:
+        return None
+    h = size // 2
+    start = 0 if start is None else start
+    end = size if end is None or (isinstance(end, int) and end >= _BIG_END) else end
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return None              # (never compare SymInts here: that would add guards)
+    if (start, end) == (0, h):
+        return src, "lo", axis
+    if (start, end) == (h, size):
+        return src, "hi", axis
+    return None
+
+
+def _piece(n):
+    """(source, half, negated, nodes) for slice / neg(slice) pieces."""
+    neg = isinstance(n, fx.Node) and n.target is aten.neg.default
+    inner = n.args[0] if neg else n
+    s = _half_slice(inner)
+    if s is None:
+        return None
+    return s[0], s[1], s[2], neg, ([n, inner] if neg else [n])
+
+
+def _halves(p_lo, p_hi):
+    """The two pieces placed at rows 0 and 1 of [..., 2, h]: (source, axis, flip, negs, nodes)."""
+    a, b = _piece(p_lo), _piece(p_hi)
+    if a is None or b is None or a[0] is not b[0] or a[2] != b[2] or {a[1], b[1]} != {"lo", "hi"}:
+        return None
+    return a[0], a[2], a[1] == "hi", (a[3], b[3]), a[4] + b[4]
+
+
+def _rows(lw_ctx, x: Node, axis: int) -> Node:
+    """x viewed as [..., 2, h, ...] at `axis`."""
+    h = x.shape[axis] // 2
+    return build.reshape(lw_ctx, x, x.shape[:axis] + (2, h) + x.shape[axis + 1:])
+
+
+def halves_node(ctx, x: Node, axis: int, flip: bool, negs: tuple) -> Node:
+    """Over [..., 2, h]: row r holds (flip ? the other row : row r) of x, negated where negs[r]."""
+    x2 = _rows(ctx, x, axis)
+    if flip:
+        x2 = build.slice_view(ctx, x2, axis, 1, 2, -1)
+    if negs == (False, False):
+        return x2
+    neg = build.elementwise(ctx, "neg", x2)
+    if negs == (True, True):
+        return neg
+    is_row0 = build.elementwise(ctx, "eq", build.iota(x2.shape, axis), build.const(0))
+    return build.elementwise(ctx, "where", is_row0, *((neg, x2) if negs[0] else (x2, neg)))
+
+
+def _lower_halves(axis: int, flip: bool, negs: tuple):
+    def lower(lw, x):
+        return build.reshape(lw.ctx, halves_node(lw.ctx, x, axis, flip, negs), lw.out_shape)
+    return lower
+
+
+def _cat_match(n: fx.Node) -> Match | None:
+    if n.target is not aten.cat.default or len(n.args[0]) != 2:
+        return None
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+    hv = _halves(*n.args[0])
+    if hv is None or hv[1] != dim % _val(n).ndim:
+        return None
+    src, axis, flip, negs, nodes = hv
+    return Match("rotate_half", n, (src,), _lower_halves(axis, flip, negs), nodes, [n] + nodes)
+
+
+def _slice_backward_piece(n):
+    """(value, half) for slice_backward(v, sizes, axis, 0, h) / (v, sizes, axis, h, end)."""
+    if not isinstance(n, fx.Node) or n.target is not aten.slice_backward.default:
+        return None
+    v, sizes, dim, start, end, step = n.args
+    size = _int(sizes[dim])
+    if not all(isinstance(i, int) for i in (dim, start, end, step)) or step != 1 or size is None or size % 2:
+        return None
+    h = size // 2
+    end = size if end >= _BIG_END else end
+    half = "lo" if (start, end) == (0, h) else "hi" if (start, end) == (h, size) else None
+    return (v, half, dim % len(sizes)) if half else None
+
+
+def _backward_match(n: fx.Node) -> Match | None:
+    """add(slice_backward(p, hi), slice_backward(q, lo)) = cat([q, p]) on the axis."""
+    if n.target is not aten.add.Tensor or len(n.args) != 2 or n.kwargs:
+        return None
+    a, b = _slice_backward_piece(n.args[0]), _slice_backward_piece(n.args[1])
+    if a is None or b is None or a[2] != b[2] or {a[1], b[1]} != {"lo", "hi"}:
+        return None
+    lo, hi = (a, b) if a[1] == "lo" else (b, a)
+    hv = _halves(lo[0], hi[0])
+    if hv is None or hv[1] != a[2]:
+        return None
+    src, axis, flip, negs, nodes = hv
+    return Match("rotate_half_backward", n, (src,), _lower_halves(axis, flip, negs),
+                 [n.args[0], n.args[1]] + nodes)
+
+
+def _rope_match(n: fx.Node, cats: dict) -> Match | None:
+    """add(mul(x, cos), mul(rotate_half(x), sin)), operands in any order."""
+    if n.target is not aten.add.Tensor or len(n.args) != 2 or n.kwargs:
+        return None
+    for plain, rot in (n.args, n.args[::-1]):
+        if not all(isinstance(m, fx.Node) and m.target is aten.mul.Tensor for m in (plain, rot)):
+            continue
+        for ri in (0, 1):
+            cat = rot.args[ri]
+            m = cats.get(cat)
+            if m is None or m.kind != "rotate_half":
+                continue
+            x = m.args[0]
+            if x not in plain.args[:2]:
+                continue
+            pi = plain.args.index(x)
+            cos, sin = plain.args[1 - pi], rot.args[1 - ri]
+            _, ax, flip, negs, _ = _halves(*cat.args[0])
+            lower = _lower_rope(ax - _val(x).ndim, flip, negs, pi, ri, n.args[0] is plain)
+            return Match("rope", n, (x, cos, sin), lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
+    return None
+
+
+def _as_rows(ctx, t: Node, axis: int) -> Node:
+    """A cos / sin operand (broadcasting against x, `axis` counted from the end) over [..., 2, h]."""
+    if t.ndim < -axis:
+        t = build.reshape(ctx, t, (1,) * (-axis - t.ndim) + t.shape)
+    a = t.ndim + axis
+    if build.decide_eq(t.shape[a], 1) is True:
+        return build.reshape(ctx, t, t.shape[:a] + (1, 1) + t.shape[a + 1:])
+    return _rows(ctx, t, a)
+
+
+def _lower_rope(axis: int, flip: bool, negs: tuple, x_pos: int, rot_pos: int, plain_first: bool):
+    def lower(lw, x, cos, sin):
+        ctx = lw.ctx
+        if not isinstance(cos, Node) or not isinstance(sin, Node):
+            raise Unsupported("rope with scalar cos / sin")
+        a = x.ndim + axis
+        x2 = _rows(ctx, x, a)
+        rot = halves_node(ctx, x, a, flip, negs)
+        c2, s2 = _as_rows(ctx, cos, axis), _as_rows(ctx, sin, axis)
+        plain = build.elementwise(ctx, "mul", *((x2, c2) if x_pos == 0 else (c2, x2)))
+        rotated = build.elementwise(ctx, "mul", *((rot, s2) if rot_pos == 0 else (s2, rot)))
+        out = build.elementwise(ctx, "add", *((plain, rotated) if plain_first else (rotated, plain)))
+        return build.reshape(ctx, out, lw.out_shape)
+    return lower
+
+
+def find(gm: fx.GraphModule) -> dict:
+    """root FX node -> Match, for matches whose absorbed nodes are used only inside the match."""
+    cats: dict = {}
+    out: dict = {}
+    if not ENABLED:
+        return out
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        m = _cat_match(n)
+        if m is not None:
+            cats[n] = m
+        m = _rope_match(n, cats) or _backward_match(n) or m
+        if m is not None:
+            _close(m)
+            out[n] = m
+            for a in m.absorbed:     # a rotate_half absorbed by a rope is not a root of its own
+                out.pop(a, None)
+    return out
+
+
+def _close(m: Match) -> None:
+    """Keep only absorbed nodes whose users are all inside the match (to a fixed point)."""
+    absorbed = list(dict.fromkeys(m.absorbed))
+    while True:
+        inside = set(absorbed) | {m.root}
+        keep = [a for a in absorbed if all(u in inside for u in a.users)]
+        if len(keep) == len(absorbed):
+            m.absorbed = keep
+            return
+        absorbed = keep
