@@ -442,3 +442,14 @@ def test_pow_scalar_exponent_special_values(exponent, dtype):
     C pow's +inf) and pow(-0.0, -0.5) is -inf. Found by Hypothesis; pinned here."""
     x = np.array([-np.inf, -0.0, -4.0, np.inf, 0.0, 4.0, np.nan]).astype(NP_DTYPE[dtype])
     check_ew("pow", (x, exponent), functools.partial(torch_with_scalar, "pow"), f"pow({dtype}, {exponent})")
+
+
+@pytest.mark.parametrize("op", ["floor_divide", "remainder", "mul", "div"])
+@pytest.mark.parametrize("divisor", [1e-10, 1e5, 1e-30, -3.0])
+def test_reduced_float_by_zero_dim_of_the_other_reduced_type(op, divisor):
+    """f16 tensor op 0-d bf16 tensor: mul/div/floor_divide read the 0-d divisor at f32 (it may
+    not fit f16), remainder rounds it to f16 first, as eager does. Found by Hypothesis (inf //
+    bf16 1e-30 is NaN); pinned here."""
+    x = np.array([0.0, 1.0, -1.0, np.inf, -np.inf, 7.5, -0.0]).astype(np.float16)
+    d = np.asarray(divisor).astype(NP_DTYPE["bfloat16"])
+    check_ew(op, (x, d), TORCH_BINARY[op], f"{op}(float16, bfloat16 0-d {divisor})")
