@@ -10,21 +10,12 @@ import pytest
 
 import dvm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
+from dvm.tools.bench_ops import max_first, sum_first
 from dvm.vm import cpu, reference
 
 from test_cpu_vm import run_on
 
 RNG = np.random.default_rng(7)
-
-
-@dvm.kernel
-def sum_first(k, x):
-    return k.store(k.sum(k.load(x), axis=0))
-
-
-@dvm.kernel
-def max_first(k, x):
-    return k.store(k.max(k.load(x), axis=0))
 
 
 @dvm.kernel

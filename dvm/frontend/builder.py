@@ -27,7 +27,7 @@ from ..graph.node import Node
 from ..graph.ops import BINARY, OP_TABLE, REDUCTIONS, TERNARY, UNARY
 from ..graph.symbolic import Dim, SymExpr, evaluate, render, sym
 from ..runtime import counters
-from ..runtime.compiled import CompiledGraph
+from ..runtime.compiled import CompiledGraph, remember
 
 Scalar = (bool, int, float, np.bool_, np.integer, np.floating)
 
@@ -329,10 +329,7 @@ class KernelFunction:
             launch, hit = traced.graph.launcher(env, arrays, vm)
             single = traced.single
             if key is not None and all(type(a) is np.ndarray for a in args):
-                with self._lock:
-                    self._launches[key] = (launch, single)
-                    while len(self._launches) > config().cache_size:
-                        self._launches.pop(next(iter(self._launches)))
+                remember(self._launches, key, (launch, single), self._lock)
             outs = launch(list(arrays), hit)
         return outs[0] if single else tuple(outs)
 

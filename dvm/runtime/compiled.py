@@ -100,10 +100,7 @@ class CompiledGraph:
         if not hit:
             launch = self._new_launch(env, list(arrays), vm)
             if all(isinstance(a, np.ndarray) for a in arrays):
-                with self._lock:
-                    self._launches[key] = launch
-                    while len(self._launches) > config().cache_size:
-                        self._launches.pop(next(iter(self._launches)))
+                remember(self._launches, key, launch, self._lock)
         return launch, hit
 
     def _new_launch(self, env: Mapping[str, int], arrays: list[np.ndarray], vm: str) -> "Launch":
@@ -127,6 +124,14 @@ class CompiledGraph:
         deltas = [_buffer_delta(a) for a in arrays] + [0] * (len(outs) + len(ws))
         numels = [b.shape[0] for b in buffers]
         return Launch(layout, copy_slots, outs, ws, vm, deltas, numels)
+
+
+def remember(cache: dict, key, value, lock: threading.Lock) -> None:
+    """Insert into a launch cache, dropping the oldest entries beyond DVM_CACHE_SIZE."""
+    with lock:
+        cache[key] = value
+        while len(cache) > config().cache_size:
+            cache.pop(next(iter(cache)))
 
 
 class Launch:

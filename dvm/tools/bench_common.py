@@ -34,6 +34,16 @@ def machine_info() -> dict:
             "numpy": np.__version__, "dvm": dvm.__version__, "platform": platform.platform()}
 
 
+def numba_extra() -> dict:
+    """numba's thread count when numba is loaded (the reports record it), else nothing."""
+    if "numba" not in sys.modules:
+        return {}
+    try:
+        return {"numba_threads": sys.modules["numba"].get_num_threads()}
+    except Exception:  # pragma: no cover
+        return {}
+
+
 def loadavg() -> float | None:
     """The 1-minute load average (other processes inflate timings: it is recorded)."""
     try:

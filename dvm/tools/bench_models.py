@@ -50,7 +50,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import finish_report, fmt_time, loadavg, machine_info, progress
+from .bench_common import numba_extra, finish_report, fmt_time, loadavg, machine_info, progress
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
 DEFAULT_MD = os.path.join("bench-results", "models.md")
@@ -535,12 +535,7 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
-    extra = {}
-    if "numba" in sys.modules:
-        try:
-            extra["numba_threads"] = sys.modules["numba"].get_num_threads()
-        except Exception:  # pragma: no cover
-            pass
+    extra = numba_extra()
     failures = []
     for m, mr in results.items():
         d = mr["systems"].get("dvm", {})

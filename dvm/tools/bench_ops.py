@@ -46,7 +46,7 @@ import numpy as np
 
 import dvm
 
-from .bench_common import finish_report, fmt_time, loadavg, machine_info, progress, time_call
+from .bench_common import numba_extra, finish_report, fmt_time, loadavg, machine_info, progress, time_call
 from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
 from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
 
@@ -529,12 +529,7 @@ def run(sizes=("small", "medium", "large", "odd"), cases=None, repeat: int = DEF
             if old_cache is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             shutil.rmtree(tmp_cache, ignore_errors=True)
-    extra = {}
-    if "numba" in sys.modules:
-        try:
-            extra["numba_threads"] = sys.modules["numba"].get_num_threads()
-        except Exception:  # pragma: no cover
-            pass
+    extra = numba_extra()
     return {
         "benchmark": "ops",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
