@@ -453,3 +453,26 @@ def test_reduced_float_by_zero_dim_of_the_other_reduced_type(op, divisor):
     x = np.array([0.0, 1.0, -1.0, np.inf, -np.inf, 7.5, -0.0]).astype(np.float16)
     d = np.asarray(divisor).astype(NP_DTYPE["bfloat16"])
     check_ew(op, (x, d), TORCH_BINARY[op], f"{op}(float16, bfloat16 0-d {divisor})")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("e", [2, 2.0, 3, -1, -2, 0.5, -0.5, 4, -3])
+def test_pow_by_special_scalars_is_bitwise_eager(dtype, e):
+    """x ** 2 (every float dtype) and x ** 3, ** -1, ** -2 (f32, f64) lower to products and a
+    division as PyTorch's CPU kernel computes them: bitwise equal, special values included.
+    +-0.5 are sqrt / rsqrt except for f16 (whose eager pow(-inf, 0.5) is +inf); those and the
+    other exponents are compared with assert_close."""
+    rng = np.random.default_rng(11)
+    x = random_values(rng, dtype, (9, 13), lo=-40, hi=40)
+    x.reshape(-1)[:10] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e30, 3.0, -0.5]
+                                  ).astype(NP_DTYPE[dtype])
+    got = run_ew("pow", x, e)
+    want = torch.pow(to_torch(x), e)
+    assert_same(got, want, f"pow({dtype}, {e})")
+    exact = e in (2, 2.0) or (e in (3, -1, -2) and dtype in ("float32", "float64"))
+    if exact:
+        g = to_torch(got)
+        same = (g == want) | (g.isnan() & want.isnan())
+        assert bool(same.all()), f"pow({dtype}, {e}) is not bitwise eager's"
+        nz = ~want.isnan()
+        assert torch.equal(torch.signbit(g[nz]), torch.signbit(want[nz])), f"pow({dtype}, {e}): sign of zero"

@@ -21,7 +21,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq, floordiv, mod, sym
 from . import aten_table as T
-from . import fx_patterns
+from . import fx_patterns, fx_sdpa
 from .aten_table import Unsupported
 
 
@@ -320,6 +320,8 @@ class Planner:
             seg.value[n] = seg.value[src][n.args[1]]
             self.seg_of[n] = seg
             return
+        if n.target is fx_sdpa.sdpa_keep_mask:
+            return self.to_torch(n, fx_sdpa.REASON)
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
         if reason is None:
             return

@@ -25,6 +25,7 @@ from ..graph.symbolic import SymExpr, evaluate, free_symbols
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
+from . import fx_sdpa
 from .fx_segments import TorchStep, fake, plan
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. Only views care: a
@@ -221,6 +222,7 @@ class CompiledFx:
                     self.binds.append((i, j, name))
                     syms.add(name)
         self.consts = {n: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+        self.causal_sdpa = fx_sdpa.rewrite(gm)
         planner = plan(gm)
         self.steps, self.segments, self.torch_steps = [], [], []
         for step in planner.steps:

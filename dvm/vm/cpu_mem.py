@@ -31,6 +31,26 @@ def _addr(j, idx, optab, dims, d0, d1):
     return off
 
 
+@njit(inline='always', **OPTS)
+def _row_bases(o, j, optab, dims, r0, n, nr):
+    """o[i] = address contribution of rows r0 + i (i < n) over the nr row dims: an odometer on
+    the innermost one, with one _addr (divisions) per wrap instead of one per row."""
+    zero = r0 * 0
+    dl = max(dims[nr - 1], 1)
+    sl = optab[j, 4 + nr - 1]
+    t = r0 % dl
+    b = _addr(j, r0, optab, dims, zero, nr)
+    for i in range(n):
+        if i > 0:
+            t += 1
+            if t == dl:
+                t = zero
+                b = _addr(j, r0 + i, optab, dims, zero, nr)
+            else:
+                b += sl
+        o[i] = b
+
+
 @njit(**OPTS)
 def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
     """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements in the
@@ -160,12 +180,23 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     if general:
         for k in range(ncv):
             ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
+    # row bases by an odometer on the innermost row dim: one _addr (divisions) per wrap
+    dl = max(dims[nr - 1], 1) if nr > 0 else zero + 1
+    sl = optab[j, 4 + nr - 1] if nr > 0 else zero
+    t = r0 % dl
+    base = off + _addr(j, r0, optab, dims, zero, nr)
     for i in range(bm if not is_store else nrv):
         row = reg[i * bn:(i + 1) * bn]
         if i >= nrv:   # clamped rows copy the last valid row
             row[:] = reg[(nrv - 1) * bn:nrv * bn]
             continue
-        base = off + _addr(j, r0 + i, optab, dims, zero, nr)
+        if i > 0:
+            t += 1
+            if t == dl:
+                t = zero
+                base = off + _addr(j, r0 + i, optab, dims, zero, nr)
+            else:
+                base += sl
         if general:
             for k in range(ncv):
                 ix[ncv + k] = base + ix[k]
@@ -211,8 +242,7 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     general = nr > 1
     stride = optab[j, 4 + nr - 1] if nr == 1 else zero
     if general:
-        for i in range(nrv):
-            ix[i] = _addr(j, r0 + i, optab, dims, zero, nr)
+        _row_bases(ix, j, optab, dims, r0, nrv, nr)
     rbase = zero if general else r0 * stride
     ixs = ix[bm:bm + nrv]
     for k in range(ncv):

@@ -1,0 +1,83 @@
+"""The run-time causal-mask check of frontend/fx_sdpa: the exact check, and attention under
+torch.compile(backend="dvm") equal to eager on both paths (causal mask / any other mask)."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from dvm.frontend import fx_sdpa  # noqa: E402
+from dvm.runtime import counters  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend does not depend on the VM: run once (overrides conftest's parametrization)."""
+    yield "reference"
+
+
+def _tril(B, L):
+    return torch.ones(L, L, dtype=torch.bool).tril().expand(B, 1, L, L).contiguous()
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 5, 8, 17, 64])
+@pytest.mark.parametrize("B", [1, 3])
+def test_causal_mask_is_recognized_exactly(B, L):
+    assert fx_sdpa.is_causal_mask(_tril(B, L), L, L)
+    for b, i, j in {(0, 0, 0), (B - 1, L - 1, L - 1), (B - 1, L - 1, 0), (0, L // 2, min((L + 1) // 2, L - 1))}:
+        keep = _tril(B, L)
+        keep[b, 0, i, j] = not bool(keep[b, 0, i, j])
+        assert not fx_sdpa.is_causal_mask(keep, L, L), (b, i, j)
+
+
+def test_causal_mask_check_needs_square_matching_sizes():
+    keep = _tril(1, 4)
+    assert not fx_sdpa.is_causal_mask(keep, 4, 5)
+    assert not fx_sdpa.is_causal_mask(keep, 3, 3)
+    assert not fx_sdpa.is_causal_mask(keep.float(), 4, 4)
+    assert fx_sdpa.is_causal_mask(_tril(1, 4)[:, :, :, :], 4, 4)
+    # a non-contiguous (broadcast) mask is checked on its values
+    assert fx_sdpa.is_causal_mask(torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 4, 6, 6), 6, 6)
+
+
+def test_causal_mask_memo_follows_in_place_changes():
+    keep = _tril(1, 9)
+    assert fx_sdpa.is_causal_mask(keep, 9, 9)
+    keep[0, 0, 0, 5] = True              # bumps the version counter: checked again
+    assert not fx_sdpa.is_causal_mask(keep, 9, 9)
+
+
+def _attention(q, k, v, keep):
+    mask = torch.where(keep, 0.0, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_compiled_attention_matches_eager_on_both_paths():
+    torch._dynamo.reset()
+    fn = torch.compile(_attention, backend="dvm", dynamic=True)
+    before = counters.snapshot()
+    for L in (2, 7, 33):
+        q, k, v = (torch.randn(2, 3, L, 8) for _ in range(3))
+        causal = _tril(2, L)
+        torch.testing.assert_close(fn(q, k, v, causal), _attention(q, k, v, causal))
+        other = causal.clone()
+        other[1, 0, L - 1, 0] = False    # a padding-like hole: the mask is used as given
+        torch.testing.assert_close(fn(q, k, v, other), _attention(q, k, v, other))
+    after = counters.snapshot()
+    assert after.get("torch_sdpa_causal", 0) - before.get("torch_sdpa_causal", 0) == 3
+    assert after.get("torch_sdpa_masked", 0) - before.get("torch_sdpa_masked", 0) == 3
+
+
+def test_rewrite_leaves_other_masks_alone():
+    """A where that is not (keep, 0, -inf) keeps the plain sdpa with its mask."""
+    def biased(q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(keep, 0.5, -math.inf))
+    torch._dynamo.reset()
+    fn = torch.compile(biased, backend="dvm", dynamic=True)
+    before = counters.snapshot()
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    torch.testing.assert_close(fn(q, k, v, _tril(1, 5)), biased(q, k, v, _tril(1, 5)))
+    after = counters.snapshot()
+    assert after.get("torch_sdpa_causal", 0) == before.get("torch_sdpa_causal", 0)
+    assert after.get("torch_sdpa_masked", 0) == before.get("torch_sdpa_masked", 0)
