@@ -239,9 +239,10 @@ def _dvm_graph_info(cfx) -> dict:
     segs = cfx.segments
     fallbacks = Counter(f"{s.node.target}: {s.reason}" for s in cfx.torch_steps if s.kind == "fallback")
     cubes = Counter(str(s.node.target) for s in cfx.torch_steps if s.kind == "cube")
+    chosen = Counter(f"{s.node.target}: {s.reason}" for s in cfx.torch_steps if s.kind == "torch")
     return {"kind": cfx.kind, "segments": len(segs), "vector_kernels": sum(s.n_kernels for s in segs),
             "cube_ops": sum(cubes.values()), "cube": dict(cubes),
-            "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks),
+            "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks), "pytorch_by_plan": dict(chosen),
             "patterns": dict(Counter(p for s in segs for p in s.seg.patterns)),
             "compile_s": cfx.compile_s}
 
@@ -672,6 +673,8 @@ def markdown(report: dict) -> str:
                              f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms.")
                 for why, k in sorted(g["fallbacks"].items()):
                     lines.append(f"- fallback {why} ×{k}")
+                for why, k in sorted(g.get("pytorch_by_plan", {}).items()):
+                    lines.append(f"- in PyTorch by plan (not a fallback) {why} ×{k}")
                 for kind, k in sorted(g.get("patterns", {}).items()):
                     lines.append(f"- recognized {kind} ×{k} (lowered whole)")
             lines.append(f"DVM graphs compiled: {d['graphs']} (size-1 patterns in the stream: "
