@@ -168,13 +168,14 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
 
 
 def _pow_by_scalar(ctx: ShapeContext, x: Node, e) -> Node | None:
-    """PyTorch's CPU pow with these scalar exponents is not pow: +-0.5 is sqrt / rsqrt except for
-    f16 (sqrt(-inf) is NaN, not pow's +inf; rsqrt(-0.0) is -inf), 2 is x*x, and for f32/f64/f16 3, -1 and -2 are
-    x*x*x, 1/x and 1/(x*x) (bitwise equal to eager; bf16 rounds differently for 3, -1, -2 and keeps
-    pow). Besides matching eager, a multiply is ~100x cheaper than the VM's f64 pow loop."""
+    """PyTorch's CPU pow with these scalar exponents is not pow: 2 is x*x (every float dtype);
+    for f32 / f64, 3, -1 and -2 are x*x*x, 1/x and 1/(x*x) (f16 / bf16 round those once, at the
+    end, so they keep pow); +-0.5 is sqrt / rsqrt except for f16, whose pow(-inf, 0.5) is +inf
+    (sqrt gives NaN; rsqrt(-0.0) is -inf). Bitwise equal to eager (tests/test_ops.py), and a
+    product is ~100x cheaper than the VM's f64 pow loop."""
     if isinstance(e, SymExpr) or e not in (0.5, -0.5, 2, 3, -1, -2):
         return None
-    if e in (0.5, -0.5):   # (f16 keeps pow: its kernel gives pow(-inf, 0.5) = +inf)
+    if e in (0.5, -0.5):
         return None if x.dtype is DType.FLOAT16 else elementwise(ctx, "sqrt" if e > 0 else "rsqrt", x)
     if e == 2:
         return elementwise(ctx, "mul", x, x)

@@ -180,23 +180,17 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     if general:
         for k in range(ncv):
             ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
-    # row bases by an odometer on the innermost row dim: one _addr (divisions) per wrap
-    dl = max(dims[nr - 1], 1) if nr > 0 else zero + 1
-    sl = optab[j, 4 + nr - 1] if nr > 0 else zero
-    t = r0 % dl
-    base = off + _addr(j, r0, optab, dims, zero, nr)
+    rb = ix[2 * bn:2 * bn + nrv]   # row bases (ix[:2*bn] holds the general column indices)
+    if nr > 0:
+        _row_bases(rb, j, optab, dims, r0, nrv, nr)
+    else:
+        rb[:] = zero
     for i in range(bm if not is_store else nrv):
         row = reg[i * bn:(i + 1) * bn]
         if i >= nrv:   # clamped rows copy the last valid row
             row[:] = reg[(nrv - 1) * bn:nrv * bn]
             continue
-        if i > 0:
-            t += 1
-            if t == dl:
-                t = zero
-                base = off + _addr(j, r0 + i, optab, dims, zero, nr)
-            else:
-                base += sl
+        base = off + rb[i]
         if general:
             for k in range(ncv):
                 ix[ncv + k] = base + ix[k]
