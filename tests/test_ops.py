@@ -455,6 +455,19 @@ def test_reduced_float_by_zero_dim_of_the_other_reduced_type(op, divisor):
     check_ew(op, (x, d), TORCH_BINARY[op], f"{op}(float16, bfloat16 0-d {divisor})")
 
 
+@pytest.mark.parametrize("op", ["floor_divide", "remainder", "mul", "div"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+@pytest.mark.parametrize("other", ["int32", "bfloat16"])
+def test_reduced_float_by_one_element_tensor(op, shape, other):
+    """A one-element second operand of any rank (every dim 1) is a "cpu scalar" to PyTorch's
+    TensorIterator, read at f32 like a 0-d one: f16 0.7 * int32[-65536] is -45888, not -inf.
+    Found by Hypothesis (test_property, fresh CI examples); pinned here."""
+    x = np.array([[0.7, 0.0, 1.5, -0.0, np.inf, 7.5]]).astype(np.float16)
+    v = -65536 if other == "int32" else 1e-30
+    d = np.full(shape, v).astype(NP_DTYPE[other])
+    check_ew(op, (x, d), TORCH_BINARY[op], f"{op}(float16, {other}{shape} {v})")
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("e", [2, 2.0, 3, -1, -2, 0.5, -0.5, 4, -3])
 def test_pow_by_special_scalars_is_bitwise_eager(dtype, e):

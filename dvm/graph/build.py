@@ -157,10 +157,12 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
     # flushes to 0 is False), as PyTorch computes them in the common dtype
     inputs = [cast(cast(a, promoted), compute) if op.promo is Promo.LOGICAL else cast(a, compute) for a in data]
     if name in ("mul", "div", "floor_divide") and compute in (DType.FLOAT16, DType.BFLOAT16) \
-            and data[1].ndim == 0 and data[1].dtype != compute:
-        # PyTorch's CPU mul/div/floor_divide kernels read a 0-d / scalar *second* operand at f32
+            and all(is_one(d) for d in data[1].shape) and data[1].dtype != compute:
+        # PyTorch's CPU mul/div/floor_divide kernels read a *second* operand that is one element
+        # (0-d, or every dim 1: TensorIterator's "cpu scalar", a broadcast of zero strides) at f32
         # "opmath" precision instead of rounding it to f16/bf16 first (f16 0 // bf16 1e-10 is 0,
-        # not NaN); every other case (remainder included) rounds
+        # not NaN; f16 0.7 * int32[-65536] is -45888, not -inf); every other case (remainder
+        # included) rounds
         inputs[1] = cast(data[1], DType.FLOAT32)
     if cond is not None:
         inputs = [cond] + inputs
