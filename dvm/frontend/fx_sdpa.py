@@ -52,7 +52,8 @@ def rewrite(gm: fx.GraphModule) -> int:
         dropout = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
         causal = n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False)
         if not (isinstance(mask, fx.Node) and mask.target == aten.where.self and len(mask.users) == 1
-                and dropout == 0.0 and causal is False and len(n.args) == 3):
+                and dropout == 0.0 and causal is False and len(n.args) == 3
+                and set(n.kwargs) <= {"attn_mask", "scale", "dropout_p", "is_causal"}):
             continue
         keep, zero, neg = mask.args
         kv = keep.meta.get("val") if isinstance(keep, fx.Node) else None
@@ -64,7 +65,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             continue
         n.target = sdpa_keep_mask
         n.args = (*n.args[:3], keep)
-        n.kwargs = {**{k: v for k, v in n.kwargs.items() if k != "attn_mask"}, "mask_dtype": dtype}
+        n.kwargs = {"mask_dtype": dtype, "scale": n.kwargs.get("scale")}
         gm.graph.erase_node(mask)
         for c in (zero, neg):   # (the scalars are rebuilt at run time if the mask is needed)
             if not c.users:
