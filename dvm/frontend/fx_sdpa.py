@@ -35,7 +35,7 @@ _tril: collections.OrderedDict = collections.OrderedDict()   # L -> lower-triang
 
 
 def _scalar(n, value: float) -> bool:
-    """n is aten.scalar_tensor(value) (f32)."""
+    """n is aten.scalar_tensor(value) (its dtype is checked by the caller)."""
     if not (isinstance(n, fx.Node) and n.target == aten.scalar_tensor.default and n.args):
         return False
     v = n.args[0]

@@ -222,7 +222,7 @@ class CompiledFx:
                     self.binds.append((i, j, name))
                     syms.add(name)
         self.consts = {n: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-        self.causal_sdpa = fx_sdpa.rewrite(gm)
+        fx_sdpa.rewrite(gm)
         planner = plan(gm)
         self.steps, self.segments, self.torch_steps = [], [], []
         for step in planner.steps:

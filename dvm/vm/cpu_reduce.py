@@ -72,34 +72,10 @@ def _accinit(op, o, is_float):
 def _acc(op, acc, x, bm, bn, ncv):
     if ncv == bn:   # whole tile: one flat, vectorized lane-wise combine
         n = bm * bn
-        if op == R_SUM:
-            for j in range(n):
-                acc[j] = acc[j] + x[j]
-        elif op == R_PROD:
-            for j in range(n):
-                acc[j] = acc[j] * x[j]
-        elif op == R_MAX:
-            for j in range(n):
-                acc[j] = _fmax(acc[j], x[j])
-        else:
-            for j in range(n):
-                acc[j] = _fmin(acc[j], x[j])
+        _level_t(op, acc[:n], x[:n])
         return
     for r in range(bm):
-        av = acc[r * bn:r * bn + ncv]
-        xv = x[r * bn:r * bn + ncv]
-        if op == R_SUM:
-            for j in range(ncv):
-                av[j] = av[j] + xv[j]
-        elif op == R_PROD:
-            for j in range(ncv):
-                av[j] = av[j] * xv[j]
-        elif op == R_MAX:
-            for j in range(ncv):
-                av[j] = _fmax(av[j], xv[j])
-        else:
-            for j in range(ncv):
-                av[j] = _fmin(av[j], xv[j])
+        _level_t(op, acc[r * bn:r * bn + ncv], x[r * bn:r * bn + ncv])
 
 
 @njit(**OPTS)
@@ -333,9 +309,10 @@ def _acc_t(op, acc, x, bm, ncv):
     _acc(op, acc[:n], x[:n], 1, n, n)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _level_t(op, lo, hi):
-    """One tree level over whole columns: lo[j] = lo[j] . hi[j] (lo and hi do not overlap)."""
+    """lo[j] = lo[j] . hi[j] lane-wise (lo and hi do not overlap): one tree level over whole
+    columns, and _acc's combine."""
     n = lo.shape[0]
     if op == R_SUM:
         for j in range(n):

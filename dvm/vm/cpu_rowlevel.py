@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from .cpu_kernels import OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin
+from .cpu_kernels import OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _bin_float, _fmax, _fmin
 from .cpu_math import OPTS
 from .cpu_reduce import _bcast_t, _fill
 
@@ -28,8 +28,8 @@ def _expand(o, bm, bn, tl):
 
 @njit(**OPTS)
 def _binv(op, o, a, b, swap):
-    """o = a . b lane-wise, or b . a when swap: the f32 add/sub/mul/div/maximum/minimum of
-    cpu_kernels._bin_float, for an operand held compact."""
+    """o = a . b lane-wise (cpu_kernels._bin_float), or b . a when swap, for the f32
+    add/sub/mul/div/maximum/minimum of an operand held compact."""
     n = o.shape[0]
     if swap:
         if op == OP_SUB:
@@ -48,24 +48,7 @@ def _binv(op, o, a, b, swap):
             for i in range(n):
                 o[i] = _fmin(b[i], a[i])
             return
-    if op == OP_ADD:
-        for i in range(n):
-            o[i] = a[i] + b[i]
-    elif op == OP_SUB:
-        for i in range(n):
-            o[i] = a[i] - b[i]
-    elif op == OP_MUL:
-        for i in range(n):
-            o[i] = a[i] * b[i]
-    elif op == OP_DIV:
-        for i in range(n):
-            o[i] = a[i] / b[i]
-    elif op == OP_MAX:
-        for i in range(n):
-            o[i] = _fmax(a[i], b[i])
-    else:
-        for i in range(n):
-            o[i] = _fmin(a[i], b[i])
+    _bin_float(op, o, a, b)
 
 
 @njit(**OPTS)
