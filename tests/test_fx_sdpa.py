@@ -1,6 +1,7 @@
 """The run-time causal-mask check of frontend/fx_sdpa: the exact check, and attention under
 torch.compile(backend="dvm") equal to eager on both paths (causal mask / any other mask)."""
 import math
+import os
 
 import pytest
 
@@ -13,8 +14,9 @@ from dvm.runtime import counters  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def vm():
-    """The frontend does not depend on the VM: run once (overrides conftest's parametrization)."""
-    yield "reference"
+    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
+    conftest's parametrization)."""
+    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _tril(B, L):

@@ -23,7 +23,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 @pytest.fixture(autouse=True)
 def vm():
     """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "reference")
+    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _llama():

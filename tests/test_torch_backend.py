@@ -28,8 +28,8 @@ SIZES = [2, 3, 5, 17, 64, 129, 300]
 @pytest.fixture(autouse=True)
 def vm():
     """Overrides conftest's both-VM parametrization: the frontend does not depend on the VM, so
-    these run once, on the VM DVM_VM selects (the reference VM by default)."""
-    yield os.environ.get("DVM_VM", "reference")
+    these run once, on the VM DVM_VM selects (the CPU VM by default, as dvm.config reads it)."""
+    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _graphs() -> int:

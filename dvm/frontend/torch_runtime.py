@@ -1,21 +1,23 @@
 """Run a planned ATen FX graph: PyTorch steps and DVM segments, in graph order.
 
 Each segment is one CompiledGraph, built once per FX graph on symbolic sizes; all of its vector
-kernels run in ONE VM launch (sequence stacking: CompiledGraph puts them in one Program). A call
-binds symbol values from the placeholders (SymInt arguments and tensor sizes), converts tensors
-to NumPy views without copies, runs, and wraps the results with torch.from_numpy. DVM adds no
-size guards; the shape facts recorded while tracing are checked at each call (a clear
-ShapeError, never a wrong result).
+kernels run in ONE VM launch (sequence stacking: CompiledGraph puts them in one Program). The
+plan becomes a new FX graph (one node per PyTorch op, one per segment), and FX's code generator
+turns it into straight-line Python, so a call pays no interpretation per step. A call binds
+symbol values from the placeholders (SymInt arguments and tensor sizes); a segment launches on
+its input tensors' data pointers (torch_launch). DVM adds no size guards; the shape facts
+recorded while tracing are checked at each call (a clear ShapeError, never a wrong result).
 """
 from __future__ import annotations
 
 import collections
+import operator
 import time
 
-import ml_dtypes
 import numpy as np
 import torch
 import torch.fx as fx
+from torch.fx.graph import _BoxedCodeGen
 
 from ..errors import ShapeError
 from ..graph.dtypes import DType
@@ -27,6 +29,7 @@ from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from . import fx_sdpa
 from .fx_segments import TorchStep, fake, plan
+from .torch_launch import TensorLauncher, to_numpy
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. Only views care: a
 # view PyTorch could take on its layout but not on ours is taken as a reshape (a counted copy).
@@ -35,25 +38,9 @@ _RESHAPE_INSTEAD = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.def
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
 def _to_numpy_plain(t: torch.Tensor) -> np.ndarray:
-    """The steady-state conversion of a non-bf16 tensor (a tensor that requires grad detaches)."""
-    try:
-        return t.numpy()
-    except RuntimeError:
-        return t.detach().numpy()
-
-
-def from_numpy(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    """A non-bf16 tensor as NumPy (a tensor that requires grad is detached first)."""
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
@@ -91,39 +78,38 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
-def _getter(a):
-    """values -> the argument: an FX node's value, a (nested) list of them, or a constant."""
-    if isinstance(a, fx.Node):
-        return lambda values: values[a]
-    if isinstance(a, (list, tuple)) and any(isinstance(x, (fx.Node, list, tuple)) for x in a):
-        getters, typ = [_getter(x) for x in a], type(a)
-        return lambda values: typ([g(values) for g in getters])
-    return lambda values: a
-
-
-def _torch_step(n: fx.Node):
-    target = n.target
-    arg_getters = [_getter(a) for a in n.args]
-    kw_getters = [(k, _getter(v)) for k, v in n.kwargs.items()]
-
-    def fetch(values):
-        return [g(values) for g in arg_getters], {k: g(values) for k, g in kw_getters}
-
-    def run(values, env):
-        a, k = fetch(values)
-        values[n] = target(*a, **k)
-
-    def run_view(values, env):
-        a, k = fetch(values)
-        x = a[0]
+def _view_or_reshape(view):
+    """`view` where x's strides allow it, else a reshape (a counted copy): DVM outputs are
+    row-major where PyTorch's may follow an input's memory order (no exception raised and caught)."""
+    def run(x, *args, **kwargs):
         if x.is_contiguous():
-            values[n] = target(*a, **k)
-            return
-        # a view where the strides allow it, else a copy (no exception raised and caught)
-        out = values[n] = torch.ops.aten.reshape.default(x, a[1])
+            return view(x, *args, **kwargs)
+        out = torch.ops.aten.reshape.default(x, *args, **kwargs)
         if out.data_ptr() != x.data_ptr():
             counters.bump("torch_view_copies")
-    return run_view if target in _RESHAPE_INSTEAD else run
+        return out
+    run.__name__ = f"{view.__name__.split('.')[0]}_or_reshape"
+    return run
+
+
+_VIEW_OR_RESHAPE = {v: _view_or_reshape(v) for v in _RESHAPE_INSTEAD}
+
+
+def _named(target):
+    """A callable FX's code generator can name (it needs __name__; e.g. fx_sdpa's object)."""
+    if hasattr(target, "__name__"):
+        return target
+
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+    call.__name__ = "call_" + type(target).__name__.lstrip("_")
+    return call
+
+
+def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict) -> fx.Node:
+    """n as a call in the run graph g (its arguments mapped through remap)."""
+    target = _named(_VIEW_OR_RESHAPE.get(n.target, n.target))
+    return g.call_function(target, fx.map_arg(n.args, remap.__getitem__), fx.map_arg(n.kwargs, remap.__getitem__))
 
 
 class SegmentRunner:
@@ -163,13 +149,13 @@ class SegmentRunner:
         self.checks = list(seg.ctx.checks)
         self._checked: set = set()      # env value tuples (fixed key order) that passed the checks
         self.inputs = list(seg.inputs)
-        self.convert = [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain for n in seg.input_nodes]
-        self.wrap = [(fxn, k, inv, from_numpy if nodes[k].dtype is DType.BFLOAT16 else torch.from_numpy)
-                     for fxn, is_input, k, inv in self.out_map if not is_input]
-        self.passthrough = [(fxn, k) for fxn, is_input, k, inv in self.out_map if is_input]
+        self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
+        self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
         t0 = time.perf_counter()
         self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
         self.compile_s = time.perf_counter() - t0
+        self.launch = TensorLauncher(self.graph, [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain
+                                                  for n in seg.input_nodes]) if self.graph else None
         self.n_kernels = len(self.graph.templates) if self.graph else 0
 
     def check(self, env) -> None:
@@ -185,29 +171,30 @@ class SegmentRunner:
             self._checked.clear()
         self._checked.add(key)
 
-    def __call__(self, values, env):
-        tensors = [values[x] for x in self.inputs]
+    def run(self, env: dict, *tensors: torch.Tensor) -> tuple:
+        """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order)."""
         if self.binds:
             env = dict(env)
             for i, j, name in self.binds:
                 env[name] = tensors[i].shape[j]
         if self.checks:
             self.check(env)
-        if self.graph is not None:
-            outs = self.graph.run(env, [c(t) for c, t in zip(self.convert, tensors)])
-            for fxn, k, inv, wrap in self.wrap:
-                values[fxn] = wrap(outs[k]) if inv is None else wrap(outs[k]).permute(inv)
-        for fxn, k in self.passthrough:   # (row-major, like every DVM output: later views work)
-            values[fxn] = tensors[k].clone(memory_format=torch.contiguous_format)
         counters.bump("torch_segment_launches")
+        outs = self.launch(env, tensors) if self.launch is not None else ()
+        # an input passed through is copied row-major, like every DVM output: later views work
+        return tuple([tensors[k].clone(memory_format=torch.contiguous_format) if is_input
+                      else outs[k] if inv is None else outs[k].permute(inv)
+                      for is_input, k, inv in self.results])
 
 
 class CompiledFx:
     """The callable returned to AOTAutograd for one ATen graph (boxed calling convention)."""
-    _boxed_call = True
 
     def __init__(self, gm: fx.GraphModule, example_inputs, kind: str):
         t0 = time.perf_counter()
+        # an instance attribute: AOTAutograd wraps the backward with functools.wraps, which
+        # copies the instance __dict__ (a class attribute would be lost, and the call unboxed)
+        self._boxed_call = True
         self.gm, self.kind = gm, kind
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.binds, syms = [], set()
@@ -221,13 +208,20 @@ class CompiledFx:
                 if name is not None and name not in syms:
                     self.binds.append((i, j, name))
                     syms.add(name)
-        self.consts = {n: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         fx_sdpa.rewrite(gm)
         planner = plan(gm)
-        self.steps, self.segments, self.torch_steps = [], [], []
+        g, remap = fx.Graph(), {}
+        for ph in self.placeholders:
+            remap[ph] = g.placeholder(ph.name)
+        for n in gm.graph.nodes:
+            if n.op == "get_attr":
+                remap[n] = g.get_attr(n.target)
+        used = sorted({i for i, _, _ in self.binds})
+        env = g.call_function(self._size_binder(used), tuple(remap[self.placeholders[i]] for i in used))
+        self.segments, self.torch_steps = [], []
         for step in planner.steps:
             if isinstance(step, TorchStep):
-                self.steps.append(_torch_step(step.node))
+                remap[step.node] = _emit_torch(g, step.node, remap)
                 self.torch_steps.append(step)
                 counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
                 continue
@@ -235,35 +229,40 @@ class CompiledFx:
                 runner = SegmentRunner(step.segment, syms)
             except Exception as e:  # the whole segment runs through PyTorch, with the reason
                 for n in step.segment.members:
-                    self.steps.append(_torch_step(n))
+                    remap[n] = _emit_torch(g, n, remap)
                     ts = TorchStep(n, "fallback", f"segment not compiled: {type(e).__name__}: {e}")
                     self.torch_steps.append(ts)
                     counters.bump(f"fallback:{n.target}:{ts.reason}")
                 continue
-            self.steps.append(runner)
+            call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
+            for k, fxn in enumerate(runner.outputs):
+                remap[fxn] = g.call_function(operator.getitem, (call, k))
             self.segments.append(runner)
             counters.bump("torch_segments")
             for kind in step.segment.patterns:
                 counters.bump(f"torch_pattern:{kind}")
-        self.output = next(n for n in gm.graph.nodes if n.op == "output")
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        g.output(fx.map_arg(output.args[0], remap.__getitem__))
+        g.set_codegen(_BoxedCodeGen())
+        # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
+        self.runner = fx.GraphModule(gm, g, class_name="DvmRunner")
+        self._forward = self.runner.forward
         self.compile_s = time.perf_counter() - t0
         counters.bump("torch_graphs_compiled")
         COMPILED.append(self)
 
+    def _size_binder(self, used: list[int]):
+        """bind_sizes(*the placeholders listed in used) -> the size symbols' values."""
+        binds = [(used.index(i), j, name) for i, j, name in self.binds]
+
+        def bind_sizes(*args) -> dict:
+            """The graph's size symbols from its arguments (SymInts and tensor sizes)."""
+            return {name: int(args[i]) if j is None else args[i].shape[j] for i, j, name in binds}
+        return bind_sizes
+
     def __call__(self, *args):
-        # boxed (one list, cleared to free inputs early) or plain arguments (AOTAutograd's
-        # backward wrapper drops the _boxed_call attribute)
-        args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
-        values = dict(self.consts)
-        values.update(zip(self.placeholders, args))
-        env = {}
-        for i, j, name in self.binds:
-            env[name] = int(args[i]) if j is None else args[i].shape[j]
-        if isinstance(args, list):
-            args.clear()
-        for step in self.steps:
-            step(values, env)
-        return fx.node.map_arg(self.output.args[0], values.__getitem__)
+        # boxed (one list, cleared by the generated code to free inputs early) or plain arguments
+        return self._forward(args[0] if len(args) == 1 and isinstance(args[0], list) else list(args))
 
     # -- explain --------------------------------------------------------------------------------
     def describe(self) -> str:
