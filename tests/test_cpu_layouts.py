@@ -82,3 +82,25 @@ def test_thread_count_does_not_change_results(case, shape):
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert a.tobytes() == b.tobytes(), (kfn, shape)
+
+
+@dvm.kernel
+def heads_mix(k, x, c):
+    """x: attention heads as a transposed view (rows of D contiguous values, strided), c broadcast."""
+    x = k.load(x)
+    return k.store(k.add(k.mul(x, k.load(c)), x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.float16, "bfloat16"])
+@pytest.mark.parametrize("L,H,D", [(1000, 4, 32), (7, 3, 5), (130, 2, 33), (3, 2, 5000)])
+def test_strided_rows_copied_whole(dtype, L, H, D):
+    """Rows that are byte-identical runs in the buffer and the register (unit stride, same type)
+    are moved whole (cpu_mem._move); the others element by element. Partial tiles, both layouts."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    q = (RNG.standard_normal((L, H, D)) * 4).astype(dt).transpose(1, 0, 2)   # (H, L, D), rows strided
+    c = (RNG.standard_normal((L, D)) * 4).astype(dt)
+    want = run_on(reference.run, heads_mix, q, c)
+    for n in (1, 2):
+        got = run_on(_threads(n), heads_mix, q, c)
+        assert got[0].tobytes() == want[0].tobytes(), (dt, L, H, D, n)

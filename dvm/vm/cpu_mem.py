@@ -10,7 +10,9 @@ Edge tiles use clamped indices: lanes outside the domain copy the last valid row
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
 from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f
@@ -89,6 +91,29 @@ def _alias_ok(addrs, numels, argsz, argst):
                 if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
                     return False
     return True
+
+
+@intrinsic
+def _move(typingctx, dst, src, nbytes):
+    """memmove(dst, src, nbytes) on raw addresses (LLVM's intrinsic: a few cycles for a short
+    row, where a generic element loop pays ~20 cycles of trip-count and alias checks per row)."""
+    if not all(isinstance(a, types.Integer) for a in (dst, src, nbytes)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        fn = builder.module.declare_intrinsic("llvm.memmove", [i8p, i8p, ir.IntType(64)])
+        builder.call(fn, [builder.inttoptr(args[0], i8p), builder.inttoptr(args[1], i8p),
+                          args[2], ir.Constant(ir.IntType(1), 0)])
+        return context.get_dummy_value()
+    return types.none(dst, src, nbytes), codegen
+
+
+@njit(inline='always', **OPTS)
+def _raw_copy(reg, buf, cv, stride, general):
+    """Rows of reg and buf are byte-identical runs: unit stride, same element type (equal sizes
+    and no f16/bf16 conversion means the same type: see cpu_interp._memop)."""
+    return (not general) and stride == 1 and cv != DT_F16 and cv != DT_BF16 and reg.itemsize == buf.itemsize
 
 
 @njit(inline='always', **OPTS)
@@ -185,28 +210,37 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
         _row_bases(rb, j, optab, dims, r0, nrv, nr)
     else:
         rb[:] = zero
-    for i in range(bm if not is_store else nrv):
-        row = reg[i * bn:(i + 1) * bn]
-        if i >= nrv:   # clamped rows copy the last valid row
-            row[:] = reg[(nrv - 1) * bn:nrv * bn]
-            continue
+    raw = _raw_copy(reg, buf, cv, stride, general)
+    isz = buf.itemsize
+    for i in range(nrv):
         base = off + rb[i]
-        if general:
-            for k in range(ncv):
-                ix[ncv + k] = base + ix[k]
-            start = zero
-            ixs = ix[ncv:]
+        if raw:
+            p, q = reg.ctypes.data + i * bn * isz, buf.ctypes.data + (base + c0) * isz
+            if is_store:
+                _move(q, p, ncv * isz)
+            else:
+                _move(p, q, ncv * isz)
         else:
-            start = base + c0 * stride
-            ixs = ix[:ncv]
-        if is_store:
-            _store_row(buf, row, cv, start, stride, ncv, ixs, general)
-        else:
-            _load_row(row, buf, cv, start, stride, ncv, ixs, general)
-        if not is_store and ncv < bn:
-            v = row[ncv - 1]
-            for k in range(ncv, bn):
-                row[k] = v
+            if general:
+                for k in range(ncv):
+                    ix[ncv + k] = base + ix[k]
+                start = zero
+                ixs = ix[ncv:]
+            else:
+                start = base + c0 * stride
+                ixs = ix[:ncv]
+            if is_store:
+                _store_row(buf, reg[i * bn:(i + 1) * bn], cv, start, stride, ncv, ixs, general)
+            else:
+                _load_row(reg[i * bn:(i + 1) * bn], buf, cv, start, stride, ncv, ixs, general)
+        if not is_store and ncv < bn:   # clamped columns copy the last valid column
+            v = reg[i * bn + ncv - 1]
+            for k in range(i * bn + ncv, (i + 1) * bn):
+                reg[k] = v
+    if not is_store:   # clamped rows copy the last valid row
+        last = reg[(nrv - 1) * bn:nrv * bn]
+        for i in range(nrv, bm):
+            reg[i * bn:(i + 1) * bn] = last
 
 
 @njit(**OPTS)
@@ -239,20 +273,28 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
         _row_bases(ix, j, optab, dims, r0, nrv, nr)
     rbase = zero if general else r0 * stride
     ixs = ix[bm:bm + nrv]
+    raw = _raw_copy(reg, buf, cv, stride, general)
+    isz = buf.itemsize
     for k in range(ncv):
         col = reg[k * bm:(k + 1) * bm]
         cbase = off + (zero if fin else _addr(j, c0 + k, optab, dims, nr, nr + nc))
         if general:
             for i in range(nrv):
                 ixs[i] = cbase + ix[i]
-        if is_store:
+        if raw:
+            p, q = reg.ctypes.data + k * bm * isz, buf.ctypes.data + (cbase + rbase) * isz
+            if is_store:
+                _move(q, p, nrv * isz)
+            else:
+                _move(p, q, nrv * isz)
+        elif is_store:
             _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
         else:
             _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
-            if nrv < bm:   # clamped rows copy the last valid row
-                v = col[nrv - 1]
-                for i in range(nrv, bm):
-                    col[i] = v
+        if not is_store and nrv < bm:   # clamped rows copy the last valid row
+            v = col[nrv - 1]
+            for i in range(nrv, bm):
+                col[i] = v
     if not is_store:   # clamped columns (and a fin load's broadcast) copy the last valid column
         last = reg[(ncv - 1) * bm:ncv * bm]
         for k in range(ncv, bn):
