@@ -136,3 +136,19 @@ def test_iota_masks_and_casts():
 def test_explain_reports_groups():
     text = dvm.explain(softmax, np.ones((2, 3), np.float32))
     assert "1 vector kernel" in text and "reductions max[1], sum[1]" in text
+
+
+@dvm.kernel
+def _masks(k, x, y):
+    m = k.lt(k.load(x), k.load(y))
+    return k.store(k.bitwise_and(m, True)), k.store(k.logical_or(False, m)), k.store(k.logical_and(m, False))
+
+
+def test_and_with_true_or_with_false_is_no_instruction():
+    """True & m and False | m are m itself (HF's masks AND an all-True padding mask); m & False
+    is still computed."""
+    x, y = np.random.rand(5, 3).astype(np.float32), np.random.rand(5, 3).astype(np.float32)
+    a, b, c = _masks(x, y)
+    assert (a == (x < y)).all() and (b == (x < y)).all() and not c.any()
+    text = dvm.disasm(_masks.program(x, y))
+    assert "bitwise_and" not in text and "logical_or" not in text and text.count("logical_and.b8") == 1

@@ -142,6 +142,9 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
                          f"(accepts {', '.join(sorted(c.name.lower() for c in op.accepts))})")
     if not compute.is_float and (op.identity_for_int or (name == "sign" and compute is DType.BOOL)):
         return broadcast_view(ctx, cast(args[0], result), shape)
+    kept = _and_or_identity(name, compute, data)
+    if kept is not None:
+        return broadcast_view(ctx, kept, shape)
     if name in ("isnan", "isinf", "isfinite") and not compute.is_float:
         return elementwise(ctx, "eq" if name == "isfinite" else "ne", args[0], args[0])
     if name == "pow" and compute.is_float and data[1].op == "const" and data[1].attr("weak"):
@@ -167,6 +170,18 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
     if cond is not None:
         inputs = [cond] + inputs
     return Node.make(name, result, shape, inputs)
+
+
+def _and_or_identity(name: str, compute: DType, data: Sequence[Node]) -> Node | None:
+    """The bool operand x of `True & x` or `False | x` (either order): the op is the identity
+    (HF's attention masks AND a causal mask with an all-True padding mask)."""
+    neutral = {"bitwise_and": True, "logical_and": True, "bitwise_or": False, "logical_or": False}.get(name)
+    if neutral is None or compute is not DType.BOOL or len(data) != 2:
+        return None
+    for c, x in (data, data[::-1]):
+        if c.op == "const" and c.attr("value") is neutral and x.dtype is DType.BOOL:
+            return x
+    return None
 
 
 def _pow_by_scalar(ctx: ShapeContext, x: Node, e) -> Node | None:
