@@ -1,9 +1,9 @@
 """Launch a CompiledGraph on torch tensors, without NumPy conversions in the steady state.
 
-The first call with a signature (symbol values, the selected VM; each input's dtype, device, shape, strides and
-neg bit) takes the NumPy path: the tensors become NumPy views (PyTorch's own errors for what
-cannot: CUDA, sparse, autograd is detached), CompiledGraph.launcher encodes, verifies and checks
-the real buffers, and the call runs. When that Launch runs on the CPU VM, it is remembered under
+The first call with a signature (symbol values, the selected VM; each input's dtype, device,
+shape, strides and neg bit) takes the NumPy path: the tensors become NumPy views (PyTorch's own
+errors for what cannot: CUDA, sparse; autograd is detached), CompiledGraph.launcher encodes,
+verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU VM, it is remembered under
 the tensor signature; later calls allocate their outputs with torch.empty and hand the VM the
 tensors' data pointers directly. Invariant (from runtime.compiled.Launch): the same signature
 means the same dtypes and extents relative to the data pointers, and a torch tensor's strides are

@@ -109,7 +109,8 @@ def _named(target):
 def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict) -> fx.Node:
     """n as a call in the run graph g (its arguments mapped through remap)."""
     target = _named(_VIEW_OR_RESHAPE.get(n.target, n.target))
-    return g.call_function(target, fx.map_arg(n.args, remap.__getitem__), fx.map_arg(n.kwargs, remap.__getitem__))
+    get = remap.__getitem__
+    return g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
 
 
 class SegmentRunner:
