@@ -3,9 +3,9 @@
 The first call with a signature (symbol values, the selected VM; each input's dtype, device,
 shape, strides and neg bit) takes the NumPy path: the tensors become NumPy views (PyTorch's own
 errors for what cannot: CUDA, sparse; autograd is detached), CompiledGraph.launcher encodes,
-verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU VM, it is remembered under
-the tensor signature; later calls allocate their outputs with torch.empty and hand the VM the
-tensors' data pointers directly. Invariant (from runtime.compiled.Launch): the same signature
+verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU VM,
+it is remembered under the tensor signature; later calls allocate their outputs with
+torch.empty and hand the VM the tensors' data pointers directly. Invariant (from runtime.compiled.Launch): the same signature
 means the same dtypes and extents relative to the data pointers, and a torch tensor's strides are
 never negative, so the buffer of each input starts at its data pointer (as_buffer's delta is 0).
 Signatures with an empty tensor always take the NumPy path (an empty tensor may have no storage).
