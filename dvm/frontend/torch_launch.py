@@ -13,16 +13,16 @@ Signatures with an empty tensor always take the NumPy path (an empty tensor may 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import ml_dtypes
 import numpy as np
 import torch
 
 from ..config import config
+from ..graph.dtypes import DType
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph, Launch, remember
-from ..vm.buffers import data_ptr
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -30,6 +30,11 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
+
+
+def _to_numpy_plain(t: torch.Tensor) -> np.ndarray:
+    """A non-bf16 tensor as NumPy (a tensor that requires grad is detached first)."""
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
@@ -49,31 +54,28 @@ def signature(env: dict, tensors: Sequence[torch.Tensor]) -> tuple:
 
 class _TensorLaunch:
     """A cached Launch on the CPU VM, fed with data pointers (see the module invariant)."""
-    __slots__ = ("launch", "outs", "run_addrs")
+    __slots__ = ("launch", "outs")
 
     def __init__(self, launch: Launch):
-        from ..vm.cpu import run_addrs
-        self.launch, self.run_addrs = launch, run_addrs
+        self.launch = launch
         self.outs = [(shape, torch_dtype(dt)) for shape, dt in launch.out_specs]
 
     def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        L = self.launch
-        for s in L.copy_slots:     # the Program was encoded for a row-major copy of this input
+        for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
             tensors[s] = tensors[s].contiguous()
             counters.bump("input_copies")
         outs = [torch.empty(shape, dtype=dt) for shape, dt in self.outs]
-        ws = [np.empty(n, dt) for n, dt in L.ws_specs]
-        counters.bump_launch(True)
-        self.run_addrs(L.layout, np.array([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs]
-                                          + [data_ptr(w) for w in ws] + L.numels, np.int64))
+        self.launch.run_addresses([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], True)
         return outs
 
 
 class TensorLauncher:
-    """graph on torch tensors; `convert[i]` turns input i into NumPy on the first call of a signature."""
+    """graph on torch tensors."""
 
-    def __init__(self, graph: CompiledGraph, convert: Sequence[Callable[[torch.Tensor], np.ndarray]]):
-        self.graph, self.convert = graph, list(convert)
+    def __init__(self, graph: CompiledGraph):
+        self.graph = graph
+        # NumPy views for the first call of a signature (bf16 through int16; ml_dtypes on top)
+        self.convert = [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain for n in graph.inputs]
         self._fast: dict = {}
         self._lock = threading.Lock()
 

@@ -14,13 +14,11 @@ import collections
 import operator
 import time
 
-import numpy as np
 import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..errors import ShapeError
-from ..graph.dtypes import DType
 from ..graph.build import permute
 from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
@@ -29,18 +27,13 @@ from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from . import fx_sdpa
 from .fx_segments import TorchStep, fake, plan
-from .torch_launch import TensorLauncher, to_numpy
+from .torch_launch import TensorLauncher
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. Only views care: a
 # view PyTorch could take on its layout but not on ours is taken as a reshape (a counted copy).
 STORE_IN_TORCH_ORDER = False
 _RESHAPE_INSTEAD = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
-
-
-def _to_numpy_plain(t: torch.Tensor) -> np.ndarray:
-    """A non-bf16 tensor as NumPy (a tensor that requires grad is detached first)."""
-    return (t.detach() if t.requires_grad else t).numpy()
 
 
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
@@ -155,8 +148,7 @@ class SegmentRunner:
         t0 = time.perf_counter()
         self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
         self.compile_s = time.perf_counter() - t0
-        self.launch = TensorLauncher(self.graph, [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain
-                                                  for n in seg.input_nodes]) if self.graph else None
+        self.launch = TensorLauncher(self.graph) if self.graph else None
         self.n_kernels = len(self.graph.templates) if self.graph else 0
 
     def check(self, env) -> None:

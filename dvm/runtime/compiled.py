@@ -157,15 +157,22 @@ class Launch:
             arrays[s] = np.ascontiguousarray(arrays[s])
             counters.bump("input_copies")
         outs = [np.empty(shape, dt) for shape, dt in self.out_specs]
+        if self._run_cpu is not None:
+            self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
+            return outs
         ws = [np.empty(n, dt) for n, dt in self.ws_specs]
         counters.bump_launch(cached)
-        if self._run_cpu is not None:
-            self._run_cpu(self.layout, np.array([data_ptr(a) + d for a, d in zip(arrays + outs + ws, self.deltas)]
-                                                + self.numels, np.int64))
-        else:
-            buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
-            vm_runner(self.vm)(self.layout, buffers)
+        buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
+        vm_runner(self.vm)(self.layout, buffers)
         return outs
+
+    def run_addresses(self, addrs: list[int], cached: bool) -> None:
+        """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
+        workspaces are allocated here."""
+        ws = [np.empty(n, dt) for n, dt in self.ws_specs]
+        counters.bump_launch(cached)
+        self._run_cpu(self.layout, np.array([a + d for a, d in zip(addrs + [data_ptr(w) for w in ws], self.deltas)]
+                                            + self.numels, np.int64))
 
 
 def _misaligned(a: np.ndarray) -> bool:

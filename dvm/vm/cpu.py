@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+import traceback
 
 import numpy as np
 
@@ -128,8 +129,8 @@ _salt_cache()
 
 class _Workers:
     """Persistent daemon threads fed through one C-level SimpleQueue (cheaper per launch than
-    ThreadPoolExecutor's futures); a job may name a reply queue. The compiled code releases the
-    GIL."""
+    ThreadPoolExecutor's futures). The compiled code releases the GIL and reports its errors
+    through the shared schedule (cpu_interp.run_units), never by raising."""
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -146,16 +147,14 @@ class _Workers:
 
     def _loop(self) -> None:
         while True:
-            fn, args, reply = self.jobs.get()
+            fn, args = self.jobs.get()
             try:
-                out = fn(*args)
-            except BaseException as e:  # handed back to the launching thread, if it waits
-                out = e
-            if reply is not None:
-                reply.put(out)
+                fn(*args)
+            except BaseException:  # pragma: no cover - e.g. MemoryError: shown, the worker survives
+                traceback.print_exc()
 
-    def submit(self, fn, args: tuple, reply: queue.SimpleQueue | None) -> None:
-        self.jobs.put((fn, args, reply))
+    def submit(self, fn, args: tuple) -> None:
+        self.jobs.put((fn, args))
 
 
 _WORKERS = _Workers()
@@ -180,7 +179,7 @@ def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
     sched = np.zeros(4, np.int64)   # next, done, err, chunk (kept alive by the queued jobs)
     sched[3] = max(1, d.n_units // (nthreads * CHUNKS_PER_THREAD))
     for _ in range(nthreads - 1):
-        _WORKERS.submit(ci.run_units, (0, d.n_units, *args, sched, False), None)
+        _WORKERS.submit(ci.run_units, (0, d.n_units, *args, sched, False))
     err = ci.run_units(0, d.n_units, *args, sched, True)
     return max(err, int(sched[2]))
 

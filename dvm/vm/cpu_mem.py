@@ -117,6 +117,17 @@ def _raw_copy(reg, buf, cv, stride, general):
 
 
 @njit(inline='always', **OPTS)
+def _move_run(is_store, reg, buf, lane, at, n):
+    """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (_raw_copy holds)."""
+    isz = buf.itemsize
+    p, q = reg.ctypes.data + lane * isz, buf.ctypes.data + at * isz
+    if is_store:
+        _move(q, p, n * isz)
+    else:
+        _move(p, q, n * isz)
+
+
+@njit(inline='always', **OPTS)
 def _load_row(o, buf, cv, start, stride, n, ix, general):
     """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
     plain = cv != DT_F16 and cv != DT_BF16
@@ -211,15 +222,10 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     else:
         rb[:] = zero
     raw = _raw_copy(reg, buf, cv, stride, general)
-    isz = buf.itemsize
     for i in range(nrv):
         base = off + rb[i]
         if raw:
-            p, q = reg.ctypes.data + i * bn * isz, buf.ctypes.data + (base + c0) * isz
-            if is_store:
-                _move(q, p, ncv * isz)
-            else:
-                _move(p, q, ncv * isz)
+            _move_run(is_store, reg, buf, i * bn, base + c0, ncv)
         else:
             if general:
                 for k in range(ncv):
@@ -274,7 +280,6 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     rbase = zero if general else r0 * stride
     ixs = ix[bm:bm + nrv]
     raw = _raw_copy(reg, buf, cv, stride, general)
-    isz = buf.itemsize
     for k in range(ncv):
         col = reg[k * bm:(k + 1) * bm]
         cbase = off + (zero if fin else _addr(j, c0 + k, optab, dims, nr, nr + nc))
@@ -282,11 +287,7 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
             for i in range(nrv):
                 ixs[i] = cbase + ix[i]
         if raw:
-            p, q = reg.ctypes.data + k * bm * isz, buf.ctypes.data + (cbase + rbase) * isz
-            if is_store:
-                _move(q, p, nrv * isz)
-            else:
-                _move(p, q, nrv * isz)
+            _move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
         elif is_store:
             _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
         else:
