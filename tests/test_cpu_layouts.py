@@ -104,3 +104,45 @@ def test_strided_rows_copied_whole(dtype, L, H, D):
     for n in (1, 2):
         got = run_on(_threads(n), heads_mix, q, c)
         assert got[0].tobytes() == want[0].tobytes(), (dt, L, H, D, n)
+
+
+@dvm.kernel
+def rowvec_mix(k, x, w, v):
+    """Row vectors (w, v: broadcast over the rows) as either operand of each supported binary op,
+    beside a row-level value, read by a unary op (expanded), and stored as they are."""
+    x = k.load(x)
+    w, v = k.load(w), k.load(v)
+    m = k.max(x, axis=-1, keepdims=True)
+    y = k.add(k.div(w, x), k.sub(x, v))
+    y = k.add(y, k.maximum(w, k.mul(x, v)))
+    y = k.sub(k.minimum(y, v), k.mul(w, m))
+    return k.store(k.add(y, k.abs(v))), k.store(w)
+
+
+@dvm.kernel
+def uniform_mix(k, x):
+    """Constants on either side of each supported binary op (applied as a scalar)."""
+    x = k.load(x)
+    y = k.add(k.sub(2.0, x), k.div(3.0, x))
+    y = k.maximum(k.mul(y, 0.5), k.minimum(1.5, x))
+    return k.store(k.sub(k.div(y, 7.0), 0.25))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
+@pytest.mark.parametrize("shape", [(37, 17), (9, 1030), (256, 1024), (5, 3, 65), (1, 200)])
+def test_row_vectors_and_uniform_operands(dtype, shape):
+    """A load whose rows are all the same keeps row 0 only (cpu_rowlevel._bin_rowv applies it per
+    row); a constant operand is read as a scalar. Bitwise equal to the reference VM, with NaN and
+    infinities in every operand, partial tiles, 1 and 2 threads."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = RNG.standard_normal(shape).astype(dt)
+    w, v = (RNG.standard_normal(shape[-1]) * 3).astype(dt), RNG.standard_normal(shape[-1]).astype(dt)
+    x.reshape(-1)[::11] = np.nan
+    w[::5], v[1::7], x.reshape(-1)[3::13] = np.inf, -np.inf, 0
+    for kfn, args in ((rowvec_mix, (x, w, v)), (uniform_mix, (x,))):
+        want = run_on(reference.run, kfn, *args)
+        for n in (1, 2):
+            got = run_on(_threads(n), kfn, *args)
+            for g, r in zip(got, want):
+                assert g.tobytes() == r.tobytes(), (kfn, dt, shape, n)

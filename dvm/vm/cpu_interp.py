@@ -35,10 +35,10 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
-                      _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t)
+                      _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t, _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
-from .cpu_rowlevel import ROWB_OPS, _bin_rowb, _expand
+from .cpu_rowlevel import ROWB_OPS, _bin_rowb, _bin_rowv, _bins, _expand, _expand_rowv
 
 # instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
 G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
@@ -56,17 +56,19 @@ def _fv(F, fp, k):
 
 
 @njit(inline='always', **OPTS)
-def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact):
+def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact, one_row):
     """compact: a finalize store of a compact register (row r at lane r: column 0 of a
-    column-major tile, whatever the kernel's layout)."""
+    column-major tile, whatever the kernel's layout). one_row: a row-vector load (row 0 only)."""
     if meta[M_TL] != 0 or compact:
         _mem_t(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
     else:
-        _mem(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
+        _mem(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
 
 
 @njit(inline='always', **OPTS)
-def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix, compact):
+def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix, compact,
+           one_row):
+    """one_row: an f32-register load of row 0 only (the caller marks the register a row vector)."""
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
@@ -76,21 +78,25 @@ def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok
                 fp[d] = p
                 return 0
         _mem_any(is_store, _fv(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
-                 compact)
+                 compact, one_row)
     elif dt == DT_F16:
         _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
-                 compact)
+                 compact, one_row)
     elif dt == DT_BF16:
         _mem_any(is_store, _fv(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
-                 compact)
+                 compact, one_row)
     elif dt == DT_F64:
-        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 False)
     elif dt == DT_I64:
-        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 False)
     elif dt == DT_I32:
-        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 False)
     elif dt == DT_BOOL:
-        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact)
+        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 False)
     else:
         return ERR_UNHANDLED
     return 0
@@ -278,7 +284,8 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
           r0, c0, fin, ix, sf, sd, si, si2, rio, st):
     """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
-    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant)."""
+    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant),
+    3 a row vector (row 0 holds the row every row repeats; f32, row-major tiles)."""
     bm, bn = meta[M_BM], meta[M_BN]
     tl = meta[M_TL] != 0
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
@@ -309,12 +316,21 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
             if mode == 2:   # f32 binary op of a full tile and a compact register, broadcast on the fly
                 full, comp = (f3, f2) if cf == 1 else (f2, f3)
                 _bin_rowb(op, _fv(F, fp, f1), _fv(F, fp, full), _fv(F, fp, comp), bm, bn, tl, cf == 1)
+            elif mode == 4:   # f32 binary op of a full tile and a uniform register: its lane 0
+                full, uni = (f3, f2) if cf == 1 else (f2, f3)
+                _bins(op, _fv(F, fp, f1)[:n], _fv(F, fp, full)[:n], F[uni][0], cf == 1)
+            elif mode == 5:   # f32 binary op of a full tile and a row vector: its row 0, per row
+                full, rv = (f3, f2) if cf == 1 else (f2, f3)
+                _bin_rowv(op, _fv(F, fp, f1), _fv(F, fp, full), F[rv], bm, bn, cf == 1)
             else:
                 err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n)
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
+            one_row = g == G_LOAD and bank == BK_F32 and not fin and _row_uniform(f2, optab, meta)
             err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
-                         r0, c0, fin or g == G_STOREROW, ix, mode == 1)
+                         r0, c0, fin or g == G_STOREROW, ix, mode == 1, one_row)
+            if one_row and fp[f1] == 0:
+                mode = 6
         elif g == G_CAST:
             _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp, n)
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
@@ -342,7 +358,7 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         if err != 0:
             return err
         if g != G_STORE and g != G_STOREROW:
-            new = 1 if mode == 1 else (2 if mode == 3 else 0)
+            new = 1 if mode == 1 else (2 if mode == 3 else (3 if mode == 6 else 0))
             for f in range(5):
                 b = rio[pc, 5 + f]
                 if b > 0:
@@ -355,10 +371,16 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
     """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
     1 compact (every register source is compact or uniform: computed on BM lanes; or a finalize
     store / storerow of a compact register), 2 a supported f32 binary op of one full and one
-    compact source. Also returns the field of the compact source."""
+    compact source, 4 a supported f32 binary op of one full and one uniform source (a constant:
+    read as a scalar, not as a tile stream), 5 the same with a row-vector source (its row 0 is
+    applied to every row). Also returns the field of the compact (uniform, row-vector) source."""
     ncomp = 0
     nfull = 0
+    nuni = 0
+    nrow = 0
     cf = 0
+    uf = 0
+    rf = 0
     for f in range(5):
         b = rio[pc, f]
         if b > 0:
@@ -368,15 +390,30 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
                 cf = f
             elif sv == 0:
                 nfull += 1
+            elif sv == 2:
+                nuni += 1
+                uf = f
+            else:
+                nrow += 1
+                rf = f
+    bin_f32 = False
+    if g == G_EW and kind == K_BIN and bank == BK_F32:
+        for o in ROWB_OPS:
+            if o == op:
+                bin_f32 = True
+    if nrow > 0:   # a row vector meets a full tile, or is expanded (with any compact source)
+        if nrow == 1 and nfull == 1 and ncomp == 0 and nuni == 0 and bin_f32:
+            return 5, rf
+        return 0, cf
     if ncomp == 0:
+        if nuni == 1 and nfull == 1 and bin_f32:
+            return 4, uf
         return 0, cf
     if g == G_EW or g == G_CAST:
         if nfull == 0:
             return 1, cf
-        if ncomp == 1 and nfull == 1 and g == G_EW and kind == K_BIN and bank == BK_F32:
-            for o in ROWB_OPS:
-                if o == op:
-                    return 2, cf
+        if ncomp == 1 and nfull == 1 and bin_f32:
+            return 2, cf
         return 0, cf
     if (g == G_STORE and fin) or g == G_STOREROW:
         return 1, cf
@@ -400,6 +437,9 @@ def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
                     _expand(I[r], bm, bn, tl)
                 else:
                     _expand(B[r], bm, bn, tl)
+                st[b, r] = 0
+            elif st[b, r] == 3:   # a row vector (f32, row-major)
+                _expand_rowv(F[r], bm, bn)
                 st[b, r] = 0
 
 

@@ -202,11 +202,12 @@ def _store_row(buf, x, cv, start, stride, n, ix, general):
 
 
 @njit(**OPTS)
-def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
-    """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j."""
+def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
+    """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j.
+    one_row: load row 0 only (an operand whose rows are all the same: see _row_uniform)."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
-    nrv = min(bm, rows - r0)
+    nrv = 1 if one_row else min(bm, rows - r0)
     ncv = 1 if fin else min(bn, cols - c0)
     off = optab[j, 3]
     zero = off * 0
@@ -243,10 +244,22 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
             v = reg[i * bn + ncv - 1]
             for k in range(i * bn + ncv, (i + 1) * bn):
                 reg[k] = v
-    if not is_store:   # clamped rows copy the last valid row
+    if not is_store and not one_row:   # clamped rows copy the last valid row
         last = reg[(nrv - 1) * bn:nrv * bn]
         for i in range(nrv, bm):
             reg[i * bn:(i + 1) * bn] = last
+
+
+@njit(**OPTS)
+def _row_uniform(j, optab, meta):
+    """Operand j reads the same elements in every row of a row-major tile of several rows (all
+    its row strides are 0: a weight or bias broadcast over the rows)."""
+    if meta[M_TL] != 0 or meta[M_BM] < 2:
+        return False
+    for d in range(meta[M_NR]):
+        if optab[j, 4 + d] != 0:
+            return False
+    return True
 
 
 @njit(**OPTS)
