@@ -6,6 +6,7 @@ DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on 
               or "reference" (NumPy, the executable spec)
 DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
+DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Config:
     vm: str
     threads: int
     cache_size: int
+    pool_mb: int
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -45,7 +47,8 @@ def config() -> Config:
         raise ValueError(f"DVM_VM={vm!r}: available VMs are {', '.join(VMS)}")
     return Config(debug=_int("DVM_DEBUG", 0, 0, 5), dump_dir=os.environ.get("DVM_DUMP_DIR") or None,
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
-                  cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20))
+                  cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
+                  pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20))
 
 
 def reload() -> Config:

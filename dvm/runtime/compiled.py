@@ -18,7 +18,7 @@ from ..fusion.partition import partition
 from ..graph.node import Node
 from ..graph.symbolic import evaluate
 from ..graph.views import Layout, contiguous_strides
-from . import counters, debug
+from . import buffer_pool, counters, debug
 from ..codegen.verifier import check_buffers, verify
 from ..vm.buffers import data_ptr
 from .launch import vm_runner
@@ -117,8 +117,8 @@ class CompiledGraph:
         arrays = [np.ascontiguousarray(a) if _misaligned(a) else a for a in arrays]
         outs = [(tuple([evaluate(d, env) for d in shape]), dt) for shape, dt in self._out_specs]
         ws = [(_numel(w.shape, env), w.dtype.np_dtype) for w in self.plan.workspaces]
-        buffers = list(bufs) + [np.empty(shape, dt).reshape(-1) for shape, dt in outs] + \
-            [np.empty(n, dt) for n, dt in ws]
+        buffers = list(bufs) + [buffer_pool.empty(shape, dt).reshape(-1) for shape, dt in outs] + \
+            [buffer_pool.empty((n,), dt) for n, dt in ws]
         layout = verify(prog)
         check_buffers(layout, buffers, check_overlap=False)   # outputs and workspaces are fresh
         deltas = [_buffer_delta(a) for a in arrays] + [0] * (len(outs) + len(ws))
@@ -156,11 +156,11 @@ class Launch:
         for s in self.copy_slots:
             arrays[s] = np.ascontiguousarray(arrays[s])
             counters.bump("input_copies")
-        outs = [np.empty(shape, dt) for shape, dt in self.out_specs]
+        outs = [buffer_pool.empty(shape, dt) for shape, dt in self.out_specs]
         if self._run_cpu is not None:
             self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
             return outs
-        ws = [np.empty(n, dt) for n, dt in self.ws_specs]
+        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs]
         counters.bump_launch(cached)
         buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
         vm_runner(self.vm)(self.layout, buffers)
@@ -169,7 +169,7 @@ class Launch:
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
         """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
         workspaces are allocated here."""
-        ws = [np.empty(n, dt) for n, dt in self.ws_specs]
+        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs]
         counters.bump_launch(cached)
         self._run_cpu(self.layout, np.array([a + d for a, d in zip(addrs + [data_ptr(w) for w in ws], self.deltas)]
                                             + self.numels, np.int64))

@@ -586,7 +586,9 @@ def markdown(report: dict) -> str:
         "(baseline time / DVM time: **> 1 means DVM is faster**). *GB/s*: bytes read + written "
         "(inputs + output, each once) per second; *% copy*: DVM's bandwidth as a fraction of the "
         "copy's (np.copyto of the same bytes into a preallocated buffer; every kernel and baseline "
-        "allocates its output, the copy does not). *n/a*: no such baseline for this case (see the "
+        "allocates its output, the copy does not; DVM's outputs of 1 MiB and more come from its buffer "
+        "pool, re-used once the previous result is dropped, so they skip the page faults that fresh "
+        "memory costs the others: DVM_POOL_MB=0 turns it off). *n/a*: no such baseline for this case (see the "
         "JSON notes); *skipped*: the reference VM runs shapes of at most "
         f"{report['reference_vm_max_numel']:,} elements; *not run*: Inductor off (--no-inductor / --quick).",
     ]
