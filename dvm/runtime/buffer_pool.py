@@ -63,6 +63,12 @@ def empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     return block[:nbytes].view(dt).reshape(shape)
 
 
+def allocator(shape: tuple[int, ...], dtype):
+    """The function to allocate arrays of this shape and dtype with: `empty`, or np.empty when
+    they are too small to be pooled (saves the pool's checks on a hot path)."""
+    return empty if math.prod(shape) * np.dtype(dtype).itemsize >= MIN_BYTES else np.empty
+
+
 def _take(size: int) -> np.ndarray | None:
     blocks = _BLOCKS.get(size)
     if not blocks:

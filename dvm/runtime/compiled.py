@@ -140,11 +140,14 @@ class Launch:
     call with the same signature has inputs of the same dtypes and extents (as_buffer derives the
     buffers from shape and strides alone) and fresh outputs, so the check holds for it too. Calls
     skip binding, encoding, verification and buffer checks; the CPU VM gets addresses directly."""
-    __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu")
+    __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu",
+                 "_shifted", "_outs")
 
     def __init__(self, layout, copy_slots, out_specs, ws_specs, vm, deltas, numels):
         self.layout, self.copy_slots, self.out_specs, self.ws_specs = layout, copy_slots, out_specs, ws_specs
         self.vm, self.deltas, self.numels = vm, deltas, numels
+        self._shifted = any(deltas)   # some buffer starts before its array's data pointer
+        self._outs = [(buffer_pool.allocator(shape, dt), shape, dt) for shape, dt in out_specs]
         self._run_cpu = None
         if vm == "cpu":
             from ..vm.cpu import run_addrs
@@ -156,7 +159,7 @@ class Launch:
         for s in self.copy_slots:
             arrays[s] = np.ascontiguousarray(arrays[s])
             counters.bump("input_copies")
-        outs = [buffer_pool.empty(shape, dt) for shape, dt in self.out_specs]
+        outs = [alloc(shape, dt) for alloc, shape, dt in self._outs]
         if self._run_cpu is not None:
             self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
             return outs
@@ -169,10 +172,13 @@ class Launch:
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
         """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
         workspaces are allocated here."""
-        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs]
+        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs] if self.ws_specs else ()
+        if ws:
+            addrs = addrs + [data_ptr(w) for w in ws]
+        if self._shifted:
+            addrs = [a + d for a, d in zip(addrs, self.deltas)]
         counters.bump_launch(cached)
-        self._run_cpu(self.layout, np.array([a + d for a, d in zip(addrs + [data_ptr(w) for w in ws], self.deltas)]
-                                            + self.numels, np.int64))
+        self._run_cpu(self.layout, np.array(addrs + self.numels, np.int64))
 
 
 def _misaligned(a: np.ndarray) -> bool:
