@@ -163,7 +163,7 @@ class Launch:
         if self._run_cpu is not None:
             self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
             return outs
-        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs]
+        ws = self._workspaces()
         counters.bump_launch(cached)
         buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
         vm_runner(self.vm)(self.layout, buffers)
@@ -172,13 +172,16 @@ class Launch:
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
         """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
         workspaces are allocated here."""
-        ws = [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs] if self.ws_specs else ()
+        ws = self._workspaces()
         if ws:
             addrs = addrs + [data_ptr(w) for w in ws]
         if self._shifted:
             addrs = [a + d for a, d in zip(addrs, self.deltas)]
         counters.bump_launch(cached)
         self._run_cpu(self.layout, np.array(addrs + self.numels, np.int64))
+
+    def _workspaces(self) -> list[np.ndarray]:
+        return [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs] if self.ws_specs else []
 
 
 def _misaligned(a: np.ndarray) -> bool:

@@ -33,11 +33,11 @@ PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
 _BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
 _BANK_NAME = {ck.BK_F32: "f32", ck.BK_F64: "f64", ck.BK_I64: "i64", ck.BK_B8: "b8"}
-_GROUP = {"load": ci.G_LOAD, "store": ci.G_STORE, "const": ci.G_CONST, "index": ci.G_INDEX,
-          "cast": ci.G_CAST, "ew": ci.G_EW, "accinit": ci.G_ACCINIT, "acc": ci.G_ACC, "rfin": ci.G_RFIN,
-          "rowred": ci.G_ROWRED, "storerow": ci.G_STOREROW}
-_KIND_NAME = {ci.K_UN: "un", ci.K_PRED: "pred", ci.K_BIN: "bin", ci.K_CMP: "cmp", ci.K_WHERE: "where",
-              ci.K_CLAMP: "clamp"}
+_GROUP = {"load": ck.G_LOAD, "store": ck.G_STORE, "const": ck.G_CONST, "index": ck.G_INDEX,
+          "cast": ck.G_CAST, "ew": ck.G_EW, "accinit": ck.G_ACCINIT, "acc": ck.G_ACC, "rfin": ck.G_RFIN,
+          "rowred": ck.G_ROWRED, "storerow": ck.G_STOREROW}
+_KIND_NAME = {ck.K_UN: "un", ck.K_PRED: "pred", ck.K_BIN: "bin", ck.K_CMP: "cmp", ck.K_WHERE: "where",
+              ck.K_CLAMP: "clamp"}
 # The Program format fixes the dtype codes; the compiled code uses them directly.
 assert [int(d) for d in (DType.BOOL, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16,
                          DType.FLOAT32, DType.FLOAT64)] == [ck.DT_BOOL, ck.DT_I32, ck.DT_I64, ck.DT_F16,
@@ -46,14 +46,14 @@ assert [int(d) for d in (DType.BOOL, DType.INT32, DType.INT64, DType.FLOAT16, DT
 
 def _ew_kind(spec: isa.InstrSpec) -> int:
     if spec.op == "where":
-        return ci.K_WHERE
+        return ck.K_WHERE
     if spec.op == "clamp":
-        return ci.K_CLAMP
+        return ck.K_CLAMP
     n_in = sum(1 for f in spec.fields if f.role == "s")
     same = spec.fields[0].bank == spec.bank
     if n_in == 1:
-        return ci.K_UN if same else ci.K_PRED
-    return ci.K_BIN if same else ci.K_CMP
+        return ck.K_UN if same else ck.K_PRED
+    return ck.K_BIN if same else ck.K_CMP
 
 
 def _writes_f(spec: isa.InstrSpec) -> int:
@@ -190,7 +190,7 @@ def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
         if d.n_units == 0:
             continue
         err = _run_units(d, (d.blob, DECODE, bufs), threads)
-        if err == ci.ERR_ZERODIV:
+        if err == ck.ERR_ZERODIV:
             raise ZeroDivisionError("integer division or remainder by zero")
         if err != 0:
             raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")

@@ -30,7 +30,9 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
-                          DT_I32, DT_I64, ERR_UNHANDLED, ERR_ZERODIV, R_ARGMAX, R_ARGMIN, _bin_b8,
+                          DT_I32, DT_I64, ERR_UNHANDLED, G_ACC, G_ACCINIT, G_CAST, G_CONST,
+                          G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE, G_STOREROW, K_BIN, K_CLAMP,
+                          K_CMP, K_PRED, K_UN, K_WHERE, R_ARGMAX, R_ARGMIN, _bin_b8,
                           _bin_float, _bin_i64, _cast_to_b8, _cast_to_f32, _cast_to_f64, _cast_to_int,
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
@@ -38,11 +40,8 @@ from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E
                       _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t, _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
-from .cpu_rowlevel import ROWB_OPS, _bin_rowb, _bin_rowv, _bins, _expand, _expand_rowv
+from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _expand_sources, _row_mode
 
-# instruction groups / elementwise kinds (this module's numbering; cpu.py maps the ISA onto them)
-G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
-K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
 MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
 
 
@@ -364,83 +363,6 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 if b > 0:
                     st[b - 1, instrs[pc, 1 + f]] = new
     return 0
-
-
-@njit(inline='always', **OPTS)
-def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
-    """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
-    1 compact (every register source is compact or uniform: computed on BM lanes; or a finalize
-    store / storerow of a compact register), 2 a supported f32 binary op of one full and one
-    compact source, 4 a supported f32 binary op of one full and one uniform source (a constant:
-    read as a scalar, not as a tile stream), 5 the same with a row-vector source (its row 0 is
-    applied to every row). Also returns the field of the compact (uniform, row-vector) source."""
-    ncomp = 0
-    nfull = 0
-    nuni = 0
-    nrow = 0
-    cf = 0
-    uf = 0
-    rf = 0
-    for f in range(5):
-        b = rio[pc, f]
-        if b > 0:
-            sv = st[b - 1, instrs[pc, 1 + f]]
-            if sv == 1:
-                ncomp += 1
-                cf = f
-            elif sv == 0:
-                nfull += 1
-            elif sv == 2:
-                nuni += 1
-                uf = f
-            else:
-                nrow += 1
-                rf = f
-    bin_f32 = False
-    if g == G_EW and kind == K_BIN and bank == BK_F32:
-        for o in ROWB_OPS:
-            if o == op:
-                bin_f32 = True
-    if nrow > 0:   # a row vector meets a full tile, or is expanded (with any compact source)
-        if nrow == 1 and nfull == 1 and ncomp == 0 and nuni == 0 and bin_f32:
-            return 5, rf
-        return 0, cf
-    if ncomp == 0:
-        if nuni == 1 and nfull == 1 and bin_f32:
-            return 4, uf
-        return 0, cf
-    if g == G_EW or g == G_CAST:
-        if nfull == 0:
-            return 1, cf
-        if ncomp == 1 and nfull == 1 and bin_f32:
-            return 2, cf
-        return 0, cf
-    if (g == G_STORE and fin) or g == G_STOREROW:
-        return 1, cf
-    return 0, cf
-
-
-@njit(inline='always', **OPTS)
-def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
-    """Broadcast every compact register instruction pc reads (compact registers are never
-    aliased to a buffer: fp is 0 for them)."""
-    for f in range(5):
-        b = rio[pc, f] - 1
-        if b >= 0:
-            r = instrs[pc, 1 + f]
-            if st[b, r] == 1:
-                if b == BK_F32:
-                    _expand(F[r], bm, bn, tl)
-                elif b == BK_F64:
-                    _expand(D[r], bm, bn, tl)
-                elif b == BK_I64:
-                    _expand(I[r], bm, bn, tl)
-                else:
-                    _expand(B[r], bm, bn, tl)
-                st[b, r] = 0
-            elif st[b, r] == 3:   # a row vector (f32, row-major)
-                _expand_rowv(F[r], bm, bn)
-                st[b, r] = 0
 
 
 @intrinsic

@@ -57,6 +57,9 @@ HANDLED = {
 REDUCTIONS_HANDLED = {BK_F32: set(RED_NAMES), BK_F64: set(RED_NAMES), BK_I64: set(RED_NAMES)}
 
 ERR_UNHANDLED, ERR_ZERODIV = 1, 2
+# instruction groups / elementwise kinds of the interpreter (cpu.py maps the ISA onto them)
+G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
+K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _I64_MIN = np.int64(-2 ** 63)

@@ -2,7 +2,7 @@
 
 A reduction result is constant along the row. The VM keeps it compact: row r's value in lane r,
 which is also column 0 of a column-major tile (cpu_reduce's _rfin/_rowred leave it so). Row-level
-arithmetic then runs on BM lanes only (cpu_interp._row_mode), a full-tile f32 add/sub/mul/div/
+arithmetic then runs on BM lanes only (_row_mode below), a full-tile f32 add/sub/mul/div/
 maximum/minimum broadcasts a compact operand on the fly (_bin_rowb), and any other full-tile
 reader first expands it in place (_expand). Row vectors (below) and uniform registers (constants,
 applied as a scalar by _bins) work the same way. Results are identical to broadcast tiles: the
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from numba import njit
 
-from .cpu_kernels import OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin
+from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, OP_ADD, OP_DIV,
+                          OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_math import OPTS
 from .cpu_reduce import _bcast_t, _fill
 
@@ -104,3 +105,84 @@ def _bin_rowv(op, o, a, b, bm, bn, swap):
     bv = b[:bn]
     for r in range(bm):
         _vv(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], bv, swap)
+
+
+# Register states (cpu_interp._exec keeps them in st[bank, reg]): 0 a full tile, 1 compact,
+# 2 uniform (a constant), 3 a row vector. These two decide how an instruction meets them.
+@njit(inline='always', **OPTS)
+def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
+    """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
+    1 compact (every register source is compact or uniform: computed on BM lanes; or a finalize
+    store / storerow of a compact register), 2 a supported f32 binary op of one full and one
+    compact source, 4 a supported f32 binary op of one full and one uniform source (a constant:
+    read as a scalar, not as a tile stream), 5 the same with a row-vector source (its row 0 is
+    applied to every row). Also returns the field of the compact (uniform, row-vector) source."""
+    ncomp = 0
+    nfull = 0
+    nuni = 0
+    nrow = 0
+    cf = 0
+    uf = 0
+    rf = 0
+    for f in range(5):
+        b = rio[pc, f]
+        if b > 0:
+            sv = st[b - 1, instrs[pc, 1 + f]]
+            if sv == 1:
+                ncomp += 1
+                cf = f
+            elif sv == 0:
+                nfull += 1
+            elif sv == 2:
+                nuni += 1
+                uf = f
+            else:
+                nrow += 1
+                rf = f
+    if ncomp == 0 and nuni == 0 and nrow == 0:   # the common case: full tiles only
+        return 0, cf
+    bin_f32 = False
+    if g == G_EW and kind == K_BIN and bank == BK_F32:
+        for o in ROWB_OPS:
+            if o == op:
+                bin_f32 = True
+    if nrow > 0:   # a row vector meets a full tile, or is expanded (with any compact source)
+        if nrow == 1 and nfull == 1 and ncomp == 0 and nuni == 0 and bin_f32:
+            return 5, rf
+        return 0, cf
+    if ncomp == 0:
+        if nuni == 1 and nfull == 1 and bin_f32:
+            return 4, uf
+        return 0, cf
+    if g == G_EW or g == G_CAST:
+        if nfull == 0:
+            return 1, cf
+        if ncomp == 1 and nfull == 1 and bin_f32:
+            return 2, cf
+        return 0, cf
+    if (g == G_STORE and fin) or g == G_STOREROW:
+        return 1, cf
+    return 0, cf
+
+
+@njit(inline='always', **OPTS)
+def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
+    """Broadcast every compact register and row vector instruction pc reads (neither is ever
+    aliased to a buffer: fp is 0 for them)."""
+    for f in range(5):
+        b = rio[pc, f] - 1
+        if b >= 0:
+            r = instrs[pc, 1 + f]
+            if st[b, r] == 1:
+                if b == BK_F32:
+                    _expand(F[r], bm, bn, tl)
+                elif b == BK_F64:
+                    _expand(D[r], bm, bn, tl)
+                elif b == BK_I64:
+                    _expand(I[r], bm, bn, tl)
+                else:
+                    _expand(B[r], bm, bn, tl)
+                st[b, r] = 0
+            elif st[b, r] == 3:   # a row vector (f32, row-major)
+                _expand_rowv(F[r], bm, bn)
+                st[b, r] = 0
