@@ -26,7 +26,9 @@ from ..graph.dtypes import Bank, DType
 from .buffers import data_ptr
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
+from . import cpu_fused, cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
+from .cpu_fuse_plan import fuse_plan
+from .cpu_fused import FUSE_WIDTH
 
 assert ci.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
@@ -111,7 +113,7 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, cpu_rowlevel, ci):
+    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, cpu_rowlevel, cpu_fused, ci):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]
@@ -287,7 +289,7 @@ def _reg_io(instrs: np.ndarray) -> np.ndarray:
 
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "blob", "transposed", "rio")
+                 "blob", "transposed", "rio", "fuse")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
@@ -316,7 +318,9 @@ class _Desc:
         self.n_units = n_rb * n_ct if self.tile_par else n_rb
         self.work = rows * max(cols, 1) * len(kl.sweeps)
         sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
-        self.peep = _in_place_plan(kl, [(int(a), int(b)) for a, b in sections])
+        sections = [(int(a), int(b)) for a, b in sections]
+        self.peep = _in_place_plan(kl, sections)
+        self.fuse = fuse_plan(kl, sections)
         # per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then)
         argst = np.zeros(n_args, np.int64)
         loaded = set()
@@ -350,8 +354,9 @@ def _desc(kl: KernelLayout, n_args: int) -> _Desc:
 
 def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
     """The descriptor as one int64 array (layout: cpu_interp.P_*)."""
-    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio]
+    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio, d.fuse]
     assert len(segs) == ci.P_HEADER // 2 - 1 and d.instrs.shape[1] == 6 and d.rio.shape[1] == ci.RIO_WIDTH
+    assert d.fuse.shape[1] == FUSE_WIDTH
     head = np.zeros(ci.P_HEADER, np.int64)
     head[0] = d.tile_par
     head[-1] = d.optab.shape[1]

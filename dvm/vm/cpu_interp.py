@@ -10,6 +10,7 @@ Kernel descriptor (built by cpu.py, passed packed into one array: see run_units)
   addrs, numels  int64 [n_args]  buffer addresses and sizes
   peep    int64 [n_instr]        operand of the store right after an f32 op that may write in place
   argsz, argst   int64 [n_args]  element size; 1 stored by the kernel, 2 stored and loaded
+  fuse    int64 [n_instr, 8]     runs of instructions executed in one pass (cpu_fuse_plan, cpu_fused)
 
 In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A load of a full,
 contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
@@ -37,21 +38,13 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
-                      _alias_ok, _direct_addr, _index, _index_t, _mem, _mem_t, _row_uniform)
+                      _alias_ok, _direct_addr, _fv, _index, _index_t, _mem, _mem_t, _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
+from .cpu_fused import FUSE_WIDTH, _run_fused
 from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _expand_sources, _row_mode
 
 MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
-
-
-@njit(inline='always', **OPTS)
-def _fv(F, fp, k):
-    """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
-    p = fp[k]
-    if p == 0:
-        return F[k]
-    return carray(ptr_f32(p), F.shape[1])
 
 
 @njit(inline='always', **OPTS)
@@ -281,7 +274,7 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 
 @njit(inline='always', **OPTS)
 def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
-          r0, c0, fin, ix, sf, sd, si, si2, rio, st):
+          r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz):
     """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
     st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant),
     3 a row vector (row 0 holds the row every row repeats; f32, row-major tiles)."""
@@ -290,8 +283,13 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
     skip = s - 1
     for pc in range(s, e):
-        if pc == skip:   # this store's data was written in place by the previous instruction
+        if pc <= skip:   # done by a fused run, or a store written in place by the previous instruction
             continue
+        if fz[pc, 0] != 0:
+            done = _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st)
+            if done > 0:
+                skip = pc + done - 1
+                continue
         opc = instrs[pc, 0]
         g, op, bank, src, kind = dec[opc, 0], dec[opc, 1], dec[opc, 2], dec[opc, 3], dec[opc, 4]
         f1, f2, f3, f4 = instrs[pc, 1], instrs[pc, 2], instrs[pc, 3], instrs[pc, 4]
@@ -379,7 +377,7 @@ def _atomic_add(typingctx, addr, val):
 
 @njit(inline='always', **OPTS)
 def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
-                rio, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
+                rio, fz, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.
     F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units).
 
@@ -442,7 +440,7 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
         if s == e or err != 0:
             continue
         err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
-                    aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st)
+                    aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz)
         if err != 0 and dyn:
             sched[2] = err
     return err
@@ -464,8 +462,8 @@ def _raw(a):
 # to the compiled code instead of 13 (numba's per-argument dispatch cost dominates small launches).
 # blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
 # blob[P_HEADER - 1] = the width of an optab row. Segments are handed down as raw views.
-P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST, P_RIO = range(9)
-P_HEADER = 2 + 2 * 9
+P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST, P_RIO, P_FUSE = range(10)
+P_HEADER = 2 + 2 * 10
 RIO_WIDTH = 10
 
 
@@ -494,6 +492,7 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
     instrs = _seg2(blob, base, P_INSTRS, 6)
     optab = _seg2(blob, base, P_OPTAB, blob[P_HEADER - 1])
     rio = _seg2(blob, base, P_RIO, RIO_WIDTH)
+    fz = _seg2(blob, base, P_FUSE, FUSE_WIDTH)
     peep, meta, dims = _seg(blob, base, P_PEEP), _seg(blob, base, P_META), _seg(blob, base, P_DIMS)
     consts, argsz, argst = _seg(blob, base, P_CONSTS), _seg(blob, base, P_ARGSZ), _seg(blob, base, P_ARGST)
     addrs = carray(ptr_i64(bufs.ctypes.data), n)
@@ -506,18 +505,18 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
     Io = np.empty(max(ni * t, 1), np.int64)
     Bo = np.empty(max(nb * t, 1), np.uint8)
     So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + 4 * MAX_REGS, np.int64)   # fp, ix, si, si2, st
-    Sf = np.empty(2 * bn, np.float32)               # reduction scratch: two rows (the tree ping-pongs)
+    Sf = np.empty(2 * bn + bm, np.float32)          # reduction scratch: two rows (the tree ping-pongs)
     Sd = np.empty(2 * bn, np.float64)
     s0 = So.ctypes.data
     nfp = max(nf, 1)
     # the caller's int64 tables too (the caller keeps them alive during the call)
     err = _exec_units(u0, u1, tile_par, instrs, _raw(dec), peep, meta, dims,
-                      optab, consts, addrs, numels, argsz, argst, rio,
+                      optab, consts, addrs, numels, argsz, argst, rio, fz,
                       _raw(sched),
                       carray(ptr_f32(Fo.ctypes.data), (nf, t)), carray(ptr_f64(Do.ctypes.data), (nd, t)),
                       carray(ptr_i64(Io.ctypes.data), (ni, t)), carray(ptr_u8(Bo.ctypes.data), (nb, t)),
                       carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
-                      carray(ptr_f32(Sf.ctypes.data), 2 * bn), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
+                      carray(ptr_f32(Sf.ctypes.data), 2 * bn + bm), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn))), 2 * bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))

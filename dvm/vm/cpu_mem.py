@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
-from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f
+from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32
 
 # meta layout (built by cpu.py)
 M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_TL, M_SW = range(15)
@@ -74,6 +74,15 @@ def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
         return 0
     base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
     return addrs[optab[j, 1]] + 4 * base
+
+
+@njit(inline='always', **OPTS)
+def _fv(F, fp, k):
+    """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
+    p = fp[k]
+    if p == 0:
+        return F[k]
+    return carray(ptr_f32(p), F.shape[1])
 
 
 @njit(**OPTS)

@@ -205,6 +205,29 @@ def _lvl3(op, d, x, q):
                          _fmin(_fmin(x[k + q], x[k + 5 * q]), _fmin(x[k + 3 * q], x[k + 7 * q])))
 
 
+@njit(inline='always', **OPTS)
+def _t16(op, s):
+    """The last four tree levels over s[:16], unrolled (a loop per level with `op` decided per
+    element cost ~7x more than the 1024-lane levels before it)."""
+    c = _combine
+    t0, t1, t2, t3 = c(op, s[0], s[8]), c(op, s[1], s[9]), c(op, s[2], s[10]), c(op, s[3], s[11])
+    t4, t5, t6, t7 = c(op, s[4], s[12]), c(op, s[5], s[13]), c(op, s[6], s[14]), c(op, s[7], s[15])
+    u0, u1, u2, u3 = c(op, t0, t4), c(op, t1, t5), c(op, t2, t6), c(op, t3, t7)
+    return c(op, c(op, u0, u2), c(op, u1, u3))
+
+
+@njit(**OPTS)
+def _tail16(op, s):
+    """_t16 with `op` a compile-time constant in each branch."""
+    if op == R_SUM:
+        return _t16(R_SUM, s)
+    if op == R_MAX:
+        return _t16(R_MAX, s)
+    if op == R_PROD:
+        return _t16(R_PROD, s)
+    return _t16(R_MIN, s)
+
+
 @njit(**OPTS)
 def _tree_p2(op, x, a, b, p):
     """The pairwise-halving tree over x[:p] (p a power of two), levels fused up to three per pass
@@ -225,7 +248,8 @@ def _tree_p2(op, x, a, b, p):
             _lvl1(op, dst, src, q)
         p = q
         src, dst, other = dst, other, dst
-    # last levels (p <= 16) in scalar code
+    if p == 16:
+        return _tail16(op, src)
     if p == 1:
         return src[0]
     for k in range(p):

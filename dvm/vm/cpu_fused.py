@@ -1,0 +1,201 @@
+"""Fused instruction runs of the CPU VM: a few instructions executed in one pass over the tile.
+
+A full-tile f32 op costs one pass that stores 16 KB (at BM*BN = 4096 lanes) and is bound by the
+core's store rate, so a normalisation's 7-9 passes per tile, not its arithmetic, set its speed.
+cpu_fuse_plan.py finds these runs in a kernel once (statically); `_run_fused` executes one when
+the registers are in the expected states at run time, else the instructions run one by one.
+Each run does the same f32 operations in the same order as its instructions (the tree order of
+the reduction included), so results are bitwise identical; registers the run would only pass
+through are dead after it (checked by the plan), so they are not written.
+
+  FK_SQSUM   mul t, x, x ; rowred.sum r, t                    r = sum of squares (RMSNorm)
+  FK_CSQSUM  sub d, x, m ; mul t, d, d ; rowred.sum r, t      d = x - m, r = sum of d^2 (LayerNorm)
+  FK_EXPSUM  sub t, x, m ; exp e, t ; rowred.sum r, e        e = exp(x - m), r = sum of e (softmax)
+  FK_APPLY   mul y, x, s ; [load w] ; mul y, y, w ; [load b] ; [add y, y, b]
+             y = ((x * s) * w) + b for a compact s and row vectors w, b (a norm's scale and affine);
+             mul and add are commutative, so their operands may come in either order
+
+x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the reductions).
+Scratch: sf holds 2*BN + BM lanes (w, b and a copy of s).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from .cpu_kernels import R_SUM
+from .cpu_math import OPTS, expf, ptr_f32, ptr_u16
+from .cpu_kernels import DT_BF16, DT_F16, DT_F32
+from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem
+from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
+
+FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM = range(5)
+FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
+NO_SRC = -1      # FK_APPLY without a bias stage
+
+
+@njit(inline='always', **OPTS)
+def _sq(v, mv, centered):
+    if centered:
+        v = v - mv
+    return v * v
+
+
+@njit(**OPTS)
+def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
+    """All f32 (a float64 constant here would promote the squares to float64 and change results).
+    o[r] = the tree sum over row r's valid lanes of (x - m[r])^2 (centered) or x^2, the first
+    tree level (eight lanes per output, cpu_reduce._lvl3's order) fused with the squares;
+    dout = x - m[r] on every lane when centered. bn: a power of two >= 128; s: 2*bn scratch."""
+    q = bn // 8
+    lvl = s[:q]
+    ta = s[q:2 * q]
+    tb = s[2 * q:3 * q]
+    for r in range(bm):
+        xr = x[r * bn:(r + 1) * bn]
+        mv = m[r]   # (m is x when not centered: unused)
+        if centered:
+            dr = dout[r * bn:(r + 1) * bn]
+            for k in range(bn):
+                dr[k] = xr[k] - mv
+        x0, x1, x2, x3 = xr[:q], xr[q:2 * q], xr[2 * q:3 * q], xr[3 * q:4 * q]
+        x4, x5, x6, x7 = xr[4 * q:5 * q], xr[5 * q:6 * q], xr[6 * q:7 * q], xr[7 * q:]
+        if ncv == bn:
+            for k in range(q):
+                lvl[k] = (((_sq(x0[k], mv, centered) + _sq(x4[k], mv, centered))
+                           + (_sq(x2[k], mv, centered) + _sq(x6[k], mv, centered)))
+                          + ((_sq(x1[k], mv, centered) + _sq(x5[k], mv, centered))
+                             + (_sq(x3[k], mv, centered) + _sq(x7[k], mv, centered))))
+        else:   # lanes past the valid columns hold the sum's identity, +0.0 (as _rowred pads)
+            z = np.float32(0.0)
+            for k in range(q):
+                t0 = _sq(x0[k], mv, centered) if k < ncv else z
+                t1 = _sq(x1[k], mv, centered) if k + q < ncv else z
+                t2 = _sq(x2[k], mv, centered) if k + 2 * q < ncv else z
+                t3 = _sq(x3[k], mv, centered) if k + 3 * q < ncv else z
+                t4 = _sq(x4[k], mv, centered) if k + 4 * q < ncv else z
+                t5 = _sq(x5[k], mv, centered) if k + 5 * q < ncv else z
+                t6 = _sq(x6[k], mv, centered) if k + 6 * q < ncv else z
+                t7 = _sq(x7[k], mv, centered) if k + 7 * q < ncv else z
+                lvl[k] = (((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)))
+        o[r] = _tree_p2(R_SUM, lvl, ta, tb, q)
+
+
+@njit(**OPTS)
+def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
+    """e = exp(x - m[r]) on every lane of row r, then o[r] = the tree sum of the row's valid lanes
+    (read while the row is still in L1; lanes past them hold +0.0 as _rowred pads)."""
+    a = s[:bn]
+    b = s[bn:2 * bn]
+    for r in range(bm):
+        mv = m[r]
+        xr = x[r * bn:(r + 1) * bn]
+        er = e[r * bn:(r + 1) * bn]
+        for k in range(bn):
+            er[k] = expf(xr[k] - mv)
+        if ncv == bn:
+            o[r] = _tree_p2(R_SUM, er, a, b, bn)
+        else:
+            _copy(a[:ncv], er[:ncv])
+            _accinit(R_SUM, a[ncv:bn], True)
+            o[r] = _tree_p2(R_SUM, a, b, a, bn)
+
+
+@njit(**OPTS)
+def _apply_rows(o, x, s, w, b, bm, bn, bias):
+    """o = ((x * s[r]) * w) + b per row r (without `+ b` unless bias)."""
+    for r in range(bm):
+        sv = s[r]
+        xr = x[r * bn:(r + 1) * bn]
+        orow = o[r * bn:(r + 1) * bn]
+        if bias:
+            for k in range(bn):
+                orow[k] = ((xr[k] * sv) * w[k]) + b[k]
+        else:
+            for k in range(bn):
+                orow[k] = (xr[k] * sv) * w[k]
+
+
+@njit(inline='always', **OPTS)
+def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0; its row strides
+    are all 0, checked by the plan) or read from register -2 - src when that register is a row
+    vector now. False if neither."""
+    if src >= 0:
+        arg, dt = optab[src, 1], optab[src, 2]
+        a, n = addrs[arg], numels[arg]
+        if dt == DT_F32:
+            _mem(False, dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0, False, ix, True)
+        elif dt == DT_F16 or dt == DT_BF16:
+            _mem(False, dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0, False, ix, True)
+        else:
+            return False
+        return True
+    reg = -2 - src
+    if st[0, reg] != 3:
+        return False
+    dst[:] = F[reg][:dst.shape[0]]
+    return True
+
+
+@njit(inline='always', **OPTS)
+def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
+    """Run the fused instructions starting at pc when their registers are in the expected states;
+    returns how many instructions it did (a trailing store written in place included), 0 if it
+    did nothing. st[0, reg]: the f32 register states (cpu_rowlevel)."""
+    kind = fz[pc, 0]
+    if kind == FK_NONE or fin or meta[M_TL] != 0:
+        return 0
+    bm, bn = meta[M_BM], meta[M_BN]
+    n = fz[pc, 1]
+    if kind == FK_APPLY:
+        x, s, y = fz[pc, 2], fz[pc, 3], fz[pc, 6]
+        if st[0, x] == 1 and st[0, s] == 0:   # mul is commutative: x is the full operand
+            x, s = s, x
+        if st[0, x] != 0 or st[0, s] != 1:
+            return 0
+        w, b = sf[:bn], sf[bn:2 * bn]
+        bias = fz[pc, 5] != NO_SRC
+        if not _row_vector(w, fz[pc, 4], F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+            return 0
+        if bias and not _row_vector(b, fz[pc, 5], F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+            return 0
+        last = pc + n - 1
+        p = _direct_addr(peep[last], optab, dims, meta, addrs, r0, c0) if aok and peep[last] >= 0 else 0
+        sv = sf[2 * bn:2 * bn + bm]   # a copy: y may be s's register
+        sv[:] = _fv(F, fp, s)[:bm]
+        xv = _fv(F, fp, x)
+        fp[y] = p
+        st[0, y] = 0
+        _apply_rows(_fv(F, fp, y), xv, sv, w, b, bm, bn, bias)
+        return n + 1 if p != 0 else n
+    x = fz[pc, 2]
+    if st[0, x] != 0 or bn < 128 or not _is_pow2(bn):
+        return 0
+    ncv = min(bn, meta[M_COLS] - c0)
+    if kind == FK_EXPSUM:
+        m, e, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
+        if st[0, m] != 1:
+            return 0
+        xv = _fv(F, fp, x)
+        fp[e] = 0
+        st[0, e] = 0
+        _expsum_rows(F[r], xv, F[m], F[e], bm, bn, ncv, sf)
+        fp[r] = 0
+    elif kind == FK_SQSUM:
+        r = fz[pc, 3]
+        xv = _fv(F, fp, x)
+        fp[r] = 0
+        _sqsum_rows(F[r], xv, xv, xv, bm, bn, ncv, sf, False)
+    else:
+        m, d, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
+        if st[0, m] != 1:
+            return 0
+        xv = _fv(F, fp, x)
+        mv = _fv(F, fp, m)
+        fp[d] = 0
+        st[0, d] = 0
+        _sqsum_rows(F[r], xv, mv, F[d], bm, bn, ncv, sf, True)
+        fp[r] = 0
+    st[0, r] = 1
+    return n

@@ -1,0 +1,144 @@
+"""Fused instruction runs of the CPU VM (cpu_fuse_plan finds them, cpu_fused runs them): the plan
+finds a normalisation's and a softmax's runs and refuses runs whose intermediates are read later; results are
+bitwise equal to the reference VM (NaNs compared as NaNs: an x86 operation that creates one gives
+-NaN, NumPy's np.nan is +NaN, and the two VMs may meet them in either order) with NaN and
+infinities in every operand, f16/bf16 operands,
+partial tiles, rows narrower than a tile, and run-time fallbacks (a register not in the state
+the run needs), on 1 and 2 threads."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import dvm
+from dvm.codegen.verifier import verify
+from dvm.frontend.library import layernorm, rmsnorm, softmax
+from dvm.vm import cpu, reference
+from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_SQSUM
+
+from test_cpu_vm import run_on
+
+RNG = np.random.default_rng(11)
+
+
+@dvm.kernel
+def sq_live(k, x):
+    """x*x is read again after its sum: no fused sum of squares."""
+    x = k.load(x)
+    t = k.mul(x, x)
+    return k.store(k.mul(t, k.sum(t, axis=-1, keepdims=True)))
+
+
+@dvm.kernel
+def apply_live(k, x, w, b):
+    """The scaled value is stored as well: no fused scale chain (the sums still fuse)."""
+    x = k.load(x)
+    y = k.mul(x, k.rsqrt(k.add(k.mean(k.mul(x, x), axis=-1, keepdims=True), 1e-6)))
+    return k.store(k.add(k.mul(y, k.load(w)), k.load(b))), k.store(y)
+
+
+@dvm.kernel
+def apply_full(k, x, z, w):
+    """A scale chain whose first product has two full tiles: planned, refused at run time."""
+    x, z = k.load(x), k.load(z)
+    return k.store(k.mul(k.mul(x, z), k.load(w)))
+
+
+@dvm.kernel
+def weight_twice(k, x, w):
+    """A weight loaded once and used by the chain and after it (a row-vector register source)."""
+    x, w = k.load(x), k.load(w)
+    s = k.rsqrt(k.mean(k.mul(x, x), axis=-1, keepdims=True))
+    return k.store(k.add(k.mul(k.mul(x, s), w), w))
+
+
+def _kinds(kfn, *args) -> set[int]:
+    layout = verify(kfn.program(*args))
+    return {int(kind) for kl in layout.kernels for kind in cpu._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_plan_finds_norm_runs():
+    x, w = _f32(64, 1024), _f32(1024)
+    assert _kinds(layernorm, x, w, w) == {FK_CSQSUM, FK_APPLY}
+    assert _kinds(rmsnorm, x, w) == {FK_SQSUM, FK_APPLY}
+    assert _kinds(softmax, x) == {FK_EXPSUM}
+
+
+def test_plan_respects_liveness():
+    x, w = _f32(64, 1024), _f32(1024)
+    assert FK_SQSUM not in _kinds(sq_live, x)
+    assert _kinds(apply_live, x, w, w) == {FK_SQSUM}
+    assert _kinds(apply_full, x, x, w) == {FK_APPLY}
+    assert _kinds(weight_twice, x, w) == {FK_SQSUM, FK_APPLY}
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    nan = np.isnan(want.astype(np.float32))
+    if not np.array_equal(np.isnan(got.astype(np.float32)), nan):
+        return False
+    return got[~nan].tobytes() == want[~nan].tobytes()
+
+
+@contextmanager
+def _unfused(kfn, *args):
+    """The kernel's instructions run one by one (its fuse plan emptied while inside)."""
+    layout = verify(kfn.program(*args))
+    argsz, descs, _ = cpu._prog(layout)
+    saved = [(d, d.fuse.copy(), d.blob) for d in descs]
+    for d in descs:
+        d.fuse[:] = 0
+        d.blob = cpu._pack(d, argsz)
+    try:
+        yield
+    finally:
+        for d, fuse, blob in saved:
+            d.fuse[:] = fuse
+            d.blob = blob
+
+
+def _threads(n: int):
+    return lambda layout, bufs: cpu.run(layout, bufs, threads=n)
+
+
+def _data(dt, shape):
+    x = (RNG.standard_normal(shape) * 3).astype(dt)
+    w, b = (RNG.standard_normal(shape[-1]) * 2).astype(dt), RNG.standard_normal(shape[-1]).astype(dt)
+    rows = x.reshape(-1, shape[-1])     # specials in every third row only: a NaN poisons its row
+    rows[::3, ::97], rows[::3, 5::89], rows[1::6, 7::101] = np.nan, np.inf, -np.inf
+    w[3::170], b[4::190], w[9::230] = np.nan, -np.inf, 0
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
+@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (3, 128), (13, 4096), (2, 3, 513)])
+def test_fused_runs_match_reference(dtype, shape):
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x, w, b = _data(dt, shape)
+    z = np.abs(_data(dt, shape)[0])
+    cases = [(layernorm, (x, w, b)), (rmsnorm, (x, w)), (sq_live, (x,)), (apply_live, (x, w, b)),
+             (apply_full, (x, z, w)), (weight_twice, (x, w))]
+    for kfn, args in cases:
+        want = run_on(reference.run, kfn, *args)
+        for n in (1, 2):
+            got = run_on(_threads(n), kfn, *args)
+            for g, r in zip(got, want):
+                assert _same(g, r), (kfn, dt, shape, n)
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (13, 4096), (2, 3, 513)])
+def test_fused_softmax_matches_unfused(shape):
+    """exp may differ from NumPy's by an ulp, so the fused softmax is held to the same VM with its
+    instructions run one by one: bitwise, on 1 and 2 threads."""
+    x = _data(np.dtype(np.float32), shape)[0]
+    with _unfused(softmax, x):
+        want = run_on(_threads(1), softmax, x)[0]
+    for n in (1, 2):
+        assert _same(run_on(_threads(n), softmax, x)[0], want), (shape, n)
+    np.testing.assert_allclose(want, run_on(reference.run, softmax, x)[0], rtol=1e-6, atol=1e-7)
