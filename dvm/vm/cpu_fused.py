@@ -84,7 +84,9 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
 @njit(**OPTS)
 def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
     """e = exp(x - m[r]) on every lane of row r, then o[r] = the tree sum of the row's valid lanes
-    (read while the row is still in L1; lanes past them hold +0.0 as _rowred pads)."""
+    (read while the row is still in L1; lanes past them hold +0.0 as _rowred pads). x - m goes
+    through scratch row a: e is often x's register, and a loop whose output may alias its input
+    does not vectorize (the scalar exp made a 1000x1001 softmax 3x slower)."""
     a = s[:bn]
     b = s[bn:2 * bn]
     for r in range(bm):
@@ -92,7 +94,9 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
         xr = x[r * bn:(r + 1) * bn]
         er = e[r * bn:(r + 1) * bn]
         for k in range(bn):
-            er[k] = expf(xr[k] - mv)
+            a[k] = xr[k] - mv
+        for k in range(bn):
+            er[k] = expf(a[k])
         if ncv == bn:
             o[r] = _tree_p2(R_SUM, er, a, b, bn)
         else:
@@ -162,6 +166,8 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
             return 0
         last = pc + n - 1
         p = _direct_addr(peep[last], optab, dims, meta, addrs, r0, c0) if aok and peep[last] >= 0 else 0
+        if y == x and p == 0 and fp[x] == 0:   # in place: the loop would not vectorize
+            return 0
         sv = sf[2 * bn:2 * bn + bm]   # a copy: y may be s's register
         sv[:] = _fv(F, fp, s)[:bm]
         xv = _fv(F, fp, x)
