@@ -505,7 +505,7 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
     Io = np.empty(max(ni * t, 1), np.int64)
     Bo = np.empty(max(nb * t, 1), np.uint8)
     So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + 4 * MAX_REGS, np.int64)   # fp, ix, si, si2, st
-    Sf = np.empty(2 * bn + bm, np.float32)          # reduction scratch: two rows (the tree ping-pongs)
+    Sf = np.empty(2 * bn + bm, np.float32)          # two rows (the tree ping-pongs) + BM lanes (cpu_fused)
     Sd = np.empty(2 * bn, np.float64)
     s0 = So.ctypes.data
     nfp = max(nf, 1)
