@@ -27,7 +27,7 @@ from .buffers import data_ptr
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import cpu_fused, cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
-from .cpu_fuse_plan import fuse_plan
+from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
 from .cpu_fused import FUSE_WIDTH
 
 assert ci.MAX_REGS == MAX_REGS
@@ -58,16 +58,9 @@ def _ew_kind(spec: isa.InstrSpec) -> int:
     return ck.K_BIN if same else ck.K_CMP
 
 
-def _writes_f(spec: isa.InstrSpec) -> int:
-    """1: field f1 is an f32 register the instruction writes; 2: one it reads and writes."""
-    if not spec.fields or spec.fields[0].bank != Bank.F32:
-        return 0
-    return {"d": 1, "m": 2}.get(spec.fields[0].role, 0)
-
-
 def _decode(spec: isa.InstrSpec) -> tuple[int, int, int, int, int, int]:
     """Decoded row; group -1 (the VM reports 'unhandled' if it meets one) for unknown forms."""
-    return _decode5(spec) + (_writes_f(spec),)
+    return _decode5(spec) + (writes_f(spec),)
 
 
 def _decode5(spec: isa.InstrSpec) -> tuple[int, int, int, int, int]:
@@ -198,50 +191,6 @@ def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
             raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
 
 
-_SPECS = {spec.code: spec for spec in isa.ISA}
-
-
-def _f_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
-    return {int(row[1 + i]) for i, f in enumerate(spec.fields) if f.role in roles and f.bank == Bank.F32}
-
-
-def _in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
-    """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
-    cast) may write its result straight into that store's tile: the store is then skipped. Only when
-    the register is read by nothing but that store (until it is written again)."""
-    instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
-    peep = np.full(len(instrs), -1, np.int64)
-    specs = [_SPECS.get(int(r[0])) for r in instrs]
-    if any(sp is None for sp in specs):
-        return peep
-    reads = [_f_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
-    writes = [_f_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
-    for s, e in sections:
-        for pc in range(s, e - 1):
-            sp, nx = specs[pc], specs[pc + 1]
-            if sp.group not in ("ew", "cast") or _writes_f(sp) != 1:
-                continue
-            r = int(instrs[pc, 1])
-            if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:
-                continue
-            j = int(instrs[pc + 1, 2])
-            if int(kl.opnd_dtype[j]) != int(DType.FLOAT32):
-                continue
-            ok, dead = True, False
-            for q in range(pc + 2, e):
-                if r in reads[q]:
-                    ok = False
-                    break
-                if r in writes[q]:
-                    dead = True
-                    break
-            if ok and not dead:   # live out of the section: only if no other section reads it
-                ok = not any(r in reads[q] for s2, e2 in sections if (s2, e2) != (s, e) for q in range(s2, e2))
-            if ok:
-                peep[pc] = j
-    return peep
-
-
 NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers
 
 
@@ -255,7 +204,7 @@ def _transposed(kl: KernelLayout) -> bool:
         return False
     groups = set()
     for row in np.asarray(kl.instrs).reshape(-1, isa.WORDS):
-        sp = _SPECS.get(int(row[0]))
+        sp = isa.BY_CODE.get(int(row[0]))
         if sp is None:
             return False
         groups.add(sp.group)
@@ -275,7 +224,7 @@ def _reg_io(instrs: np.ndarray) -> np.ndarray:
     (columns 5-9), else 0 ('m' fields count as both). The VM tracks compact registers with it."""
     rio = np.zeros((len(instrs), 10), np.int64)
     for pc, row in enumerate(instrs):
-        sp = _SPECS.get(int(row[0]))
+        sp = isa.BY_CODE.get(int(row[0]))
         if sp is None:
             continue
         for f, fld in enumerate(sp.fields):
@@ -319,13 +268,13 @@ class _Desc:
         self.work = rows * max(cols, 1) * len(kl.sweeps)
         sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
         sections = [(int(a), int(b)) for a, b in sections]
-        self.peep = _in_place_plan(kl, sections)
+        self.peep = in_place_plan(kl, sections)
         self.fuse = fuse_plan(kl, sections)
         # per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then)
         argst = np.zeros(n_args, np.int64)
         loaded = set()
         for row in self.instrs:
-            sp = _SPECS.get(int(row[0]))
+            sp = isa.BY_CODE.get(int(row[0]))
             if sp is None or sp.group not in ("load", "store", "storerow"):
                 continue
             j = int(row[2])

@@ -1,10 +1,12 @@
-"""Where a kernel's instructions can run fused (cpu_fused.py): decided once per kernel layout.
+"""Where a kernel's instructions can run fused: decided once per kernel layout, in Python.
 
-fuse[pc] = (kind, instructions covered, fields...) for a run starting at pc, kind FK_NONE
+peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it.
+fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fields...) for a run starting at pc, kind FK_NONE
 elsewhere. The plan checks what it can see statically: the opcodes, the register flow inside
-the run, that every register the run only passes through (an intermediate, a loaded weight) is
-dead after it, and that loaded operands are row vectors (all row strides 0). Register states
-(full / compact / row vector) are only known at run time; cpu_fused checks them there.
+the run, and that every register the run only passes through (an intermediate, a loaded
+weight) is dead after it. Register states (full / compact / row vector) and whether a loaded
+operand is a row vector (cpu_mem._row_uniform, the test every load makes) are checked at run
+time, by cpu_fused.
 """
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from ..codegen.program import KernelLayout
 from ..graph.dtypes import Bank, DType
 from .cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_NONE, FK_SQSUM, FUSE_WIDTH, NO_SRC
 
-_SPECS = {spec.code: spec for spec in isa.ISA}
-_ROW_DTYPES = (int(DType.FLOAT32), int(DType.FLOAT16), int(DType.BFLOAT16))
 
 
 def _f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
@@ -53,14 +53,6 @@ def _is(spec, group: str, op: str | None = None) -> bool:
             and (op is None or spec.op == op))
 
 
-def _row_vector_operand(kl: KernelLayout, j: int) -> bool:
-    nr = len(kl.row_sizes)
-    if kl.bm < 2 or not 0 <= j < len(kl.opnd_kind) or int(kl.opnd_dtype[j]) not in _ROW_DTYPES:
-        return False
-    strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)[j]
-    return all(int(v) == 0 for v in strides[:nr])
-
-
 def _sqsum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     """mul t, x, x ; rowred.sum r, t  ->  (FK_SQSUM, 2, x, r)"""
     if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "mul") and _is(specs[pc + 1], "rowred", "sum")):
@@ -93,7 +85,7 @@ def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return None
 
 
-def _apply(kl, instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     """mul y, a, b ; [load w] ; mul y, y, w ; [load c] ; [add y, y, c]  (either operand order)
     -> (FK_APPLY, n, a, b, w source, c source or NO_SRC, y): one of a, b is compact at run time.
     A source is an operand index (>= 0, loaded by the run) or -2 - register (a row vector then)."""
@@ -107,7 +99,7 @@ def _apply(kl, instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     end = pc + 1
     for op in ("mul", "add"):
         k, load = end, None
-        if k < sec[1] and _is(specs[k], "load") and _row_vector_operand(kl, int(instrs[k, 2])):
+        if k < sec[1] and _is(specs[k], "load"):   # a row vector? checked at run time
             load = (int(instrs[k, 1]), int(instrs[k, 2]))
             k += 1
         if k >= sec[1] or not _is(specs[k], "ew", op):
@@ -140,11 +132,55 @@ def _apply(kl, instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
+def writes_f(spec: isa.InstrSpec) -> int:
+    """1: field f1 is an f32 register the instruction writes; 2: one it reads and writes."""
+    if not spec.fields or spec.fields[0].bank != Bank.F32:
+        return 0
+    return {"d": 1, "m": 2}.get(spec.fields[0].role, 0)
+
+
+def in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
+    """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
+    cast) may write its result straight into that store's tile: the store is then skipped. Only when
+    the register is read by nothing but that store (until it is written again)."""
+    instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
+    peep = np.full(len(instrs), -1, np.int64)
+    specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
+    if any(sp is None for sp in specs):
+        return peep
+    flow = _Flow(instrs, specs, sections)
+    reads, writes = flow.reads, flow.writes
+    for s, e in sections:
+        for pc in range(s, e - 1):
+            sp, nx = specs[pc], specs[pc + 1]
+            if sp.group not in ("ew", "cast") or writes_f(sp) != 1:
+                continue
+            r = int(instrs[pc, 1])
+            if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:
+                continue
+            j = int(instrs[pc + 1, 2])
+            if int(kl.opnd_dtype[j]) != int(DType.FLOAT32):
+                continue
+            ok, dead = True, False
+            for q in range(pc + 2, e):
+                if r in reads[q]:
+                    ok = False
+                    break
+                if r in writes[q]:
+                    dead = True
+                    break
+            if ok and not dead:   # live out of the section: only if no other section reads it
+                ok = not any(r in reads[q] for s2, e2 in sections if (s2, e2) != (s, e) for q in range(s2, e2))
+            if ok:
+                peep[pc] = j
+    return peep
+
+
 def fuse_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
     instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
     plan = np.zeros((len(instrs), FUSE_WIDTH), np.int64)
     plan[:, 0] = FK_NONE
-    specs = [_SPECS.get(int(r[0])) for r in instrs]
+    specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
         return plan
     flow = _Flow(instrs, specs, sections)
@@ -152,7 +188,7 @@ def fuse_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
         pc = sec[0]
         while pc < sec[1]:
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
-                     or _apply(kl, instrs, specs, flow, pc, sec))
+                     or _apply(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

@@ -26,8 +26,8 @@ from numba import carray, njit
 from .cpu_kernels import R_SUM
 from .cpu_math import OPTS, expf, ptr_f32, ptr_u16
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
-from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem
-from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
+from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem, _row_uniform
+from .cpu_reduce import _is_pow2, _rowred, _tree_p2
 
 FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM = range(5)
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
@@ -83,12 +83,11 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
 
 @njit(**OPTS)
 def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
-    """e = exp(x - m[r]) on every lane of row r, then o[r] = the tree sum of the row's valid lanes
-    (read while the row is still in L1; lanes past them hold +0.0 as _rowred pads). x - m goes
-    through scratch row a: e is often x's register, and a loop whose output may alias its input
-    does not vectorize (the scalar exp made a 1000x1001 softmax 3x slower)."""
+    """e = exp(x - m[r]) on every lane of row r (one pass for the sub and the exp), then
+    o = the rows' sums (_rowred). x - m goes through scratch row s[:bn]: e is often x's register,
+    and a loop whose output may alias its input does not vectorize (a scalar exp made a 1000x1001
+    softmax 3x slower)."""
     a = s[:bn]
-    b = s[bn:2 * bn]
     for r in range(bm):
         mv = m[r]
         xr = x[r * bn:(r + 1) * bn]
@@ -97,12 +96,7 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
             a[k] = xr[k] - mv
         for k in range(bn):
             er[k] = expf(a[k])
-        if ncv == bn:
-            o[r] = _tree_p2(R_SUM, er, a, b, bn)
-        else:
-            _copy(a[:ncv], er[:ncv])
-            _accinit(R_SUM, a[ncv:bn], True)
-            o[r] = _tree_p2(R_SUM, a, b, a, bn)
+    _rowred(R_SUM, o, e, bm, bn, ncv, s, True)
 
 
 @njit(**OPTS)
@@ -122,10 +116,12 @@ def _apply_rows(o, x, s, w, b, bm, bn, bias):
 
 @njit(inline='always', **OPTS)
 def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
-    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0; its row strides
-    are all 0, checked by the plan) or read from register -2 - src when that register is a row
+    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
+    are all the same (_row_uniform), or read from register -2 - src when that register is a row
     vector now. False if neither."""
     if src >= 0:
+        if not _row_uniform(src, optab, meta):
+            return False
         arg, dt = optab[src, 1], optab[src, 2]
         a, n = addrs[arg], numels[arg]
         if dt == DT_F32:

@@ -254,9 +254,15 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
             for k in range(i * bn + ncv, (i + 1) * bn):
                 reg[k] = v
     if not is_store and not one_row:   # clamped rows copy the last valid row
-        last = reg[(nrv - 1) * bn:nrv * bn]
-        for i in range(nrv, bm):
-            reg[i * bn:(i + 1) * bn] = last
+        _repeat_row(reg, nrv - 1, bm, bn)
+
+
+@njit(**OPTS)
+def _repeat_row(reg, r, bm, bn):
+    """Rows r+1 .. bm-1 of a row-major tile become copies of row r."""
+    src = reg[r * bn:(r + 1) * bn]
+    for i in range(r + 1, bm):
+        reg[i * bn:(i + 1) * bn] = src
 
 
 @njit(**OPTS)

@@ -15,6 +15,7 @@ from numba import njit
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, OP_ADD, OP_DIV,
                           OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_math import OPTS
+from .cpu_mem import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 
 
@@ -91,14 +92,7 @@ def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
 
 # Row vectors: an f32 load whose rows are all the same (a weight or bias broadcast over the rows
 # of a row-major tile) fills row 0 only; a binary op applies that row to every row of the other
-# operand (_bin_rowv), any other reader expands it first (_expand_rowv).
-@njit(**OPTS)
-def _expand_rowv(o, bm, bn):
-    row = o[:bn]
-    for r in range(1, bm):
-        o[r * bn:(r + 1) * bn] = row
-
-
+# operand (_bin_rowv), any other reader expands it first (cpu_mem._repeat_row).
 @njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""
@@ -184,5 +178,5 @@ def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
                     _expand(B[r], bm, bn, tl)
                 st[b, r] = 0
             elif st[b, r] == 3:   # a row vector (f32, row-major)
-                _expand_rowv(F[r], bm, bn)
+                _repeat_row(F[r], 0, bm, bn)
                 st[b, r] = 0
