@@ -146,3 +146,33 @@ def test_row_vectors_and_uniform_operands(dtype, shape):
             got = run_on(_threads(n), kfn, *args)
             for g, r in zip(got, want):
                 assert g.tobytes() == r.tobytes(), (kfn, dt, shape, n)
+
+
+@dvm.kernel
+def scalar_mix(k, x, e, s, h, n, p):
+    """0-d operands (loaded compact): an f64 epsilon cast to f32 beside a row-level value (the
+    form dynamic=True gives a norm's epsilon), f32 and f16 scalars against full tiles, an int64
+    count, a bool choosing a branch, and arithmetic of 0-d values stored broadcast."""
+    x = k.load(x)
+    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
+    y = k.mul(x, k.rsqrt(k.add(ms, k.cast(k.load(e), "float32"))))
+    y = k.add(k.mul(y, k.load(s)), k.cast(k.load(h), "float32"))
+    c = k.cast(k.add(k.load(n), 1), "float32")
+    y = k.where(k.load(p), k.sub(y, c), y)
+    return k.store(y), k.store(k.add(k.mul(k.load(s), c), ms)), k.store(k.mul(k.load(n), 3))
+
+
+@pytest.mark.parametrize("shape", [(37, 17), (9, 1030), (5, 5000), (130, 9), (3, 7, 33), (1, 1)])
+def test_zero_d_operands(shape):
+    """A load of a 0-d operand fills a compact register (cpu_mem._load_scalar): bitwise equal to
+    the reference VM in both register layouts, multi-sweep rows (loads in finalize sections),
+    with a NaN scalar, on 1 and 2 threads."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    for s in (np.float32(0.75), np.float32(np.nan)):
+        args = (x, np.array(1e-6), np.array(s), np.array(-1.5, np.float16), np.array(4, np.int64),
+                np.array(True))
+        want = run_on(reference.run, scalar_mix, *args)
+        for n in (1, 2):
+            got = run_on(_threads(n), scalar_mix, *args)
+            for g, r in zip(got, want):
+                assert g.shape == r.shape and g.tobytes() == r.tobytes(), (shape, s, n)

@@ -1,14 +1,15 @@
 """Launch a CompiledGraph on torch tensors, without NumPy conversions in the steady state.
 
-The first call with a signature (symbol values, the selected VM; each input's dtype, device,
-shape, strides and neg bit) takes the NumPy path: the tensors become NumPy views (PyTorch's own
-errors for what cannot: CUDA, sparse; autograd is detached), CompiledGraph.launcher encodes,
-verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU VM,
-it is remembered under the tensor signature; later calls allocate their outputs with
-torch.empty and hand the VM the tensors' data pointers directly. Invariant (from runtime.compiled.Launch): the same signature
-means the same dtypes and extents relative to the data pointers, and a torch tensor's strides are
-never negative, so the buffer of each input starts at its data pointer (as_buffer's delta is 0).
-Signatures with an empty tensor always take the NumPy path (an empty tensor may have no storage).
+The first call with a signature (symbol values, the selected VM; each input's dtype, device
+(is_cpu), shape, strides and neg bit) takes the NumPy path: the tensors become NumPy views
+(PyTorch's own errors for what cannot: CUDA, sparse; autograd is detached), CompiledGraph.launcher
+encodes, verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU
+VM, it is remembered under the tensor signature; later calls allocate their outputs with
+torch.empty and hand the VM the tensors' data pointers directly. Invariant (from
+runtime.compiled.Launch): the same signature means the same dtypes and extents relative to the
+data pointers, and a torch tensor's strides are never negative, so the buffer of each input
+starts at its data pointer (as_buffer's delta is 0). Signatures with an empty tensor always take
+the NumPy path (an empty tensor may have no storage).
 """
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ def torch_dtype(dt: np.dtype) -> torch.dtype:
 
 
 def signature(env: dict, tensors: Sequence[torch.Tensor]) -> tuple:
-    return (tuple(env.values()), config().vm,
-            tuple([(t.dtype, t.device, t.shape, t.stride(), t.is_neg()) for t in tensors]))
+    """is_cpu stands for the device: only CPU tensors are ever remembered (the fast path is the
+    CPU VM's), so a tensor elsewhere never matches (torch.device objects cost ~1 us per call)."""
+    return (*env.values(), config().vm,
+            *[(t.dtype, t.is_cpu, t.shape, t.stride(), t.is_neg()) for t in tensors])
 
 
 class _TensorLaunch:

@@ -27,12 +27,11 @@ from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from . import fx_sdpa
 from .fx_segments import TorchStep, fake, plan
+from .torch_calls import fast_call, linear_folds
 from .torch_launch import TensorLauncher
 
-# DVM outputs are row-major; PyTorch's may follow an input's memory order. Only views care: a
-# view PyTorch could take on its layout but not on ours is taken as a reshape (a counted copy).
+# DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
 STORE_IN_TORCH_ORDER = False
-_RESHAPE_INSTEAD = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
 
 
@@ -71,37 +70,9 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
-def _view_or_reshape(view):
-    """`view` where x's strides allow it, else a reshape (a counted copy): DVM outputs are
-    row-major where PyTorch's may follow an input's memory order (no exception raised and caught)."""
-    def run(x, *args, **kwargs):
-        if x.is_contiguous():
-            return view(x, *args, **kwargs)
-        out = torch.ops.aten.reshape.default(x, *args, **kwargs)
-        if out.data_ptr() != x.data_ptr():
-            counters.bump("torch_view_copies")
-        return out
-    run.__name__ = f"{view.__name__.split('.')[0]}_or_reshape"
-    return run
-
-
-_VIEW_OR_RESHAPE = {v: _view_or_reshape(v) for v in _RESHAPE_INSTEAD}
-
-
-def _named(target):
-    """A callable FX's code generator can name (it needs __name__; e.g. fx_sdpa's object)."""
-    if hasattr(target, "__name__"):
-        return target
-
-    def call(*args, **kwargs):
-        return target(*args, **kwargs)
-    call.__name__ = "call_" + type(target).__name__.lstrip("_")
-    return call
-
-
 def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict) -> fx.Node:
     """n as a call in the run graph g (its arguments mapped through remap)."""
-    target = _named(_VIEW_OR_RESHAPE.get(n.target, n.target))
+    target = fast_call(n.target, len(n.args), bool(n.kwargs))
     get = remap.__getitem__
     return g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
 
@@ -212,9 +183,15 @@ class CompiledFx:
         used = sorted({i for i, _, _ in self.binds})
         env = g.call_function(self._size_binder(used), tuple(remap[self.placeholders[i]] for i in used))
         self.segments, self.torch_steps = [], []
+        folds, skip = linear_folds(gm.graph.nodes, {s.node for s in planner.steps if isinstance(s, TorchStep)}, fake)
         for step in planner.steps:
             if isinstance(step, TorchStep):
-                remap[step.node] = _emit_torch(g, step.node, remap)
+                if step.node in folds:   # t + view + mm + view: one F.linear (torch_calls)
+                    x, w = folds[step.node]
+                    remap[step.node] = g.call_function(torch.nn.functional.linear, (remap[x], remap[w]))
+                    counters.bump("torch_linear_folds")
+                elif step.node not in skip:
+                    remap[step.node] = _emit_torch(g, step.node, remap)
                 self.torch_steps.append(step)
                 counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
                 continue

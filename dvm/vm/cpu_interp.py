@@ -18,8 +18,9 @@ result is only stored writes straight into the output tile and the store is skip
 when no stored argument overlaps another argument (checked per call), so results are unchanged.
 
 Register layout: row-major, or column-major for the kernels cpu._transposed picks (meta[M_TL]);
-see cpu_mem / cpu_reduce. Row-level values (reduction results and arithmetic on them) are kept
-compact, one lane per row, and broadcast lazily (cpu_rowlevel; per-register state in `st`).
+see cpu_mem / cpu_reduce. Row-level values (reduction results, loads of 0-d operands, arithmetic
+on them) are kept compact, one lane per row, and broadcast lazily (cpu_rowlevel; per-register state
+in `st`).
 Registers, scratch and the caller's tables are handed to the compiled loops as views without a
 meminfo (run_units), so slicing them never touches a reference count.
 """
@@ -38,7 +39,8 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
-                      _alias_ok, _direct_addr, _fv, _index, _index_t, _mem, _mem_t, _row_uniform)
+                      _alias_ok, _direct_addr, _fv, _index, _index_t, _load_scalar, _mem, _mem_t, _row_uniform,
+                      _scalar_operand)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import FUSE_WIDTH, _run_fused
@@ -321,6 +323,9 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 _bin_rowv(op, _fv(F, fp, f1), _fv(F, fp, full), F[rv], bm, bn, cf == 1)
             else:
                 err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n)
+        elif g == G_LOAD and _scalar_operand(f2, optab, meta):   # a 0-d operand: compact
+            err = 0 if _load_scalar(f1, f2, optab, addrs, F, D, I, B, bm) else ERR_UNHANDLED
+            mode = 1
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
             one_row = g == G_LOAD and bank == BK_F32 and not fin and _row_uniform(f2, optab, meta)

@@ -14,8 +14,8 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .cpu_kernels import DT_BF16, DT_F16, DT_F32
-from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32
+from .cpu_kernels import DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64
+from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 
 # meta layout (built by cpu.py)
 M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_TL, M_SW = range(15)
@@ -274,6 +274,41 @@ def _row_uniform(j, optab, meta):
     for d in range(meta[M_NR]):
         if optab[j, 4 + d] != 0:
             return False
+    return True
+
+
+@njit(**OPTS)
+def _scalar_operand(j, optab, meta):
+    """Operand j reads one element for every lane (all its strides are 0: a 0-d tensor, e.g. an
+    epsilon that dynamic=True turned into a tensor input)."""
+    for d in range(meta[M_NR] + meta[M_NC]):
+        if optab[j, 4 + d] != 0:
+            return False
+    return True
+
+
+@njit(**OPTS)
+def _load_scalar(d, j, optab, addrs, F, D, I, B, bm):
+    """The element operand j reads, into lanes [0, BM) of register d: a compact register (every
+    row's value is the same), so arithmetic with other row-level values stays on BM lanes. An f32
+    register must be in its bank row (fp[d] == 0: _exec points a written register back)."""
+    a, at, dt = addrs[optab[j, 1]], optab[j, 3], optab[j, 2]
+    if dt == DT_F32:
+        F[d][:bm] = carray(ptr_f32(a), at + 1)[at]
+    elif dt == DT_F16:
+        F[d][:bm] = h2f(carray(ptr_u16(a), at + 1)[at])
+    elif dt == DT_BF16:
+        F[d][:bm] = bf2f(carray(ptr_u16(a), at + 1)[at])
+    elif dt == DT_F64:
+        D[d][:bm] = carray(ptr_f64(a), at + 1)[at]
+    elif dt == DT_I64:
+        I[d][:bm] = carray(ptr_i64(a), at + 1)[at]
+    elif dt == DT_I32:
+        I[d][:bm] = carray(ptr_i32(a), at + 1)[at]
+    elif dt == DT_BOOL:
+        B[d][:bm] = carray(ptr_u8(a), at + 1)[at]
+    else:
+        return False
     return True
 
 

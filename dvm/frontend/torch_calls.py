@@ -1,0 +1,119 @@
+"""The callables the run graph uses for the ATen ops that PyTorch executes (views, matmuls,
+fallbacks).
+
+A small graph spends most of its time calling PyTorch ops: the tiny Llama's forward makes ~120
+such calls (views, transposes, matmuls) around its 11 DVM launches. `OpOverload.__call__` costs
+~1 us more per call than the op's Tensor method or torch function, which PyTorch binds in C++:
+where they take the same positional arguments, the run graph calls those instead (same ATen op,
+same result). Ops with keyword arguments, and every other op, keep the OpOverload.
+
+A linear layer reaches the ATen graph as four ops: `t(w)`, a view of x to 2-D, `mm`, and a view
+back. Where all four run in PyTorch and nothing else reads the middle values, the run graph calls
+`torch.nn.functional.linear(x, w)` once instead (the same BLAS call on the same operands:
+at::matmul flattens x the same way; bitwise equal).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..runtime import counters
+
+aten = torch.ops.aten
+
+# OpOverload -> a C++-bound callable taking the same positional arguments (the same ATen op).
+_SAME_OP: dict = {
+    aten.t.default: torch.Tensor.t,
+    aten.unsqueeze.default: torch.Tensor.unsqueeze,
+    aten.squeeze.dim: torch.Tensor.squeeze,
+    aten.transpose.int: torch.Tensor.transpose,
+    aten.permute.default: torch.Tensor.permute,
+    aten.expand.default: torch.Tensor.expand,
+    aten.select.int: torch.Tensor.select,
+    aten.mm.default: torch.mm,
+    aten.bmm.default: torch.bmm,
+    aten.neg.default: torch.neg,
+    aten.cat.default: torch.cat,
+}
+
+# DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
+# take on its layout but not on ours is taken as a reshape (a counted copy).
+_RESHAPE_INSTEAD = (aten.view.default, aten._unsafe_view.default)
+
+
+def _view_or_reshape(x: torch.Tensor, size) -> torch.Tensor:
+    """`x.view(size)` where x's strides allow it, else a reshape (a counted copy)."""
+    if x.is_contiguous():
+        return x.view(size)
+    out = x.reshape(size)
+    if out.data_ptr() != x.data_ptr():
+        counters.bump("torch_view_copies")
+    return out
+
+
+def _slice(x: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1) -> torch.Tensor:
+    """aten.slice.Tensor as basic indexing (the same view; out-of-range bounds clamp alike)."""
+    return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
+
+
+def _same_size(a, b) -> bool:
+    """Two sizes (ints or SymInts) that are equal for every value of the symbols."""
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        ea = a.node.expr if isinstance(a, torch.SymInt) else a
+        eb = b.node.expr if isinstance(b, torch.SymInt) else b
+        return bool(ea == eb)
+    return a == b
+
+
+def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
+    """{node of the view back: (x, w)} for each `view(mm(view(x, [n, k]), t(w)), x.shape[:-1] +
+    [m])` whose four ops are all in `in_torch` and whose inner values have no other reader, and
+    the set of inner nodes (t, the flattening view, mm) the run graph then skips. val: FX node ->
+    its fake value (symbolic sizes)."""
+    folds, skip = {}, set()
+    for n in nodes:
+        if n.target is not aten.mm.default or len(n.users) != 1 or n.kwargs:
+            continue
+        flat, tw = n.args
+        (back,) = n.users
+        if not all(isinstance(v, torch.fx.Node) for v in (flat, tw)) or \
+                flat.target not in _RESHAPE_INSTEAD or tw.target is not aten.t.default or \
+                back.target not in _RESHAPE_INSTEAD or len(flat.users) != 1 or len(tw.users) != 1:
+            continue
+        if not {n, flat, tw, back} <= in_torch:
+            continue
+        x, w, out = val(flat.args[0]), val(tw.args[0]), val(back)
+        if not all(isinstance(v, torch.Tensor) for v in (x, w, out)) or w.ndim != 2 or x.ndim < 1:
+            continue
+        want = tuple(x.shape[:-1]) + (w.shape[0],)
+        if len(want) != out.ndim or not all(_same_size(a, b) for a, b in zip(want, out.shape)) or \
+                not _same_size(x.shape[-1], w.shape[1]):
+            continue
+        folds[back] = (flat.args[0], tw.args[0])
+        skip |= {n, flat, tw}
+    return folds, skip
+
+
+def fast_call(target, n_args: int, has_kwargs: bool) -> Callable:
+    """The callable the run graph uses for `target` called with n_args positional arguments."""
+    if has_kwargs:
+        return _named(target)
+    if target in _SAME_OP:
+        return _SAME_OP[target]
+    if target in _RESHAPE_INSTEAD and n_args == 2:
+        return _view_or_reshape
+    if target is aten.slice.Tensor:
+        return _slice
+    return _named(target)
+
+
+def _named(target):
+    """A callable FX's code generator can name (it needs __name__; e.g. fx_sdpa's object)."""
+    if hasattr(target, "__name__"):
+        return target
+
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+    call.__name__ = "call_" + type(target).__name__.lstrip("_")
+    return call

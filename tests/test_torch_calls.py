@@ -1,0 +1,63 @@
+"""The run graph's fast callables (frontend/torch_calls) compute what the ATen overloads they
+stand for compute: same values, shapes, strides and storage offsets (views stay views)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dvm.frontend.torch_calls import _SAME_OP, fast_call  # noqa: E402
+from dvm.runtime import counters  # noqa: E402
+
+aten = torch.ops.aten
+X = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+M = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+
+CALLS = [
+    (aten.t.default, (M,)),
+    (aten.unsqueeze.default, (X, -2)),
+    (aten.squeeze.dim, (X[:, :1], 1)),
+    (aten.transpose.int, (X, 0, 2)),
+    (aten.permute.default, (X, [2, 0, 1])),
+    (aten.expand.default, (X[:, :1], [2, 5, 4])),
+    (aten.select.int, (X, 1, -1)),
+    (aten.mm.default, (M, M.t())),
+    (aten.bmm.default, (X, X.transpose(1, 2))),
+    (aten.neg.default, (X,)),
+    (aten.cat.default, ([X, X], -1)),
+    (aten.view.default, (X, [6, 4])),
+    (aten._unsafe_view.default, (X, [4, -1])),
+    (aten.slice.Tensor, (X, -1, 1, 2 ** 63 - 1)),
+    (aten.slice.Tensor, (X, 1, -2, 3, 2)),
+    (aten.slice.Tensor, (X, 0, 5, 9)),
+    (aten.slice.Tensor, (X, 2, None, -1)),
+    (aten.slice.Tensor, (X,)),
+]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert (a.shape, a.stride(), a.storage_offset(), a.dtype) == (b.shape, b.stride(), b.storage_offset(), b.dtype)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("i", range(len(CALLS)))
+def test_fast_call_matches_overload(i):
+    op, args = CALLS[i]
+    fn = fast_call(op, len(args), False)
+    assert fn is not op or op not in _SAME_OP
+    _same(fn(*args), op(*args))
+
+
+def test_keyword_arguments_keep_the_overload():
+    assert fast_call(aten.expand.default, 2, True) is aten.expand.default
+    assert fast_call(aten.view.default, 3, False) is aten.view.default   # not the (x, size) form
+
+
+def test_view_of_a_non_contiguous_tensor_is_a_counted_copy():
+    fn = fast_call(aten.view.default, 2, False)
+    before = counters.snapshot().get("torch_view_copies", 0)
+    xt = X.transpose(1, 2)
+    _same(fn(xt, [2, 12]), xt.reshape(2, 12))
+    assert counters.snapshot().get("torch_view_copies", 0) == before + 1
+    split = X.transpose(0, 1)   # (3, 2, 4): splitting its last dim is a view, no copy
+    assert fn(split, [3, 2, 2, 2]).data_ptr() == split.data_ptr()
