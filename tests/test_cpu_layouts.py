@@ -176,3 +176,35 @@ def test_zero_d_operands(shape):
             got = run_on(_threads(n), scalar_mix, *args)
             for g, r in zip(got, want):
                 assert g.shape == r.shape and g.tobytes() == r.tobytes(), (shape, s, n)
+
+
+@dvm.kernel
+def mask_mix(k, pr, pc, sr, sc, fr, fc, dr, dc, x):
+    """Attention-mask forms: per-row values (column strides 0: compact) compared with per-column
+    values (row strides 0: row vectors) in int64, float32 and float64, either operand order (HF's
+    `pos[c] <= pos[r]` and `seq[r] == seq[c]`); a row vector and a compact value also meet a full
+    tile (both expanded) and are stored broadcast."""
+    pos_r, pos_c = k.load(pr), k.load(pc)
+    keep = k.bitwise_and(k.le(pos_c, pos_r), k.eq(k.load(sr), k.load(sc)))
+    f = k.logical_and(k.lt(k.load(fr), k.load(fc)), k.ge(k.load(dc), k.load(dr)))
+    y = k.where(keep, k.load(x), k.cast(pos_c, "float32"))
+    return k.store(keep), k.store(f), k.store(k.add(y, k.cast(k.gt(pos_r, k.load(x)), "float32")))
+
+
+@pytest.mark.parametrize("R,C", [(37, 17), (100, 100), (5, 1030), (130, 9), (1, 300), (2000, 3)])
+def test_compact_and_row_vector_comparisons(R, C):
+    """Loads of per-row operands are compact, per-column ones row vectors in every bank, and a
+    comparison of the two runs per pair (cpu_rowlevel._cmp_outer): bitwise equal to the reference
+    VM with NaN and equal values, partial tiles, both register layouts, 1 and 2 threads."""
+    pos = np.arange(max(R, C), dtype=np.int64)
+    seq = np.repeat(np.arange(max(R, C) // 3 + 1), 3)[:max(R, C)].astype(np.int64)
+    fr, fc = RNG.standard_normal((R, 1)).astype(np.float32), RNG.standard_normal((1, C)).astype(np.float32)
+    fr[::4], fc[0, ::5], fr[1::4], fc[0, 1::6] = np.nan, np.nan, 0.5, 0.5   # NaN and equal values
+    dr, dc = fr.astype(np.float64), fc.astype(np.float64)
+    args = (pos[:R, None], pos[None, :C], seq[:R, None], seq[None, :C], fr, fc, dr, dc,
+            RNG.standard_normal((R, C)).astype(np.float32))
+    want = run_on(reference.run, mask_mix, *args)
+    for n in (1, 2):
+        got = run_on(_threads(n), mask_mix, *args)
+        for g, r in zip(got, want):
+            assert g.shape == r.shape and g.tobytes() == r.tobytes(), (R, C, n)

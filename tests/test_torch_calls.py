@@ -61,3 +61,34 @@ def test_view_of_a_non_contiguous_tensor_is_a_counted_copy():
     assert counters.snapshot().get("torch_view_copies", 0) == before + 1
     split = X.transpose(0, 1)   # (3, 2, 4): splitting its last dim is a view, no copy
     assert fn(split, [3, 2, 2, 2]).data_ptr() == split.data_ptr()
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 24, bias=False)
+        self.b = torch.nn.Linear(24, 8)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.silu(self.a(x))) * 2
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 16), (7, 16), (1, 1, 16)])
+def test_linear_layers_fold_into_one_call(shape):
+    """In inference, t + view + mm (addmm with a bias) + view become one F.linear; results match
+    eager (silu is DVM's: default tolerances), with and without a bias, 2-D and 3-D. In training
+    the flattened input and t(w) are saved for the backward: no fold, gradients still match."""
+    import dvm
+    torch._dynamo.reset()   # a fresh compile (Dynamo reuses the graph across _Mlp instances)
+    torch.manual_seed(0)
+    m = _Mlp()
+    x = torch.randn(*shape)
+    before = counters.snapshot().get("torch_linear_folds", 0)
+    with torch.no_grad():
+        torch.testing.assert_close(dvm.compile(m)(x), m(x))
+    if len(shape) == 3:
+        assert counters.snapshot().get("torch_linear_folds", 0) == before + 2
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
+    (w,) = torch.autograd.grad(m(xg).sum(), xg)
+    torch.testing.assert_close(g, w)

@@ -7,10 +7,10 @@ such calls (views, transposes, matmuls) around its 11 DVM launches. `OpOverload.
 where they take the same positional arguments, the run graph calls those instead (same ATen op,
 same result). Ops with keyword arguments, and every other op, keep the OpOverload.
 
-A linear layer reaches the ATen graph as four ops: `t(w)`, a view of x to 2-D, `mm`, and a view
-back. Where all four run in PyTorch and nothing else reads the middle values, the run graph calls
-`torch.nn.functional.linear(x, w)` once instead (the same BLAS call on the same operands:
-at::matmul flattens x the same way; bitwise equal).
+A linear layer reaches the ATen graph as four ops: `t(w)`, a view of x to 2-D, `mm` (`addmm`
+with a bias), and a view back. Where all four run in PyTorch and nothing else reads the middle
+values, the run graph calls `torch.nn.functional.linear(x, w[, b])` once instead (the same BLAS
+call on the same operands: at::linear flattens x the same way; bitwise equal).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ _SAME_OP: dict = {
     aten.select.int: torch.Tensor.select,
     aten.mm.default: torch.mm,
     aten.bmm.default: torch.bmm,
+    aten.addmm.default: torch.addmm,
     aten.neg.default: torch.neg,
     aten.cat.default: torch.cat,
 }
@@ -67,15 +68,19 @@ def _same_size(a, b) -> bool:
 
 
 def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
-    """{node of the view back: (x, w)} for each `view(mm(view(x, [n, k]), t(w)), x.shape[:-1] +
-    [m])` whose four ops are all in `in_torch` and whose inner values have no other reader, and
-    the set of inner nodes (t, the flattening view, mm) the run graph then skips. val: FX node ->
-    its fake value (symbolic sizes)."""
+    """{node of the view back: (x, w) or (x, w, b)} for each `view(mm(view(x, [n, k]), t(w)),
+    x.shape[:-1] + [m])` (or `addmm(b, ...)` with a 1-D bias b) whose four ops are all in
+    `in_torch` and whose inner values have no other reader, and the set of inner nodes (t, the
+    flattening view, mm) the run graph then skips. val: FX node -> its fake value (symbolic
+    sizes)."""
     folds, skip = {}, set()
     for n in nodes:
-        if n.target is not aten.mm.default or len(n.users) != 1 or n.kwargs:
+        if n.target not in (aten.mm.default, aten.addmm.default) or len(n.users) != 1 or n.kwargs:
             continue
-        flat, tw = n.args
+        bias = n.args[0] if n.target is aten.addmm.default else None
+        flat, tw = n.args[-2:]
+        if bias is not None and (len(n.args) != 3 or not isinstance(bias, torch.fx.Node)):
+            continue
         (back,) = n.users
         if not all(isinstance(v, torch.fx.Node) for v in (flat, tw)) or \
                 flat.target not in _RESHAPE_INSTEAD or tw.target is not aten.t.default or \
@@ -84,13 +89,18 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
         if not {n, flat, tw, back} <= in_torch:
             continue
         x, w, out = val(flat.args[0]), val(tw.args[0]), val(back)
-        if not all(isinstance(v, torch.Tensor) for v in (x, w, out)) or w.ndim != 2 or x.ndim < 1:
+        # 2-D and more: at::linear's mm / addmm (a 1-D x would be a matrix-vector product)
+        if not all(isinstance(v, torch.Tensor) for v in (x, w, out)) or w.ndim != 2 or x.ndim < 2:
+            continue
+        bv = val(bias) if bias is not None else None
+        if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
+                                     and _same_size(bv.shape[0], w.shape[0])):
             continue
         want = tuple(x.shape[:-1]) + (w.shape[0],)
         if len(want) != out.ndim or not all(_same_size(a, b) for a, b in zip(want, out.shape)) or \
                 not _same_size(x.shape[-1], w.shape[1]):
             continue
-        folds[back] = (flat.args[0], tw.args[0])
+        folds[back] = (flat.args[0], tw.args[0]) + ((bias,) if bias is not None else ())
         skip |= {n, flat, tw}
     return folds, skip
 

@@ -186,9 +186,9 @@ class CompiledFx:
         folds, skip = linear_folds(gm.graph.nodes, {s.node for s in planner.steps if isinstance(s, TorchStep)}, fake)
         for step in planner.steps:
             if isinstance(step, TorchStep):
-                if step.node in folds:   # t + view + mm + view: one F.linear (torch_calls)
-                    x, w = folds[step.node]
-                    remap[step.node] = g.call_function(torch.nn.functional.linear, (remap[x], remap[w]))
+                if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
+                    remap[step.node] = g.call_function(torch.nn.functional.linear,
+                                                       tuple(remap[a] for a in folds[step.node]))
                     counters.bump("torch_linear_folds")
                 elif step.node not in skip:
                     remap[step.node] = _emit_torch(g, step.node, remap)

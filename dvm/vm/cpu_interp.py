@@ -39,12 +39,12 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
-                      _alias_ok, _direct_addr, _fv, _index, _index_t, _load_scalar, _mem, _mem_t, _row_uniform,
-                      _scalar_operand)
+                      _alias_ok, _col_uniform, _direct_addr, _fv, _index, _index_t, _load_compact, _mem, _mem_t,
+                      _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import FUSE_WIDTH, _run_fused
-from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _expand_sources, _row_mode
+from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
 
 MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
 
@@ -62,7 +62,7 @@ def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, comp
 @njit(inline='always', **OPTS)
 def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok, r0, c0, fin, ix, compact,
            one_row):
-    """one_row: an f32-register load of row 0 only (the caller marks the register a row vector)."""
+    """one_row: a load of row 0 only (the caller marks the register a row vector)."""
     arg, dt = optab[j, 1], optab[j, 2]
     a, n = addrs[arg], numels[arg]
     if dt == DT_F32:
@@ -81,16 +81,16 @@ def _memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok
                  compact, one_row)
     elif dt == DT_F64:
         _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 False)
+                 one_row)
     elif dt == DT_I64:
         _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 False)
+                 one_row)
     elif dt == DT_I32:
         _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 False)
+                 one_row)
     elif dt == DT_BOOL:
         _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 False)
+                 one_row)
     else:
         return ERR_UNHANDLED
     return 0
@@ -279,7 +279,7 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
           r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz):
     """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
     st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant),
-    3 a row vector (row 0 holds the row every row repeats; f32, row-major tiles)."""
+    3 a row vector (row 0 holds the row every row repeats; row-major tiles)."""
     bm, bn = meta[M_BM], meta[M_BN]
     tl = meta[M_TL] != 0
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
@@ -321,17 +321,25 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
             elif mode == 5:   # f32 binary op of a full tile and a row vector: its row 0, per row
                 full, rv = (f3, f2) if cf == 1 else (f2, f3)
                 _bin_rowv(op, _fv(F, fp, f1), _fv(F, fp, full), F[rv], bm, bn, cf == 1)
+            elif mode == 7:   # a comparison of a compact register and a row vector: every pair
+                comp, rv = (f2, f3) if cf == 1 else (f3, f2)
+                if bank == BK_F32:
+                    _cmp_outer(op, B[f1], F[comp], F[rv], bm, bn, cf != 1)
+                elif bank == BK_F64:
+                    _cmp_outer(op, B[f1], D[comp], D[rv], bm, bn, cf != 1)
+                else:
+                    _cmp_outer(op, B[f1], I[comp], I[rv], bm, bn, cf != 1)
             else:
                 err = _ew(kind, op, bank, f1, f2, f3, f4, F, D, I, B, fp, n)
-        elif g == G_LOAD and _scalar_operand(f2, optab, meta):   # a 0-d operand: compact
-            err = 0 if _load_scalar(f1, f2, optab, addrs, F, D, I, B, bm) else ERR_UNHANDLED
+        elif g == G_LOAD and _col_uniform(f2, optab, meta):   # one value per row: compact
+            err = 0 if _load_compact(f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix) else ERR_UNHANDLED
             mode = 1
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
-            one_row = g == G_LOAD and bank == BK_F32 and not fin and _row_uniform(f2, optab, meta)
+            one_row = g == G_LOAD and not fin and _row_uniform(f2, optab, meta)
             err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
                          r0, c0, fin or g == G_STOREROW, ix, mode == 1, one_row)
-            if one_row and fp[f1] == 0:
+            if one_row and (bank != BK_F32 or fp[f1] == 0):
                 mode = 6
         elif g == G_CAST:
             _cast_dispatch(src, bank, f3, f1, f2, F, D, I, B, fp, n)

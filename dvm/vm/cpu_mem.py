@@ -278,35 +278,63 @@ def _row_uniform(j, optab, meta):
 
 
 @njit(**OPTS)
-def _scalar_operand(j, optab, meta):
-    """Operand j reads one element for every lane (all its strides are 0: a 0-d tensor, e.g. an
-    epsilon that dynamic=True turned into a tensor input)."""
-    for d in range(meta[M_NR] + meta[M_NC]):
+def _col_uniform(j, optab, meta):
+    """Operand j reads one element per row (all its column strides are 0: a per-row value
+    broadcast along the row, such as a position in an attention mask, or a 0-d tensor such as an
+    epsilon that dynamic=True made a tensor input)."""
+    nr, nc = meta[M_NR], meta[M_NC]
+    for d in range(nr, nr + nc):
+        if optab[j, 4 + d] != 0:
+            return False
+    if nc > 0:
+        return True
+    for d in range(nr):   # no column dims: only a 0-d value counts (every row the same)
         if optab[j, 4 + d] != 0:
             return False
     return True
 
 
+@njit(inline='always', **OPTS)
+def _rows_into(o, buf, cv, at, rb, nrv, bm):
+    """o[i] = buf[at + rb[i]] (converted) for the valid rows; later lanes repeat the last one."""
+    if cv == DT_F16:
+        for i in range(nrv):
+            o[i] = h2f(buf[at + rb[i]])
+    elif cv == DT_BF16:
+        for i in range(nrv):
+            o[i] = bf2f(buf[at + rb[i]])
+    else:
+        for i in range(nrv):
+            o[i] = buf[at + rb[i]]
+    for i in range(nrv, bm):
+        o[i] = o[nrv - 1]
+
+
 @njit(**OPTS)
-def _load_scalar(d, j, optab, addrs, F, D, I, B, bm):
-    """The element operand j reads, into lanes [0, BM) of register d: a compact register (every
-    row's value is the same), so arithmetic with other row-level values stays on BM lanes. An f32
-    register must be in its bank row (fp[d] == 0: _exec points a written register back)."""
-    a, at, dt = addrs[optab[j, 1]], optab[j, 3], optab[j, 2]
+def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
+    """Row r's element of a column-uniform operand j into lane r of register d (a compact
+    register: row-level arithmetic then stays on BM lanes, see cpu_rowlevel). An f32 register
+    must be in its bank row (fp[d] == 0: _exec points a written register back)."""
+    nr, bm, bn = meta[M_NR], meta[M_BM], meta[M_BN]
+    nrv = max(min(bm, meta[M_ROWS] - r0), 1)
+    rb = ix[2 * bn:2 * bn + nrv]
+    if nr > 0:
+        _row_bases(rb, j, optab, dims, r0, nrv, nr)
+    else:
+        rb[:] = 0
+    a, n, at, dt = addrs[optab[j, 1]], numels[optab[j, 1]], optab[j, 3], optab[j, 2]
     if dt == DT_F32:
-        F[d][:bm] = carray(ptr_f32(a), at + 1)[at]
-    elif dt == DT_F16:
-        F[d][:bm] = h2f(carray(ptr_u16(a), at + 1)[at])
-    elif dt == DT_BF16:
-        F[d][:bm] = bf2f(carray(ptr_u16(a), at + 1)[at])
+        _rows_into(F[d], carray(ptr_f32(a), n), dt, at, rb, nrv, bm)
+    elif dt == DT_F16 or dt == DT_BF16:
+        _rows_into(F[d], carray(ptr_u16(a), n), dt, at, rb, nrv, bm)
     elif dt == DT_F64:
-        D[d][:bm] = carray(ptr_f64(a), at + 1)[at]
+        _rows_into(D[d], carray(ptr_f64(a), n), dt, at, rb, nrv, bm)
     elif dt == DT_I64:
-        I[d][:bm] = carray(ptr_i64(a), at + 1)[at]
+        _rows_into(I[d], carray(ptr_i64(a), n), dt, at, rb, nrv, bm)
     elif dt == DT_I32:
-        I[d][:bm] = carray(ptr_i32(a), at + 1)[at]
+        _rows_into(I[d], carray(ptr_i32(a), n), dt, at, rb, nrv, bm)
     elif dt == DT_BOOL:
-        B[d][:bm] = carray(ptr_u8(a), at + 1)[at]
+        _rows_into(B[d], carray(ptr_u8(a), n), dt, at, rb, nrv, bm)
     else:
         return False
     return True

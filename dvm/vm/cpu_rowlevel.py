@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from numba import njit
 
-from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, OP_ADD, OP_DIV,
-                          OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
+from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
+                          OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_math import OPTS
 from .cpu_mem import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
@@ -90,15 +90,47 @@ def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
             _vs(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], b[r], swap)
 
 
-# Row vectors: an f32 load whose rows are all the same (a weight or bias broadcast over the rows
-# of a row-major tile) fills row 0 only; a binary op applies that row to every row of the other
-# operand (_bin_rowv), any other reader expands it first (cpu_mem._repeat_row).
+# Row vectors: a load whose rows are all the same (a weight or bias broadcast over the rows of a
+# row-major tile) fills row 0 only; an f32 binary op applies that row to every row of the other
+# operand (_bin_rowv), a comparison with a compact register pairs them (_cmp_outer), any other
+# reader expands it first (cpu_mem._repeat_row).
 @njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""
     bv = b[:bn]
     for r in range(bm):
         _vv(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], bv, swap)
+
+
+@njit(inline='always', **OPTS)
+def _cmp_lane(op, x, y):
+    """x . y for the comparisons (cpu_kernels._cmp's lane op; inlined, see _lane)."""
+    if op == OP_EQ:
+        return x == y
+    if op == OP_LT:
+        return x < y
+    if op == OP_LE:
+        return x <= y
+    if op == OP_GT:
+        return x > y
+    if op == OP_GE:
+        return x >= y
+    return x != y
+
+
+@njit(**OPTS)
+def _cmp_outer(op, o, c, v, bm, bn, swap):
+    """o[r, k] = c[r] . v[k] (v[k] . c[r] when swap) for a compact c and a row vector v."""
+    vr = v[:bn]
+    for r in range(bm):
+        orow = o[r * bn:(r + 1) * bn]
+        x = c[r]
+        if swap:
+            for k in range(bn):
+                orow[k] = _cmp_lane(op, vr[k], x)
+        else:
+            for k in range(bn):
+                orow[k] = _cmp_lane(op, x, vr[k])
 
 
 # Register states (cpu_interp._exec keeps them in st[bank, reg]): 0 a full tile, 1 compact,
@@ -110,7 +142,9 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
     store / storerow of a compact register), 2 a supported f32 binary op of one full and one
     compact source, 4 a supported f32 binary op of one full and one uniform source (a constant:
     read as a scalar, not as a tile stream), 5 the same with a row-vector source (its row 0 is
-    applied to every row). Also returns the field of the compact (uniform, row-vector) source."""
+    applied to every row), 7 a comparison of a compact register and a row vector (every pair:
+    an attention mask's `pos[r] <= pos[c]`). Also returns the field of the compact (uniform,
+    row-vector) source."""
     ncomp = 0
     nfull = 0
     nuni = 0
@@ -143,6 +177,8 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
     if nrow > 0:   # a row vector meets a full tile, or is expanded (with any compact source)
         if nrow == 1 and nfull == 1 and ncomp == 0 and nuni == 0 and bin_f32:
             return 5, rf
+        if nrow == 1 and ncomp == 1 and nfull == 0 and nuni == 0 and g == G_EW and kind == K_CMP:
+            return 7, cf
         return 0, cf
     if ncomp == 0:
         if nuni == 1 and nfull == 1 and bin_f32:
@@ -177,6 +213,13 @@ def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
                 else:
                     _expand(B[r], bm, bn, tl)
                 st[b, r] = 0
-            elif st[b, r] == 3:   # a row vector (f32, row-major)
-                _repeat_row(F[r], 0, bm, bn)
+            elif st[b, r] == 3:   # a row vector (row-major tiles)
+                if b == BK_F32:
+                    _repeat_row(F[r], 0, bm, bn)
+                elif b == BK_F64:
+                    _repeat_row(D[r], 0, bm, bn)
+                elif b == BK_I64:
+                    _repeat_row(I[r], 0, bm, bn)
+                else:
+                    _repeat_row(B[r], 0, bm, bn)
                 st[b, r] = 0
