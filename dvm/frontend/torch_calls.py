@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
 
@@ -58,15 +59,6 @@ def _slice(x: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1) -
     return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
 
 
-def _same_size(a, b) -> bool:
-    """Two sizes (ints or SymInts) that are equal for every value of the symbols."""
-    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        ea = a.node.expr if isinstance(a, torch.SymInt) else a
-        eb = b.node.expr if isinstance(b, torch.SymInt) else b
-        return bool(ea == eb)
-    return a == b
-
-
 def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     """{node of the view back: (x, w) or (x, w, b)} for each `view(mm(view(x, [n, k]), t(w)),
     x.shape[:-1] + [m])` (or `addmm(b, ...)` with a 1-D bias b) whose four ops are all in
@@ -94,11 +86,11 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
             continue
         bv = val(bias) if bias is not None else None
         if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
-                                     and _same_size(bv.shape[0], w.shape[0])):
+                                     and statically_known_true(bv.shape[0] == w.shape[0])):
             continue
         want = tuple(x.shape[:-1]) + (w.shape[0],)
-        if len(want) != out.ndim or not all(_same_size(a, b) for a, b in zip(want, out.shape)) or \
-                not _same_size(x.shape[-1], w.shape[1]):
+        same = [statically_known_true(a == b) for a, b in zip(want, out.shape)]
+        if len(want) != out.ndim or not all(same) or not statically_known_true(x.shape[-1] == w.shape[1]):
             continue
         folds[back] = (flat.args[0], tw.args[0]) + ((bias,) if bias is not None else ())
         skip |= {n, flat, tw}

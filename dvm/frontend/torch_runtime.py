@@ -183,7 +183,8 @@ class CompiledFx:
         used = sorted({i for i, _, _ in self.binds})
         env = g.call_function(self._size_binder(used), tuple(remap[self.placeholders[i]] for i in used))
         self.segments, self.torch_steps = [], []
-        folds, skip = linear_folds(gm.graph.nodes, {s.node for s in planner.steps if isinstance(s, TorchStep)}, fake)
+        in_torch = {s.node for s in planner.steps if isinstance(s, TorchStep)}
+        folds, skip = linear_folds(gm.graph.nodes, in_torch, fake)
         for step in planner.steps:
             if isinstance(step, TorchStep):
                 if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)

@@ -283,12 +283,8 @@ def _col_uniform(j, optab, meta):
     broadcast along the row, such as a position in an attention mask, or a 0-d tensor such as an
     epsilon that dynamic=True made a tensor input)."""
     nr, nc = meta[M_NR], meta[M_NC]
-    for d in range(nr, nr + nc):
-        if optab[j, 4 + d] != 0:
-            return False
-    if nc > 0:
-        return True
-    for d in range(nr):   # no column dims: only a 0-d value counts (every row the same)
+    first = nr if nc > 0 else 0   # no column dims: only a 0-d value counts (every row the same)
+    for d in range(first, nr + nc):
         if optab[j, 4 + d] != 0:
             return False
     return True
