@@ -107,6 +107,28 @@ def test_strided_rows_copied_whole(dtype, L, H, D):
 
 
 @dvm.kernel
+def rope_like(k, q, cos, r, sin):
+    """q * cos + r * sin over (H, L, D): q a transposed view (strided rows), cos and sin broadcast
+    over the heads (runs of L back-to-back rows that wrap), r contiguous over two row dims (read
+    and written in place: cpu_mem._direct_addr)."""
+    return k.store(k.add(k.mul(k.load(q), k.load(cos)), k.mul(k.load(r), k.load(sin))))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("L,H,D", [(1, 4, 32), (33, 4, 32), (100, 4, 32), (128, 2, 16), (129, 3, 64), (9, 2, 48)])
+def test_head_rows_coalesced_and_in_place(dtype, L, H, D):
+    """Back-to-back rows move as one run, short rows of 64/128/256 bytes with a constant-size move,
+    partial tiles repeat their last row by doubling copies: bitwise equal to the reference VM."""
+    q = (RNG.standard_normal((L, H, D)) * 4).astype(dtype).transpose(1, 0, 2)
+    cos, sin = ((RNG.standard_normal((L, D)) * 4).astype(dtype) for _ in range(2))
+    r = (RNG.standard_normal((H, L, D)) * 4).astype(dtype)
+    want = run_on(reference.run, rope_like, q, cos, r, sin)
+    for n in (1, 2):
+        got = run_on(_threads(n), rope_like, q, cos, r, sin)
+        assert got[0].tobytes() == want[0].tobytes(), (dtype, L, H, D, n)
+
+
+@dvm.kernel
 def rowvec_mix(k, x, w, v):
     """Row vectors (w, v: broadcast over the rows) as either operand of each supported binary op,
     beside a row-level value, read by a unary op (expanded), and stored as they are."""
@@ -208,3 +230,35 @@ def test_compact_and_row_vector_comparisons(R, C):
         got = run_on(_threads(n), mask_mix, *args)
         for g, r in zip(got, want):
             assert g.shape == r.shape and g.tobytes() == r.tobytes(), (R, C, n)
+
+
+@dvm.kernel
+def stacked(k, x, d):
+    """Three kernels in one launch, each reading the one before: a first-axis sum, x scaled by it,
+    and an integer remainder by d (a zero in d raises after the first two have run)."""
+    x = k.load(x)
+    s = k.sum(x, axis=0)
+    y = k.mul(x, s)
+    q = k.remainder(k.cast(k.sum(y, axis=-1), "int64"), k.load(d))
+    return k.store(s), k.store(y), k.store(q)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (37, 130), (700, 300)])
+def test_small_kernels_run_as_one_chain(shape):
+    """Below the threading threshold a launch's kernels run in one call of the compiled code (a
+    chain of packed kernels); above it, one call per kernel. Same results either way, and an
+    integer division by zero in the chain's last kernel still raises."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    d = RNG.integers(1, 5, shape[0]).astype(np.int64)
+    layout = dvm.verify(stacked.program(x, d))
+    descs, chain = cpu._prog(layout)[1], cpu._prog(layout)[3]
+    assert len(descs) >= 2
+    assert (chain is not None) == (max(d.work for d in descs) < cpu.PARALLEL_MIN_ELEMS)
+    want = run_on(reference.run, stacked, x, d)
+    for n in (1, 2):
+        got = run_on(_threads(n), stacked, x, d)
+        for g, w in zip(got, want):
+            assert g.tobytes() == w.tobytes(), (shape, n)
+    d[-1] = 0
+    with pytest.raises(ZeroDivisionError):
+        run_on(_threads(1), stacked, x, d)

@@ -179,16 +179,18 @@ def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
     return max(err, int(sched[2]))
 
 
+def _check(err: int) -> None:
+    if err == ck.ERR_ZERODIV:
+        raise ZeroDivisionError("integer division or remainder by zero")
+    if err != 0:
+        raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+
+
 def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
     """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
     for d in descs:
-        if d.n_units == 0:
-            continue
-        err = _run_units(d, (d.blob, DECODE, bufs), threads)
-        if err == ck.ERR_ZERODIV:
-            raise ZeroDivisionError("integer division or remainder by zero")
-        if err != 0:
-            raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+        if d.n_units:
+            _check(_run_units(d, (d.blob, DECODE, bufs), threads))
 
 
 NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers
@@ -304,16 +306,26 @@ def _desc(kl: KernelLayout, n_args: int) -> _Desc:
 def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
     """The descriptor as one int64 array (layout: cpu_interp.P_*)."""
     segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio, d.fuse]
-    assert len(segs) == ci.P_HEADER // 2 - 1 and d.instrs.shape[1] == 6 and d.rio.shape[1] == ci.RIO_WIDTH
+    assert len(segs) == ci.N_SEGS and d.instrs.shape[1] == 6 and d.rio.shape[1] == ci.RIO_WIDTH
     assert d.fuse.shape[1] == FUSE_WIDTH
     head = np.zeros(ci.P_HEADER, np.int64)
     head[0] = d.tile_par
     head[-1] = d.optab.shape[1]
+    head[ci.H_UNITS] = d.n_units
     at = ci.P_HEADER
     for k, seg in enumerate(segs):
         head[1 + 2 * k], head[2 + 2 * k] = at, seg.size
         at += seg.size
+    head[ci.H_LEN] = at
     return np.concatenate([head] + [np.ascontiguousarray(seg, np.int64).reshape(-1) for seg in segs])
+
+
+def _chain(descs) -> np.ndarray | None:
+    """The packed kernels back to back when every one is below the threading threshold: the
+    whole launch is then one call of the compiled code (cpu_interp.run_units with u1 < 0)."""
+    if descs and all(d.work < PARALLEL_MIN_ELEMS for d in descs):
+        return np.concatenate([d.blob for d in descs])
+    return None
 
 
 def _prog(layout: ProgramLayout) -> tuple:
@@ -326,14 +338,14 @@ def _prog(layout: ProgramLayout) -> tuple:
             if d.blob is None:
                 d.blob = _pack(d, argsz)
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
-        pd = (argsz, descs, outs)
+        pd = (argsz, descs, outs, _chain(descs))
         object.__setattr__(layout, "_cpu_prog", pd)
     return pd
 
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
     """Execute a verified program (see codegen.verifier.verify / check_buffers)."""
-    _, _, outs = _prog(layout)
+    outs = _prog(layout)[2]
     bufs = buffers
     copied = ()
     for b in buffers:
@@ -353,4 +365,8 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     """Execute a verified program on buffers given by base address and element count (`bufs`: the
     n addresses, then the n counts, int64). The caller keeps the buffers alive and guarantees
     they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
-    _run_kernels(_prog(layout)[1], bufs, threads)
+    pd = _prog(layout)
+    if pd[3] is not None:   # small kernels only: one call runs them all, in order
+        _check(ci.run_units(0, -1, pd[3], DECODE, bufs, _NO_SCHED, False))
+    else:
+        _run_kernels(pd[1], bufs, threads)

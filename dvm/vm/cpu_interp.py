@@ -474,9 +474,13 @@ def _raw(a):
 # Packed kernel descriptor (cpu.py `_pack`): one int64 array, so that a launch passes a few arrays
 # to the compiled code instead of 13 (numba's per-argument dispatch cost dominates small launches).
 # blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
-# blob[P_HEADER - 1] = the width of an optab row. Segments are handed down as raw views.
+# blob[H_UNITS] = the kernel's work units; blob[H_LEN] = the blob's own length (blobs can be
+# chained back to back); blob[P_HEADER - 1] = the width of an optab row. Segments are handed
+# down as raw views.
 P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST, P_RIO, P_FUSE = range(10)
-P_HEADER = 2 + 2 * 10
+N_SEGS = 10
+H_UNITS, H_LEN = 1 + 2 * N_SEGS, 2 + 2 * N_SEGS
+P_HEADER = 4 + 2 * N_SEGS
 RIO_WIDTH = 10
 
 
@@ -491,15 +495,13 @@ def _seg2(blob, base, k, width):
     return carray(ptr_i64(base + 8 * blob[1 + 2 * k]), (blob[2 + 2 * k] // width, width))
 
 
-@njit(cache=True, **OPTS)
-def run_units(u0, u1, blob, dec, bufs, sched, wait):
-    """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
-    GIL); bufs: the n buffer addresses, then their n element counts.
+@njit(inline='always', **OPTS)
+def _run_kernel(u0, u1, blob, base, dec, bufs, sched):
+    """Work units [u0, u1) of the kernel packed at `base` (blob: its raw view).
 
     Registers and scratch are allocated here and handed down as raw-pointer views (carray): a
     view without a meminfo is never reference-counted, while every slice of an owned array
     costs an atomic increment and decrement (that was 70% of the time of narrow-row kernels)."""
-    base = blob.ctypes.data
     n = bufs.shape[0] // 2
     tile_par = blob[0] != 0
     instrs = _seg2(blob, base, P_INSTRS, 6)
@@ -534,6 +536,29 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))
     _keep(Fo, Do, Io, Bo, So, Sf, Sd)
+    return err
+
+
+@njit(cache=True, **OPTS)
+def run_units(u0, u1, blob, dec, bufs, sched, wait):
+    """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
+    GIL); bufs: the n buffer addresses, then their n element counts.
+
+    u1 < 0: `blob` is a chain of packed kernels back to back (cpu.py `_prog`), each run whole, in
+    order, on this thread (one call for a launch of small kernels: numba's dispatch costs ~1 us
+    per call); the chain stops at the first error."""
+    at = 0
+    err = 0
+    while True:
+        base = blob.ctypes.data + 8 * at
+        kb = carray(ptr_i64(base), blob[at + H_LEN])
+        a = u0 if u1 >= 0 else 0
+        b = u1 if u1 >= 0 else kb[H_UNITS]
+        if b > a:   # (one call site: the kernel body is inlined once)
+            err = _run_kernel(a, b, kb, base, dec, bufs, sched)
+        at += kb[H_LEN]
+        if u1 >= 0 or err != 0 or at >= blob.shape[0]:
+            break
     if wait and sched.shape[0] >= 4:   # the launching thread returns when every unit is done
         while _atomic_add(np.int64(sched.ctypes.data) + 8, 0) < u1 - u0:
             pass

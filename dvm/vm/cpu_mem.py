@@ -70,8 +70,12 @@ def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
         return 0
     if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
         return 0
-    if bm > 1 and (nr != 1 or optab[j, 4] != bn):
-        return 0
+    if bm > 1:   # the tile's rows must lie back to back: row strides of a row-major block
+        step = bn
+        for d in range(nr - 1, -1, -1):
+            if dims[d] != 1 and optab[j, 4 + d] != step:
+                return 0
+            step *= dims[d]
     base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
     return addrs[optab[j, 1]] + 4 * base
 
@@ -126,14 +130,41 @@ def _raw_copy(reg, buf, cv, stride, general):
 
 
 @njit(inline='always', **OPTS)
+def _move_bytes(dst, src, nbytes):
+    """memmove; the common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
+    size, which LLVM inlines as a few vector moves instead of a libc call."""
+    if nbytes == 128:
+        _move(dst, src, 128)
+    elif nbytes == 256:
+        _move(dst, src, 256)
+    elif nbytes == 64:
+        _move(dst, src, 64)
+    else:
+        _move(dst, src, nbytes)
+
+
+@njit(inline='always', **OPTS)
 def _move_run(is_store, reg, buf, lane, at, n):
     """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (_raw_copy holds)."""
     isz = buf.itemsize
     p, q = reg.ctypes.data + lane * isz, buf.ctypes.data + at * isz
     if is_store:
-        _move(q, p, n * isz)
+        _move_bytes(q, p, n * isz)
     else:
-        _move(p, q, n * isz)
+        _move_bytes(p, q, n * isz)
+
+
+@njit(inline='always', **OPTS)
+def _move_rows(is_store, reg, buf, at, rb, nrv, bn):
+    """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
+    in a contiguous inner row dim) move as one run, like their register rows."""
+    i = 0
+    while i < nrv:
+        k = i + 1
+        while k < nrv and rb[k] == rb[k - 1] + bn:
+            k += 1
+        _move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
+        i = k
 
 
 @njit(inline='always', **OPTS)
@@ -232,7 +263,12 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
     else:
         rb[:] = zero
     raw = _raw_copy(reg, buf, cv, stride, general)
-    for i in range(nrv):
+    if raw and ncv == bn:
+        _move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
+        nrv_loop = 0
+    else:
+        nrv_loop = nrv
+    for i in range(nrv_loop):
         base = off + rb[i]
         if raw:
             _move_run(is_store, reg, buf, i * bn, base + c0, ncv)
@@ -259,10 +295,15 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
 
 @njit(**OPTS)
 def _repeat_row(reg, r, bm, bn):
-    """Rows r+1 .. bm-1 of a row-major tile become copies of row r."""
-    src = reg[r * bn:(r + 1) * bn]
-    for i in range(r + 1, bm):
-        reg[i * bn:(i + 1) * bn] = src
+    """Rows r+1 .. bm-1 of a row-major tile become copies of row r, by doubling block copies
+    (rows r .. r+m-1 already hold row r; about log2(bm - r) moves instead of one per row)."""
+    row = bn * reg.itemsize
+    at = reg.ctypes.data + r * row
+    m = 1
+    while r + m < bm:
+        k = min(m, bm - r - m)
+        _move(at + m * row, at, k * row)
+        m += k
 
 
 @njit(**OPTS)
