@@ -287,8 +287,9 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
                 _load_row(reg[i * bn:(i + 1) * bn], buf, cv, start, stride, ncv, ixs, general)
         if not is_store and ncv < bn:   # clamped columns copy the last valid column
             v = reg[i * bn + ncv - 1]
-            for k in range(i * bn + ncv, (i + 1) * bn):
-                reg[k] = v
+            tail = reg[i * bn + ncv:(i + 1) * bn]   # (indexed from 0: the loop vectorizes)
+            for k in range(bn - ncv):
+                tail[k] = v
     if not is_store and not one_row:   # clamped rows copy the last valid row
         _repeat_row(reg, nrv - 1, bm, bn)
 
@@ -343,8 +344,10 @@ def _rows_into(o, buf, cv, at, rb, nrv, bm):
     else:
         for i in range(nrv):
             o[i] = buf[at + rb[i]]
-    for i in range(nrv, bm):
-        o[i] = o[nrv - 1]
+    v = o[nrv - 1]
+    tail = o[nrv:bm]
+    for i in range(bm - nrv):
+        tail[i] = v
 
 
 @njit(**OPTS)
@@ -422,8 +425,9 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
             _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
         if not is_store and nrv < bm:   # clamped rows copy the last valid row
             v = col[nrv - 1]
-            for i in range(nrv, bm):
-                col[i] = v
+            tail = col[nrv:]
+            for i in range(bm - nrv):
+                tail[i] = v
     if not is_store:   # clamped columns (and a fin load's broadcast) copy the last valid column
         last = reg[(ncv - 1) * bm:ncv * bm]
         for k in range(ncv, bn):
