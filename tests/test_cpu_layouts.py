@@ -45,6 +45,16 @@ def _threads(n: int):
     return lambda layout, bufs: cpu.run(layout, bufs, threads=n)
 
 
+def _bitwise_as_reference(kfn, *args, why=()) -> None:
+    """kfn's outputs on the CPU VM, with 1 and 2 threads, equal the reference VM's bit for bit."""
+    want = run_on(reference.run, kfn, *args)
+    for n in (1, 2):
+        got = run_on(_threads(n), kfn, *args)
+        assert len(got) == len(want)
+        for g, r in zip(got, want):
+            assert g.shape == r.shape and g.tobytes() == r.tobytes(), (kfn, *why, n)
+
+
 CASES = [
     (softmax, lambda s: [RNG.standard_normal(s).astype(np.float32)]),
     (layernorm, lambda s: [RNG.standard_normal(s).astype(np.float32),
@@ -95,15 +105,12 @@ def heads_mix(k, x, c):
 @pytest.mark.parametrize("L,H,D", [(1000, 4, 32), (7, 3, 5), (130, 2, 33), (3, 2, 5000)])
 def test_strided_rows_copied_whole(dtype, L, H, D):
     """Rows that are byte-identical runs in the buffer and the register (unit stride, same type)
-    are moved whole (cpu_mem._move); the others element by element. Partial tiles, both layouts."""
+    are moved whole (cpu_moves._move); the others element by element. Partial tiles, both layouts."""
     import ml_dtypes
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     q = (RNG.standard_normal((L, H, D)) * 4).astype(dt).transpose(1, 0, 2)   # (H, L, D), rows strided
     c = (RNG.standard_normal((L, D)) * 4).astype(dt)
-    want = run_on(reference.run, heads_mix, q, c)
-    for n in (1, 2):
-        got = run_on(_threads(n), heads_mix, q, c)
-        assert got[0].tobytes() == want[0].tobytes(), (dt, L, H, D, n)
+    _bitwise_as_reference(heads_mix, q, c, why=(dt, L, H, D))
 
 
 @dvm.kernel
@@ -122,10 +129,7 @@ def test_head_rows_coalesced_and_in_place(dtype, L, H, D):
     q = (RNG.standard_normal((L, H, D)) * 4).astype(dtype).transpose(1, 0, 2)
     cos, sin = ((RNG.standard_normal((L, D)) * 4).astype(dtype) for _ in range(2))
     r = (RNG.standard_normal((H, L, D)) * 4).astype(dtype)
-    want = run_on(reference.run, rope_like, q, cos, r, sin)
-    for n in (1, 2):
-        got = run_on(_threads(n), rope_like, q, cos, r, sin)
-        assert got[0].tobytes() == want[0].tobytes(), (dtype, L, H, D, n)
+    _bitwise_as_reference(rope_like, q, cos, r, sin, why=(dtype, L, H, D))
 
 
 @dvm.kernel
@@ -163,11 +167,7 @@ def test_row_vectors_and_uniform_operands(dtype, shape):
     x.reshape(-1)[::11] = np.nan
     w[::5], v[1::7], x.reshape(-1)[3::13] = np.inf, -np.inf, 0
     for kfn, args in ((rowvec_mix, (x, w, v)), (uniform_mix, (x,))):
-        want = run_on(reference.run, kfn, *args)
-        for n in (1, 2):
-            got = run_on(_threads(n), kfn, *args)
-            for g, r in zip(got, want):
-                assert g.tobytes() == r.tobytes(), (kfn, dt, shape, n)
+        _bitwise_as_reference(kfn, *args, why=(dt, shape))
 
 
 @dvm.kernel
@@ -186,18 +186,14 @@ def scalar_mix(k, x, e, s, h, n, p):
 
 @pytest.mark.parametrize("shape", [(37, 17), (9, 1030), (5, 5000), (130, 9), (3, 7, 33), (1, 1)])
 def test_zero_d_operands(shape):
-    """A load of a 0-d operand fills a compact register (cpu_mem._load_scalar): bitwise equal to
+    """A load of a 0-d operand fills a compact register (cpu_mem._load_compact): bitwise equal to
     the reference VM in both register layouts, multi-sweep rows (loads in finalize sections),
     with a NaN scalar, on 1 and 2 threads."""
     x = RNG.standard_normal(shape).astype(np.float32)
     for s in (np.float32(0.75), np.float32(np.nan)):
         args = (x, np.array(1e-6), np.array(s), np.array(-1.5, np.float16), np.array(4, np.int64),
                 np.array(True))
-        want = run_on(reference.run, scalar_mix, *args)
-        for n in (1, 2):
-            got = run_on(_threads(n), scalar_mix, *args)
-            for g, r in zip(got, want):
-                assert g.shape == r.shape and g.tobytes() == r.tobytes(), (shape, s, n)
+        _bitwise_as_reference(scalar_mix, *args, why=(shape, s))
 
 
 @dvm.kernel
@@ -225,11 +221,7 @@ def test_compact_and_row_vector_comparisons(R, C):
     dr, dc = fr.astype(np.float64), fc.astype(np.float64)
     args = (pos[:R, None], pos[None, :C], seq[:R, None], seq[None, :C], fr, fc, dr, dc,
             RNG.standard_normal((R, C)).astype(np.float32))
-    want = run_on(reference.run, mask_mix, *args)
-    for n in (1, 2):
-        got = run_on(_threads(n), mask_mix, *args)
-        for g, r in zip(got, want):
-            assert g.shape == r.shape and g.tobytes() == r.tobytes(), (R, C, n)
+    _bitwise_as_reference(mask_mix, *args, why=(R, C))
 
 
 @dvm.kernel
@@ -251,14 +243,10 @@ def test_small_kernels_run_as_one_chain(shape):
     x = RNG.standard_normal(shape).astype(np.float32)
     d = RNG.integers(1, 5, shape[0]).astype(np.int64)
     layout = dvm.verify(stacked.program(x, d))
-    descs, chain = cpu._prog(layout)[1], cpu._prog(layout)[3]
+    _, descs, _, chain = cpu._prog(layout)
     assert len(descs) >= 2
     assert (chain is not None) == (max(d.work for d in descs) < cpu.PARALLEL_MIN_ELEMS)
-    want = run_on(reference.run, stacked, x, d)
-    for n in (1, 2):
-        got = run_on(_threads(n), stacked, x, d)
-        for g, w in zip(got, want):
-            assert g.tobytes() == w.tobytes(), (shape, n)
+    _bitwise_as_reference(stacked, x, d, why=(shape,))
     d[-1] = 0
     with pytest.raises(ZeroDivisionError):
         run_on(_threads(1), stacked, x, d)

@@ -26,7 +26,7 @@ from ..graph.dtypes import Bank, DType
 from .buffers import data_ptr
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_fused, cpu_math, cpu_mem, cpu_reduce, cpu_rowlevel
+from . import cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel
 from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
 from .cpu_fused import FUSE_WIDTH
 
@@ -106,7 +106,7 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_math, ck, cpu_mem, cpu_reduce, cpu_rowlevel, cpu_fused, ci):
+    for mod in (cpu_math, ck, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_fused, ci):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]

@@ -10,12 +10,11 @@ Edge tiles use clamped indices: lanes outside the domain copy the last valid row
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import carray, njit, types
-from numba.extending import intrinsic
+from numba import carray, njit
 
 from .cpu_kernels import DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64
 from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+from .cpu_moves import _move_rows, _move_run, _raw_copy, _repeat_row
 
 # meta layout (built by cpu.py)
 M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_TL, M_SW = range(15)
@@ -104,67 +103,6 @@ def _alias_ok(addrs, numels, argsz, argst):
                 if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
                     return False
     return True
-
-
-@intrinsic
-def _move(typingctx, dst, src, nbytes):
-    """memmove(dst, src, nbytes) on raw addresses (LLVM's intrinsic: a few cycles for a short
-    row, where a generic element loop pays ~20 cycles of trip-count and alias checks per row)."""
-    if not all(isinstance(a, types.Integer) for a in (dst, src, nbytes)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
-        fn = builder.module.declare_intrinsic("llvm.memmove", [i8p, i8p, ir.IntType(64)])
-        builder.call(fn, [builder.inttoptr(args[0], i8p), builder.inttoptr(args[1], i8p),
-                          args[2], ir.Constant(ir.IntType(1), 0)])
-        return context.get_dummy_value()
-    return types.none(dst, src, nbytes), codegen
-
-
-@njit(inline='always', **OPTS)
-def _raw_copy(reg, buf, cv, stride, general):
-    """Rows of reg and buf are byte-identical runs: unit stride, same element type (equal sizes
-    and no f16/bf16 conversion means the same type: see cpu_interp._memop)."""
-    return (not general) and stride == 1 and cv != DT_F16 and cv != DT_BF16 and reg.itemsize == buf.itemsize
-
-
-@njit(inline='always', **OPTS)
-def _move_bytes(dst, src, nbytes):
-    """memmove; the common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
-    size, which LLVM inlines as a few vector moves instead of a libc call."""
-    if nbytes == 128:
-        _move(dst, src, 128)
-    elif nbytes == 256:
-        _move(dst, src, 256)
-    elif nbytes == 64:
-        _move(dst, src, 64)
-    else:
-        _move(dst, src, nbytes)
-
-
-@njit(inline='always', **OPTS)
-def _move_run(is_store, reg, buf, lane, at, n):
-    """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (_raw_copy holds)."""
-    isz = buf.itemsize
-    p, q = reg.ctypes.data + lane * isz, buf.ctypes.data + at * isz
-    if is_store:
-        _move_bytes(q, p, n * isz)
-    else:
-        _move_bytes(p, q, n * isz)
-
-
-@njit(inline='always', **OPTS)
-def _move_rows(is_store, reg, buf, at, rb, nrv, bn):
-    """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
-    in a contiguous inner row dim) move as one run, like their register rows."""
-    i = 0
-    while i < nrv:
-        k = i + 1
-        while k < nrv and rb[k] == rb[k - 1] + bn:
-            k += 1
-        _move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
-        i = k
 
 
 @njit(inline='always', **OPTS)
@@ -292,19 +230,6 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
                 tail[k] = v
     if not is_store and not one_row:   # clamped rows copy the last valid row
         _repeat_row(reg, nrv - 1, bm, bn)
-
-
-@njit(**OPTS)
-def _repeat_row(reg, r, bm, bn):
-    """Rows r+1 .. bm-1 of a row-major tile become copies of row r, by doubling block copies
-    (rows r .. r+m-1 already hold row r; about log2(bm - r) moves instead of one per row)."""
-    row = bn * reg.itemsize
-    at = reg.ctypes.data + r * row
-    m = 1
-    while r + m < bm:
-        k = min(m, bm - r - m)
-        _move(at + m * row, at, k * row)
-        m += k
 
 
 @njit(**OPTS)

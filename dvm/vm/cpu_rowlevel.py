@@ -15,7 +15,7 @@ from numba import njit
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
                           OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_math import OPTS
-from .cpu_mem import _repeat_row
+from .cpu_moves import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 
 
@@ -93,7 +93,7 @@ def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
 # Row vectors: a load whose rows are all the same (a weight or bias broadcast over the rows of a
 # row-major tile) fills row 0 only; an f32 binary op applies that row to every row of the other
 # operand (_bin_rowv), a comparison with a compact register pairs them (_cmp_outer), any other
-# reader expands it first (cpu_mem._repeat_row).
+# reader expands it first (cpu_moves._repeat_row).
 @njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""

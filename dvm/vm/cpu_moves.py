@@ -1,0 +1,86 @@
+"""Raw byte moves of the CPU VM's tiles: whole rows with LLVM's memmove (short rows of the common
+head widths with a constant size, inlined as vector moves), back-to-back rows as one run, and
+the repetition of a tile row by doubling block copies. Compiled by numba (inlined into
+cpu_interp's entry, like cpu_mem, which uses them)."""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from .cpu_kernels import DT_BF16, DT_F16
+from .cpu_math import OPTS
+
+
+@intrinsic
+def _move(typingctx, dst, src, nbytes):
+    """memmove(dst, src, nbytes) on raw addresses (LLVM's intrinsic: a few cycles for a short
+    row, where a generic element loop pays ~20 cycles of trip-count and alias checks per row)."""
+    if not all(isinstance(a, types.Integer) for a in (dst, src, nbytes)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        fn = builder.module.declare_intrinsic("llvm.memmove", [i8p, i8p, ir.IntType(64)])
+        builder.call(fn, [builder.inttoptr(args[0], i8p), builder.inttoptr(args[1], i8p),
+                          args[2], ir.Constant(ir.IntType(1), 0)])
+        return context.get_dummy_value()
+    return types.none(dst, src, nbytes), codegen
+
+
+@njit(inline='always', **OPTS)
+def _raw_copy(reg, buf, cv, stride, general):
+    """Rows of reg and buf are byte-identical runs: unit stride, same element type (equal sizes
+    and no f16/bf16 conversion means the same type: see cpu_interp._memop)."""
+    return (not general) and stride == 1 and cv != DT_F16 and cv != DT_BF16 and reg.itemsize == buf.itemsize
+
+
+@njit(inline='always', **OPTS)
+def _move_bytes(dst, src, nbytes):
+    """memmove; the common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
+    size, which LLVM inlines as a few vector moves instead of a libc call."""
+    if nbytes == 128:
+        _move(dst, src, 128)
+    elif nbytes == 256:
+        _move(dst, src, 256)
+    elif nbytes == 64:
+        _move(dst, src, 64)
+    else:
+        _move(dst, src, nbytes)
+
+
+@njit(inline='always', **OPTS)
+def _move_run(is_store, reg, buf, lane, at, n):
+    """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (_raw_copy holds)."""
+    isz = buf.itemsize
+    p, q = reg.ctypes.data + lane * isz, buf.ctypes.data + at * isz
+    if is_store:
+        _move_bytes(q, p, n * isz)
+    else:
+        _move_bytes(p, q, n * isz)
+
+
+@njit(inline='always', **OPTS)
+def _move_rows(is_store, reg, buf, at, rb, nrv, bn):
+    """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
+    in a contiguous inner row dim) move as one run, like their register rows."""
+    i = 0
+    while i < nrv:
+        k = i + 1
+        while k < nrv and rb[k] == rb[k - 1] + bn:
+            k += 1
+        _move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
+        i = k
+
+
+@njit(**OPTS)
+def _repeat_row(reg, r, bm, bn):
+    """Rows r+1 .. bm-1 of a row-major tile become copies of row r, by doubling block copies
+    (rows r .. r+m-1 already hold row r; about log2(bm - r) moves instead of one per row)."""
+    row = bn * reg.itemsize
+    at = reg.ctypes.data + r * row
+    m = 1
+    while r + m < bm:
+        k = min(m, bm - r - m)
+        _move(at + m * row, at, k * row)
+        m += k
