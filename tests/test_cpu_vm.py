@@ -7,6 +7,7 @@ integer outputs exactly.
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,8 @@ from dvm.errors import DvmError
 from dvm.graph.dtypes import DType
 from dvm.graph.ops import BINARY, OP_TABLE, UNARY
 from dvm.runtime.compiled import as_buffer
-from dvm.vm import cpu, reference
+from dvm import config as dvm_config
+from dvm.vm import cpu, cpu_sync, reference
 
 from helpers import DTYPES, FLOATS, INTS, NP_DTYPE, dvm_call, random_values, to_torch
 
@@ -282,3 +284,53 @@ def test_deterministic_across_runs_and_threads():
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert a.tobytes() == b.tobytes()
+
+
+@pytest.fixture
+def spin_us(monkeypatch):
+    """Set DVM_SPIN_US within one test (config reloaded)."""
+    def set_spin(us: int) -> None:
+        monkeypatch.setenv("DVM_SPIN_US", str(us))
+        dvm_config.reload()
+    yield set_spin
+    monkeypatch.delenv("DVM_SPIN_US")
+    dvm_config.reload()   # a worker still spinning stops within the last spin time set
+
+
+def _wait_all(state: int, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if all(mb[cpu_sync.MB_STATE] == state for mb in cpu._WORKERS.mbox):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_spinning_workers_take_posted_jobs(spin_us):
+    """A worker that spins after a job takes the next launch's job from its mailbox (cpu_sync):
+    results stay bitwise those of one thread, a division by zero in a posted job still raises,
+    and a worker whose spin time ran out sleeps and is woken through the queue again."""
+    x = RNG.standard_normal((300, 3000)).astype(np.float32)
+    want = run_on(functools.partial(cpu.run, threads=1), softmax, x)
+    two = functools.partial(cpu.run, threads=2)
+    spin_us(200_000)
+    run_on(two, softmax, x)   # a sleeping worker: queued; then it spins
+    taken = sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu._WORKERS.mbox)
+    for _ in range(20):
+        got = run_on(two, softmax, x)
+        assert got[0].tobytes() == want[0].tobytes()
+    assert sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu._WORKERS.mbox) > taken
+    a = np.arange(1 << 17, dtype=np.int64)
+    b = np.ones(1 << 17, dtype=np.int64)
+    b[-5] = 0   # in the last units: the worker may be the one that runs them
+    for _ in range(5):
+        with pytest.raises(ZeroDivisionError):
+            run_on(two, ew_kernel("floor_divide", 2), a, b)
+    spin_us(1000)
+    run_on(two, softmax, x)
+    assert _wait_all(cpu_sync.SLEEPING)
+    assert run_on(two, softmax, x)[0].tobytes() == want[0].tobytes()
+    spin_us(0)   # no spinning at all: every job goes through the queue
+    assert _wait_all(cpu_sync.SLEEPING)
+    assert run_on(two, softmax, x)[0].tobytes() == want[0].tobytes()
+    assert _wait_all(cpu_sync.SLEEPING)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
-from numba.extending import intrinsic
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
                           DT_I32, DT_I64, ERR_UNHANDLED, G_ACC, G_ACCINIT, G_CAST, G_CONST,
@@ -44,6 +43,9 @@ from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import FUSE_WIDTH, _run_fused
+from .cpu_sync import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN,
+                       MB_U0, MB_U1, SPINNING, _atomic_add, _atomic_load, _atomic_store, _await_post,
+                       _post_all, _retract_all)
 from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
 
 MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
@@ -376,18 +378,6 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
     return 0
 
 
-@intrinsic
-def _atomic_add(typingctx, addr, val):
-    """*(int64*)addr += val atomically (sequentially consistent); returns the old value."""
-    if not (isinstance(addr, types.Integer) and isinstance(val, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(args[0], ir.PointerType(ir.IntType(64)))
-        return builder.atomic_rmw("add", ptr, args[1], "seq_cst")
-    return types.int64(addr, val), codegen
-
-
 @njit(inline='always', **OPTS)
 def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
                 rio, fz, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
@@ -539,6 +529,9 @@ def _run_kernel(u0, u1, blob, base, dec, bufs, sched):
     return err
 
 
+WORKER = -7   # run_units(WORKER, spin_ticks, mailbox, DECODE, mailbox, mailbox, False): a worker's spin
+
+
 @njit(cache=True, **OPTS)
 def run_units(u0, u1, blob, dec, bufs, sched, wait):
     """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
@@ -546,22 +539,45 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
 
     u1 < 0: `blob` is a chain of packed kernels back to back (cpu.py `_prog`), each run whole, in
     order, on this thread (one call for a launch of small kernels: numba's dispatch costs ~1 us
-    per call); the chain stops at the first error."""
+    per call); the chain stops at the first error.
+
+    wait (the launching thread of a parallel kernel): first posts the job to the spinning workers
+    that sched lists, returns when every unit is done (cpu_sync). u0 == WORKER: `blob` is a
+    worker's mailbox; runs the jobs posted to it until u1 TSC ticks pass without one."""
+    worker = u0 == WORKER
+    mb = blob.ctypes.data
+    B, F, S = _raw(blob), _raw(bufs), _raw(sched)
+    lo, hi = u0, u1
+    if wait:
+        _post_all(S.ctypes.data, S.shape[0])
     at = 0
     err = 0
     while True:
-        base = blob.ctypes.data + 8 * at
-        kb = carray(ptr_i64(base), blob[at + H_LEN])
-        a = u0 if u1 >= 0 else 0
-        b = u1 if u1 >= 0 else kb[H_UNITS]
+        if worker and at == 0:
+            if not _await_post(mb, u1):
+                return 0
+            B = carray(ptr_i64(blob[MB_BLOB]), blob[MB_BLOB_N])
+            F = carray(ptr_i64(blob[MB_BUFS]), blob[MB_BUFS_N])
+            S = carray(ptr_i64(blob[MB_SCHED]), blob[MB_SCHED_N])
+            lo, hi = blob[MB_U0], blob[MB_U1]
+            blob[MB_TAKEN] += 1
+        base = B.ctypes.data + 8 * at
+        kb = carray(ptr_i64(base), B[at + H_LEN])
+        a = lo if hi >= 0 else 0
+        b = hi if hi >= 0 else kb[H_UNITS]
         if b > a:   # (one call site: the kernel body is inlined once)
-            err = _run_kernel(a, b, kb, base, dec, bufs, sched)
+            err = _run_kernel(a, b, kb, base, dec, F, S)
         at += kb[H_LEN]
-        if u1 >= 0 or err != 0 or at >= blob.shape[0]:
-            break
-    if wait and sched.shape[0] >= 4:   # the launching thread returns when every unit is done
-        while _atomic_add(np.int64(sched.ctypes.data) + 8, 0) < u1 - u0:
+        if hi >= 0 or err != 0 or at >= B.shape[0]:
+            if not worker:
+                break
+            _atomic_store(mb + 8 * MB_STATE, SPINNING)   # a worker's errors are in its job's sched
+            at = 0
+    if wait and S.shape[0] >= 4:   # the launching thread returns when every unit is done
+        sp = S.ctypes.data
+        while _atomic_load(sp + 8) < u1 - u0:
             pass
+        _retract_all(sp, S.shape[0])
     return err
 
 
