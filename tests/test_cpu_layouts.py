@@ -132,6 +132,24 @@ def test_head_rows_coalesced_and_in_place(dtype, L, H, D):
     _bitwise_as_reference(rope_like, q, cos, r, sin, why=(dtype, L, H, D))
 
 
+
+@dvm.kernel
+def sum_topk(k, x, w):
+    """Top-k expert outputs summed (x: (T, C, K) as a permuted view of (T, K, C)) and scaled:
+    column-major registers whose columns are runs of C contiguous values (cpu_mem._mem_t)."""
+    return k.store(k.mul(k.sum(k.load(x), axis=-1), k.load(w)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.float16])
+@pytest.mark.parametrize("T,K,C", [(24, 2, 128), (7, 3, 5), (1, 2, 64), (100, 4, 33), (3, 2, 2000)])
+def test_column_runs_over_row_dims(dtype, T, K, C):
+    """Several row dims whose innermost has unit stride: each column of a column-major tile moves
+    as runs (a tile may start and end inside a run), loaded and stored; bitwise equal to the
+    reference VM."""
+    x = (RNG.standard_normal((T, K, C)) * 4).astype(dtype).transpose(0, 2, 1)
+    w = (RNG.standard_normal((T, C)) * 4).astype(dtype)
+    _bitwise_as_reference(sum_topk, x, w, why=(dtype, T, K, C))
+
 @dvm.kernel
 def rowvec_mix(k, x, w, v):
     """Row vectors (w, v: broadcast over the rows) as either operand of each supported binary op,

@@ -331,7 +331,20 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     zero = off * 0
     general = nr > 1
     stride = optab[j, 4 + nr - 1] if nr == 1 else zero
-    if general:
+    # several row dims, the innermost of unit stride: a column is runs of that dim's length, each
+    # run addressed once (run q: lanes ix[q] .. ix[q + 1], its base at ix[bm + 1 + q])
+    runs = general and _raw_copy(reg, buf, cv, optab[j, 4 + nr - 1], False)
+    dl = max(dims[nr - 1], 1)
+    nrun = zero
+    if runs:
+        i = zero
+        while i < nrv:
+            ix[bm + 1 + nrun] = _addr(j, r0 + i, optab, dims, zero, nr)
+            ix[nrun] = i
+            nrun += 1
+            i += min(dl - (r0 + i) % dl, nrv - i)
+        ix[nrun] = nrv
+    elif general:
         _row_bases(ix, j, optab, dims, r0, nrv, nr)
     rbase = zero if general else r0 * stride
     ixs = ix[bm:bm + nrv]
@@ -339,15 +352,19 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     for k in range(ncv):
         col = reg[k * bm:(k + 1) * bm]
         cbase = off + (zero if fin else _addr(j, c0 + k, optab, dims, nr, nr + nc))
-        if general:
-            for i in range(nrv):
-                ixs[i] = cbase + ix[i]
-        if raw:
-            _move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
-        elif is_store:
-            _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
+        if runs:
+            for q in range(nrun):
+                _move_run(is_store, reg, buf, k * bm + ix[q], cbase + ix[bm + 1 + q], ix[q + 1] - ix[q])
         else:
-            _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
+            if general:
+                for i in range(nrv):
+                    ixs[i] = cbase + ix[i]
+            if raw:
+                _move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
+            elif is_store:
+                _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
+            else:
+                _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
         if not is_store and nrv < bm:   # clamped rows copy the last valid row
             v = col[nrv - 1]
             tail = col[nrv:]
