@@ -27,8 +27,7 @@ meminfo (run_units), so slicing them never touches a reference count.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, njit
 
 from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64,
                           DT_I32, DT_I64, ERR_UNHANDLED, G_ACC, G_ACCINIT, G_CAST, G_CONST,
