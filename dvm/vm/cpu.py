@@ -7,16 +7,12 @@ this module's own numbering (cpu_kernels / cpu_interp), passed to the compiled c
 Threads: work units are row blocks (each runs all sweeps of its rows, so reductions never cross
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
 init/fin, single tiles. For a big kernel the caller and DVM_NUM_THREADS - 1 persistent workers
-claim chunks of units from an atomic counter (the compiled code releases the GIL); numba's own
-threading layer is never used.
+(cpu_threads) claim chunks of units from an atomic counter (the compiled code releases the GIL);
+numba's own threading layer is never used.
 """
 from __future__ import annotations
 
 import hashlib
-import queue
-import threading
-import time
-import traceback
 
 import numpy as np
 
@@ -30,6 +26,7 @@ from . import cpu_kernels as ck
 from . import cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_sync
 from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
 from .cpu_fused import FUSE_WIDTH
+from .cpu_threads import Workers
 
 assert ci.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
@@ -123,103 +120,10 @@ def _salt_cache() -> None:
 _salt_cache()
 
 
-class _Workers:
-    """Persistent daemon threads. A sleeping worker is fed through one C-level SimpleQueue
-    (cheaper per launch than ThreadPoolExecutor's futures); after each job it spins on its
-    mailbox for DVM_SPIN_US, where the next launch hands it a job through memory (cpu_sync). The
-    compiled code releases the GIL and reports its errors through the job's sched, never by
-    raising."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.count = 0
-        self.lock = threading.Lock()
-        self.post_lock = threading.Lock()   # one launching thread posts to the mailboxes at a time
-        self.mbox: list[np.ndarray] = []   # per worker: its mailbox (cpu_sync)
-        self.keep: list = []                # per worker: the arrays of the job last posted to it
-        self.tsc_per_us = 0.0
-
-    def ensure(self, n: int) -> None:
-        if self.count >= n:
-            return
-        with self.lock:
-            if not self.tsc_per_us:
-                self.tsc_per_us = _tsc_per_us()
-            while self.count < n:
-                self.mbox.append(_mailbox())
-                self.keep.append(None)
-                threading.Thread(target=self._loop, args=(self.mbox[-1],), name=f"dvm-cpu-{self.count}",
-                                 daemon=True).start()
-                self.count += 1
-
-    def _loop(self, row: np.ndarray) -> None:
-        while True:
-            fn, args = self.jobs.get()
-            try:
-                fn(*args)
-                ticks = int(config().spin_us * self.tsc_per_us)
-                if ticks > 0:
-                    row[cpu_sync.MB_STATE] = cpu_sync.SPINNING   # only this worker leaves SLEEPING
-                    ci.run_units(ci.WORKER, ticks, row, DECODE, row, row, False)
-            except BaseException:  # pragma: no cover - e.g. MemoryError: shown, the worker survives
-                traceback.print_exc()
-
-    def submit(self, fn, args: tuple) -> None:
-        self.jobs.put((fn, args))
-
-    def launch(self, d: "_Desc", args: tuple, helpers: int) -> int:
-        """Run d's units on this thread and `helpers` workers; returns the VM's error code."""
-        if not self.post_lock.acquire(blocking=False):   # another thread is launching: queue only
-            return self._run(d, args, helpers, [])
-        try:
-            spinning = [k for k in range(helpers) if self.mbox[k][cpu_sync.MB_STATE] == cpu_sync.SPINNING]
-            return self._run(d, args, helpers, spinning)
-        finally:
-            self.post_lock.release()
-
-    def _run(self, d: "_Desc", args: tuple, helpers: int, spinning: list) -> int:
-        S = cpu_sync
-        sched = np.zeros(S.S_POST + len(spinning), np.int64)
-        sched[S.S_CHUNK] = max(1, d.n_units // ((helpers + 1) * CHUNKS_PER_THREAD))
-        sched[S.S_NPOST] = len(spinning)
-        blob, dec, bufs = args
-        for i, k in enumerate(spinning):   # job fields first; the compiled caller posts (CAS)
-            row = self.mbox[k]
-            row[S.MB_BLOB], row[S.MB_BLOB_N] = blob.ctypes.data, blob.shape[0]
-            row[S.MB_BUFS], row[S.MB_BUFS_N] = bufs.ctypes.data, bufs.shape[0]
-            row[S.MB_SCHED], row[S.MB_SCHED_N] = sched.ctypes.data, sched.shape[0]
-            row[S.MB_U0], row[S.MB_U1] = 0, d.n_units
-            sched[S.S_POST + i] = row.ctypes.data
-            self.keep[k] = (blob, bufs, sched)   # alive until this mailbox's next post
-        for _ in range(helpers - len(spinning)):   # sleeping (or busy) workers: through the queue
-            self.submit(ci.run_units, (0, d.n_units, blob, dec, bufs, sched, False))
-        err = ci.run_units(0, d.n_units, blob, dec, bufs, sched, True)
-        return max(err, int(sched[S.S_ERR]))
-
-
-def _mailbox() -> np.ndarray:
-    """A worker's mailbox: MB_WIDTH int64 words alone in their 64-byte cache lines."""
-    raw = np.zeros(2 * cpu_sync.MB_WIDTH, np.int64)
-    skip = (-raw.ctypes.data % 64) // 8
-    return raw[skip:skip + cpu_sync.MB_WIDTH]
-
-
-def _tsc_per_us() -> float:
-    """Time-stamp counter ticks per microsecond, measured over ~2 ms of busy waiting."""
-    cpu_sync.tsc_now()   # loaded (or compiled) before timing
-    t0, c0 = time.perf_counter(), cpu_sync.tsc_now()
-    t1 = t0
-    while t1 - t0 < 0.002:
-        t1 = time.perf_counter()
-    c1 = cpu_sync.tsc_now()
-    return max((c1 - c0) / max((t1 - t0) * 1e6, 1e-9), 1.0)
-
-
-_WORKERS = _Workers()
+_WORKERS = Workers(DECODE)
 
 
 _NO_SCHED = np.zeros(0, np.int64)
-CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
 
 
 def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:

@@ -43,8 +43,8 @@ from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rf
                          _rowred_t)
 from .cpu_fused import FUSE_WIDTH, _run_fused
 from .cpu_sync import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN,
-                       MB_U0, MB_U1, SPINNING, _atomic_add, _atomic_load, _atomic_store, _await_post,
-                       _post_all, _retract_all)
+                       MB_U0, MB_U1, S_CHUNK, S_DONE, S_ERR, S_NEXT, SPINNING, _atomic_add, _atomic_load,
+                       _atomic_store, _await_post, _post_all, _retract_all)
 from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
 
 MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
@@ -395,9 +395,9 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
     per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)
-    dyn = sched.shape[0] >= 4
+    dyn = sched.shape[0] > S_CHUNK
     sp = np.int64(sched.ctypes.data) if dyn else np.int64(0)
-    chunk = max(sched[3], 1) if dyn else max(u1 - u0, 1)
+    chunk = max(sched[S_CHUNK], 1) if dyn else max(u1 - u0, 1)
     a = u0        # the current chunk of units [a, b)
     b = u0
     q = -1        # step in the chunk; -1: the prologue
@@ -409,8 +409,8 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
         if q >= total:
             if dyn:
                 if b > a:
-                    _atomic_add(sp + 8, b - a)
-                a = _atomic_add(sp, chunk)
+                    _atomic_add(sp + 8 * S_DONE, b - a)
+                a = _atomic_add(sp + 8 * S_NEXT, chunk)
             elif once:
                 break
             else:
@@ -444,7 +444,7 @@ def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, 
         err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
                     aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz)
         if err != 0 and dyn:
-            sched[2] = err
+            sched[S_ERR] = err
     return err
 
 
@@ -572,9 +572,9 @@ def run_units(u0, u1, blob, dec, bufs, sched, wait):
                 break
             _atomic_store(mb + 8 * MB_STATE, SPINNING)   # a worker's errors are in its job's sched
             at = 0
-    if wait and S.shape[0] >= 4:   # the launching thread returns when every unit is done
+    if wait and S.shape[0] > S_CHUNK:   # the launching thread returns when every unit is done
         sp = S.ctypes.data
-        while _atomic_load(sp + 8) < u1 - u0:
+        while _atomic_load(sp + 8 * S_DONE) < u1 - u0:
             pass
         _retract_all(sp, S.shape[0])
     return err

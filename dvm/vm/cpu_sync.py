@@ -5,9 +5,9 @@ goes back to sleep on the Python queue: a launch that comes within that window h
 its job through memory (~0.1 us) instead of a kernel wake-up (14-60 us on this machine), which
 is most of a 256 K-element kernel's run time.
 
-Mailbox: one int64 row per worker (MB_WIDTH words, so two workers never share a cache line).
-MB_TAKEN counts the jobs the worker took
-from it. Its state word moves only by compare-and-swap, so exactly one side wins each race:
+Mailbox: one int64 row per worker (MB_WIDTH words, so two workers never share a cache line);
+MB_TAKEN counts the jobs the worker took from it. Its state word moves only by compare-and-swap,
+so exactly one side wins each race:
 
   SLEEPING --(worker, woken by the queue)--> SPINNING
   SPINNING --(launching thread: job fields written first)--> POSTED
@@ -86,8 +86,8 @@ def _cas(typingctx, addr, old, new):
 
 @intrinsic
 def _tsc(typingctx):
-    """The CPU's time-stamp counter (x86 rdtsc: wall-clock rate on CPUs with constant_tsc; LLVM's
-    readcyclecounter counted only this thread's cycles here)."""
+    """The CPU's time-stamp counter (x86 rdtsc: a constant rate on CPUs with constant_tsc, as this
+    machine's; calibrated against perf_counter by cpu._tsc_per_us)."""
     def codegen(context, builder, sig, args):
         fn = builder.module.declare_intrinsic("llvm.x86.rdtsc", (), ir.FunctionType(ir.IntType(64), ()))
         return builder.call(fn, ())

@@ -1,0 +1,112 @@
+"""The CPU VM's worker threads: persistent daemon threads that share a big kernel's work units
+with the launching thread (cpu._run_units), fed through a queue when asleep and through their
+mailboxes (cpu_sync) while they spin after a job. numba's threading layer is never started: its
+spinning OpenMP threads slow PyTorch in the same process 10-40x."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from ..config import config
+from . import cpu_interp as ci
+from . import cpu_sync
+
+CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
+
+
+class Workers:
+    """Persistent daemon threads. A sleeping worker is fed through one C-level SimpleQueue
+    (cheaper per launch than ThreadPoolExecutor's futures); after each job it spins on its
+    mailbox for DVM_SPIN_US, where the next launch hands it a job through memory (cpu_sync). The
+    compiled code releases the GIL and reports its errors through the job's sched, never by
+    raising."""
+
+    def __init__(self, dec: np.ndarray) -> None:
+        self.dec = dec                      # the decode table (cpu.DECODE), for the spin call
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.count = 0
+        self.lock = threading.Lock()
+        self.post_lock = threading.Lock()   # one launching thread posts to the mailboxes at a time
+        self.mbox: list[np.ndarray] = []   # per worker: its mailbox (cpu_sync)
+        self.keep: list = []                # per worker: the arrays of the job last posted to it
+        self.tsc_per_us = 0.0
+
+    def ensure(self, n: int) -> None:
+        if self.count >= n:
+            return
+        with self.lock:
+            if not self.tsc_per_us:
+                self.tsc_per_us = _tsc_per_us()
+            while self.count < n:
+                self.mbox.append(_mailbox())
+                self.keep.append(None)
+                threading.Thread(target=self._loop, args=(self.mbox[-1],), name=f"dvm-cpu-{self.count}",
+                                 daemon=True).start()
+                self.count += 1
+
+    def _loop(self, row: np.ndarray) -> None:
+        while True:
+            fn, args = self.jobs.get()
+            try:
+                fn(*args)
+                ticks = int(config().spin_us * self.tsc_per_us)
+                if ticks > 0:
+                    row[cpu_sync.MB_STATE] = cpu_sync.SPINNING   # only this worker leaves SLEEPING
+                    ci.run_units(ci.WORKER, ticks, row, self.dec, row, row, False)
+            except BaseException:  # pragma: no cover - e.g. MemoryError: shown, the worker survives
+                traceback.print_exc()
+
+    def submit(self, fn, args: tuple) -> None:
+        self.jobs.put((fn, args))
+
+    def launch(self, d, args: tuple, helpers: int) -> int:
+        """Run the units of kernel d (cpu._Desc) on this thread and `helpers` workers; args: its
+        (blob, dec, bufs). Returns the VM's error code."""
+        if not self.post_lock.acquire(blocking=False):   # another thread is launching: queue only
+            return self._run(d, args, helpers, [])
+        try:
+            spinning = [k for k in range(helpers) if self.mbox[k][cpu_sync.MB_STATE] == cpu_sync.SPINNING]
+            return self._run(d, args, helpers, spinning)
+        finally:
+            self.post_lock.release()
+
+    def _run(self, d, args: tuple, helpers: int, spinning: list) -> int:
+        S = cpu_sync
+        sched = np.zeros(S.S_POST + len(spinning), np.int64)
+        sched[S.S_CHUNK] = max(1, d.n_units // ((helpers + 1) * CHUNKS_PER_THREAD))
+        sched[S.S_NPOST] = len(spinning)
+        blob, dec, bufs = args
+        for i, k in enumerate(spinning):   # job fields first; the compiled caller posts (CAS)
+            row = self.mbox[k]
+            row[S.MB_BLOB], row[S.MB_BLOB_N] = blob.ctypes.data, blob.shape[0]
+            row[S.MB_BUFS], row[S.MB_BUFS_N] = bufs.ctypes.data, bufs.shape[0]
+            row[S.MB_SCHED], row[S.MB_SCHED_N] = sched.ctypes.data, sched.shape[0]
+            row[S.MB_U0], row[S.MB_U1] = 0, d.n_units
+            sched[S.S_POST + i] = row.ctypes.data
+            self.keep[k] = (blob, bufs, sched)   # alive until this mailbox's next post
+        for _ in range(helpers - len(spinning)):   # sleeping (or busy) workers: through the queue
+            self.submit(ci.run_units, (0, d.n_units, blob, dec, bufs, sched, False))
+        err = ci.run_units(0, d.n_units, blob, dec, bufs, sched, True)
+        return max(err, int(sched[S.S_ERR]))
+
+
+def _mailbox() -> np.ndarray:
+    """A worker's mailbox: MB_WIDTH int64 words alone in their 64-byte cache lines."""
+    raw = np.zeros(2 * cpu_sync.MB_WIDTH, np.int64)
+    skip = (-raw.ctypes.data % 64) // 8
+    return raw[skip:skip + cpu_sync.MB_WIDTH]
+
+
+def _tsc_per_us() -> float:
+    """Time-stamp counter ticks per microsecond, measured over ~2 ms of busy waiting."""
+    cpu_sync.tsc_now()   # loaded (or compiled) before timing
+    t0, c0 = time.perf_counter(), cpu_sync.tsc_now()
+    t1 = t0
+    while t1 - t0 < 0.002:
+        t1 = time.perf_counter()
+    c1 = cpu_sync.tsc_now()
+    return max((c1 - c0) / max((t1 - t0) * 1e6, 1e-9), 1.0)
