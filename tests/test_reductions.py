@@ -361,3 +361,36 @@ def test_mean_integer_rejected_and_sum_bool_is_int64():
     assert_same(reduce_kernel("sum", None, False)(x), torch.sum(to_torch(x)), "sum(bool)")
     assert_same(reduce_kernel("prod", None, False)(x), torch.prod(to_torch(x)), "prod(bool)")
     assert_same(reduce_kernel("max", None, False)(x), torch.amax(to_torch(x)), "max(bool)")
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
+    """The CPU VM's fused, straight-line tree (cpu_reduce._tree_p2: up to three levels a pass,
+    three passes inlined, a loop past 4096 lanes) pairs the same lanes as the reference VM's
+    tree at every power-of-two width up to program.MAX_TILE: bitwise the same result."""
+    from dvm.codegen.program import MAX_TILE
+    from dvm.graph.dtypes import Bank
+    from dvm.vm import reference
+    from dvm.vm.cpu_kernels import RED_NAMES
+    from dvm.vm.cpu_reduce import _tree_p2
+
+    rng = np.random.default_rng(7)
+    code = RED_NAMES.index(op)
+    bank = {np.float32: Bank.F32, np.float64: Bank.F64, np.int64: Bank.I64}[dtype]
+    combine = reference._combine(op, bank)
+    p = 1
+    while p <= MAX_TILE:
+        if dtype is np.int64:
+            x = rng.integers(-3, 4, p).astype(dtype)
+        elif op == "prod":
+            x = rng.uniform(0.99, 1.01, p).astype(dtype)
+        else:
+            x = rng.standard_normal(p).astype(dtype)
+            if op in ("max", "min") and p >= 64:
+                x[p // 3] = np.nan
+        a, b = np.empty(p, dtype), np.empty(p, dtype)
+        got = _tree_p2(code, x, a, b, p)
+        want = reference._tree(x[None, :].copy(), combine)[0]
+        assert np.array_equal(np.asarray(got, dtype), want, equal_nan=True), (op, p)
+        p *= 2
