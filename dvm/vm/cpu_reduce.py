@@ -30,19 +30,19 @@ def _combine(op, a, b):
     return _fmin(a, b)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # (called per row)
 def _fill(o, v):
     for i in range(o.shape[0]):
         o[i] = v
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # a call per row costs more than a short row's work
 def _copy(o, a):
     for i in range(o.shape[0]):
         o[i] = a[i]
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # a call per row costs more than a short row's work
 def _accinit(op, o, is_float):
     if op == R_SUM:
         v = 0.0
