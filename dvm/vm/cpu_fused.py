@@ -55,6 +55,16 @@ def _sq8m(v, k, q, ncv):
             + ((_sqm(v, k + q, ncv) + _sqm(v, k + 5 * q, ncv)) + (_sqm(v, k + 3 * q, ncv) + _sqm(v, k + 7 * q, ncv))))
 
 
+@njit(inline='always', **OPTS)
+def _sq_level(lvl, v, q, ncv, bn):
+    if ncv == bn:
+        for k in range(q):
+            lvl[k] = _sq8(v, k, q)
+    else:
+        for k in range(q):
+            lvl[k] = _sq8m(v, k, q, ncv)
+
+
 @njit(**OPTS)
 def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
     """All f32 (a float64 constant here would promote the squares to float64 and change results).
@@ -77,16 +87,6 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
         else:
             _sq_level(lvl, xr, q, ncv, bn)
         o[r] = _tree_p2(R_SUM, lvl, ta, tb, q)
-
-
-@njit(inline='always', **OPTS)
-def _sq_level(lvl, v, q, ncv, bn):
-    if ncv == bn:
-        for k in range(q):
-            lvl[k] = _sq8(v, k, q)
-    else:
-        for k in range(q):
-            lvl[k] = _sq8m(v, k, q, ncv)
 
 
 @njit(**OPTS)

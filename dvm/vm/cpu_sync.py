@@ -17,7 +17,7 @@ so exactly one side wins each race:
 
 A worker that took a job after its units were all claimed finds nothing left to run (units are
 claimed from the job's atomic counter), so a late worker costs nothing; the launching thread
-keeps the job's arrays alive until it posts that worker's next job (cpu._Workers).
+keeps the job's arrays alive until it posts that worker's next job (cpu_threads.Workers).
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _cas(typingctx, addr, old, new):
 @intrinsic
 def _tsc(typingctx):
     """The CPU's time-stamp counter (x86 rdtsc: a constant rate on CPUs with constant_tsc, as this
-    machine's; calibrated against perf_counter by cpu._tsc_per_us)."""
+    machine's; calibrated against perf_counter by cpu_threads._tsc_per_us)."""
     def codegen(context, builder, sig, args):
         fn = builder.module.declare_intrinsic("llvm.x86.rdtsc", (), ir.FunctionType(ir.IntType(64), ()))
         return builder.call(fn, ())
@@ -106,7 +106,7 @@ def _pause(typingctx):
 
 @njit(cache=True, **OPTS)
 def tsc_now():
-    """The time-stamp counter, for calibrating spin times (cpu._Workers)."""
+    """The time-stamp counter, for calibrating spin times (cpu_threads._tsc_per_us)."""
     return _tsc()
 
 
