@@ -106,6 +106,47 @@ def test_f32_math_within_ulp_budget(op):
     assert math.isfinite(max_rel)
 
 
+@pytest.mark.parametrize("op", ["exp", "sigmoid", "silu"])
+def test_one_step_exp_paths_are_bitwise_the_full_range_functions(op):
+    """exp_into / sigmoid_into scale by 2**n in one step while every lane of the span is in
+    range, else redo the span with expf / sigmoidf. The one-step values must be those functions'
+    bit for bit, or a lane's result would depend on its neighbours (and on tile and thread
+    splits). The ULP table above measures mostly the full-range path: its samples put an
+    out-of-range lane in nearly every tile."""
+    from numba import njit
+
+    from dvm.vm.cpu_math import EXP1_HI, EXP1_LO, exp_into, expf, sigmoid_into, sigmoidf
+
+    @njit
+    def one_step(o, a):
+        if op == "exp":
+            exp_into(o, a, a.shape[0])
+        else:
+            sigmoid_into(o, a, a.shape[0], op == "silu")
+
+    @njit
+    def full_range(o, a):
+        for k in range(a.shape[0]):
+            o[k] = expf(a[k]) if op == "exp" else (a[k] * sigmoidf(a[k]) if op == "silu" else sigmoidf(a[k]))
+
+    lo, hi = (EXP1_LO, EXP1_HI) if op == "exp" else (EXP1_LO, -EXP1_LO)
+    rng = np.random.default_rng(5)
+    edges = np.array([lo, hi, np.nextafter(hi, np.float32(0)), 0.0, -0.0, 1e-30, -1e-30, 1e-45], np.float32)
+    x = np.concatenate([rng.uniform(lo, hi, 1 << 20).astype(np.float32), edges])
+    x = x[(x >= lo) & (x <= hi)]
+    fast, full = np.empty_like(x), np.empty_like(x)
+    one_step(fast, x)
+    full_range(full, x)
+    np.testing.assert_array_equal(fast.view(np.int32), full.view(np.int32))
+    # one lane outside the range sends the span down the full-range path: same values again
+    for bad in (np.nan, np.float32(lo) - 1, np.float32(hi) + 1):
+        y = x.copy()
+        y[7] = bad
+        one_step(fast, y)
+        full_range(full, y)
+        np.testing.assert_array_equal(fast.view(np.int32), full.view(np.int32))
+
+
 def table() -> str:
     rows = ["| op | max ULP | max rel. error | budget | note |", "|---|---:|---:|---:|---|"]
     for op in sorted(ULP_BUDGET):

@@ -24,7 +24,7 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_kernels import R_SUM
-from .cpu_math import OPTS, expf, ptr_f32, ptr_u16
+from .cpu_math import OPTS, exp_into, ptr_f32, ptr_u16
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
 from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem, _row_uniform
 from .cpu_reduce import _is_pow2, _rowred, _tree_p2
@@ -102,8 +102,7 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
         er = e[r * bn:(r + 1) * bn]
         for k in range(bn):
             a[k] = xr[k] - mv
-        for k in range(bn):
-            er[k] = expf(a[k])
+        exp_into(er, a, bn)
     _rowred(R_SUM, o, e, bm, bn, ncv, s, True)
 
 

@@ -12,8 +12,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .cpu_math import (OPTS, SINCOS_BIG, bf2f, erff, exp2f, expf, expm1f, f2bf, f2h, f64_to_f16_f32,
-                       gelu_tanhf, geluf, h2f, log1pf, log2f, logf, sigmoidf, sincosf, tanhf)
+from .cpu_math import (OPTS, SINCOS_BIG, bf2f, erff, exp2f, exp_into, expm1f, f2bf, f2h, f64_to_f16_f32,
+                       gelu_tanhf, geluf, h2f, log1pf, log2f, logf, sigmoid_into, sincosf, tanhf)
 
 # banks / dtype codes (checked against dvm.graph.dtypes in cpu.py)
 BK_F32, BK_F64, BK_I64, BK_B8 = 0, 1, 2, 3
@@ -122,8 +122,7 @@ def _un_f32(op, o, a):
     if _un_common(op, o, a):
         return True
     if op == OP_EXP:
-        for i in range(n):
-            o[i] = expf(a[i])
+        exp_into(o, a, n)
     elif op == OP_EXP2:
         for i in range(n):
             o[i] = exp2f(a[i])
@@ -151,8 +150,7 @@ def _un_f32(op, o, a):
         for i in range(n):
             o[i] = tanhf(a[i])
     elif op == OP_SIGMOID:
-        for i in range(n):
-            o[i] = sigmoidf(a[i])
+        sigmoid_into(o, a, n, False)
     elif op == OP_ERF:
         for i in range(n):
             o[i] = erff(a[i])
@@ -163,9 +161,7 @@ def _un_f32(op, o, a):
         for i in range(n):
             o[i] = gelu_tanhf(a[i])
     elif op == OP_SILU:
-        for i in range(n):
-            x = a[i]
-            o[i] = x * sigmoidf(x)
+        sigmoid_into(o, a, n, True)
     else:
         return False
     return True
