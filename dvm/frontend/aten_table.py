@@ -159,8 +159,8 @@ def _softmax(log: bool):
         s = build.reduce(ctx, "sum", e, dim, True)
         if log:
             out = build.elementwise(ctx, "sub", d, build.elementwise(ctx, "log", s))
-        else:
-            out = build.elementwise(ctx, "div", e, s)
+        else:   # times the row's reciprocal, as PyTorch's native CPU kernel: one division per row
+            out = build.elementwise(ctx, "mul", e, build.elementwise(ctx, "reciprocal", s))
         return build.cast(out, x.dtype)
     return fn
 
