@@ -24,7 +24,8 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_kernels import R_SUM
-from .cpu_math import OPTS, exp_into, ptr_f32, ptr_u16
+from .cpu_bits import OPTS, ptr_f32, ptr_u16
+from .cpu_math import exp_into
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
 from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem, _row_uniform
 from .cpu_reduce import _is_pow2, _rowred, _tree_p2

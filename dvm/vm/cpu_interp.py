@@ -35,7 +35,7 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           K_CMP, K_PRED, K_UN, K_WHERE, R_ARGMAX, R_ARGMIN, _bin_b8,
                           _bin_float, _bin_i64, _cast_to_b8, _cast_to_f32, _cast_to_f64, _cast_to_int,
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
-from .cpu_math import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+from .cpu_bits import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
                       _alias_ok, _col_uniform, _direct_addr, _fv, _index, _index_t, _load_compact, _mem, _mem_t,
                       _row_uniform)

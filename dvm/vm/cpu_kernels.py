@@ -12,8 +12,9 @@ import math
 import numpy as np
 from numba import njit
 
-from .cpu_math import (OPTS, SINCOS_BIG, bf2f, erff, exp2f, exp_into, expm1f, f2bf, f2h, f64_to_f16_f32,
-                       gelu_tanhf, geluf, h2f, log1pf, log2f, logf, sigmoid_into, sincosf, tanhf)
+from .cpu_bits import OPTS, bf2f, f2bf, f2h, f64_to_f16_f32, h2f
+from .cpu_math import (SINCOS_BIG, erff, exp2f, exp_into, expm1f, gelu_tanhf, geluf, log1pf, log2f, logf,
+                       sigmoid_into, sincosf, tanhf)
 
 # banks / dtype codes (checked against dvm.graph.dtypes in cpu.py)
 BK_F32, BK_F64, BK_I64, BK_B8 = 0, 1, 2, 3

@@ -1,15 +1,10 @@
-"""Scalar building blocks of the CPU VM, written so that LLVM vectorizes the loops that call them.
+"""float32 math of the CPU VM (exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, erf, gelu,
+sin, cos), written so that LLVM vectorizes the loops that call it: range reduction and
+polynomials in straight-line code (selects, no calls). NaN, +-inf and -0.0 follow PyTorch.
+Measured errors vs a float64 reference: tests/test_math_ulp.py (table in BENCHMARKS.md) and
+dvm/vm/cpu_probe.py (`ulp` mode). exp_into / sigmoid_into run a whole span (see there).
 
-- bit casts (float32 <-> int, float64 <-> int64) and address -> typed pointer, as numba intrinsics;
-- float16 / bfloat16 <-> float32 conversions by bit manipulation (round to nearest even);
-- float32 math (exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, erf, gelu, sin, cos): range reduction
-  and polynomials in straight-line code (selects, no calls), so the loops over a tile vectorize.
-  NaN, +-inf and -0.0 follow PyTorch. Measured errors vs a float64 reference: see tests and
-  dvm/vm/cpu_probe.py (`ulp` mode).
-
-Only cpu_kernels.py calls these; it is the one module with cached entry points. Numba's disk
-cache keys on the source file of the entry point only, so cpu_kernels.CACHE_SALT embeds a hash
-of this file (see there): editing this file invalidates the cache.
+cpu.py folds this file's hash into the VM's disk-cache key (_salt_cache): editing it recompiles.
 """
 from __future__ import annotations
 
@@ -18,164 +13,11 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-OPTS = dict(nogil=True, error_model="numpy")
+from .cpu_bits import OPTS, bits_f32, f32_bits, fmaf
+
 # polynomial kernels: let LLVM fuse a*b+c into FMA (never nnan/ninf/reassoc: IEEE specials stay exact)
 MOPTS = dict(OPTS, fastmath={"contract"})
 f32 = np.float32
-
-
-# --- intrinsics ---------------------------------------------------------------------------------
-@intrinsic
-def bits_f32(typingctx, v):
-    """Integer (low 32 bits) -> float32 with that bit pattern."""
-    if not isinstance(v, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        val, w = args[0], args[0].type.width
-        if w > 32:
-            val = builder.trunc(val, ir.IntType(32))
-        elif w < 32:
-            val = builder.zext(val, ir.IntType(32))
-        return builder.bitcast(val, ir.FloatType())
-    return types.float32(v), codegen
-
-
-@intrinsic
-def f32_bits(typingctx, x):
-    """float32 -> its bit pattern as a non-negative int64."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.zext(builder.bitcast(args[0], ir.IntType(32)), ir.IntType(64))
-    return types.int64(x), codegen
-
-
-@intrinsic
-def bits_f64(typingctx, v):
-    if not isinstance(v, types.Integer) or v.bitwidth != 64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-    return types.float64(v), codegen
-
-
-@intrinsic
-def f64_bits(typingctx, x):
-    if x != types.float64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-    return types.int64(x), codegen
-
-
-@intrinsic
-def fmaf(typingctx, a, b, c):
-    """a*b + c with one rounding (llvm.fma.f32: vfmadd on x86, vectorizes)."""
-    if not (a == types.float32 and b == types.float32 and c == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        f = ir.FloatType()
-        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
-        return builder.call(fn, args)
-    return types.float32(a, b, c), codegen
-
-
-def _ptr_intrinsic(nbtype):
-    def impl(typingctx, addr):
-        if not isinstance(addr, types.Integer):
-            return None
-        sig = types.CPointer(nbtype)(addr)
-
-        def codegen(context, builder, sig, args):
-            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-        return sig, codegen
-    impl.__name__ = f"ptr_{nbtype}"
-    return intrinsic(impl)
-
-
-ptr_u8 = _ptr_intrinsic(types.uint8)
-ptr_u16 = _ptr_intrinsic(types.uint16)
-ptr_i32 = _ptr_intrinsic(types.int32)
-ptr_i64 = _ptr_intrinsic(types.int64)
-ptr_f32 = _ptr_intrinsic(types.float32)
-ptr_f64 = _ptr_intrinsic(types.float64)
-
-
-# --- half / bfloat16 ----------------------------------------------------------------------------
-_HALF_MAGIC = f32(2.0 ** -14)   # bits 113 << 23
-_DENORM_MAGIC = f32(0.5)        # bits 126 << 23
-
-
-@njit(**OPTS)
-def h2f(h):
-    """float16 bits -> float32 (exact)."""
-    h = np.int64(h) & 0xFFFF
-    neg = (h & 0x8000) != 0
-    o = (h & 0x7FFF) << 13
-    e = o & 0x0F800000
-    o = o + (112 << 23)
-    if e == 0x0F800000:
-        o = o + (112 << 23)
-    v = bits_f32(o)
-    if e == 0:
-        v = bits_f32(o + (1 << 23)) - _HALF_MAGIC
-    return -v if neg else v
-
-
-@njit(**OPTS)
-def f2h(x):
-    """float32 -> float16 bits, round to nearest even (NaN -> quiet NaN, overflow -> inf)."""
-    u = f32_bits(np.float32(x))
-    sign = (u >> 16) & 0x8000
-    u = u & 0x7FFFFFFF
-    if u >= 0x47800000:
-        r = np.int64(0x7E00) if u > 0x7F800000 else np.int64(0x7C00)
-    elif u < 0x38800000:
-        r = f32_bits(bits_f32(u) + _DENORM_MAGIC) - (126 << 23)
-    else:
-        r = (u - (112 << 23) + 0xFFF + ((u >> 13) & 1)) >> 13
-    return r | sign
-
-
-@njit(**OPTS)
-def bf2f(b):
-    return bits_f32((np.int64(b) & 0xFFFF) << 16)
-
-
-@njit(**OPTS)
-def f2bf(x):
-    """float32 -> bfloat16 bits, round to nearest even."""
-    u = f32_bits(np.float32(x))
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        r = (u >> 16) | 0x40
-    else:
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return r & 0xFFFF
-
-
-@njit(**OPTS)
-def f64_to_f32_odd(x):
-    """float64 -> float32 rounded to odd, so that a later f32 -> f16 rounding is exact."""
-    f = np.float32(x)
-    d = np.float64(f)
-    if d != x and f == f and f != 0 and abs(d) != np.inf:
-        u = f32_bits(f)
-        if (u & 1) == 0:
-            up = (d < x) == (f > 0)   # magnitude must grow
-            u = u + 1 if up else u - 1
-            f = bits_f32(u)
-    return f
-
-
-@njit(**OPTS)
-def f64_to_f16_f32(x):
-    """float64 -> float16 (one rounding) -> float32."""
-    return h2f(f2h(f64_to_f32_odd(x)))
 
 
 # --- float32 math -------------------------------------------------------------------------------

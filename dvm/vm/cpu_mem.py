@@ -13,7 +13,7 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_kernels import DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64
-from .cpu_math import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
+from .cpu_bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_moves import _move_rows, _move_run, _raw_copy, _repeat_row
 
 # meta layout (built by cpu.py)

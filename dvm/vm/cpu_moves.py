@@ -9,7 +9,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from .cpu_kernels import DT_BF16, DT_F16
-from .cpu_math import OPTS
+from .cpu_bits import OPTS
 
 
 @intrinsic

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from .cpu_kernels import R_ARGMAX, R_ARGMIN, R_MAX, R_MIN, R_PROD, R_SUM, _fmax, _fmin
-from .cpu_math import OPTS
+from .cpu_bits import OPTS
 
 
 # --- reductions --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from numba import njit
 
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
                           OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
-from .cpu_math import OPTS
+from .cpu_bits import OPTS
 from .cpu_moves import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 

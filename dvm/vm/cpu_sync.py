@@ -25,7 +25,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .cpu_math import OPTS
+from .cpu_bits import OPTS
 
 SLEEPING, SPINNING, POSTED, TAKEN = 0, 1, 2, 3
 MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN = range(10)
