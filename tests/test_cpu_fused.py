@@ -3,8 +3,8 @@ finds a normalisation's and a softmax's runs and refuses runs whose intermediate
 bitwise equal to the reference VM (NaNs compared as NaNs: an x86 operation that creates one gives
 -NaN, NumPy's np.nan is +NaN, and the two VMs may meet them in either order) with NaN and
 infinities in every operand, f16/bf16 operands,
-partial tiles, rows narrower than a tile, and run-time fallbacks (a register not in the state
-the run needs), on 1 and 2 threads."""
+partial tiles, rows narrower than a tile, run-time fallbacks (a register not in the state
+the run needs) and two scale chains whose weights stay cached across tiles, on 1 and 2 threads."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -54,6 +54,17 @@ def weight_twice(k, x, w):
     return k.store(k.add(k.mul(k.mul(x, s), w), w))
 
 
+@dvm.kernel
+def two_scales(k, x, w, v, b):
+    """Two scale chains in one kernel, each with its own weight (and one bias): the row vectors
+    cached across tiles (cpu_fused._cached_row) belong to their run."""
+    x = k.load(x)
+    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
+    y = k.add(k.mul(k.mul(x, k.rsqrt(k.add(ms, 1e-6))), k.load(w)), k.load(b))
+    z = k.mul(k.mul(x, k.rsqrt(k.add(ms, 2.0))), k.load(v))
+    return k.store(y), k.store(z)
+
+
 def _kinds(kfn, *args) -> set[int]:
     layout = verify(kfn.program(*args))
     return {int(kind) for kl in layout.kernels for kind in cpu._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
@@ -76,6 +87,7 @@ def test_plan_respects_liveness():
     assert _kinds(apply_live, x, w, w) == {FK_SQSUM}
     assert _kinds(apply_full, x, x, w) == {FK_APPLY}
     assert _kinds(weight_twice, x, w) == {FK_SQSUM, FK_APPLY}
+    assert _kinds(two_scales, x, w, w, w) == {FK_SQSUM, FK_APPLY}
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
@@ -125,7 +137,7 @@ def test_fused_runs_match_reference(dtype, shape):
     x, w, b = _data(dt, shape)
     z = np.abs(_data(dt, shape)[0])
     cases = [(layernorm, (x, w, b)), (rmsnorm, (x, w)), (sq_live, (x,)), (apply_live, (x, w, b)),
-             (apply_full, (x, z, w)), (weight_twice, (x, w))]
+             (apply_full, (x, z, w)), (weight_twice, (x, w)), (two_scales, (x, w, b[::-1].copy(), b))]
     for kfn, args in cases:
         want = run_on(reference.run, kfn, *args)
         for n in (1, 2):

@@ -1,11 +1,18 @@
 """Always-on, cheap counters: traces, encodes, cache hits, launches, copies, encode times."""
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 
 _LOCK = threading.Lock()
 _COUNTS: Counter = Counter()
+# The launch path's two counts: next() on an itertools.count is one C call, atomic under the GIL
+# and ~5x cheaper than a lock round trip with two dict updates (~340 ns a launch). Their values
+# are read from repr(count) ("count(N)"); reset() records the values it starts from.
+_LAUNCHES = itertools.count()
+_HITS = itertools.count()
+_BASE = {"launches": 0, "cache_hits": 0}
 _ENCODE_NS: list[int] = []
 _MAX_SAMPLES = 100_000
 
@@ -16,11 +23,19 @@ def bump(name: str, n: int = 1) -> None:
 
 
 def bump_launch(cache_hit: bool) -> None:
-    """One launch (the hot path: one lock round trip), and a program cache hit when it was one."""
-    with _LOCK:
-        _COUNTS["launches"] += 1
-        if cache_hit:
-            _COUNTS["cache_hits"] += 1
+    """One launch (the hot path: no lock), and a program cache hit when it was one."""
+    next(_LAUNCHES)
+    if cache_hit:
+        next(_HITS)
+
+
+def _value(c: itertools.count) -> int:
+    """The next number `c` would return, i.e. how many times it was advanced."""
+    return int(repr(c)[len("count("):-1])
+
+
+def _launch_counts() -> dict:
+    return {"launches": _value(_LAUNCHES) - _BASE["launches"], "cache_hits": _value(_HITS) - _BASE["cache_hits"]}
 
 
 def record_encode(ns: int) -> None:
@@ -34,6 +49,9 @@ def snapshot() -> dict:
     """Current counts, plus encode-time percentiles in microseconds when there are samples."""
     with _LOCK:
         out = dict(_COUNTS)
+        for name, n in _launch_counts().items():
+            if n:
+                out[name] = out.get(name, 0) + n
         samples = sorted(_ENCODE_NS)
     if samples:
         out["encode_us_p50"] = samples[len(samples) // 2] / 1e3
@@ -45,3 +63,4 @@ def reset() -> None:
     with _LOCK:
         _COUNTS.clear()
         _ENCODE_NS.clear()
+        _BASE.update(launches=_value(_LAUNCHES), cache_hits=_value(_HITS))

@@ -16,7 +16,10 @@ through are dead after it (checked by the plan), so they are not written.
              mul and add are commutative, so their operands may come in either order
 
 x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the reductions).
-Scratch: sf holds 2*BN + BM lanes (w, b and a copy of s).
+Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then w and b.
+w and b stay there across the tiles of a launch (a norm's weight and bias are the same row at
+every row block): st[ST_CACHE] tags them with the run's pc and the tile's c0, set only for
+operands loaded from a buffer that no output of the launch overlaps (aok).
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem, _row_uni
 from .cpu_reduce import _is_pow2, _rowred, _tree_p2
 
 FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM = range(5)
+SF_ROWS = 4      # sf: BN-lane rows (two for the trees, w, b) besides its BM lanes
+ST_ROWS = 5      # st: the four banks' register states, then ST_CACHE
+ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
 NO_SRC = -1      # FK_APPLY without a bias stage
 
@@ -147,6 +153,22 @@ def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
 
 
 @njit(inline='always', **OPTS)
+def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
+    """_row_vector into dst unless dst already holds it: the same run (pc) loaded it from a buffer
+    at the same c0 in this launch. Tagged only when aok: no output overlaps the buffer."""
+    k = 2 * slot
+    if src >= 0 and st[ST_CACHE, k] == pc + 1 and st[ST_CACHE, k + 1] == c0:
+        return True
+    st[ST_CACHE, k] = 0
+    if not _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+        return False
+    if src >= 0 and aok:
+        st[ST_CACHE, k] = pc + 1
+        st[ST_CACHE, k + 1] = c0
+    return True
+
+
+@njit(inline='always', **OPTS)
 def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
     """Run the fused instructions starting at pc when their registers are in the expected states;
     returns how many instructions it did (a trailing store written in place included), 0 if it
@@ -162,11 +184,12 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
             x, s = s, x
         if st[0, x] != 0 or st[0, s] != 1:
             return 0
-        w, b = sf[:bn], sf[bn:2 * bn]
+        w, b = sf[2 * bn + bm:3 * bn + bm], sf[3 * bn + bm:4 * bn + bm]
         bias = fz[pc, 5] != NO_SRC
-        if not _row_vector(w, fz[pc, 4], F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+        if not _cached_row(w, 0, fz[pc, 4], pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
             return 0
-        if bias and not _row_vector(b, fz[pc, 5], F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+        if bias and not _cached_row(b, 1, fz[pc, 5], pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix,
+                                    aok):
             return 0
         last = pc + n - 1
         p = _direct_addr(peep[last], optab, dims, meta, addrs, r0, c0) if aok and peep[last] >= 0 else 0

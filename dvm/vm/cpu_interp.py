@@ -41,7 +41,7 @@ from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E
                       _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
-from .cpu_fused import FUSE_WIDTH, _run_fused
+from .cpu_fused import FUSE_WIDTH, SF_ROWS, ST_ROWS, _run_fused
 from .cpu_sync import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN,
                        MB_U0, MB_U1, S_CHUNK, S_DONE, S_ERR, S_NEXT, SPINNING, _atomic_add, _atomic_load,
                        _atomic_store, _await_post, _post_all, _retract_all)
@@ -280,7 +280,8 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
           r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz):
     """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
     st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant),
-    3 a row vector (row 0 holds the row every row repeats; row-major tiles)."""
+    3 a row vector (row 0 holds the row every row repeats; row-major tiles). st[ST_CACHE]: the tags
+    of cpu_fused's cached row vectors (0: none; reset with the states at every launch)."""
     bm, bn = meta[M_BM], meta[M_BN]
     tl = meta[M_TL] != 0
     ncv = 1 if fin else min(bn, meta[M_COLS] - c0)
@@ -508,8 +509,8 @@ def _run_kernel(u0, u1, blob, base, dec, bufs, sched):
     Do = np.empty(max(nd * t, 1), np.float64)
     Io = np.empty(max(ni * t, 1), np.int64)
     Bo = np.empty(max(nb * t, 1), np.uint8)
-    So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + 4 * MAX_REGS, np.int64)   # fp, ix, si, si2, st
-    Sf = np.empty(2 * bn + bm, np.float32)          # two rows (the tree ping-pongs) + BM lanes (cpu_fused)
+    So = np.empty(max(nf, 1) + 2 * (bm + bn) + 3 * bn + ST_ROWS * MAX_REGS, np.int64)   # fp, ix, si, si2, st
+    Sf = np.empty(SF_ROWS * bn + bm, np.float32)    # tree rows, cpu_fused's BM lanes and cached row vectors
     Sd = np.empty(2 * bn, np.float64)
     s0 = So.ctypes.data
     nfp = max(nf, 1)
@@ -520,10 +521,10 @@ def _run_kernel(u0, u1, blob, base, dec, bufs, sched):
                       carray(ptr_f32(Fo.ctypes.data), (nf, t)), carray(ptr_f64(Do.ctypes.data), (nd, t)),
                       carray(ptr_i64(Io.ctypes.data), (ni, t)), carray(ptr_u8(Bo.ctypes.data), (nb, t)),
                       carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
-                      carray(ptr_f32(Sf.ctypes.data), 2 * bn + bm), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
+                      carray(ptr_f32(Sf.ctypes.data), SF_ROWS * bn + bm), carray(ptr_f64(Sd.ctypes.data), 2 * bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn))), 2 * bn),
                       carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
-                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (4, MAX_REGS)))
+                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (ST_ROWS, MAX_REGS)))
     _keep(Fo, Do, Io, Bo, So, Sf, Sd)
     return err
 
