@@ -115,14 +115,16 @@ def _quotient_overflows(a, b, out_dtype):
     return np.isfinite(a64) & np.isfinite(b64) & (b64 != 0) & ~(q <= big)
 
 
+def _torch_arg(x):
+    """An operand for eager: arrays as tensors, Python scalars as they are (weak)."""
+    return to_torch(x) if isinstance(x, np.ndarray) else x
+
+
 def _floor_steps_differ(a, b, out_dtype):
     """Where eager's f16/bf16 floor_divide differs from the floor computed in f32 and rounded once."""
-    def eager_arg(x):
-        return to_torch(x) if isinstance(x, np.ndarray) else x
-
     def f32_arg(x):
-        return to_torch(np.asarray(x, dtype=np.float32)) if isinstance(x, np.ndarray) else x
-    eager = torch.floor_divide(eager_arg(a), eager_arg(b))
+        return _torch_arg(np.asarray(x, dtype=np.float32) if isinstance(x, np.ndarray) else x)
+    eager = torch.floor_divide(_torch_arg(a), _torch_arg(b))
     once = torch.floor_divide(f32_arg(a), f32_arg(b)).to(eager.dtype)
     return ~((eager == once) | (eager.isnan() & once.isnan())).numpy()
 
@@ -179,7 +181,7 @@ def check_ew(op: str, args: tuple, torch_fn, what: str) -> None:
     """Run op over args (arrays / Python scalars) in DVM and compare with torch_fn on the same
     values; torch_fn raising (RuntimeError / TypeError) means DVM must raise DTypeError."""
     def eager(xs):
-        return torch_fn(*[to_torch(x) if isinstance(x, np.ndarray) else x for x in xs])
+        return torch_fn(*[_torch_arg(x) for x in xs])
     try:
         expected = eager(args)
     except (RuntimeError, TypeError) as e:

@@ -70,7 +70,7 @@ class CompiledGraph:
             prog = self._programs.get(key)
             if prog is not None:
                 self._programs.move_to_end(key)
-                counters.bump("cache_hits")
+                counters.bump_cache_hit()
                 return prog
         t0 = time.perf_counter_ns()
         prog = encode_program(self.templates, self.args, env, layouts)

@@ -29,5 +29,5 @@ def execute(program: Program, buffers: Sequence[np.ndarray], vm: str | None = No
     cannot overlap anything (skips only the overlap test, never the bounds test)."""
     layout = verify(program)
     check_buffers(layout, buffers, check_overlap=not fresh_outputs)
-    counters.bump("launches")
+    counters.bump_launch(False)
     vm_runner(vm)(layout, list(buffers))
