@@ -189,6 +189,30 @@ def test_row_vectors_and_uniform_operands(dtype, shape):
 
 
 @dvm.kernel
+def constant_mix(k, x):
+    """Constants (kept in BM lanes until a full-tile reader needs them all): beside a row-level
+    value, as a scalar operand, in a comparison and a where read as full tiles, and in the int64
+    and f64 banks."""
+    x = k.load(x)
+    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
+    y = k.mul(x, k.rsqrt(k.add(ms, 1e-5)))
+    y = k.where(k.gt(x, 0.25), y, -2.0)
+    n = k.add(k.cast(k.gt(x, 0.0), "int64"), 3)
+    d = k.mul(k.cast(x, "float64"), 1.5)
+    return k.store(k.add(y, 0.5)), k.store(n), k.store(d)
+
+
+@pytest.mark.parametrize("shape", [(256, 1024), (9, 1030), (37, 17), (5, 3, 65), (1, 1)])
+def test_constants_filled_on_demand(shape):
+    """A constant fills lanes [0, BM) of its register; the first full-tile reader fills the rest
+    (cpu_rowlevel._expand_sources). Bitwise equal to the reference VM on 1 and 2 threads, tall
+    row tiles (256 x 1024: 16 rows) and narrow ones included, with NaN and infinities."""
+    x = (RNG.standard_normal(shape) * 2).astype(np.float32)
+    x.reshape(-1)[::11], x.reshape(-1)[5::17] = np.nan, np.inf
+    _bitwise_as_reference(constant_mix, x, why=(shape,))
+
+
+@dvm.kernel
 def scalar_mix(k, x, e, s, h, n, p):
     """0-d operands (loaded compact): an f64 epsilon cast to f32 beside a row-level value (the
     form dynamic=True gives a norm's epsilon), f32 and f16 scalars against full tiles, an int64

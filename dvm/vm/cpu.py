@@ -2,7 +2,7 @@
 
 Same contract and semantics as dvm.vm.reference.run. The dispatch is derived from the ISA table
 at import time: every opcode is decoded to (group, op, bank, source bank, elementwise kind) in
-this module's own numbering (cpu_kernels / cpu_interp), passed to the compiled code as an array.
+this module's own numbering (cpu_kernels / cpu_interp / cpu_entry), passed to the compiled code as an array.
 
 Threads: work units are row blocks (each runs all sweeps of its rows, so reductions never cross
 threads and results do not depend on the thread count), or, for kernels with one sweep and no
@@ -21,6 +21,7 @@ from ..config import config
 from ..codegen.program import ARG_IN, MAX_REGS, KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from .buffers import data_ptr
+from . import cpu_entry as ce
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import cpu_bits, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_sync
@@ -28,7 +29,7 @@ from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
 from .cpu_fused import FUSE_WIDTH
 from .cpu_threads import Workers
 
-assert ci.MAX_REGS == MAX_REGS
+assert ce.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
 _BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
@@ -104,11 +105,11 @@ def handled(spec: isa.InstrSpec) -> bool:
 def _salt_cache() -> None:
     """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
     h = hashlib.sha256()
-    for mod in (cpu_bits, cpu_math, ck, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_fused, cpu_sync, ci):
+    for mod in (cpu_bits, cpu_math, ck, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_fused, cpu_sync, ci, ce):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]
-    for disp in ci.ENTRY_POINTS:
+    for disp in ce.ENTRY_POINTS:
         try:
             cf = disp._cache._cache_file
             if not (isinstance(cf._source_stamp, tuple) and cf._source_stamp[-1:] == (salt,)):
@@ -130,14 +131,14 @@ def _run_units(d: "_Desc", args: tuple, threads: int | None) -> int:
     """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
     DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they
     wake up (a sleeping worker's handoff costs 14-60 us on this machine; a spinning one's ~0.1
-    us, see cpu_sync), claiming chunks of units from an atomic counter (cpu_interp._exec_units),
+    us, see cpu_sync), claiming chunks of units from an atomic counter (cpu_entry._exec_units),
     so a late worker costs nothing. numba's threading layer is never started: its spinning
     OpenMP threads slow PyTorch in the same process 10-40x."""
     nthreads = 1
     if d.work >= PARALLEL_MIN_ELEMS:
         nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
     if nthreads == 1:
-        return ci.run_units(0, d.n_units, *args, _NO_SCHED, False)
+        return ce.run_units(0, d.n_units, *args, _NO_SCHED, False)
     _WORKERS.ensure(nthreads - 1)
     return _WORKERS.launch(d, args, nthreads - 1)
 
@@ -267,25 +268,25 @@ def _desc(kl: KernelLayout, n_args: int) -> _Desc:
 
 
 def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
-    """The descriptor as one int64 array (layout: cpu_interp.P_*)."""
+    """The descriptor as one int64 array (layout: cpu_entry.P_*)."""
     segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio, d.fuse]
-    assert len(segs) == ci.N_SEGS and d.instrs.shape[1] == 6 and d.rio.shape[1] == ci.RIO_WIDTH
+    assert len(segs) == ce.N_SEGS and d.instrs.shape[1] == 6 and d.rio.shape[1] == ce.RIO_WIDTH
     assert d.fuse.shape[1] == FUSE_WIDTH
-    head = np.zeros(ci.P_HEADER, np.int64)
+    head = np.zeros(ce.P_HEADER, np.int64)
     head[0] = d.tile_par
     head[-1] = d.optab.shape[1]
-    head[ci.H_UNITS] = d.n_units
-    at = ci.P_HEADER
+    head[ce.H_UNITS] = d.n_units
+    at = ce.P_HEADER
     for k, seg in enumerate(segs):
         head[1 + 2 * k], head[2 + 2 * k] = at, seg.size
         at += seg.size
-    head[ci.H_LEN] = at
+    head[ce.H_LEN] = at
     return np.concatenate([head] + [np.ascontiguousarray(seg, np.int64).reshape(-1) for seg in segs])
 
 
 def _chain(descs) -> np.ndarray | None:
     """The packed kernels back to back when every one is below the threading threshold: the
-    whole launch is then one call of the compiled code (cpu_interp.run_units with u1 < 0)."""
+    whole launch is then one call of the compiled code (cpu_entry.run_units with u1 < 0)."""
     if descs and all(d.work < PARALLEL_MIN_ELEMS for d in descs):
         return np.concatenate([d.blob for d in descs])
     return None
@@ -330,6 +331,6 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
     pd = _prog(layout)
     if pd[3] is not None:   # small kernels only: one call runs them all, in order
-        _check(ci.run_units(0, -1, pd[3], DECODE, bufs, _NO_SCHED, False))
+        _check(ce.run_units(0, -1, pd[3], DECODE, bufs, _NO_SCHED, False))
     else:
         _run_kernels(pd[1], bufs, threads)

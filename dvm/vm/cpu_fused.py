@@ -30,7 +30,7 @@ from .cpu_kernels import R_SUM
 from .cpu_bits import OPTS, ptr_f32, ptr_u16
 from .cpu_math import exp_into
 from .cpu_kernels import DT_BF16, DT_F16, DT_F32
-from .cpu_mem import M_BM, M_BN, M_COLS, M_TL, _direct_addr, _fv, _mem, _row_uniform
+from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _mem, _row_addrs, _row_uniform
 from .cpu_reduce import _is_pow2, _rowred, _tree_p2
 
 FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM = range(5)
@@ -128,6 +128,22 @@ def _apply_rows(o, x, s, w, b, bm, bn, bias):
                 orow[k] = (xr[k] * sv) * w[k]
 
 
+@njit(**OPTS)
+def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
+    """_apply_rows straight into a buffer: row r's ncv valid lanes at address ra[r] (the store
+    it replaces, for tiles _direct_addr cannot alias: partial, or rows not back to back)."""
+    for r in range(nrows):
+        sv = s[r]
+        xr = x[r * bn:r * bn + ncv]
+        orow = carray(ptr_f32(ra[r]), ncv)
+        if bias:
+            for k in range(ncv):
+                orow[k] = ((xr[k] * sv) * w[k]) + b[k]
+        else:
+            for k in range(ncv):
+                orow[k] = (xr[k] * sv) * w[k]
+
+
 @njit(inline='always', **OPTS)
 def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
     """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
@@ -192,16 +208,22 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
                                     aok):
             return 0
         last = pc + n - 1
-        p = _direct_addr(peep[last], optab, dims, meta, addrs, r0, c0) if aok and peep[last] >= 0 else 0
-        if y == x and p == 0 and fp[x] == 0:   # in place: the loop would not vectorize
+        j = peep[last]   # >= 0: y is read by nothing but the store after the run
+        p = _direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok and j >= 0 else 0
+        nrows = min(bm, meta[M_ROWS] - r0)
+        rows = p == 0 and aok and j >= 0 and _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows)
+        if y == x and p == 0 and not rows and fp[x] == 0:   # in place: the loop would not vectorize
             return 0
         sv = sf[2 * bn:2 * bn + bm]   # a copy: y may be s's register
         sv[:] = _fv(F, fp, s)[:bm]
         xv = _fv(F, fp, x)
         fp[y] = p
         st[0, y] = 0
-        _apply_rows(_fv(F, fp, y), xv, sv, w, b, bm, bn, bias)
-        return n + 1 if p != 0 else n
+        if rows:
+            _apply_to_rows(ix, xv, sv, w, b, nrows, min(bn, meta[M_COLS] - c0), bn, bias)
+        else:
+            _apply_rows(_fv(F, fp, y), xv, sv, w, b, bm, bn, bias)
+        return n + 1 if p != 0 or rows else n
     x = fz[pc, 2]
     if st[0, x] != 0 or bn < 128 or not _is_pow2(bn):
         return 0

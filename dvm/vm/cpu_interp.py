@@ -1,7 +1,8 @@
-"""The CPU VM interpreter: memory access per tile, the per-instruction dispatch and the row-block /
-tile loops, compiled once by numba and cached on disk.
+"""The CPU VM interpreter: memory access per tile and the per-instruction dispatch of a tile
+(`_exec`), inlined into the compiled entry point (cpu_entry.run_units, cached on disk), which
+loops over the tiles and work units.
 
-Kernel descriptor (built by cpu.py, passed packed into one array: see run_units):
+Kernel descriptor (built by cpu.py, passed packed into one array: see cpu_entry):
   instrs  int64 [n_instr, 6]     the program's instructions (opcode + 5 fields)
   dec     int64 [n_opcodes, 5]   per opcode: group, op id, bank, source bank, ew kind
   meta    int64 [...]            see cpu.py (_M_* offsets)
@@ -21,8 +22,6 @@ Register layout: row-major, or column-major for the kernels cpu._transposed pick
 see cpu_mem / cpu_reduce. Row-level values (reduction results, loads of 0-d operands, arithmetic
 on them) are kept compact, one lane per row, and broadcast lazily (cpu_rowlevel; per-register state
 in `st`).
-Registers, scratch and the caller's tables are handed to the compiled loops as views without a
-meminfo (run_units), so slicing them never touches a reference count.
 """
 from __future__ import annotations
 
@@ -36,19 +35,12 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _bin_float, _bin_i64, _cast_to_b8, _cast_to_f32, _cast_to_f64, _cast_to_int,
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_bits import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
-from .cpu_mem import (M_BM, M_BN, M_COLS, M_NB, M_ND, M_NF, M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, M_TL,
-                      _alias_ok, _col_uniform, _direct_addr, _fv, _index, _index_t, _load_compact, _mem, _mem_t,
-                      _row_uniform)
+from .cpu_mem import (M_BM, M_BN, M_COLS, M_ROWS, M_TL, _col_uniform, _direct_addr, _fv, _index, _index_t,
+                      _load_compact, _mem, _mem_t, _row_addrs, _row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
-from .cpu_fused import FUSE_WIDTH, SF_ROWS, ST_ROWS, _run_fused
-from .cpu_sync import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN,
-                       MB_U0, MB_U1, S_CHUNK, S_DONE, S_ERR, S_NEXT, SPINNING, _atomic_add, _atomic_load,
-                       _atomic_store, _await_post, _post_all, _retract_all)
-from .cpu_rowlevel import _bin_rowb, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
-
-MAX_REGS = 256   # per bank (codegen.program.MAX_REGS; checked in cpu.py)
-
+from .cpu_fused import _run_fused
+from .cpu_rowlevel import _bin_rowb, _bin_rowb_to_rows, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
 
 @njit(inline='always', **OPTS)
 def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact, one_row):
@@ -279,8 +271,9 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp, aok,
           r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz):
     """rio[pc]: per field, 1 + the bank of a register it reads (fields 0-4) / writes (5-9), else 0.
-    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant),
-    3 a row vector (row 0 holds the row every row repeats; row-major tiles). st[ST_CACHE]: the tags
+    st[bank, reg]: 0 a full tile, 1 compact (row r's value in lane r), 2 uniform (a constant) in
+    lanes [0, BM) only, 3 a row vector (row 0 holds the row every row repeats; row-major tiles),
+    4 uniform in every lane (a state-2 register a full-tile reader needed). st[ST_CACHE]: the tags
     of cpu_fused's cached row vectors (0: none; reset with the states at every launch)."""
     bm, bn = meta[M_BM], meta[M_BN]
     tl = meta[M_TL] != 0
@@ -304,17 +297,25 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         if wf == 2 and fp[f1] != 0:   # read-modify-write of an aliased register: copy it in first
             F[f1][:] = carray(ptr_f32(fp[f1]), F.shape[1])
             fp[f1] = 0
-        elif wf == 1:   # writes F register f1: back to its bank row, or in place
+        rows = False   # mode 2 writing its rows straight into the store's buffer (ix: their addresses)
+        nrows = min(bm, meta[M_ROWS] - r0)
+        if wf == 1:   # writes F register f1: back to its bank row, or in place
             fp[f1] = 0
             if aok and not fin and peep[pc] >= 0 and mode != 1:
                 p = _direct_addr(peep[pc], optab, dims, meta, addrs, r0, c0)
                 if p != 0:
                     fp[f1] = p
                     skip = pc + 1
+                elif mode == 2 and _row_addrs(ix, peep[pc], optab, dims, meta, addrs, r0, c0, nrows):
+                    rows = True   # (peep: f1 is read by nothing but the store, which is skipped)
+                    skip = pc + 1
         n = bm if mode == 1 else bm * bn
         err = 0
         if g == G_EW:
-            if mode == 2:   # f32 binary op of a full tile and a compact register, broadcast on the fly
+            if mode == 2 and rows:
+                full, comp = (f3, f2) if cf == 1 else (f2, f3)
+                _bin_rowb_to_rows(op, ix, _fv(F, fp, full), _fv(F, fp, comp), nrows, ncv, bn, cf == 1)
+            elif mode == 2:   # f32 binary op of a full tile and a compact register, broadcast on the fly
                 full, comp = (f3, f2) if cf == 1 else (f2, f3)
                 _bin_rowb(op, _fv(F, fp, f1), _fv(F, fp, full), _fv(F, fp, comp), bm, bn, tl, cf == 1)
             elif mode == 4:   # f32 binary op of a full tile and a uniform register: its lane 0
@@ -354,16 +355,16 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 _index_t(I[f1], f2, optab, dims, meta, r0, c0, fin)
             else:
                 _index(I[f1], f2, optab, dims, meta, r0, c0, fin)
-        elif g == G_CONST:
+        elif g == G_CONST:   # lanes [0, BM) only: what compact and scalar readers use (state 2)
             bits = consts[f2]
             if bank == BK_F32:
-                F[f1][:] = np.float32(consts.view(np.float64)[f2])
+                F[f1][:bm] = np.float32(consts.view(np.float64)[f2])
             elif bank == BK_F64:
-                D[f1][:] = consts.view(np.float64)[f2]
+                D[f1][:bm] = consts.view(np.float64)[f2]
             elif bank == BK_I64:
-                I[f1][:] = bits
+                I[f1][:bm] = bits
             else:
-                B[f1][:] = 1 if bits != 0 else 0
+                B[f1][:bm] = 1 if bits != 0 else 0
             mode = 3
         else:
             err = ERR_UNHANDLED
@@ -376,221 +377,3 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 if b > 0:
                     st[b - 1, instrs[pc, 1 + f]] = new
     return 0
-
-
-@njit(inline='always', **OPTS)
-def _exec_units(u0, u1, tile_par, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, argsz, argst,
-                rio, fz, sched, F, D, I, B, fp, ix, sf, sd, si, si2, st):
-    """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.
-    F, D, I, B, fp and the scratch rows are views without a meminfo (see run_units).
-
-    sched empty: this thread runs all of [u0, u1). Else [next, done, err, chunk]: threads share
-    the units, each claiming `chunk` units at a time from `next` (atomically) and adding them to
-    `done` when finished; a thread that starts late finds them claimed. Units are independent
-    (reductions never cross a unit), so results do not depend on who runs which. After an error
-    (stored in err) a thread still claims and counts units, without running them."""
-    bm, bn = meta[M_BM], meta[M_BN]
-    fp[:] = 0
-    st[:, :] = 0
-    aok = _alias_ok(addrs, numels, argsz, argst)
-    cols = meta[M_COLS]
-    nct = (cols + bn - 1) // bn
-    per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)
-    dyn = sched.shape[0] > S_CHUNK
-    sp = np.int64(sched.ctypes.data) if dyn else np.int64(0)
-    chunk = max(sched[S_CHUNK], 1) if dyn else max(u1 - u0, 1)
-    a = u0        # the current chunk of units [a, b)
-    b = u0
-    q = -1        # step in the chunk; -1: the prologue
-    total = 0
-    once = False
-    err = 0
-    # one call site for _exec (it is inlined)
-    while True:
-        if q >= total:
-            if dyn:
-                if b > a:
-                    _atomic_add(sp + 8 * S_DONE, b - a)
-                a = _atomic_add(sp + 8 * S_NEXT, chunk)
-            elif once:
-                break
-            else:
-                once = True
-                a = u0
-            if a >= u1:
-                break
-            b = min(a + chunk, u1)
-            total = (b - a) * per_unit
-            q = 0
-        if q < 0:
-            s, e, r0, c0, fin = meta[M_PRO_S], meta[M_PRO_E], u0 * 0, u0 * 0, bm > 0
-        elif tile_par:
-            u = a + q
-            s, e, r0, c0, fin = meta[M_SW + 2], meta[M_SW + 3], (u // nct) * bm, (u % nct) * bn, bm < 0
-        else:
-            u = a + q // per_unit
-            t = q % per_unit
-            sw = M_SW + 6 * (t // (nct + 2))
-            ph = t % (nct + 2)
-            r0 = u * bm
-            if ph == 0:
-                s, e, c0, fin = meta[sw], meta[sw + 1], u0 * 0, bm > 0
-            elif ph == nct + 1:
-                s, e, c0, fin = meta[sw + 4], meta[sw + 5], u0 * 0, bm > 0
-            else:
-                s, e, c0, fin = meta[sw + 2], meta[sw + 3], (ph - 1) * bn, bm < 0
-        q += 1
-        if s == e or err != 0:
-            continue
-        err = _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, D, I, B, fp,
-                    aok, r0, c0, fin, ix, sf, sd, si, si2, rio, st, fz)
-        if err != 0 and dyn:
-            sched[S_ERR] = err
-    return err
-
-
-@njit(**OPTS)
-def _keep(*arrays):
-    """A use that keeps the owning arrays alive until here (numba frees after the last use)."""
-    return len(arrays)
-
-
-@njit(inline='always', **OPTS)
-def _raw(a):
-    """An int64 array as a view without a meminfo (not reference-counted)."""
-    return carray(ptr_i64(a.ctypes.data), a.shape)
-
-
-# Packed kernel descriptor (cpu.py `_pack`): one int64 array, so that a launch passes a few arrays
-# to the compiled code instead of 13 (numba's per-argument dispatch cost dominates small launches).
-# blob[0] = tile_par; blob[1 + 2k], blob[2 + 2k] = offset and length of segment k (P_* below);
-# blob[H_UNITS] = the kernel's work units; blob[H_LEN] = the blob's own length (blobs can be
-# chained back to back); blob[P_HEADER - 1] = the width of an optab row. Segments are handed
-# down as raw views.
-P_INSTRS, P_PEEP, P_META, P_DIMS, P_OPTAB, P_CONSTS, P_ARGSZ, P_ARGST, P_RIO, P_FUSE = range(10)
-N_SEGS = 10
-H_UNITS, H_LEN = 1 + 2 * N_SEGS, 2 + 2 * N_SEGS
-P_HEADER = 4 + 2 * N_SEGS
-RIO_WIDTH = 10
-
-
-@njit(inline='always', **OPTS)
-def _seg(blob, base, k):
-    """Segment k of a packed descriptor (the caller keeps `blob` alive)."""
-    return carray(ptr_i64(base + 8 * blob[1 + 2 * k]), blob[2 + 2 * k])
-
-
-@njit(inline='always', **OPTS)
-def _seg2(blob, base, k, width):
-    return carray(ptr_i64(base + 8 * blob[1 + 2 * k]), (blob[2 + 2 * k] // width, width))
-
-
-@njit(inline='always', **OPTS)
-def _line(n):
-    """n rounded up to a multiple of 64 (a cache line)."""
-    return (n + 63) & ~63
-
-
-@njit(inline='always', **OPTS)
-def _run_kernel(u0, u1, blob, base, dec, bufs, sched):
-    """Work units [u0, u1) of the kernel packed at `base` (blob: its raw view).
-
-    Registers and scratch are allocated here and handed down as raw-pointer views (carray): a
-    view without a meminfo is never reference-counted, while every slice of an owned array
-    costs an atomic increment and decrement (that was 70% of the time of narrow-row kernels)."""
-    n = bufs.shape[0] // 2
-    tile_par = blob[0] != 0
-    instrs = _seg2(blob, base, P_INSTRS, 6)
-    optab = _seg2(blob, base, P_OPTAB, blob[P_HEADER - 1])
-    rio = _seg2(blob, base, P_RIO, RIO_WIDTH)
-    fz = _seg2(blob, base, P_FUSE, FUSE_WIDTH)
-    peep, meta, dims = _seg(blob, base, P_PEEP), _seg(blob, base, P_META), _seg(blob, base, P_DIMS)
-    consts, argsz, argst = _seg(blob, base, P_CONSTS), _seg(blob, base, P_ARGSZ), _seg(blob, base, P_ARGST)
-    addrs = carray(ptr_i64(bufs.ctypes.data), n)
-    numels = carray(ptr_i64(bufs.ctypes.data + 8 * n), n)
-    bm, bn = meta[M_BM], meta[M_BN]
-    t = bm * bn
-    nf, nd, ni, nb = meta[M_NF], meta[M_ND], meta[M_NI], meta[M_NB]
-    # one block for all of it (one allocation, not seven: ~0.2 us a launch), every part starting
-    # on a 64-byte line: AVX-512 stores that straddle two lines make a store-bound pass ~40 %
-    # slower (a 4096-lane pass: 64 ns aligned, 89 ns at 32 bytes off; numba aligns to 32 only)
-    nfp = max(nf, 1)
-    n_so = nfp + 2 * (bm + bn) + 3 * bn + ST_ROWS * MAX_REGS   # fp, ix, si, si2, st
-    n_sf = SF_ROWS * bn + bm   # tree rows, cpu_fused's BM lanes and cached row vectors
-    o_d = _line(4 * max(nf * t, 1))
-    o_i = o_d + _line(8 * max(nd * t, 1))
-    o_b = o_i + _line(8 * max(ni * t, 1))
-    o_so = o_b + _line(max(nb * t, 1))
-    o_sf = o_so + _line(8 * n_so)
-    o_sd = o_sf + _line(4 * n_sf)
-    blk = np.empty(o_sd + 16 * bn + 64, np.uint8)
-    p0 = _line(np.int64(blk.ctypes.data))
-    s0 = p0 + o_so
-    # the caller's int64 tables too (the caller keeps them alive during the call)
-    err = _exec_units(u0, u1, tile_par, instrs, _raw(dec), peep, meta, dims,
-                      optab, consts, addrs, numels, argsz, argst, rio, fz,
-                      _raw(sched),
-                      carray(ptr_f32(p0), (nf, t)), carray(ptr_f64(p0 + o_d), (nd, t)),
-                      carray(ptr_i64(p0 + o_i), (ni, t)), carray(ptr_u8(p0 + o_b), (nb, t)),
-                      carray(ptr_i64(s0), nfp), carray(ptr_i64(s0 + 8 * nfp), 2 * (bm + bn)),
-                      carray(ptr_f32(p0 + o_sf), n_sf), carray(ptr_f64(p0 + o_sd), 2 * bn),
-                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn))), 2 * bn),
-                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 2 * bn)), bn),
-                      carray(ptr_i64(s0 + 8 * (nfp + 2 * (bm + bn) + 3 * bn)), (ST_ROWS, MAX_REGS)))
-    _keep(blk)
-    return err
-
-
-WORKER = -7   # run_units(WORKER, spin_ticks, mailbox, DECODE, mailbox, mailbox, False): a worker's spin
-
-
-@njit(cache=True, **OPTS)
-def run_units(u0, u1, blob, dec, bufs, sched, wait):
-    """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
-    GIL); bufs: the n buffer addresses, then their n element counts.
-
-    u1 < 0: `blob` is a chain of packed kernels back to back (cpu.py `_prog`), each run whole, in
-    order, on this thread (one call for a launch of small kernels: numba's dispatch costs ~1 us
-    per call); the chain stops at the first error.
-
-    wait (the launching thread of a parallel kernel): first posts the job to the spinning workers
-    that sched lists, returns when every unit is done (cpu_sync). u0 == WORKER: `blob` is a
-    worker's mailbox; runs the jobs posted to it until u1 TSC ticks pass without one."""
-    worker = u0 == WORKER
-    mb = blob.ctypes.data
-    B, F, S = _raw(blob), _raw(bufs), _raw(sched)
-    lo, hi = u0, u1
-    if wait:
-        _post_all(S.ctypes.data, S.shape[0])
-    at = 0
-    err = 0
-    while True:
-        if worker and at == 0:
-            if not _await_post(mb, u1):
-                return 0
-            B = carray(ptr_i64(blob[MB_BLOB]), blob[MB_BLOB_N])
-            F = carray(ptr_i64(blob[MB_BUFS]), blob[MB_BUFS_N])
-            S = carray(ptr_i64(blob[MB_SCHED]), blob[MB_SCHED_N])
-            lo, hi = blob[MB_U0], blob[MB_U1]
-            blob[MB_TAKEN] += 1
-        base = B.ctypes.data + 8 * at
-        kb = carray(ptr_i64(base), B[at + H_LEN])
-        a = lo if hi >= 0 else 0
-        b = hi if hi >= 0 else kb[H_UNITS]
-        if b > a:   # (one call site: the kernel body is inlined once)
-            err = _run_kernel(a, b, kb, base, dec, F, S)
-        at += kb[H_LEN]
-        if hi >= 0 or err != 0 or at >= B.shape[0]:
-            if not worker:
-                break
-            _atomic_store(mb + 8 * MB_STATE, SPINNING)   # a worker's errors are in its job's sched
-            at = 0
-    if wait and S.shape[0] > S_CHUNK:   # the launching thread returns when every unit is done
-        sp = S.ctypes.data
-        while _atomic_load(sp + 8 * S_DONE) < u1 - u0:
-            pass
-        _retract_all(sp, S.shape[0])
-    return err
-
-
-ENTRY_POINTS = (run_units,)

@@ -1,5 +1,5 @@
 """Memory access of the CPU VM: addressing, tile loads and stores with dtype conversion, index
-tiles, and the in-place (aliasing) checks. Compiled by numba (inlined into cpu_interp's entry).
+tiles, and the in-place (aliasing) checks. Compiled by numba (inlined into cpu_entry.run_units).
 
 Two register layouts (cpu.py picks one per kernel; results are identical):
   row-major     lane (r, k) at r*BN + k  (_mem, _index)
@@ -77,6 +77,22 @@ def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
             step *= dims[d]
     base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
     return addrs[optab[j, 1]] + 4 * base
+
+
+@njit(inline='always', **OPTS)
+def _row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
+    """o[r] = the address of lane c0 of row r0 + r of operand j (r < nrows), when j is an f32
+    operand of row-major tiles with one unit-stride column dim, whatever its row strides; False
+    otherwise. For writing rows straight into a buffer where _direct_addr cannot (a partial tile,
+    or rows not back to back)."""
+    nr = meta[M_NR]
+    if meta[M_TL] != 0 or optab[j, 2] != DT_F32 or meta[M_NC] != 1 or optab[j, 4 + nr] != 1:
+        return False
+    _row_bases(o, j, optab, dims, r0, nrows, nr)
+    base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + c0)
+    for r in range(nrows):
+        o[r] = base + 4 * o[r]
+    return True
 
 
 @njit(inline='always', **OPTS)

@@ -1,7 +1,7 @@
 """Raw byte moves of the CPU VM's tiles: whole rows with LLVM's memmove (short rows of the common
 head widths with a constant size, inlined as vector moves), back-to-back rows as one run, and
 the repetition of a tile row by doubling block copies. Compiled by numba (inlined into
-cpu_interp's entry, like cpu_mem, which uses them)."""
+cpu_entry.run_units, like cpu_mem, which uses them)."""
 from __future__ import annotations
 
 from llvmlite import ir

@@ -10,11 +10,11 @@ same f32 operations on the same values.
 """
 from __future__ import annotations
 
-from numba import njit
+from numba import carray, njit
 
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
                           OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
-from .cpu_bits import OPTS
+from .cpu_bits import OPTS, ptr_f32
 from .cpu_moves import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 
@@ -90,6 +90,14 @@ def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
             _vs(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], b[r], swap)
 
 
+@njit(**OPTS)
+def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
+    """_bin_rowb (row-major tiles) straight into a buffer: row r's ncv valid lanes at address
+    ra[r] (the store it replaces, for tiles cpu_mem._direct_addr cannot alias)."""
+    for r in range(nrows):
+        _vs(op, carray(ptr_f32(ra[r]), ncv), a[r * bn:r * bn + ncv], b[r], swap)
+
+
 # Row vectors: a load whose rows are all the same (a weight or bias broadcast over the rows of a
 # row-major tile) fills row 0 only; an f32 binary op applies that row to every row of the other
 # operand (_bin_rowv), a comparison with a compact register pairs them (_cmp_outer), any other
@@ -134,7 +142,10 @@ def _cmp_outer(op, o, c, v, bm, bn, swap):
 
 
 # Register states (cpu_interp._exec keeps them in st[bank, reg]): 0 a full tile, 1 compact,
-# 2 uniform (a constant), 3 a row vector. These two decide how an instruction meets them.
+# 2 uniform (a constant) in lanes [0, BM) only, 3 a row vector, 4 uniform in every lane (filled
+# when a full-tile reader first needs it: a row tile of 16384 lanes costs ~0.7 us to fill, and
+# most constants are only read as scalars or on BM lanes). These two decide how an instruction
+# meets them.
 @njit(inline='always', **OPTS)
 def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
     """How instruction pc meets compact sources: 0 full (compact sources are expanded first),
@@ -161,7 +172,7 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
                 cf = f
             elif sv == 0:
                 nfull += 1
-            elif sv == 2:
+            elif sv == 2 or sv == 4:
                 nuni += 1
                 uf = f
             else:
@@ -197,8 +208,8 @@ def _row_mode(pc, g, op, bank, kind, fin, instrs, rio, st):
 
 @njit(inline='always', **OPTS)
 def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
-    """Broadcast every compact register and row vector instruction pc reads (neither is ever
-    aliased to a buffer: fp is 0 for them)."""
+    """Broadcast every compact register, row vector and constant instruction pc reads (none is
+    ever aliased to a buffer: fp is 0 for them)."""
     for f in range(5):
         b = rio[pc, f] - 1
         if b >= 0:
@@ -213,6 +224,16 @@ def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
                 else:
                     _expand(B[r], bm, bn, tl)
                 st[b, r] = 0
+            elif st[b, r] == 2:   # a constant in lanes [0, BM): into every lane
+                if b == BK_F32:
+                    F[r][:] = F[r][0]
+                elif b == BK_F64:
+                    D[r][:] = D[r][0]
+                elif b == BK_I64:
+                    I[r][:] = I[r][0]
+                else:
+                    B[r][:] = B[r][0]
+                st[b, r] = 4
             elif st[b, r] == 3:   # a row vector (row-major tiles)
                 if b == BK_F32:
                     _repeat_row(F[r], 0, bm, bn)

@@ -22,10 +22,10 @@ keeps the job's arrays alive until it posts that worker's next job (cpu_threads.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .cpu_bits import OPTS
+from .cpu_bits import OPTS, ptr_i64
 
 SLEEPING, SPINNING, POSTED, TAKEN = 0, 1, 2, 3
 MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN = range(10)
@@ -127,17 +127,26 @@ def _await_post(mb, ticks):
 
 
 @njit(inline='always', **OPTS)
-def _post_all(sp, n):
-    """Hand the job to the spinning workers whose mailboxes the launch lists (sched at sp with
-    n words); a worker that went to sleep meanwhile is not posted to and does not help."""
-    if n > S_POST:
-        for k in range(_atomic_load(sp + 8 * S_NPOST)):
-            _cas(_atomic_load(sp + 8 * (S_POST + k)), SPINNING, POSTED)
+def _post_all(sched, blob, bufs, u0, u1):
+    """Hand units [u0, u1) of the job (blob, bufs, sched: raw views, see cpu_entry.run_units) to
+    the spinning workers whose mailboxes sched lists: the job's fields first, then the state (a
+    compare-and-swap, which orders the field stores before it). A worker that went to sleep
+    meanwhile is not posted to and does not help. Only the launching thread writes a listed
+    mailbox's fields: a SPINNING or SLEEPING worker does not read them."""
+    if sched.shape[0] > S_POST:
+        for k in range(sched[S_NPOST]):
+            mb = sched[S_POST + k]
+            m = carray(ptr_i64(mb), MB_WIDTH)
+            m[MB_BLOB], m[MB_BLOB_N] = blob.ctypes.data, blob.shape[0]
+            m[MB_BUFS], m[MB_BUFS_N] = bufs.ctypes.data, bufs.shape[0]
+            m[MB_SCHED], m[MB_SCHED_N] = sched.ctypes.data, sched.shape[0]
+            m[MB_U0], m[MB_U1] = u0, u1
+            _cas(mb, SPINNING, POSTED)
 
 
 @njit(inline='always', **OPTS)
-def _retract_all(sp, n):
+def _retract_all(sched):
     """After the launch: withdraw the job from workers that never took it."""
-    if n > S_POST:
-        for k in range(_atomic_load(sp + 8 * S_NPOST)):
-            _cas(_atomic_load(sp + 8 * (S_POST + k)), POSTED, SPINNING)
+    if sched.shape[0] > S_POST:
+        for k in range(sched[S_NPOST]):
+            _cas(sched[S_POST + k], POSTED, SPINNING)
