@@ -19,7 +19,7 @@ from dvm.codegen.encoder import NeedsCopy
 from dvm.codegen.verifier import check_buffers, verify
 from dvm.errors import DvmError
 from dvm.graph.dtypes import DType
-from dvm.graph.ops import BINARY, OP_TABLE, UNARY
+from dvm.graph.ops import BINARY, UNARY
 from dvm.runtime.compiled import as_buffer
 from dvm import config as dvm_config
 from dvm.vm import cpu, cpu_sync, reference

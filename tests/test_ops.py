@@ -12,7 +12,7 @@ import torch
 
 import dvm
 from dvm.graph.ops import BINARY, OP_TABLE, TERNARY, UNARY
-from helpers import (DTYPES, FLOATS, INTS, NAME_OF_TORCH, NP_DTYPE, TORCH_BINARY, TORCH_DTYPE,
+from helpers import (DTYPES, FLOATS, INTS, NP_DTYPE, TORCH_BINARY, TORCH_DTYPE,
                      TORCH_TERNARY, TORCH_UNARY, assert_same, random_values, run_ew, special_floats,
                      special_ints, to_numpy, to_torch, torch_accepts, check_ew, torch_with_scalar)
 

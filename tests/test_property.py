@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import dvm
 from dvm.graph.ops import BINARY, UNARY
-from helpers import (DTYPES, FLOATS, INTS, NAME_OF_TORCH, NP_DTYPE, TORCH_BINARY, TORCH_UNARY,
+from helpers import (DTYPES, FLOATS, INTS, NAME_OF_TORCH, TORCH_BINARY, TORCH_UNARY,
                      assert_same, check_ew, random_values, to_torch, tol,
                      torch_with_scalar)
 
