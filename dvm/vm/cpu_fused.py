@@ -113,19 +113,22 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
     _rowred(R_SUM, o, e, bm, bn, ncv, s, True)
 
 
+@njit(inline='always', **OPTS)
+def _apply_row(orow, xr, sv, w, b, n, bias):
+    """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
+    if bias:
+        for k in range(n):
+            orow[k] = ((xr[k] * sv) * w[k]) + b[k]
+    else:
+        for k in range(n):
+            orow[k] = (xr[k] * sv) * w[k]
+
+
 @njit(**OPTS)
 def _apply_rows(o, x, s, w, b, bm, bn, bias):
     """o = ((x * s[r]) * w) + b per row r (without `+ b` unless bias)."""
     for r in range(bm):
-        sv = s[r]
-        xr = x[r * bn:(r + 1) * bn]
-        orow = o[r * bn:(r + 1) * bn]
-        if bias:
-            for k in range(bn):
-                orow[k] = ((xr[k] * sv) * w[k]) + b[k]
-        else:
-            for k in range(bn):
-                orow[k] = (xr[k] * sv) * w[k]
+        _apply_row(o[r * bn:(r + 1) * bn], x[r * bn:(r + 1) * bn], s[r], w, b, bn, bias)
 
 
 @njit(**OPTS)
@@ -133,15 +136,7 @@ def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
     """_apply_rows straight into a buffer: row r's ncv valid lanes at address ra[r] (the store
     it replaces, for tiles _direct_addr cannot alias: partial, or rows not back to back)."""
     for r in range(nrows):
-        sv = s[r]
-        xr = x[r * bn:r * bn + ncv]
-        orow = carray(ptr_f32(ra[r]), ncv)
-        if bias:
-            for k in range(ncv):
-                orow[k] = ((xr[k] * sv) * w[k]) + b[k]
-        else:
-            for k in range(ncv):
-                orow[k] = (xr[k] * sv) * w[k]
+        _apply_row(carray(ptr_f32(ra[r]), ncv), x[r * bn:r * bn + ncv], s[r], w, b, ncv, bias)
 
 
 @njit(inline='always', **OPTS)

@@ -42,6 +42,7 @@ from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rf
 from .cpu_fused import _run_fused
 from .cpu_rowlevel import _bin_rowb, _bin_rowb_to_rows, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
 
+
 @njit(inline='always', **OPTS)
 def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact, one_row):
     """compact: a finalize store of a compact register (row r at lane r: column 0 of a
@@ -298,7 +299,7 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
             F[f1][:] = carray(ptr_f32(fp[f1]), F.shape[1])
             fp[f1] = 0
         rows = False   # mode 2 writing its rows straight into the store's buffer (ix: their addresses)
-        nrows = min(bm, meta[M_ROWS] - r0)
+        nrows = bm
         if wf == 1:   # writes F register f1: back to its bank row, or in place
             fp[f1] = 0
             if aok and not fin and peep[pc] >= 0 and mode != 1:
@@ -306,8 +307,10 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
                 if p != 0:
                     fp[f1] = p
                     skip = pc + 1
-                elif mode == 2 and _row_addrs(ix, peep[pc], optab, dims, meta, addrs, r0, c0, nrows):
-                    rows = True   # (peep: f1 is read by nothing but the store, which is skipped)
+                elif mode == 2:
+                    nrows = min(bm, meta[M_ROWS] - r0)
+                    rows = _row_addrs(ix, peep[pc], optab, dims, meta, addrs, r0, c0, nrows)
+                if rows:   # (peep: f1 is read by nothing but the store, which is skipped)
                     skip = pc + 1
         n = bm if mode == 1 else bm * bn
         err = 0
