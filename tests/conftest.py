@@ -1,5 +1,7 @@
 """Every test that runs a program runs on both VMs: the numba CPU VM and the reference VM."""
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import settings
@@ -24,3 +26,28 @@ def vm(request, monkeypatch):
     yield request.param
     monkeypatch.undo()
     dvm_config.reload()
+
+
+# On a cold numba cache the CPU VM's compile takes most of a run (~13 min on 2 cores). Under
+# pytest-xdist the controller starts it in a background process at once, and every test runs
+# its reference-VM case before any CPU-VM case: the workers test on the reference VM while the
+# VM compiles, and each worker's first CPU-VM test waits for that compile (dvm.vm.cpu_compile's
+# lock) instead of compiling the same code itself.
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    config._dvm_compile = subprocess.Popen([sys.executable, "-c", "from dvm.vm import cpu; cpu.compile_vm()"])
+
+
+def pytest_unconfigure(config):
+    proc = getattr(config, "_dvm_compile", None)
+    if proc is not None and proc.poll() is None:   # only reference-VM tests were selected
+        proc.terminate()
+        proc.wait()
+
+
+def pytest_collection_modifyitems(items):
+    def on_cpu(item) -> bool:
+        spec = getattr(item, "callspec", None)
+        return spec is not None and spec.params.get("vm") == "cpu"
+    items.sort(key=on_cpu)   # stable: the reference-VM cases first, each group in its own order

@@ -205,6 +205,17 @@ def test_float_division_by_zero(op, dtype):
         assert_same(run_ew(op, a, b), expected, f"{op}({dtype}) by {z}")
 
 
+def test_negative_zero_constant_while_a_zero_constant_lives():
+    """Graph nodes are interned by value and -0.0 == 0.0 in Python: a live 0.0 constant once made
+    `x / -0.0` divide by +0.0 (found when the test order changed)."""
+    keep = dvm.kernel(lambda k, x: k.store(k.div(k.load(x), 0.0)))
+    a = np.array([1.0, -1.0, 2.5], np.float32)
+    assert (keep(a) == [np.inf, -np.inf, np.inf]).all()
+    div_neg = dvm.kernel(lambda k, x: k.store(k.div(k.load(x), -0.0)))
+    assert (div_neg(a) == [-np.inf, np.inf, -np.inf]).all()
+    assert (keep(a) == [np.inf, -np.inf, np.inf]).all()
+
+
 def test_dvm_reports_its_own_bool_rejections():
     x = np.array([True, False])
     with pytest.raises(dvm.DTypeError):

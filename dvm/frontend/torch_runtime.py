@@ -119,7 +119,8 @@ class SegmentRunner:
         t0 = time.perf_counter()
         self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
         self.compile_s = time.perf_counter() - t0
-        self.launch = TensorLauncher(self.graph) if self.graph else None
+        # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
+        self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
         self.n_kernels = len(self.graph.templates) if self.graph else 0
 
     def check(self, env) -> None:
@@ -143,7 +144,7 @@ class SegmentRunner:
                 env[name] = tensors[i].shape[j]
         if self.checks:
             self.check(env)
-        counters.bump("torch_segment_launches")
+        counters.bump_segment()
         outs = self.launch(env, tensors) if self.launch is not None else ()
         # an input passed through is copied row-major, like every DVM output: later views work
         return tuple([tensors[k].clone(memory_format=torch.contiguous_format) if is_input

@@ -1,6 +1,7 @@
 """Hash-consed graph nodes: equal (op, dtype, shape, inputs, attrs) is the same object."""
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Iterable
 
@@ -8,6 +9,16 @@ from .dtypes import DType
 from .symbolic import Dim, render
 
 _INTERN: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
+
+
+def _key_of(value: Any) -> Any:
+    """An attribute value as part of an intern key. Python's -0.0 == 0.0 (with equal hashes), but
+    a constant -0.0 is not 0.0 (x / -0.0 is -inf): floats carry their sign bit."""
+    if isinstance(value, float):
+        return (float, value, math.copysign(1.0, value))
+    if isinstance(value, tuple):
+        return tuple(_key_of(v) for v in value)
+    return value
 
 
 class Node:
@@ -25,7 +36,7 @@ class Node:
              **attrs: Any) -> "Node":
         shape, inputs = tuple(shape), tuple(inputs)
         items = tuple(sorted(attrs.items()))
-        key = (op, dtype, shape, tuple(id(i) for i in inputs), items)
+        key = (op, dtype, shape, tuple(id(i) for i in inputs), tuple((k, _key_of(v)) for k, v in items))
         node = _INTERN.get(key)
         if node is None:
             node = object.__new__(Node)

@@ -7,13 +7,15 @@ from collections import Counter
 
 _LOCK = threading.Lock()
 _COUNTS: Counter = Counter()
-# Launches and cache hits (the launch path's counts, kept only here): next() on an itertools.count
-# is one C call, atomic under the GIL and ~5x cheaper than a lock round trip with two dict updates
-# (~340 ns a launch). Their values are read from repr(count) ("count(N)"); reset() records the
-# values it starts from.
+# Launches, cache hits and torch segment launches (the launch path's counts, kept only here):
+# next() on an itertools.count is one C call, atomic under the GIL and ~5x cheaper than a lock
+# round trip with two dict updates (~340 ns a launch). Their values are read from repr(count)
+# ("count(N)"); reset() records the values it starts from.
 _LAUNCHES = itertools.count()
 _HITS = itertools.count()
-_BASE = {"launches": 0, "cache_hits": 0}
+_SEGMENTS = itertools.count()   # torch backend segment launches (frontend/torch_runtime)
+_FAST = {"launches": _LAUNCHES, "cache_hits": _HITS, "torch_segment_launches": _SEGMENTS}
+_BASE = dict.fromkeys(_FAST, 0)
 _ENCODE_NS: list[int] = []
 _MAX_SAMPLES = 100_000
 
@@ -30,6 +32,11 @@ def bump_launch(cache_hit: bool) -> None:
         next(_HITS)
 
 
+def bump_segment() -> None:
+    """One launch of a torch backend segment (hot path: no lock)."""
+    next(_SEGMENTS)
+
+
 def bump_cache_hit() -> None:
     """A program cache hit outside a launch (an encode that found its Program)."""
     next(_HITS)
@@ -41,7 +48,7 @@ def _value(c: itertools.count) -> int:
 
 
 def _launch_counts() -> dict:
-    return {"launches": _value(_LAUNCHES) - _BASE["launches"], "cache_hits": _value(_HITS) - _BASE["cache_hits"]}
+    return {name: _value(c) - _BASE[name] for name, c in _FAST.items()}
 
 
 def record_encode(ns: int) -> None:
@@ -67,4 +74,4 @@ def reset() -> None:
     with _LOCK:
         _COUNTS.clear()
         _ENCODE_NS.clear()
-        _BASE.update(launches=_value(_LAUNCHES), cache_hits=_value(_HITS))
+        _BASE.update((name, _value(c)) for name, c in _FAST.items())

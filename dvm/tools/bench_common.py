@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 import dvm
+from dvm import config as dvm_config
 
 
 def machine_info() -> dict:
@@ -34,14 +35,28 @@ def machine_info() -> dict:
             "numpy": np.__version__, "dvm": dvm.__version__, "platform": platform.platform()}
 
 
-def numba_extra() -> dict:
-    """numba's thread count when numba is loaded (the reports record it), else nothing."""
-    if "numba" not in sys.modules:
-        return {}
-    try:
-        return {"numba_threads": sys.modules["numba"].get_num_threads()}
-    except Exception:  # pragma: no cover
-        return {}
+def set_vm_threads(n: int | None) -> str | None:
+    """Make the CPU VM use n threads (DVM_NUM_THREADS, re-read); returns the previous value of
+    the variable (None: unset) for restore_vm_threads. The VM runs its own thread pool, sized by
+    this variable alone, so a benchmark that gives its baselines n threads gives DVM the same."""
+    old = os.environ.get("DVM_NUM_THREADS")
+    if n is not None:
+        os.environ["DVM_NUM_THREADS"] = str(n)
+        dvm_config.reload()
+    return old
+
+
+def restore_vm_threads(old: str | None) -> None:
+    if old is None:
+        os.environ.pop("DVM_NUM_THREADS", None)
+    else:
+        os.environ["DVM_NUM_THREADS"] = old
+    dvm_config.reload()
+
+
+def vm_extra() -> dict:
+    """The CPU VM's thread count (the reports record it)."""
+    return {"dvm_threads": dvm_config.config().threads}
 
 
 def loadavg() -> float | None:

@@ -50,7 +50,8 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import numba_extra, finish_report, fmt_time, loadavg, machine_info, progress
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
+                           set_vm_threads, vm_extra)
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
 DEFAULT_MD = os.path.join("bench-results", "models.md")
@@ -64,7 +65,7 @@ DEFAULT_REPEAT = 5
 # Tiny models: each op's parallel region lasts microseconds, and on a shared 2-core machine an
 # OpenMP thread waiting for a busy core stalls it for a scheduler quantum (eager at 2 threads ran
 # 10-40x slower than at 1 under load 2). One thread by default, the same for every system
-# (torch's intra-op threads: eager, Inductor's C++ kernels, matmuls; numba: DVM's CPU VM).
+# (torch's intra-op threads: eager, Inductor's C++ kernels, matmuls; DVM_NUM_THREADS: DVM's CPU VM).
 DEFAULT_THREADS = 1
 QUICK_REPEAT = 2
 BUCKETS = ((1, 16), (17, 128), (129, 512), (513, 1024))
@@ -410,49 +411,18 @@ def _warm_dynamo() -> float:
     return time.perf_counter() - t0
 
 
-def _numba_threading_layer() -> str:
-    """Make numba's threading layer "workqueue" if nothing chose one and it is not launched yet.
-
-    DVM's CPU VM runs its own thread pool, but numba.get_num_threads() (which it calls for large
-    kernels) launches numba's threading layer, by default OpenMP; its idle threads spin-wait
-    against PyTorch's OpenMP threads, and on this 2-core machine that made eager PyTorch (and
-    everything else run through torch in the process) 10-40x slower. The workqueue layer has no
-    such threads. Returns the layer in use (or the one that will be), as recorded in the report."""
-    try:
-        import numba
-        from numba.np.ufunc import parallel
-    except Exception:  # pragma: no cover
-        return "unavailable"
-    if getattr(parallel, "_is_initialized", False):
-        try:
-            return f"{numba.threading_layer()} (launched before the benchmark)"
-        except Exception:  # pragma: no cover
-            return "unknown"
-    if "NUMBA_THREADING_LAYER" not in os.environ and str(numba.config.THREADING_LAYER) == "default":
-        numba.config.THREADING_LAYER = "workqueue"
-        return "workqueue (set by the benchmark: numba's OpenMP layer stalls PyTorch's threads)"
-    return str(numba.config.THREADING_LAYER)
-
-
-def _set_threads(n: int) -> tuple[int, int | None]:
+def _set_threads(n: int) -> tuple[int, str | None]:
+    """n threads for every system: torch's intra-op threads and the CPU VM's pool."""
     import torch
-    old = (torch.get_num_threads(), None)
+    old = torch.get_num_threads()
     torch.set_num_threads(n)
-    try:
-        import numba
-        old = (old[0], numba.get_num_threads())
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    except Exception:  # pragma: no cover
-        pass
-    return old
+    return old, set_vm_threads(n)
 
 
-def _restore_threads(old: tuple[int, int | None]) -> None:
+def _restore_threads(old: tuple[int, str | None]) -> None:
     import torch
     torch.set_num_threads(old[0])
-    if old[1] is not None:
-        import numba
-        numba.set_num_threads(old[1])
+    restore_vm_threads(old[1])
 
 
 def run(models=MODEL_NAMES, n_lengths: int = DEFAULT_LENGTHS, batches=DEFAULT_BATCHES, seed: int = 0,
@@ -461,13 +431,10 @@ def run(models=MODEL_NAMES, n_lengths: int = DEFAULT_LENGTHS, batches=DEFAULT_BA
         quiet: bool = False, bench: str = "models") -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import dvm.frontend.torch_backend  # noqa: F401  (registers backend "dvm")
-    layer = _numba_threading_layer()
     old_threads = _set_threads(threads)
     try:
-        report = _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm,
-                      threads, quiet, bench)
-        report["numba_threading_layer"] = layer
-        return report
+        return _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm,
+                    threads, quiet, bench)
     finally:
         _restore_threads(old_threads)
 
@@ -536,7 +503,7 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
-    extra = numba_extra()
+    extra = vm_extra()
     failures = []
     for m, mr in results.items():
         d = mr["systems"].get("dvm", {})
@@ -630,8 +597,7 @@ def markdown(report: dict) -> str:
         "# dvm bench models",
         "",
         f"{report['date']}; {m['cpu']}, {m['cores']} cores; torch {report['versions']['torch']} "
-        f"({report['threads']} thread(s): torch and DVM's numba VM; numba threading layer "
-        f"{report.get('numba_threading_layer', '?')}), transformers {report['versions']['transformers']}; DVM VM "
+        f"({report['threads']} thread(s): torch and DVM's CPU VM), transformers {report['versions']['transformers']}; DVM VM "
         f"**{report['vm']}**; 1-min load {load['start']} at start, {load['end']} at end; "
         f"{report['seconds']:.0f} s in all.",
         "",

@@ -46,7 +46,8 @@ import numpy as np
 
 import dvm
 
-from .bench_common import numba_extra, finish_report, fmt_time, loadavg, machine_info, progress, time_call
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
+                           set_vm_threads, time_call, vm_extra)
 from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
 from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
 
@@ -485,9 +486,10 @@ class _Run:
 
 
 def _set_threads(n: int) -> dict:
+    """n threads for every system: torch, numexpr and the CPU VM."""
     import numexpr
     import torch
-    old = {"torch": torch.get_num_threads(), "numexpr": numexpr.set_num_threads(n)}
+    old = {"torch": torch.get_num_threads(), "numexpr": numexpr.set_num_threads(n), "dvm": set_vm_threads(n)}
     torch.set_num_threads(n)
     return old
 
@@ -525,11 +527,12 @@ def run(sizes=("small", "medium", "large", "odd"), cases=None, repeat: int = DEF
     finally:
         torch.set_num_threads(old_threads["torch"])
         numexpr.set_num_threads(old_threads["numexpr"])
+        restore_vm_threads(old_threads["dvm"])
         if tmp_cache is not None:
             if old_cache is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             shutil.rmtree(tmp_cache, ignore_errors=True)
-    extra = numba_extra()
+    extra = vm_extra()
     return {
         "benchmark": "ops",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -578,7 +581,7 @@ def markdown(report: dict) -> str:
         "# dvm bench ops",
         "",
         f"VM: **{report['vm']}** (DVM_VM). {report['date']}; {m['cpu']}, {m['cores']} cores; threads "
-        f"{report['threads']} (torch, numexpr); float32; median of at least {report['repeat']} samples; 1-min load "
+        f"{report['threads']} (torch, numexpr, DVM); float32; median of at least {report['repeat']} samples; 1-min load "
         f"{report['loadavg_1min']['start']} at start, {report['loadavg_1min']['end']} at end; "
         f"{report['seconds']:.0f} s in all.",
         "",

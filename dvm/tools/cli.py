@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     ind.add_argument("--inductor", dest="inductor", action="store_true", default=None,
                      help="run torch.compile even with --quick")
     bo.add_argument("--threads", type=int, default=2, metavar="N",
-                    help="torch and numexpr threads (default 2)")
+                    help="torch, numexpr and DVM CPU VM threads (default 2)")
     bo.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
     for flag, default, what in (("--json", bench_ops.DEFAULT_JSON, "the results as JSON"),
                                 ("--md", bench_ops.DEFAULT_MD, "the markdown tables"),
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"steady-state calls per (batch, length) after the stream; the median is reported "
                          f"(default {bench_models.DEFAULT_REPEAT}; {bench_models.QUICK_REPEAT} with --quick)")
     bm.add_argument("--threads", type=int, default=bench_models.DEFAULT_THREADS, metavar="N",
-                    help=f"torch and numba threads, the same for every system (default "
+                    help=f"torch and DVM CPU VM threads, the same for every system (default "
                          f"{bench_models.DEFAULT_THREADS}: tiny models on a shared machine)")
     for flag, default, what in (("--json", bench_models.DEFAULT_JSON, "the results as JSON"),
                                 ("--md", bench_models.DEFAULT_MD, "the markdown tables"),

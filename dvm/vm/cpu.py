@@ -24,7 +24,7 @@ from .buffers import data_ptr
 from . import cpu_entry as ce
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
-from . import cpu_bits, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_sync
+from . import cpu_bits, cpu_compile, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_sync
 from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
 from .cpu_fused import FUSE_WIDTH
 from .cpu_threads import Workers
@@ -325,10 +325,18 @@ def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = 
     _ = bufs  # keep the (possibly copied) buffers alive until the VM has finished
 
 
+def compile_vm() -> None:
+    """Compile the VM, or load it from numba's disk cache, once per process; processes that start
+    together on a cold cache compile it once (cpu_compile)."""
+    cpu_compile.ensure(ce.run_units, (0, -1, _NO_SCHED, DECODE, _NO_SCHED, _NO_SCHED, False))
+
+
 def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:
     """Execute a verified program on buffers given by base address and element count (`bufs`: the
     n addresses, then the n counts, int64). The caller keeps the buffers alive and guarantees
     they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
+    if not cpu_compile.ready():
+        compile_vm()
     pd = _prog(layout)
     if pd[3] is not None:   # small kernels only: one call runs them all, in order
         _check(ce.run_units(0, -1, pd[3], DECODE, bufs, _NO_SCHED, False))
