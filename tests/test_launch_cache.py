@@ -1,10 +1,17 @@
 """The cached launch path: a call signature seen before (dtypes, shapes, strides, VM) reuses its
 verified Launch, and still gives exactly the results of a first call for every layout."""
+import threading
+
 import numpy as np
 import pytest
 
 import dvm
 from dvm.errors import DTypeError, ShapeError
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph
 from dvm.vm.buffers import _interface_ptr, data_ptr
 
 
@@ -81,6 +88,34 @@ def test_multi_output_workspace_kernel_on_repeat(vm):
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         np.testing.assert_allclose(sm, e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(s0, x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_reused_workspaces_under_concurrent_calls(vm):
+    """A Launch keeps its small workspaces for the next call; calls of the same Launch from
+    several threads at once must not share them (the one that finds them busy takes fresh ones)."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = Node.make("input", DType.FLOAT32, (n, 6), index=0)
+    y = build.elementwise(ctx, "mul", x, build.reduce(ctx, "sum", x, 1, True))
+    out = build.elementwise(ctx, "neg", build.slice_view(ctx, y, 0, 1, n - 1))   # -y[1:]: y is a workspace
+    graph = CompiledGraph([x], [out])
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((6, 6)).astype(np.float32) for _ in range(4)]
+    want = [-(a * a.sum(1, keepdims=True, dtype=np.float32))[1:] for a in xs]
+    launch, _ = graph.launcher({"n": 6}, [xs[0]], vm)
+    assert launch.ws_specs
+    bad = []
+
+    def work(i: int) -> None:
+        for _ in range(300):
+            (got,) = graph.run({"n": 6}, [xs[i]], vm=vm)
+            if not np.allclose(got, want[i], rtol=1e-5, atol=1e-6):
+                bad.append(i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
 
 
 def test_vm_choice_is_part_of_the_signature(vm):
