@@ -35,14 +35,13 @@ def machine_info() -> dict:
             "numpy": np.__version__, "dvm": dvm.__version__, "platform": platform.platform()}
 
 
-def set_vm_threads(n: int | None) -> str | None:
+def set_vm_threads(n: int) -> str | None:
     """Make the CPU VM use n threads (DVM_NUM_THREADS, re-read); returns the previous value of
     the variable (None: unset) for restore_vm_threads. The VM runs its own thread pool, sized by
     this variable alone, so a benchmark that gives its baselines n threads gives DVM the same."""
     old = os.environ.get("DVM_NUM_THREADS")
-    if n is not None:
-        os.environ["DVM_NUM_THREADS"] = str(n)
-        dvm_config.reload()
+    os.environ["DVM_NUM_THREADS"] = str(n)
+    dvm_config.reload()
     return old
 
 

@@ -16,21 +16,18 @@ import threading
 import numba
 
 _LOCK_NAME = "dvm-vm-compile.lock"
-_ready = threading.Event()
 _thread_lock = threading.Lock()
-
-
-def ready() -> bool:
-    return _ready.is_set()
+done = False   # set once ensure() has compiled or loaded the VM in this process (read per launch)
 
 
 def ensure(dispatcher, example_args: tuple) -> None:
     """Compile (or load from the disk cache) `dispatcher` for the types of example_args, once per
     process, under the machine-wide lock."""
-    if _ready.is_set():
+    global done
+    if done:
         return
     with _thread_lock:
-        if _ready.is_set():
+        if done:
             return
         sig = tuple(numba.typeof(a) for a in example_args)
         fd = _lock_file(dispatcher)
@@ -39,7 +36,7 @@ def ensure(dispatcher, example_args: tuple) -> None:
         finally:
             if fd is not None:
                 os.close(fd)   # closing the descriptor releases the lock
-        _ready.set()
+        done = True
 
 
 def _lock_file(dispatcher) -> int | None:
