@@ -110,7 +110,9 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
         for k in range(bn):
             a[k] = xr[k] - mv
         exp_into(er, a, bn)
-    _rowred(R_SUM, o, e, bm, bn, ncv, s, True)
+    # typed, not literal, arguments: the same compiled _rowred as cpu_interp's float32 call (a
+    # literal op and flag compiled a second specialised copy, ~34 s of the VM's compile)
+    _rowred(np.int64(R_SUM), o, e, bm, bn, ncv, s, np.bool_(True))
 
 
 @njit(inline='always', **OPTS)
@@ -150,9 +152,11 @@ def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
         arg, dt = optab[src, 1], optab[src, 2]
         a, n = addrs[arg], numels[arg]
         if dt == DT_F32:
-            _mem(False, dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0, False, ix, True)
+            _mem(np.bool_(False), dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0,
+                 np.bool_(False), ix, np.bool_(True))   # typed flags: cpu_interp's compiled _mem
         elif dt == DT_F16 or dt == DT_BF16:
-            _mem(False, dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0, False, ix, True)
+            _mem(np.bool_(False), dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0,
+                 np.bool_(False), ix, np.bool_(True))
         else:
             return False
         return True
@@ -236,7 +240,7 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
         r = fz[pc, 3]
         xv = _fv(F, fp, x)
         fp[r] = 0
-        _sqsum_rows(F[r], xv, xv, xv, bm, bn, ncv, sf, False)
+        _sqsum_rows(F[r], xv, xv, xv, bm, bn, ncv, sf, np.bool_(False))   # typed: one compiled copy
     else:
         m, d, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
         if st[0, m] != 1:
@@ -245,7 +249,7 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
         mv = _fv(F, fp, m)
         fp[d] = 0
         st[0, d] = 0
-        _sqsum_rows(F[r], xv, mv, F[d], bm, bn, ncv, sf, True)
+        _sqsum_rows(F[r], xv, mv, F[d], bm, bn, ncv, sf, np.bool_(True))
         fp[r] = 0
     st[0, r] = 1
     return n
