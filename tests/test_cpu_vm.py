@@ -217,6 +217,15 @@ def test_nan_propagation():
     assert np.isnan(outs[0][1:]).all() and outs[2][1] == 2500 and outs[2][2] == 7
 
 
+def assert_same_bits(kfn, *arrays):
+    """kfn's outputs on the CPU VM and the reference VM are bitwise equal (NaNs canonicalised:
+    their payloads may differ)."""
+    for g, w in zip(run_on(cpu.run, kfn, *arrays), run_on(reference.run, kfn, *arrays)):
+        if g.dtype.kind == "f":
+            g, w = np.where(np.isnan(g), np.nan, g), np.where(np.isnan(w), np.nan, w)
+        np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_max_min_signed_zero_and_nan_bitwise(dtype):
     """maximum/minimum and max/min reductions agree with the reference VM bit for bit on +-0
@@ -239,17 +248,34 @@ def test_max_min_signed_zero_and_nan_bitwise(dtype):
         return (k.store(k.max(v, axis=0)), k.store(k.min(v, axis=0)), k.store(k.max(v, axis=1)),
                 k.store(k.min(v, axis=1)))
 
-    def assert_same_bits(kfn, *arrays):   # NaNs canonicalised: their payloads may differ
-        for g, w in zip(run_on(cpu.run, kfn, *arrays), run_on(reference.run, kfn, *arrays)):
-            np.testing.assert_array_equal(np.where(np.isnan(g), np.nan, g).view(f"u{g.itemsize}"),
-                                          np.where(np.isnan(w), np.nan, w).view(f"u{w.itemsize}"))
-
     assert_same_bits(pairs, a, b)
     zeros = np.where(RNG.random((37, 1030)) < 0.5, -0.0, 0.0).astype(dtype)
     zeros[3, 1029] = np.nan
     zeros[5, 2] = np.nan
     for x in (zeros, zeros[:, :1024], zeros[:, :17], zeros.T.copy()):
         assert_same_bits(reductions, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+@pytest.mark.parametrize("cols", [17, 250, 300, 1001])
+def test_partial_row_reductions_keep_padding(dtype, cols):
+    """Reductions over partial rows leave the reduced register's padding lanes as they were
+    (copies of the last valid column): a division by that register afterwards sees no padding
+    zero (an int64 floor division fails on a zero divisor in any lane of the tile, and a sum's
+    identity is 0), and max / sum / sum of squares match the reference VM bit for bit."""
+    x = RNG.integers(1, 50, (37, cols)) * RNG.choice([-1, 1], (37, cols))
+    x = x.astype(dtype)
+    if dtype != "int64":
+        x[3, cols - 1], x[5, 0], x[6, cols // 2], x[7, 1] = np.nan, -0.0, np.inf, -np.inf
+
+    @dvm.kernel
+    def reduce_then_divide(k, x):
+        v = k.load(x)
+        mx, sq, s = k.max(v, axis=1, keepdims=True), k.sum(k.mul(v, v), axis=1), k.sum(v, axis=1, keepdims=True)
+        q = k.floor_divide(s, v) if dtype == "int64" else k.div(s, v)
+        return k.store(mx), k.store(sq), k.store(s), k.store(q)
+
+    assert_same_bits(reduce_then_divide, x)
 
 
 def _softmax(k, x):
