@@ -58,16 +58,33 @@ def test_second_call_skips_the_numpy_path(dtype, slow_path_calls):
 
 
 def test_input_copied_on_every_call():
-    """A view chain the input's strides cannot express: the Program was encoded for a row-major
-    copy, and each fast-path call makes that copy again (counted)."""
+    """A view the input's strides cannot express (a transposed graph input, flattened): the
+    Program was encoded for a row-major copy, and each fast-path call makes that copy again
+    (counted)."""
     def f(x):
-        return torch.exp(x.t().reshape(-1)) * 2
+        return torch.exp(x.reshape(-1)) * 2
     cf = _compiled(f)
     counters.reset()
     for _ in range(3):
-        x = torch.randn(4, 5)
+        x = torch.randn(5, 4).t()
         torch.testing.assert_close(cf(x), f(x))
     assert counters.snapshot().get("input_copies") == 3
+
+
+def test_views_of_torch_values_replayed_in_the_segment():
+    """Views PyTorch would take of a value only for a DVM segment (here a transposed, unsqueezed
+    and expanded matmul result) are replayed inside the segment: the run graph makes no PyTorch
+    call for them, and the segment reads the matmul's result through strides."""
+    def f(x, w):
+        y = (x @ w).t().unsqueeze(0).expand(2, -1, -1)
+        return torch.tanh(y) + 1
+    cf = _compiled(f)
+    counters.reset()
+    for n in (4, 7, 9):
+        x, w = torch.randn(n, 6), torch.randn(6, 5)
+        torch.testing.assert_close(cf(x, w), f(x, w))
+    snap = counters.snapshot()
+    assert snap.get("torch_unused_view_steps", 0) >= 3 and not snap.get("input_copies"), snap
 
 
 def test_tensor_that_requires_grad_in_inference(slow_path_calls):

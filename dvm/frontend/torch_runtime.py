@@ -26,13 +26,20 @@ from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from . import fx_sdpa
-from .fx_segments import TorchStep, fake, plan
+from .fx_segments import SegmentStep, TorchStep, fake, plan
 from .torch_calls import fast_call, linear_folds
 from .torch_launch import TensorLauncher
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
 STORE_IN_TORCH_ORDER = False
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
+
+
+def _pure(step: TorchStep) -> bool:
+    """A step without side effects: a view, or Python size arithmetic (`operator` functions on
+    SymInts, and getitem). Other Python callables (higher-order ops such as with_effects) are not."""
+    return step.kind == "view" or (step.kind == "python" and getattr(step.node.target, "__module__", None)
+                                   in ("_operator", "operator"))
 
 
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
@@ -152,6 +159,30 @@ class SegmentRunner:
                       for is_input, k, inv in self.results])
 
 
+def _needed(steps: list, runners: dict, folds: dict, skip: set, output: fx.Node) -> set:
+    """The FX nodes whose values the run graph reads: the output's arguments and those of every
+    step it runs (a segment: its inputs; a segment run through PyTorch: its members' arguments).
+    A view PyTorch would take only for segments that replay it (fx_segments.replay_view), or
+    size arithmetic only such a view used, is not among them, and is not run."""
+    needed: set = set()
+    fx.node.map_arg(output.args, lambda a: needed.add(a) or a)
+    for step in reversed(steps):
+        if isinstance(step, SegmentStep):
+            runner = runners[id(step)]
+            if isinstance(runner, SegmentRunner):
+                needed.update(runner.inputs)
+            else:
+                for m in step.segment.members:
+                    fx.node.map_arg((m.args, m.kwargs), lambda a: needed.add(a) or a)
+        elif step.node not in skip and (not _pure(step) or step.node in needed):
+            n = step.node
+            if n in folds:
+                needed.update(folds[n])
+            else:
+                fx.node.map_arg((n.args, n.kwargs), lambda a: needed.add(a) or a)
+    return needed
+
+
 class CompiledFx:
     """The callable returned to AOTAutograd for one ATen graph (boxed calling convention)."""
 
@@ -186,8 +217,20 @@ class CompiledFx:
         self.segments, self.torch_steps = [], []
         in_torch = {s.node for s in planner.steps if isinstance(s, TorchStep)}
         folds, skip = linear_folds(gm.graph.nodes, in_torch, fake)
+        runners = {}
+        for step in planner.steps:
+            if isinstance(step, SegmentStep):
+                try:
+                    runners[id(step)] = SegmentRunner(step.segment, syms)
+                except Exception as e:  # the whole segment runs through PyTorch, with the reason
+                    runners[id(step)] = e
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        needed = _needed(planner.steps, runners, folds, skip, output)
         for step in planner.steps:
             if isinstance(step, TorchStep):
+                if _pure(step) and step.node not in needed:   # views replayed in segments
+                    counters.bump(f"torch_unused_{step.kind}_steps")
+                    continue
                 if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
                     remap[step.node] = g.call_function(torch.nn.functional.linear,
                                                        tuple(remap[a] for a in folds[step.node]))
@@ -197,9 +240,9 @@ class CompiledFx:
                 self.torch_steps.append(step)
                 counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
                 continue
-            try:
-                runner = SegmentRunner(step.segment, syms)
-            except Exception as e:  # the whole segment runs through PyTorch, with the reason
+            runner = runners[id(step)]
+            if isinstance(runner, Exception):
+                e = runner
                 for n in step.segment.members:
                     remap[n] = _emit_torch(g, n, remap)
                     ts = TorchStep(n, "fallback", f"segment not compiled: {type(e).__name__}: {e}")
@@ -213,7 +256,6 @@ class CompiledFx:
             counters.bump("torch_segments")
             for kind in step.segment.patterns:
                 counters.bump(f"torch_pattern:{kind}")
-        output = next(n for n in gm.graph.nodes if n.op == "output")
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
@@ -249,6 +291,11 @@ class CompiledFx:
             lines.append(f"  segment {i}: {s.n_kernels} vector kernel(s) in ONE launch (sequence-stacked), "
                          f"{len(s.inputs)} in / {len(s.out_map)} out; ops: "
                          + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
+            if s.seg.views:
+                views = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
+                                            for n in s.seg.views)
+                lines.append("    views of PyTorch values replayed here: "
+                             + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in views.items()))
             if s.seg.patterns:
                 pats = collections.Counter(s.seg.patterns)
                 lines.append("    recognized: " + ", ".join(f"{k} x{v}" for k, v in sorted(pats.items())))
