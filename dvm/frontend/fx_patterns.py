@@ -11,8 +11,10 @@ rope: `x * cos + rotate_half(x) * sin` (either operand order) is computed entire
 never a fallback. The value is the same expression as the unfused ops (same ops, same operand
 order): the rewrite only changes the shape the elementwise work is done in.
 
-Where x is a PyTorch value (HF: a view of the q/k projection), the planner runs the rotate_half
-itself (neg + cat) in PyTorch instead and keeps the products fused: the flip form makes every
+Where x is a PyTorch value (HF: a view of the q/k projection), the planner has PyTorch compute
+`roll(x, h)` (one call; `Rolled`) and applies the halves' signs in the segment, which keeps the
+products fused (before: the rotate_half itself, two slices + neg + cat, in PyTorch): the flip
+form makes every
 operand row d/2 elements long (the flip and the broadcast cos stop the encoder from folding
 the two halves), and the VM pays per row, so on the CPU VM it was slower than a PyTorch cat at
 every length measured (L 3 .. 700). Where x is a DVM value of the open segment (an input
@@ -123,6 +125,68 @@ def halves_node(ctx, x: Node, axis: int, flip: bool, negs: tuple) -> Node:
         return neg
     is_row0 = build.elementwise(ctx, "eq", build.iota(x2.shape, axis), build.const(0))
     return build.elementwise(ctx, "where", is_row0, *((neg, x2) if negs[0] else (x2, neg)))
+
+
+@dataclass(frozen=True)
+class HalfSigns:
+    """A constant segment input: -1 on the negated half of the axis, 1 on the other, shaped
+    (2h, 1, ...) to broadcast against the axis (`trailing` dims after it). x * -1 is -x exactly
+    (NaNs aside, whose sign bit may differ); an iota-based select instead cost the VM a
+    per-lane index computation (RoPE segment at L = 128: 52 -> ~400 us)."""
+    h: int
+    trailing: int
+    dtype: torch.dtype
+    first_negated: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Rolled:
+    """rotate_half(x) as `roll(x, h, axis)` (PyTorch: one call, where two slices, a neg and a cat
+    were four) with the signs of its two halves applied in the segment (`signed`): the same
+    values, so the products stay bitwise those of the unfused ops."""
+    cat: fx.Node                   # the rotate_half's cat (its value when PyTorch computes it)
+    x: fx.Node                     # the value whose halves it swaps
+    h: int
+    axis: int                      # of the cat, counted from 0
+    negs: tuple                    # (first half negated, second half negated)
+
+    def signs(self) -> HalfSigns | None:
+        """The sign input `signed` needs (None: no half, or both, is negated)."""
+        if self.negs[0] == self.negs[1]:
+            return None
+        v = _val(self.cat)
+        return HalfSigns(self.h, v.ndim - 1 - self.axis, v.dtype, self.negs[0])
+
+    def signed(self, ctx, rolled: Node, signs: Node | None) -> Node:
+        """rotate_half's value from roll(x, h, axis) (and the signs() input, when there is one)."""
+        if signs is not None:
+            return build.elementwise(ctx, "mul", rolled, signs)
+        return build.elementwise(ctx, "neg", rolled) if self.negs[0] else rolled
+
+
+def half_signs(s: HalfSigns) -> torch.Tensor:
+    """The tensor for a HalfSigns input (one per distinct value, created once, never written)."""
+    t = _SIGNS.get(s)
+    if t is None:
+        t = torch.ones((2 * s.h,) + (1,) * s.trailing, dtype=s.dtype)
+        (t[:s.h] if s.first_negated else t[s.h:]).fill_(-1)
+        _SIGNS[s] = t
+    return t
+
+
+_SIGNS: dict = {}   # HalfSigns -> tensor: a handful of values (head size, rank, dtype)
+
+
+def rolled(cat: fx.Node) -> Rolled | None:
+    """cat as a Rolled when it swaps the halves of one value (HF's `cat((-x[h:], x[:h]))`)."""
+    if cat.target is not aten.cat.default or len(cat.args[0]) != 2:
+        return None
+    hv = _halves(*cat.args[0])
+    v = _val(cat)
+    if hv is None or not hv[2] or not isinstance(v, torch.Tensor):
+        return None
+    src, axis, _, negs, _ = hv
+    return Rolled(cat, src, _int(v.shape[axis]) // 2, axis, negs)
 
 
 def _lower_halves(axis: int, flip: bool, negs: tuple):

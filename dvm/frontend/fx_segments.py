@@ -141,6 +141,7 @@ class Planner:
         self.ready: set = set()         # FX nodes with a torch value at this point of the plan
         self.reasons: dict = {}         # FX node -> fallback reason
         self.torch_views: set = set()   # FX nodes of views PyTorch takes (segments may replay them)
+        self.rolled: dict = {}          # rotate_half cat of a PyTorch value -> fx_patterns.Rolled
         self._new_views: dict = {}      # views replayed by the lowering being tried
         self.matches = fx_patterns.find(gm)               # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
@@ -189,6 +190,11 @@ class Planner:
         for na, node in new_inputs:
             if na is a:
                 return node
+        r = self.rolled.get(a)
+        if r is not None:
+            signs = r.signs()
+            return r.signed(seg.ctx, self.extra_input(seg, r, fake(r.cat), new_inputs),
+                            None if signs is None else self.extra_input(seg, signs, None, new_inputs))
         view = self.replay_view(seg, a, new_inputs)
         if view is not None:
             return view
@@ -240,7 +246,7 @@ class Planner:
             self.open = seg
             self.segments.append(seg)
         for a, node in new_inputs:
-            self.need_torch(a)
+            self.need_torch(a.x if isinstance(a, fx_patterns.Rolled) else a)   # (HalfSigns: a no-op)
             seg.inputs.append(a)
             seg.input_nodes.append(node)
         seg.views.update(self._new_views)
@@ -250,6 +256,22 @@ class Planner:
         if match is not None:
             seg.patterns.append(match.kind)
         return None
+
+    def extra_input(self, seg: Segment, key, v, new_inputs: list) -> Node:
+        """The segment input for a value the run graph computes for segments only: a Rolled
+        (roll(r.x, r.h, r.axis), shaped as v) or a HalfSigns (a constant tensor)."""
+        if key in seg.inputs:
+            return seg.input_nodes[seg.inputs.index(key)]
+        for na, node in new_inputs:
+            if na == key:
+                return node
+        if isinstance(key, fx_patterns.HalfSigns):
+            dtype, shape, name = key.dtype, (2 * key.h,) + (1,) * key.trailing, "half_signs"
+        else:
+            dtype, shape, name = v.dtype, self.syms.shape(v), f"roll_{key.x.name}"
+        node = Node.make("input", T.dvm_dtype(dtype), shape, index=len(seg.inputs) + len(new_inputs), name=name)
+        new_inputs.append((key, node))
+        return node
 
     def replay_view(self, seg: Segment, a: fx.Node, new_inputs: list) -> Node | None:
         """a, a view PyTorch takes of a PyTorch value, as a DVM view in seg of that value (or of
@@ -332,10 +354,15 @@ class Planner:
                 self.to_torch(a, ROTATE_IN_TORCH) if a in in_torch else self.visit(a)
 
     def rotate_in_torch(self, n: fx.Node, match) -> None:
-        """rotate_half of a PyTorch value: its neg and cat run in PyTorch (two cheap ops that
-        cut no segment); the products stay fused. (The flip form reads rows of d/2 elements,
-        which the VM pays per row: slower than a PyTorch cat at every length measured.)"""
+        """rotate_half of a PyTorch value: a segment reading it takes roll(x) from PyTorch and
+        applies the halves' signs (fx_patterns.Rolled); the slices, neg and cat are planned in
+        PyTorch too, for any other reader (the run graph drops them where there is none). The
+        products stay fused. (The flip form reads rows of d/2 elements, which the VM pays per
+        row: slower than a PyTorch cat at every length measured.)"""
         rotate = set(match.rotate)
+        r = fx_patterns.rolled(match.rotate[0])
+        if r is not None:   # its consumers in segments read roll(x) (dvm_arg)
+            self.rolled[r.cat] = r
         self.unabsorb(n, match, rotate)
         if n in rotate:
             self.to_torch(n, ROTATE_IN_TORCH)

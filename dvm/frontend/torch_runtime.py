@@ -26,7 +26,8 @@ from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from . import fx_sdpa
-from .fx_segments import SegmentStep, TorchStep, fake, plan
+from .fx_patterns import HalfSigns, Rolled, half_signs
+from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .torch_calls import fast_call, linear_folds
 from .torch_launch import TensorLauncher
 
@@ -36,10 +37,11 @@ COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, fo
 
 
 def _pure(step: TorchStep) -> bool:
-    """A step without side effects: a view, or Python size arithmetic (`operator` functions on
-    SymInts, and getitem). Other Python callables (higher-order ops such as with_effects) are not."""
-    return step.kind == "view" or (step.kind == "python" and getattr(step.node.target, "__module__", None)
-                                   in ("_operator", "operator"))
+    """A step without side effects: a view, a rotate_half's slices, neg and cat, or Python size
+    arithmetic (`operator` functions on SymInts, and getitem). Other Python callables
+    (higher-order ops such as with_effects) are not."""
+    return step.kind == "view" or step.reason == ROTATE_IN_TORCH or \
+        (step.kind == "python" and getattr(step.node.target, "__module__", None) in ("_operator", "operator"))
 
 
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
@@ -159,6 +161,14 @@ class SegmentRunner:
                       for is_input, k, inv in self.results])
 
 
+def _signs_call(s: HalfSigns):
+    """The run graph's call for a HalfSigns input (FX cannot print the key as an argument). The
+    tensor is made at the first call, not here: the backend compiles under a fake tensor mode."""
+    def signs() -> torch.Tensor:
+        return half_signs(s)
+    return signs
+
+
 def _needed(steps: list, runners: dict, folds: dict, skip: set, output: fx.Node) -> set:
     """The FX nodes whose values the run graph reads: the output's arguments and those of every
     step it runs (a segment: its inputs; a segment run through PyTorch: its members' arguments).
@@ -170,7 +180,8 @@ def _needed(steps: list, runners: dict, folds: dict, skip: set, output: fx.Node)
         if isinstance(step, SegmentStep):
             runner = runners[id(step)]
             if isinstance(runner, SegmentRunner):
-                needed.update(runner.inputs)
+                needed.update(x.x if isinstance(x, Rolled) else x for x in runner.inputs
+                              if not isinstance(x, HalfSigns))
             else:
                 for m in step.segment.members:
                     fx.node.map_arg((m.args, m.kwargs), lambda a: needed.add(a) or a)
@@ -249,6 +260,12 @@ class CompiledFx:
                     self.torch_steps.append(ts)
                     counters.bump(f"fallback:{n.target}:{ts.reason}")
                 continue
+            for x in runner.inputs:   # inputs computed for segments only (fx_patterns)
+                if isinstance(x, Rolled) and x not in remap:   # rotate_half's halves swapped
+                    remap[x] = g.call_function(torch.roll, (remap[x.x], x.h, x.axis))
+                    counters.bump("torch_rotate_half_rolls")
+                elif isinstance(x, HalfSigns) and x not in remap:
+                    remap[x] = g.call_function(_signs_call(x), ())
             call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
             for k, fxn in enumerate(runner.outputs):
                 remap[fxn] = g.call_function(operator.getitem, (call, k))
@@ -291,6 +308,10 @@ class CompiledFx:
             lines.append(f"  segment {i}: {s.n_kernels} vector kernel(s) in ONE launch (sequence-stacked), "
                          f"{len(s.inputs)} in / {len(s.out_map)} out; ops: "
                          + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
+            rolls = sum(isinstance(x, Rolled) for x in s.inputs)
+            if rolls:
+                lines.append(f"    rotate_half of a PyTorch value x{rolls}: roll(x) by PyTorch, "
+                             "the halves' signs applied here")
             if s.seg.views:
                 views = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                             for n in s.seg.views)
