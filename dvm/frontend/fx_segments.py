@@ -370,7 +370,8 @@ class Planner:
         self.visit_plain(n)
         seg = self.seg_of.get(n)
         if seg is not None:
-            seg.patterns.append(f"{match.kind} (rotate_half in PyTorch)")
+            how = "as roll(x) by PyTorch" if r is not None else "in PyTorch"
+            seg.patterns.append(f"{match.kind} (rotate_half {how})")
 
     def to_torch(self, n: fx.Node, reason: str) -> None:
         for a in _arg_nodes(n):
