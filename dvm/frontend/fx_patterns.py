@@ -12,13 +12,13 @@ never a fallback. The value is the same expression as the unfused ops (same ops,
 order): the rewrite only changes the shape the elementwise work is done in.
 
 Where x is a PyTorch value (HF: a view of the q/k projection), the planner has PyTorch compute
-`roll(x, h)` (one call; `Rolled`) and applies the halves' signs in the segment, which keeps the
-products fused (before: the rotate_half itself, two slices + neg + cat, in PyTorch): the flip
-form makes every
-operand row d/2 elements long (the flip and the broadcast cos stop the encoder from folding
-the two halves), and the VM pays per row, so on the CPU VM it was slower than a PyTorch cat at
-every length measured (L 3 .. 700). Where x is a DVM value of the open segment (an input
-computed in the segment, the backward's gradient), the flip form keeps it in one launch.
+`roll(x, h)` (one call; `Rolled`), applies the halves' signs in the segment and keeps the
+products fused (until 2026-11-22 the rotate_half itself, two slices + neg + cat, ran in
+PyTorch). Not the flip form: it makes every operand row d/2 elements long (the flip and the
+broadcast cos stop the encoder from folding the two halves), and the VM pays per row, so on
+the CPU VM it was slower than a PyTorch cat at every length measured (L 3 .. 700). Where x is
+a DVM value of the open segment (an input computed in the segment, the backward's gradient),
+the flip form keeps it in one launch.
 
 A match names the FX nodes it absorbs (each used only inside the match). The planner skips
 absorbed nodes and lowers the match at its root; if that fails, it plans them one by one.

@@ -8,7 +8,8 @@ Views of tensors outside the open segment are planned as PyTorch views (no copy)
 that reads such a view replays the chain of views as DVM nodes on the value it starts from
 (replay_view), and the run graph drops the PyTorch views nothing else reads (~3 us a call saved
 on this host). Views inside a segment are DVM reshape/permute/broadcast nodes, replayed by
-PyTorch on the segment's output only when a PyTorch op needs the view. Segment outputs are exactly the values PyTorch needs later.
+PyTorch on the segment's output only when a PyTorch op needs the view. Segment outputs are
+exactly the values PyTorch needs later.
 Sizes are SymPy expressions on the FX side; they are converted to DVM SymExpr here, once.
 """
 from __future__ import annotations

@@ -239,7 +239,7 @@ class CompiledFx:
         needed = _needed(planner.steps, runners, folds, skip, output)
         for step in planner.steps:
             if isinstance(step, TorchStep):
-                if _pure(step) and step.node not in needed:   # views replayed in segments
+                if _pure(step) and step.node not in needed:   # replayed, or rolled, in segments
                     counters.bump(f"torch_unused_{step.kind}_steps")
                     continue
                 if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
