@@ -10,7 +10,7 @@ that reads such a view replays the chain of views as DVM nodes on the value it s
 on this host). Views inside a segment are DVM reshape/permute/broadcast nodes, replayed by
 PyTorch on the segment's output only when a PyTorch op needs the view. Segment outputs are
 exactly the values PyTorch needs later.
-Sizes are SymPy expressions on the FX side; they are converted to DVM SymExpr here, once.
+Sizes are SymPy expressions on the FX side; they are converted to DVM SymExpr once (fx_syms).
 """
 from __future__ import annotations
 
@@ -22,68 +22,11 @@ import torch.fx as fx
 
 from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
-from ..graph.symbolic import SymExpr, decide_eq, floordiv, mod, sym
+from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
 from . import fx_patterns, fx_sdpa
 from .aten_table import Unsupported
-
-
-# -- sizes: SymPy -> SymExpr ------------------------------------------------------------------
-class Syms:
-    """Converts PyTorch sizes (int / SymInt) to DVM dims; remembers each symbol's range."""
-
-    def __init__(self) -> None:
-        self.cache: dict = {}
-
-    def dim(self, d):
-        if isinstance(d, int):
-            return d
-        if isinstance(d, torch.SymInt):
-            node = d.node
-            expr = node.expr
-            if node.shape_env is not None:
-                expr = node.shape_env.simplify(expr)
-            return self.expr(expr, node.shape_env)
-        raise Unsupported(f"size of type {type(d).__name__}")
-
-    def shape(self, t) -> tuple:
-        return tuple(self.dim(d) for d in t.shape)
-
-    def expr(self, e, shape_env=None):
-        import sympy
-        from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
-        if e.is_Integer:
-            return int(e)
-        if e.is_Symbol:
-            name = str(e)
-            if name not in self.cache:
-                lo = 0
-                rng = shape_env.var_to_range.get(e) if shape_env is not None else None
-                if rng is not None and rng.lower.is_finite:
-                    lo = max(int(rng.lower), 0)
-                self.cache[name] = sym(name, lo=lo)
-            return self.cache[name]
-        args = [self.expr(a, shape_env) for a in e.args]
-        if isinstance(e, sympy.Add):
-            out = 0
-            for a in args:
-                out = out + a
-            return out
-        if isinstance(e, sympy.Mul):
-            out = 1
-            for a in args:
-                out = out * a
-            return out
-        if isinstance(e, FloorDiv):
-            return floordiv(args[0], args[1])
-        if isinstance(e, (Mod, PythonMod)):
-            return mod(args[0], args[1])
-        if isinstance(e, sympy.Pow) and isinstance(args[1], int) and args[1] >= 0:
-            out = 1
-            for _ in range(args[1]):
-                out = out * args[0]
-            return out
-        raise Unsupported(f"size expression {e}")
+from .fx_syms import Syms
 
 
 def fake(n) -> object:
