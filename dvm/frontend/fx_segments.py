@@ -129,11 +129,9 @@ class Planner:
             raise Unsupported(f"argument {a.name} is a {type(v).__name__} computed in the graph")
         if not _is_tensor(v):
             raise Unsupported(f"argument {a.name} of type {type(v).__name__}")
-        if a in seg.inputs:
-            return seg.input_nodes[seg.inputs.index(a)]
-        for na, node in new_inputs:
-            if na is a:
-                return node
+        known = self._known_input(seg, a, new_inputs)
+        if known is not None:
+            return known
         r = self.rolled.get(a)
         if r is not None:
             signs = r.signs()
@@ -144,9 +142,23 @@ class Planner:
             return view
         if v.device.type != "cpu":
             raise Unsupported(f"device {v.device}")
-        node = Node.make("input", T.dvm_dtype(v.dtype), self.syms.shape(v),
-                         index=len(seg.inputs) + len(new_inputs), name=a.name)
-        new_inputs.append((a, node))
+        return self._new_input(seg, a, v.dtype, self.syms.shape(v), a.name, new_inputs)
+
+    @staticmethod
+    def _known_input(seg: Segment, key, new_inputs: list) -> Node | None:
+        """seg's input Node for key (an FX node, a Rolled or a HalfSigns), committed or new in the
+        lowering being tried; None if it has none."""
+        if key in seg.inputs:
+            return seg.input_nodes[seg.inputs.index(key)]
+        for na, node in new_inputs:
+            if na == key:
+                return node
+        return None
+
+    @staticmethod
+    def _new_input(seg: Segment, key, dtype: torch.dtype, shape: tuple, name: str, new_inputs: list) -> Node:
+        node = Node.make("input", T.dvm_dtype(dtype), shape, index=len(seg.inputs) + len(new_inputs), name=name)
+        new_inputs.append((key, node))
         return node
 
     def try_lower(self, n: fx.Node, match=None) -> str | None:
@@ -204,18 +216,12 @@ class Planner:
     def extra_input(self, seg: Segment, key, v, new_inputs: list) -> Node:
         """The segment input for a value the run graph computes for segments only: a Rolled
         (roll(r.x, r.h, r.axis), shaped as v) or a HalfSigns (a constant tensor)."""
-        if key in seg.inputs:
-            return seg.input_nodes[seg.inputs.index(key)]
-        for na, node in new_inputs:
-            if na == key:
-                return node
+        known = self._known_input(seg, key, new_inputs)
+        if known is not None:
+            return known
         if isinstance(key, fx_patterns.HalfSigns):
-            dtype, shape, name = key.dtype, (2 * key.h,) + (1,) * key.trailing, "half_signs"
-        else:
-            dtype, shape, name = v.dtype, self.syms.shape(v), f"roll_{key.x.name}"
-        node = Node.make("input", T.dvm_dtype(dtype), shape, index=len(seg.inputs) + len(new_inputs), name=name)
-        new_inputs.append((key, node))
-        return node
+            return self._new_input(seg, key, key.dtype, (2 * key.h,) + (1,) * key.trailing, "half_signs", new_inputs)
+        return self._new_input(seg, key, v.dtype, self.syms.shape(v), f"roll_{key.x.name}", new_inputs)
 
     def replay_view(self, seg: Segment, a: fx.Node, new_inputs: list) -> Node | None:
         """a, a view PyTorch takes of a PyTorch value, as a DVM view in seg of that value (or of
