@@ -141,7 +141,7 @@ class Launch:
     buffers from shape and strides alone) and fresh outputs, so the check holds for it too. Calls
     skip binding, encoding, verification and buffer checks; the CPU VM gets addresses directly."""
     __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu",
-                 "_shifted", "_outs", "_ws_keep", "_ws_addrs", "_ws_lock")
+                 "_shifted", "_plain", "cached_call", "_outs", "_ws_keep", "_ws_addrs", "_ws_lock")
 
     def __init__(self, layout, copy_slots, out_specs, ws_specs, vm, deltas, numels):
         self.layout, self.copy_slots, self.out_specs, self.ws_specs = layout, copy_slots, out_specs, ws_specs
@@ -153,10 +153,25 @@ class Launch:
         small = sum(n * np.dtype(dt).itemsize for n, dt in ws_specs) < buffer_pool.MIN_BYTES
         self._ws_keep = self._ws_addrs = None
         self._ws_lock = threading.Lock() if ws_specs and small else None
-        self._run_cpu = None
+        self._run_cpu = None   # the CPU VM bound to this program and these element counts
         if vm == "cpu":
-            from ..vm.cpu import run_addrs
-            self._run_cpu = run_addrs
+            from ..vm.cpu import bound_runner
+            self._run_cpu = bound_runner(layout, numels)
+        self._plain = self._run_cpu is not None and not ws_specs and not self._shifted
+        self.cached_call = self._plain_call() if self._plain and not copy_slots else \
+            (lambda arrays: self(list(arrays)))
+
+    def _plain_call(self):
+        """__call__(arrays) of a cached plain CPU launch (no input copies, workspaces or shifted
+        buffers) with its layers flattened: ~0.5 us less a call."""
+        run, bump, outs = self._run_cpu, counters.bump_launch, self._outs
+
+        def call(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+            made = [alloc(shape, dt) for alloc, shape, dt in outs]
+            bump(True)
+            run([data_ptr(a) for a in arrays] + [data_ptr(o) for o in made])
+            return made
+        return call
 
     def __call__(self, arrays: list[np.ndarray], cached: bool = True) -> list[np.ndarray]:
         """Run on `arrays` (same signature as the one this Launch was built for; the list may be
@@ -165,7 +180,7 @@ class Launch:
             arrays[s] = np.ascontiguousarray(arrays[s])
             counters.bump("input_copies")
         outs = [alloc(shape, dt) for alloc, shape, dt in self._outs]
-        if self._run_cpu is not None:
+        if self.vm == "cpu":
             self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
             return outs
         ws = self._workspaces()
@@ -177,6 +192,10 @@ class Launch:
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
         """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
         workspaces are added here."""
+        if self._plain:   # no workspaces, no shifted buffers: the common case
+            counters.bump_launch(cached)
+            self._run_cpu(addrs)
+            return
         lock = self._ws_lock
         if lock is not None and lock.acquire(False):
             try:
@@ -194,7 +213,7 @@ class Launch:
         if self._shifted:
             addrs = [a + d for a, d in zip(addrs, self.deltas)]
         counters.bump_launch(cached)
-        self._run_cpu(self.layout, np.array(addrs + self.numels, np.int64))
+        self._run_cpu(addrs)
 
     def _workspaces(self) -> list[np.ndarray]:
         return [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs] if self.ws_specs else []
