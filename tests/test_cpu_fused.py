@@ -16,7 +16,7 @@ import dvm
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.vm import cpu, reference
-from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_SQSUM
+from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_SQSUM
 
 from test_cpu_vm import run_on
 
@@ -65,6 +65,24 @@ def two_scales(k, x, w, v, b):
     return k.store(y), k.store(z)
 
 
+def _row_reducer(op: str):
+    """op over the last axis of a loaded tile that nothing else reads: a fused load and reduce."""
+    def reduce_rows(k, x):
+        return k.store(getattr(k, op)(k.load(x), axis=-1))
+    reduce_rows.__name__ = f"{op}_rows"
+    return dvm.kernel(reduce_rows)
+
+
+ROW_REDUCERS = [_row_reducer(op) for op in ("sum", "prod", "max", "min", "mean")]
+
+
+@dvm.kernel
+def max_live(k, x):
+    """The loaded tile is read again after its max: no fused load and reduce."""
+    x = k.load(x)
+    return k.store(k.sub(x, k.max(x, axis=-1, keepdims=True)))
+
+
 def _kinds(kfn, *args) -> set[int]:
     layout = verify(kfn.program(*args))
     return {int(kind) for kl in layout.kernels for kind in cpu._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
@@ -79,6 +97,7 @@ def test_plan_finds_norm_runs():
     assert _kinds(layernorm, x, w, w) == {FK_CSQSUM, FK_APPLY}
     assert _kinds(rmsnorm, x, w) == {FK_SQSUM, FK_APPLY}
     assert _kinds(softmax, x) == {FK_EXPSUM}
+    assert all(_kinds(kfn, x) == {FK_LOADRED} for kfn in ROW_REDUCERS)
 
 
 def test_plan_respects_liveness():
@@ -88,6 +107,7 @@ def test_plan_respects_liveness():
     assert _kinds(apply_full, x, x, w) == {FK_APPLY}
     assert _kinds(weight_twice, x, w) == {FK_SQSUM, FK_APPLY}
     assert _kinds(two_scales, x, w, w, w) == {FK_SQSUM, FK_APPLY}
+    assert _kinds(max_live, x) == set()
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
@@ -156,3 +176,23 @@ def test_fused_softmax_matches_unfused(shape):
     for n in (1, 2):
         assert _same(run_on(_threads(n), softmax, x)[0], want), (shape, n)
     np.testing.assert_allclose(want, run_on(reference.run, softmax, x)[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(70, 250), (9, 1001), (33, 1024), (5, 300), (3, 128), (2, 3, 513), (100, 17)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_fused_row_reductions_match_unfused(shape, dtype):
+    """The fused load and reduce reads rows in place (partial tiles, rows past the last one, rows
+    of a transposed view, f16 rows that fall back to the load): bitwise what the load and the
+    reduction give one by one, on 1 and 2 threads, with NaN and infinities in some rows."""
+    x = _data(np.dtype(dtype), shape)[0]
+    inputs = [x, np.swapaxes(x, -1, -2).copy().swapaxes(-1, -2)]   # rows one element apart
+    if dtype == np.float32:
+        inputs.append(x[..., 1:])   # rows not back to back, starting off the buffer's start
+    for kfn in ROW_REDUCERS:
+        for a in inputs:
+            with _unfused(kfn, a):
+                want = run_on(_threads(1), kfn, a)[0]
+            for n in (1, 2):
+                assert _same(run_on(_threads(n), kfn, a)[0], want), (kfn, shape, dtype, n)
+            ref = run_on(reference.run, kfn, a)[0]
+            np.testing.assert_allclose(want.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=1e-5)

@@ -353,7 +353,7 @@ def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int
     addresses are packed into a table kept with the runner (one C call), or into a fresh one while
     another thread runs it (the VM releases the GIL)."""
     compile_vm()
-    chain, descs = _prog(layout)[3], _prog(layout)[1]
+    _, descs, _, chain = _prog(layout)
     n = len(numels)
     if chain is None:
         return lambda addrs: _run_kernels(descs, np.array(addrs + numels, np.int64), None)

@@ -15,7 +15,8 @@ import numpy as np
 from ..codegen import isa
 from ..codegen.program import KernelLayout
 from ..graph.dtypes import Bank, DType
-from .cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_NONE, FK_SQSUM, FUSE_WIDTH, NO_SRC
+from .cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_NONE, FK_SQSUM, FUSE_WIDTH, NO_SRC
+from .cpu_kernels import R_ARGMAX, RED_NAMES
 
 
 
@@ -83,6 +84,19 @@ def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
             return None
         return [FK_EXPSUM, 3, x, m, t, d, r]
     return None
+
+
+def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """load x, o ; rowred.op r, x  ->  (FK_LOADRED, 2, o, x, r, op) for sum/prod/max/min when x
+    is dead after (the tile is never made: the reduction reads the operand's rows)."""
+    if pc + 2 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "rowred")):
+        return None
+    op = RED_NAMES.index(specs[pc + 1].op)
+    x, j = int(instrs[pc, 1]), int(instrs[pc, 2])
+    r, x2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
+    if op >= R_ARGMAX or x2 != x or r == x or not flow.dead_after(x, pc, pc + 2, sec):
+        return None
+    return [FK_LOADRED, 2, j, x, r, op]
 
 
 def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -188,7 +202,7 @@ def fuse_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
         pc = sec[0]
         while pc < sec[1]:
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
-                     or _apply(instrs, specs, flow, pc, sec))
+                     or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

@@ -14,6 +14,8 @@ through are dead after it (checked by the plan), so they are not written.
   FK_APPLY   mul y, x, s ; [load w] ; mul y, y, w ; [load b] ; [add y, y, b]
              y = ((x * s) * w) + b for a compact s and row vectors w, b (a norm's scale and affine);
              mul and add are commutative, so their operands may come in either order
+  FK_LOADRED load x, o ; rowred.op r, x                       r = sum/prod/max/min of each row of
+             operand o, read in place: no tile copy (a partial tile's load copies every row)
 
 x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the reductions).
 Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then w and b.
@@ -26,14 +28,13 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from .cpu_kernels import R_SUM
 from .cpu_bits import OPTS, ptr_f32, ptr_u16
+from .cpu_kernels import DT_BF16, DT_F16, DT_F32, R_SUM
 from .cpu_math import exp_into
-from .cpu_kernels import DT_BF16, DT_F16, DT_F32
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _mem, _row_addrs, _row_uniform
-from .cpu_reduce import _is_pow2, _rowred, _tree_p2
+from .cpu_reduce import _accinit, _copy, _is_pow2, _rowred, _tree, _tree_p2
 
-FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM = range(5)
+FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED = range(6)
 SF_ROWS = 4      # sf: BN-lane rows (two for the trees, w, b) besides its BM lanes
 ST_ROWS = 5      # st: the four banks' register states, then ST_CACHE
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
@@ -111,6 +112,33 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
     # typed, not literal, arguments: the same compiled _rowred as cpu_interp's float32 call (a
     # literal op and flag compiled a second specialised copy, ~34 s of the VM's compile)
     _rowred(np.int64(R_SUM), o, e, bm, bn, ncv, s, np.bool_(True))
+
+
+@njit(**OPTS)
+def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
+    """_rowred of the f32 tile a load would make, reading its rows where they are: row r's ncv
+    valid lanes at address ra[r] (r < nrv). The same operations in the same order as the load
+    (clamped lanes and rows) followed by _rowred, so bitwise the same: a partial row is copied
+    into scratch and padded with the identity, as _rowred does; the rows past nrv, which the load
+    fills with copies of the last valid row, get its result."""
+    a = s[:bn]
+    b = s[bn:2 * bn]
+    p2 = _is_pow2(bn)
+    for r in range(nrv):
+        xr = carray(ptr_f32(ra[r]), ncv)
+        if p2 and ncv == bn:
+            v = _tree_p2(op, xr, a, b, bn)
+        else:
+            _copy(a[:ncv], xr)
+            _accinit(op, a[ncv:bn], np.bool_(True))
+            if p2:
+                v = _tree_p2(op, a, b, a, bn)
+            else:
+                _tree(op, a, bn)
+                v = a[0]
+        o[r] = v
+    for r in range(nrv, bm):
+        o[r] = o[nrv - 1]
 
 
 @njit(inline='always', **OPTS)
@@ -221,6 +249,17 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
         else:
             _apply_rows(_fv(F, fp, y), xv, sv, w, b, bm, bn, bias)
         return n + 1 if p != 0 or rows else n
+    if kind == FK_LOADRED:   # rows of an f32 operand with unit column stride (_row_addrs)
+        j, x, r = fz[pc, 2], fz[pc, 3], fz[pc, 4]
+        nrows = min(bm, meta[M_ROWS] - r0)
+        if not _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
+            return 0
+        _rowred_rows(fz[pc, 5], F[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), sf)
+        fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
+        st[0, x] = 0
+        fp[r] = 0
+        st[0, r] = 1
+        return n
     x = fz[pc, 2]
     if st[0, x] != 0 or bn < 128 or not _is_pow2(bn):
         return 0
