@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
+from functools import lru_cache
 from typing import Callable
 
 import numba
@@ -338,9 +339,11 @@ def compile_vm() -> None:
 _EXAMPLE_ARGS = (0, -1, _NO_SCHED, DECODE, _NO_SCHED, _NO_SCHED, False)
 
 
+@lru_cache(maxsize=1)
 def _compiled_entry() -> Callable:
-    """numba's compiled entry of run_units for _EXAMPLE_ARGS' types (after compile_vm): calling
-    it skips the dispatcher's type matching. The dispatcher where numba keeps it elsewhere."""
+    """numba's compiled entry of run_units for _EXAMPLE_ARGS' types (call after compile_vm; looked
+    up once): calling it skips the dispatcher's type matching. The dispatcher where numba keeps
+    it elsewhere."""
     cres = ce.run_units.overloads.get(tuple(numba.typeof(a) for a in _EXAMPLE_ARGS))
     return cres.entry_point if cres is not None else ce.run_units
 
