@@ -16,7 +16,7 @@ import dvm
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.vm import cpu, reference
-from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_SQSUM
+from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM
 
 from test_cpu_vm import run_on
 
@@ -83,6 +83,48 @@ def max_live(k, x):
     return k.store(k.sub(x, k.max(x, axis=-1, keepdims=True)))
 
 
+@dvm.kernel
+def ln_stats(k, x, w, b):
+    """A LayerNorm that also stores its mean and rstd (native_layer_norm in training): its row sums
+    are read after the run, so no row form (the runs inside it still fuse)."""
+    x = k.load(x)
+    mean = k.mean(x, axis=-1, keepdims=True)
+    xc = k.sub(x, mean)
+    rstd = k.rsqrt(k.add(k.mean(k.mul(xc, xc), axis=-1, keepdims=True), 1e-5))
+    return k.store(k.add(k.mul(k.mul(xc, rstd), k.load(w)), k.load(b))), k.store(mean), k.store(rstd)
+
+
+@dvm.kernel
+def ln_variant(k, x, w):
+    """A LayerNorm without bias, the mean halved and 1 / sqrt for rsqrt: chains of two and
+    four compact ops (one with two constants), a scale of one stage."""
+    x = k.load(x)
+    xc = k.sub(x, k.mul(k.mean(x, axis=-1, keepdims=True), 0.5))
+    var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
+    return k.store(k.mul(k.mul(xc, k.reciprocal(k.sqrt(k.add(k.mul(var, 2.0), 1e-5)))), k.load(w)))
+
+
+@dvm.kernel
+def softmax_div(k, x):
+    """Softmax dividing by the row sum (one division per element): the row form's div."""
+    x = k.load(x)
+    e = k.exp(k.sub(x, k.max(x, axis=-1, keepdims=True)))
+    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
+
+
+@dvm.kernel
+def softmax_lse(k, x):
+    """Softmax that also stores its row max and sum (a log-sum-exp's parts): no row form."""
+    x = k.load(x)
+    m = k.max(x, axis=-1, keepdims=True)
+    e = k.exp(k.sub(x, m))
+    s = k.sum(e, axis=-1, keepdims=True)
+    return k.store(k.mul(e, k.reciprocal(s))), k.store(m), k.store(s)
+
+
+SOFTMAXES = [softmax, softmax_div, softmax_lse]
+
+
 def _kinds(kfn, *args) -> set[int]:
     layout = verify(kfn.program(*args))
     return {int(kind) for kl in layout.kernels for kind in cpu._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
@@ -94,9 +136,9 @@ def _f32(*shape):
 
 def test_plan_finds_norm_runs():
     x, w = _f32(64, 1024), _f32(1024)
-    assert _kinds(layernorm, x, w, w) == {FK_CSQSUM, FK_APPLY}
-    assert _kinds(rmsnorm, x, w) == {FK_SQSUM, FK_APPLY}
-    assert _kinds(softmax, x) == {FK_EXPSUM}
+    assert _kinds(layernorm, x, w, w) == {FK_ROWNORM, FK_CSQSUM, FK_APPLY}
+    assert _kinds(rmsnorm, x, w) == {FK_ROWNORM, FK_SQSUM, FK_APPLY}
+    assert _kinds(softmax, x) == _kinds(softmax_div, x) == {FK_ROWSOFTMAX, FK_EXPSUM}
     assert all(_kinds(kfn, x) == {FK_LOADRED} for kfn in ROW_REDUCERS)
 
 
@@ -105,9 +147,12 @@ def test_plan_respects_liveness():
     assert FK_SQSUM not in _kinds(sq_live, x)
     assert _kinds(apply_live, x, w, w) == {FK_SQSUM}
     assert _kinds(apply_full, x, x, w) == {FK_APPLY}
-    assert _kinds(weight_twice, x, w) == {FK_SQSUM, FK_APPLY}
+    assert _kinds(weight_twice, x, w) == {FK_ROWNORM, FK_SQSUM, FK_APPLY}   # w: a row-vector register
     assert _kinds(two_scales, x, w, w, w) == {FK_SQSUM, FK_APPLY}
     assert _kinds(max_live, x) == set()
+    assert _kinds(ln_stats, x, w, w) == {FK_CSQSUM, FK_APPLY}
+    assert FK_ROWSOFTMAX not in _kinds(softmax_lse, x)
+    assert _kinds(ln_variant, x, w) == {FK_ROWNORM, FK_CSQSUM, FK_APPLY}
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
@@ -166,16 +211,20 @@ def test_fused_runs_match_reference(dtype, shape):
                 assert _same(g, r), (kfn, dt, shape, n)
 
 
-@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (13, 4096), (2, 3, 513)])
+@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (13, 4096), (2, 3, 513), (70, 100)])
 def test_fused_softmax_matches_unfused(shape):
-    """exp may differ from NumPy's by an ulp, so the fused softmax is held to the same VM with its
-    instructions run one by one: bitwise, on 1 and 2 threads."""
+    """exp may differ from NumPy's by an ulp, so the fused softmax (the row form, or the tile form
+    for a transposed view) is held to the same VM with its instructions run one by one: bitwise,
+    on 1 and 2 threads; rows not back to back too."""
     x = _data(np.dtype(np.float32), shape)[0]
-    with _unfused(softmax, x):
-        want = run_on(_threads(1), softmax, x)[0]
-    for n in (1, 2):
-        assert _same(run_on(_threads(n), softmax, x)[0], want), (shape, n)
-    np.testing.assert_allclose(want, run_on(reference.run, softmax, x)[0], rtol=1e-6, atol=1e-7)
+    for a in (x, x[..., 1:], np.swapaxes(x, -1, -2).copy().swapaxes(-1, -2)):
+        for kfn in SOFTMAXES:
+            with _unfused(kfn, a):
+                want = run_on(_threads(1), kfn, a)
+            for n in (1, 2):
+                for g, r in zip(run_on(_threads(n), kfn, a), want):
+                    assert _same(g, r), (kfn, shape, a.strides, n)
+    np.testing.assert_allclose(want[0], run_on(reference.run, softmax_lse, a)[0], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("shape", [(70, 250), (9, 1001), (33, 1024), (5, 300), (3, 128), (2, 3, 513), (100, 17)])
@@ -196,3 +245,21 @@ def test_fused_row_reductions_match_unfused(shape, dtype):
                 assert _same(run_on(_threads(n), kfn, a)[0], want), (kfn, shape, dtype, n)
             ref = run_on(reference.run, kfn, a)[0]
             np.testing.assert_allclose(want.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(70, 1001), (33, 1024), (5, 300), (3, 128), (2, 3, 513), (9, 4096), (40, 100)])
+def test_row_norms_match_unfused(shape):
+    """A norm run row by row (FK_ROWNORM: partial rows and row blocks, rows of a view that are not
+    back to back; a transposed view runs the tile form) gives bitwise what its instructions give
+    one by one, on 1 and 2 threads, with NaN and infinities in some rows and in the weights."""
+    x, w, b = _data(np.dtype(np.float32), shape)
+    for a in (x, x[..., 1:], np.swapaxes(x, -1, -2).copy().swapaxes(-1, -2)):
+        n = a.shape[-1]
+        cases = [(layernorm, (a, w[:n], b[:n])), (rmsnorm, (a, w[:n])), (ln_stats, (a, w[:n], b[:n])),
+                 (ln_variant, (a, w[:n]))]
+        for kfn, args in cases:
+            with _unfused(kfn, *args):
+                want = run_on(_threads(1), kfn, *args)
+            for threads in (1, 2):
+                for g, r in zip(run_on(_threads(threads), kfn, *args), want):
+                    assert _same(g, r), (kfn, shape, a.strides, threads)

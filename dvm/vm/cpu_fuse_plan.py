@@ -1,12 +1,14 @@
 """Where a kernel's instructions can run fused: decided once per kernel layout, in Python.
 
 peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it.
-fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fields...) for a run starting at pc, kind FK_NONE
-elsewhere. The plan checks what it can see statically: the opcodes, the register flow inside
-the run, and that every register the run only passes through (an intermediate, a loaded
-weight) is dead after it. Register states (full / compact / row vector) and whether a loaded
-operand is a row vector (cpu_mem._row_uniform, the test every load makes) are checked at run
-time, by cpu_fused.
+fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fields...) for a
+run starting at pc, kind FK_NONE elsewhere. The plan checks what it can see statically: the
+opcodes, the register flow inside the run, and that every register the run only passes through
+(an intermediate, a loaded weight) is dead after it. Register states (full / compact / row
+vector) and whether a loaded operand is a row vector (cpu_mem._row_uniform, the test every load
+makes) are checked at run time, by cpu_fused. The row forms of norms and softmax (_row_norm,
+_row_softmax: a whole load-to-store run) contain smaller runs, which are planned too: a tile the
+row form cannot take runs them.
 """
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import numpy as np
 from ..codegen import isa
 from ..codegen.program import KernelLayout
 from ..graph.dtypes import Bank, DType
-from .cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_NONE, FK_SQSUM, FUSE_WIDTH, NO_SRC
-from .cpu_kernels import R_ARGMAX, RED_NAMES
+from .cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM,
+                        FUSE_WIDTH, NO_SRC)
+from .cpu_kernels import EW_NAMES, R_ARGMAX, RED_NAMES
+from .cpu_rownorm import CHAIN_OPS
 
+SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # cpu_rownorm replays them on a row's scalars
 
 
 def _f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
@@ -146,6 +151,95 @@ def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
+def _scalar_chain(instrs, specs, flow: _Flow, q: int, sec, full: set[int]) -> int:
+    """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
+    writes none of them (a norm's chain of compact ops between its sums and its scale)."""
+    while (q < sec[1] and _is(specs[q], "ew") and specs[q].op in SCALAR_CHAIN_OPS
+           and not (flow.reads[q] | flow.writes[q]) & full):
+        q += 1
+    return q
+
+
+def _writes(flow: _Flow, lo: int, hi: int) -> set[int]:
+    return set().union(*flow.writes[lo:hi])
+
+
+def _row_norm(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """load x, o ; rowred.sum s1, x ; chain A ; an FK_CSQSUM run of x and m   (LayerNorm)
+       load x, o ; an FK_SQSUM run of x                                     (RMSNorm)
+    then chain B ; an FK_APPLY run of (d or x) and rs ; store y
+    -> (FK_ROWNORM, n, o, pc of the CSQSUM run or -1, pc of the FK_APPLY run, rs, w and b sources
+    as FK_APPLY's) when m and rs are the chains' results (or the sums themselves) and the run is
+    self-contained. Chains: compact ops only (_scalar_chain), replayed per row by cpu_rownorm."""
+    if not _is(specs[pc], "load"):
+        return None
+    x, q = int(instrs[pc, 1]), pc + 1
+    if q < sec[1] and _is(specs[q], "rowred", "sum") and int(instrs[q, 2]) == x and int(instrs[q, 1]) != x:
+        cpc = _scalar_chain(instrs, specs, flow, q + 1, sec, {x})
+        run = _sub_then_sum(instrs, specs, flow, cpc, sec)
+        if run is None or run[0] != FK_CSQSUM or run[2] != x:
+            return None
+        m, src, s2 = run[3], run[4], run[6]
+        if m not in _writes(flow, q, cpc):
+            return None
+        q = cpc + 3
+    else:
+        run = _sqsum(instrs, specs, flow, q, sec)
+        if run is None or run[2] != x:
+            return None
+        cpc, src, s2 = -1, x, run[3]
+        q += 2
+    apc = _scalar_chain(instrs, specs, flow, q, sec, {src})
+    app = _apply(instrs, specs, flow, apc, sec)
+    if app is None or src not in app[2:4] or app[2] == app[3]:
+        return None
+    rs = app[3] if app[2] == src else app[2]
+    end = apc + app[1]
+    if rs != s2 and rs not in _writes(flow, q, apc):
+        return None
+    if end >= sec[1] or not _is(specs[end], "store") or int(instrs[end, 1]) != app[6]:
+        return None
+    if not _self_contained(flow, pc, end, sec):
+        return None
+    return [FK_ROWNORM, end + 1 - pc, int(instrs[pc, 2]), cpc, apc, rs, app[4], app[5]]
+
+
+def _self_contained(flow: _Flow, pc: int, end: int, sec) -> bool:
+    """Run [pc, end] (its store at end): every register it writes is dead after it, and none it
+    reads before writing (a constant, a weight's row vector) is written by it."""
+    every = _writes(flow, pc, end + 1)
+    written: set[int] = set()
+    for k in range(pc, end + 1):
+        if (flow.reads[k] - written) & every:
+            return False
+        written |= flow.writes[k]
+    return all(flow.dead_after(r, pc, end + 1, sec) for r in written)
+
+
+def _row_softmax(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """load x, o ; rowred.max m, x ; an FK_EXPSUM run of x and m (e, s) ; chain ;
+    mul y, e, r (either order) or div y, e, r ; store y
+    -> (FK_ROWSOFTMAX, n, o, pc of the mul or div, r) when r is the chain's result or s, and the
+    run is self-contained (_self_contained)."""
+    if pc + 6 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "rowred", "max")):
+        return None
+    x, m = int(instrs[pc, 1]), int(instrs[pc + 1, 1])
+    run = _sub_then_sum(instrs, specs, flow, pc + 2, sec)
+    if m == x or int(instrs[pc + 1, 2]) != x or run is None or run[0] != FK_EXPSUM or run[2:4] != [x, m]:
+        return None
+    e, s = run[4], run[6]
+    fpc = _scalar_chain(instrs, specs, flow, pc + 5, sec, {e})
+    if fpc + 1 >= sec[1] or not (_is(specs[fpc], "ew", "mul") or _is(specs[fpc], "ew", "div")):
+        return None
+    y, a, b = (int(v) for v in instrs[fpc, 1:4])
+    r = b if a == e else (a if b == e and specs[fpc].op == "mul" else -1)
+    if r in (-1, e) or (r != s and r not in _writes(flow, pc + 5, fpc)):
+        return None
+    if not _is(specs[fpc + 1], "store") or int(instrs[fpc + 1, 1]) != y or not _self_contained(flow, pc, fpc + 1, sec):
+        return None
+    return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
+
+
 def writes_f(spec: isa.InstrSpec) -> int:
     """1: field f1 is an f32 register the instruction writes; 2: one it reads and writes."""
     if not spec.fields or spec.fields[0].bank != Bank.F32:
@@ -201,6 +295,11 @@ def fuse_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
     for sec in sections:
         pc = sec[0]
         while pc < sec[1]:
+            norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec)
+            if norm:   # the runs inside it are planned as well, for tiles it cannot take
+                plan[pc, :len(norm)] = norm
+                pc += 1
+                continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
                      or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec))
             if found:

@@ -16,9 +16,13 @@ through are dead after it (checked by the plan), so they are not written.
              mul and add are commutative, so their operands may come in either order
   FK_LOADRED load x, o ; rowred.op r, x                       r = sum/prod/max/min of each row of
              operand o, read in place: no tile copy (a partial tile's load copies every row)
+  FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
+             row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
+             tiles the row forms cannot take
 
-x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the reductions).
-Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then w and b.
+x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the sums; FK_LOADRED
+takes any BN). Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then
+w, b and the two rows of the row forms.
 w and b stay there across the tiles of a launch (a norm's weight and bias are the same row at
 every row block): st[ST_CACHE] tags them with the run's pc and the tile's c0, set only for
 operands loaded from a buffer that no output of the launch overlaps (aok).
@@ -28,27 +32,17 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from .cpu_bits import OPTS, ptr_f32, ptr_u16
-from .cpu_kernels import DT_BF16, DT_F16, DT_F32, R_SUM
+from .cpu_bits import OPTS, ptr_f32
+from .cpu_kernels import R_SUM
 from .cpu_math import exp_into
-from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _mem, _row_addrs, _row_uniform
+from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
 from .cpu_reduce import _accinit, _copy, _is_pow2, _rowred, _tree, _tree_p2
+from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq8
 
-FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED = range(6)
-SF_ROWS = 4      # sf: BN-lane rows (two for the trees, w, b) besides its BM lanes
-ST_ROWS = 5      # st: the four banks' register states, then ST_CACHE
-ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
+FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX = range(8)
+SF_ROWS = 6      # sf: BN-lane rows (two for the trees, w, b, two for the row forms) besides its BM lanes
+ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vector cache tags
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
-NO_SRC = -1      # FK_APPLY without a bias stage
-
-
-@njit(inline='always', **OPTS)
-def _sq8(v, k, q):
-    """Three tree levels (cpu_reduce._stage's order) of the squares of v[k + j*q], j < 8."""
-    return ((((v[k] * v[k]) + (v[k + 4 * q] * v[k + 4 * q]))
-             + ((v[k + 2 * q] * v[k + 2 * q]) + (v[k + 6 * q] * v[k + 6 * q])))
-            + (((v[k + q] * v[k + q]) + (v[k + 5 * q] * v[k + 5 * q]))
-               + ((v[k + 3 * q] * v[k + 3 * q]) + (v[k + 7 * q] * v[k + 7 * q]))))
 
 
 @njit(inline='always', **OPTS)
@@ -141,17 +135,6 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
         o[r] = o[nrv - 1]
 
 
-@njit(inline='always', **OPTS)
-def _apply_row(orow, xr, sv, w, b, n, bias):
-    """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
-    if bias:
-        for k in range(n):
-            orow[k] = ((xr[k] * sv) * w[k]) + b[k]
-    else:
-        for k in range(n):
-            orow[k] = (xr[k] * sv) * w[k]
-
-
 @njit(**OPTS)
 def _apply_rows(o, x, s, w, b, bm, bn, bias):
     """o = ((x * s[r]) * w) + b per row r (without `+ b` unless bias)."""
@@ -168,49 +151,7 @@ def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
 
 
 @njit(inline='always', **OPTS)
-def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
-    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
-    are all the same (_row_uniform), or read from register -2 - src when that register is a row
-    vector now. False if neither."""
-    if src >= 0:
-        if not _row_uniform(src, optab, meta):
-            return False
-        arg, dt = optab[src, 1], optab[src, 2]
-        a, n = addrs[arg], numels[arg]
-        if dt == DT_F32:
-            _mem(np.bool_(False), dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0,
-                 np.bool_(False), ix, np.bool_(True))   # typed flags: cpu_interp's compiled _mem
-        elif dt == DT_F16 or dt == DT_BF16:
-            _mem(np.bool_(False), dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0,
-                 np.bool_(False), ix, np.bool_(True))
-        else:
-            return False
-        return True
-    reg = -2 - src
-    if st[0, reg] != 3:
-        return False
-    dst[:] = F[reg][:dst.shape[0]]
-    return True
-
-
-@njit(inline='always', **OPTS)
-def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
-    """_row_vector into dst unless dst already holds it: the same run (pc) loaded it from a buffer
-    at the same c0 in this launch. Tagged only when aok: no output overlaps the buffer."""
-    k = 2 * slot
-    if src >= 0 and st[ST_CACHE, k] == pc + 1 and st[ST_CACHE, k + 1] == c0:
-        return True
-    st[ST_CACHE, k] = 0
-    if not _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
-        return False
-    if src >= 0 and aok:
-        st[ST_CACHE, k] = pc + 1
-        st[ST_CACHE, k + 1] = c0
-    return True
-
-
-@njit(inline='always', **OPTS)
-def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
+def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
     """Run the fused instructions starting at pc when their registers are in the expected states;
     returns how many instructions it did (a trailing store written in place included), 0 if it
     did nothing. st[0, reg]: the f32 register states (cpu_rowlevel)."""
@@ -219,6 +160,12 @@ def _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c
         return 0
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
+    if kind == FK_ROWNORM or kind == FK_ROWSOFTMAX:
+        if c0 != 0:
+            return 0
+        if kind == FK_ROWNORM:
+            return _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st)
+        return _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st)
     if kind == FK_APPLY:
         x, s, y = fz[pc, 2], fz[pc, 3], fz[pc, 6]
         if st[0, x] == 1 and st[0, s] == 0:   # mul is commutative: x is the full operand

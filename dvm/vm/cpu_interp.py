@@ -284,7 +284,8 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         if pc <= skip:   # done by a fused run, or a store written in place by the previous instruction
             continue
         if fz[pc, 0] != 0:
-            done = _run_fused(pc, fz, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st)
+            done = _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin,
+                              ix, sf, st)
             if done > 0:
                 skip = pc + done - 1
                 continue

@@ -1,0 +1,319 @@
+"""Norms and softmax one row at a time (cpu_fused's FK_ROWNORM and FK_ROWSOFTMAX, planned by
+cpu_fuse_plan._row_norm and _row_softmax), and the row vectors of the fused runs.
+
+The tile form of a LayerNorm makes 4-5 passes over its BM x BN tile (64 KB at 16x1024 f32: L2,
+not L1): the load's copy, the row sum, the centered squares (their tile written), the scale and
+affine. The row form takes each row from the operand's buffer, keeps its centered copy in one
+scratch row (L1) and writes the output row straight into the store's buffer: the row is read
+from the buffer twice (LayerNorm) or once (RMSNorm), written once.
+
+    load x, o ; rowred.sum s1, x ; chain A -> m ; sub d, x, m ; mul t, d, d ; rowred.sum s2, t
+    (LayerNorm; RMSNorm: load x, o ; mul t, x, x ; rowred.sum s2, t) ; chain B -> rs ;
+    y = ((d or x) * rs) * w [+ b] (an FK_APPLY run) ; store y
+
+A chain is a few f32 add/sub/mul/div/sqrt/rsqrt/reciprocal on compact registers (the mean's
+division, eps, rsqrt), replayed on each row's scalars: row r's value in lane r of its register,
+as a compact register keeps it. Every other source of a chain is a compact or uniform register
+the run does not write (checked by the plan; its state at run time by _chain_ok).
+
+    load x, o ; rowred.max m, x ; sub t, x, m ; exp e, t ; rowred.sum s, e ; chain -> r ;
+    mul y, e, r (or div y, e, r) ; store y                                     (softmax)
+
+The softmax row form reads the row from the buffer once and keeps exp(x - m) in a scratch row.
+Each row takes the same f32 operations in the same order as the instructions (the reductions'
+trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of the tile form.
+Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
+(f32 operands, unit column stride: cpu_mem._row_addrs) and BN is a power of two >= 128 holding
+the whole row; otherwise they return 0 and the instructions run (with their own fused runs).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from .cpu_bits import OPTS, ptr_f32, ptr_u16
+from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP, OP_MUL, OP_RECIP, OP_RSQRT,
+                          OP_SQRT, OP_SUB, R_MAX, R_SUM, _un_f32)
+from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs, _row_uniform
+from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
+
+ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
+NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
+
+
+@njit(inline='always', **OPTS)
+def _sq8(v, k, q):
+    """Three tree levels (cpu_reduce._stage's order) of the squares of v[k + j*q], j < 8."""
+    return ((((v[k] * v[k]) + (v[k + 4 * q] * v[k + 4 * q]))
+             + ((v[k + 2 * q] * v[k + 2 * q]) + (v[k + 6 * q] * v[k + 6 * q])))
+            + (((v[k + q] * v[k + q]) + (v[k + 5 * q] * v[k + 5 * q]))
+               + ((v[k + 3 * q] * v[k + 3 * q]) + (v[k + 7 * q] * v[k + 7 * q]))))
+
+
+@njit(inline='always', **OPTS)
+def _apply_row(orow, xr, sv, w, b, n, bias):
+    """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
+    if bias:
+        for k in range(n):
+            orow[k] = ((xr[k] * sv) * w[k]) + b[k]
+    else:
+        for k in range(n):
+            orow[k] = (xr[k] * sv) * w[k]
+
+
+@njit(inline='always', **OPTS)
+def _scalar_op(op, a, b):
+    """One lane of cpu_kernels' f32 _bin_float / _un_common for the chain ops (the same
+    expressions, so the same bits)."""
+    if op == OP_ADD:
+        return a + b
+    if op == OP_SUB:
+        return a - b
+    if op == OP_MUL:
+        return a * b
+    if op == OP_DIV:
+        return a / b
+    if op == OP_SQRT:
+        return np.sqrt(a)
+    if op == OP_RSQRT:
+        return np.float32(1.0 / np.sqrt(np.float64(a)))
+    return np.float32(1.0 / np.float64(a))   # OP_RECIP (the plan admits nothing else)
+
+
+CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)
+
+
+@njit(inline='always', **OPTS)
+def _internal(reg, instrs, r1, r2, q0, q1):
+    """reg is written by the run before it is read: r1, r2 (its row sums) or a chain's dest."""
+    if reg == r1 or reg == r2:
+        return True
+    for q in range(q0, q1):
+        if instrs[q, 1] == reg:
+            return True
+    return False
+
+
+@njit(**OPTS)
+def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
+    """Every chain op is one _scalar_op does, and every source the run does not write is compact
+    (1) or uniform (2, 4) now."""
+    for q in range(qa0, qb1):
+        if qa1 <= q < qb0:
+            continue
+        op, kind = dec[instrs[q, 0], 1], dec[instrs[q, 0], 4]
+        ok = False
+        for c in CHAIN_OPS:
+            ok = ok or op == c
+        if not ok:
+            return False
+        for f in range(2 if kind == K_BIN else 1):
+            reg = instrs[q, 2 + f]
+            if not (_internal(reg, instrs, r1, r2, qa0, qa1) or _internal(reg, instrs, r1, r2, qb0, qb1)):
+                s = st[0, reg]
+                if s != 1 and s != 2 and s != 4:
+                    return False
+    return True
+
+
+@njit(inline='always', **OPTS)
+def _chain_row(instrs, dec, q0, q1, F, st, r):
+    """The chain's compact ops on row r's values (lane r; lane 0 of a uniform source)."""
+    for q in range(q0, q1):
+        op, kind = dec[instrs[q, 0], 1], dec[instrs[q, 0], 4]
+        ra = instrs[q, 2]
+        a = F[ra][r] if st[0, ra] == 1 else F[ra][0]
+        b = a
+        if kind == K_BIN:
+            rb = instrs[q, 3]
+            b = F[rb][r] if st[0, rb] == 1 else F[rb][0]
+        F[instrs[q, 1]][r] = _scalar_op(op, a, b)
+
+
+@njit(**OPTS)
+def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
+               w, b, bias, ta, tb, drow):
+    """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
+    bn: a power of two >= 128; ta, tb: bn-lane tree scratch; drow: a bn-lane row (the padded copy
+    of a partial row, then its centered values). Each tree and loop appears once: every inlined
+    copy costs VM compile time."""
+    q = bn // 8
+    lvl = ta[:q]
+    la = ta[q:2 * q]
+    lb = ta[2 * q:3 * q]
+    full = ncv == bn
+    for r in range(nrows):
+        xr = carray(ptr_f32(rx[r]), ncv)
+        sx = xr
+        if not full:   # zero-padded as cpu_reduce._rowred and cpu_fused._sq_level pad the tile's row
+            _copy(drow[:ncv], xr)
+            _accinit(R_SUM, drow[ncv:bn], np.bool_(True))
+            sx = drow
+        if centered:
+            F[s1][r] = _tree_p2(R_SUM, sx, ta, tb, bn)
+            _chain_row(instrs, dec, qa0, qa1, F, st, r)
+            mv = F[m][r]
+            if full:
+                for k in range(bn):
+                    drow[k] = xr[k] - mv
+            else:
+                for k in range(ncv):
+                    drow[k] = drow[k] - mv
+            sx = drow
+        for k in range(q):
+            lvl[k] = _sq8(sx, k, q)
+        F[s2][r] = _tree_p2(R_SUM, lvl, la, lb, q)
+        _chain_row(instrs, dec, qb0, qb1, F, st, r)
+        _apply_row(carray(ptr_f32(ry[r]), ncv), sx, F[rs][r], w, b, ncv, bias)
+
+
+@njit(**OPTS)
+def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, tb, arow, erow):
+    """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
+    erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
+    then y = e * r (e / r when div)."""
+    full = ncv == bn
+    for r in range(nrows):
+        xr = carray(ptr_f32(rx[r]), ncv)
+        sx = xr
+        if not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
+            _copy(arow[:ncv], xr)
+            _accinit(R_MAX, arow[ncv:bn], np.bool_(True))
+            _accinit(R_SUM, erow[ncv:bn], np.bool_(True))
+            sx = arow
+        mv = _tree_p2(R_MAX, sx, ta, tb, bn)
+        if full:
+            for k in range(bn):
+                arow[k] = xr[k] - mv
+        else:
+            for k in range(ncv):
+                arow[k] = arow[k] - mv
+        F[m][r] = mv
+        # the interpreter's compiled f32 exp (a lane's value never depends on the others)
+        _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
+        F[s][r] = _tree_p2(R_SUM, erow, ta, tb, bn)
+        _chain_row(instrs, dec, q0, q1, F, st, r)
+        rv = F[rr][r]
+        orow = carray(ptr_f32(ry[r]), ncv)
+        if div:
+            for k in range(ncv):
+                orow[k] = erow[k] / rv
+        else:
+            for k in range(ncv):
+                orow[k] = erow[k] * rv
+
+
+@njit(inline='always', **OPTS)
+def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
+    are all the same (_row_uniform), or read from register -2 - src when that register is a row
+    vector now. False if neither."""
+    if src >= 0:
+        if not _row_uniform(src, optab, meta):
+            return False
+        arg, dt = optab[src, 1], optab[src, 2]
+        a, n = addrs[arg], numels[arg]
+        if dt == DT_F32:
+            _mem(np.bool_(False), dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0,
+                 np.bool_(False), ix, np.bool_(True))   # typed flags: cpu_interp's compiled _mem
+        elif dt == DT_F16 or dt == DT_BF16:
+            _mem(np.bool_(False), dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0,
+                 np.bool_(False), ix, np.bool_(True))
+        else:
+            return False
+        return True
+    reg = -2 - src
+    if st[0, reg] != 3:
+        return False
+    dst[:] = F[reg][:dst.shape[0]]
+    return True
+
+
+@njit(inline='always', **OPTS)
+def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
+    """_row_vector into dst unless dst already holds it: the same run (pc) loaded it from a buffer
+    at the same c0 in this launch. Tagged only when aok: no output overlaps the buffer."""
+    k = 2 * slot
+    if src >= 0 and st[ST_CACHE, k] == pc + 1 and st[ST_CACHE, k + 1] == c0:
+        return True
+    st[ST_CACHE, k] = 0
+    if not _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
+        return False
+    if src >= 0 and aok:
+        st[ST_CACHE, k] = pc + 1
+        st[ST_CACHE, k + 1] = c0
+    return True
+
+@njit(inline='always', **OPTS)
+def _rows_fit(meta, aok):
+    """The tile's rows are whole and BN is a power of two >= 128 (the fused trees' width)."""
+    bn = meta[M_BN]
+    return aok and meta[M_COLS] <= bn and bn >= 128 and _is_pow2(bn)
+
+
+@njit(inline='always', **OPTS)
+def _bracket(fp, st, instrs, pc, n, state):
+    """Every f32 register the run writes (the instructions before its store): dead after the run
+    (the plan checked), so they only need consistent states: compact (1) while the run keeps row
+    r's scalars in lane r, a full tile (0) after it."""
+    for q in range(pc, pc + n - 1):
+        fp[instrs[q, 1]] = 0
+        st[0, instrs[q, 1]] = state
+
+@njit(inline='always', **OPTS)
+def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
+    """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
+    scale's FK_APPLY run, rs, w's and b's sources as FK_APPLY's): the whole norm row by row, its
+    output rows written into the store's buffer. 0 when it cannot take the tile (nothing changed
+    then but the scratch)."""
+    bm, bn = meta[M_BM], meta[M_BN]
+    if not _rows_fit(meta, aok):
+        return 0
+    n, cpc, apc, rs = fz[pc, 1], fz[pc, 3], fz[pc, 4], fz[pc, 5]
+    centered = cpc >= 0
+    if centered:   # rowred.sum s1, x ; chain A ; sub d, x, m ; mul t, d, d ; rowred.sum s2, t
+        s1, qa0, qa1, m, s2, qb0 = instrs[pc + 1, 1], pc + 2, cpc, instrs[cpc, 3], instrs[cpc + 2, 1], cpc + 3
+    else:          # mul t, x, x ; rowred.sum s2, t
+        s1, qa0, qa1, m, s2, qb0 = -1, pc + 3, pc + 3, -1, instrs[pc + 2, 1], pc + 3
+    if not _chain_ok(instrs, dec, st, qa0, qa1, qb0, apc, s1, s2):
+        return 0
+    w, b = sf[2 * bn + bm:3 * bn + bm], sf[3 * bn + bm:4 * bn + bm]
+    bias = fz[pc, 7] != NO_SRC
+    if not _cached_row(w, 0, fz[pc, 6], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+        return 0
+    if bias and not _cached_row(b, 1, fz[pc, 7], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+        return 0
+    nrows = min(bm, meta[M_ROWS] - r0)
+    rx, ry = ix[:bm], ix[bm:2 * bm]   # after the row vectors: their loads use ix
+    if not (_row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
+            and _row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+        return 0
+    _bracket(fp, st, instrs, pc, n, 1)
+    _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
+               qb0, apc, rs, w, b, bias, sf[:bn], sf[bn:2 * bn], sf[4 * bn + bm:5 * bn + bm])
+    _bracket(fp, st, instrs, pc, n, 0)
+    return n
+
+
+@njit(inline='always', **OPTS)
+def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st):
+    """FK_ROWSOFTMAX = (kind, n, x's operand, pc of the final mul or div, r): the whole softmax
+    row by row, its output rows written into the store's buffer. 0 when it cannot take the tile."""
+    bm, bn = meta[M_BM], meta[M_BN]
+    if not _rows_fit(meta, aok):
+        return 0
+    n, fpc, rr = fz[pc, 1], fz[pc, 3], fz[pc, 4]
+    m, s = instrs[pc + 1, 1], instrs[pc + 4, 1]
+    if not _chain_ok(instrs, dec, st, pc + 5, pc + 5, pc + 5, fpc, m, s):
+        return 0
+    nrows = min(bm, meta[M_ROWS] - r0)
+    rx, ry = ix[:bm], ix[bm:2 * bm]
+    if not (_row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
+            and _row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+        return 0
+    _bracket(fp, st, instrs, pc, n, 1)
+    _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
+                  dec[instrs[fpc, 0], 1] == OP_DIV, sf[:bn], sf[bn:2 * bn], sf[5 * bn + bm:6 * bn + bm],
+                  sf[4 * bn + bm:5 * bn + bm])
+    _bracket(fp, st, instrs, pc, n, 0)
+    return n
