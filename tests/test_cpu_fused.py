@@ -19,6 +19,7 @@ from dvm.vm import cpu, reference
 from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM
 
 from test_cpu_vm import run_on
+from test_reductions import softmax_k as softmax_div   # divides by the row sum: the row form's div
 
 RNG = np.random.default_rng(11)
 
@@ -102,14 +103,6 @@ def ln_variant(k, x, w):
     xc = k.sub(x, k.mul(k.mean(x, axis=-1, keepdims=True), 0.5))
     var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
     return k.store(k.mul(k.mul(xc, k.reciprocal(k.sqrt(k.add(k.mul(var, 2.0), 1e-5)))), k.load(w)))
-
-
-@dvm.kernel
-def softmax_div(k, x):
-    """Softmax dividing by the row sum (one division per element): the row form's div."""
-    x = k.load(x)
-    e = k.exp(k.sub(x, k.max(x, axis=-1, keepdims=True)))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
 
 
 @dvm.kernel
