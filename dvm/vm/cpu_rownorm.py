@@ -244,6 +244,7 @@ def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0,
         st[ST_CACHE, k + 1] = c0
     return True
 
+
 @njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
     """The tile's rows are whole and BN is a power of two >= 128 (the fused trees' width)."""
@@ -259,6 +260,7 @@ def _bracket(fp, st, instrs, pc, n, state):
     for q in range(pc, pc + n - 1):
         fp[instrs[q, 1]] = 0
         st[0, instrs[q, 1]] = state
+
 
 @njit(inline='always', **OPTS)
 def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
