@@ -148,6 +148,27 @@ def test_plan_respects_liveness():
     assert _kinds(ln_variant, x, w) == {FK_ROWNORM, FK_CSQSUM, FK_APPLY}
 
 
+@dvm.kernel
+def add_half(k, x):
+    return k.store(k.add(k.load(x), 0.5))
+
+
+def test_plans_are_shared_per_instruction_stream():
+    """Layouts of one kernel at different shapes share the stream-derived plan (cpu_stream); a
+    different operand dtype (the in-place plan needs an f32 store) gets its own, and no
+    descriptor can write into a shared plan."""
+    descs = [cpu._desc(kl, len(lay.args)) for lay in (verify(layernorm.program(_f32(r, 1001), _f32(1001), _f32(1001)))
+                                                       for r in (3, 17, 64)) for kl in lay.kernels]
+    assert len({id(d.fuse) for d in descs}) == 1 and len({id(d.peep) for d in descs}) == 1
+    assert {d.n_units for d in descs} != {descs[0].n_units}   # the shape-dependent parts are not shared
+    assert not (descs[0].fuse.flags.writeable or descs[0].peep.flags.writeable or descs[0].rio.flags.writeable)
+    peeps = [cpu._desc(lay.kernels[0], len(lay.args)).peep
+             for lay in (verify(add_half.program(np.ones(64, dt))) for dt in (np.float32, np.float16))]
+    assert (peeps[0] >= 0).any() and not (peeps[1] >= 0).any()
+    with pytest.raises(ValueError):
+        descs[0].fuse[0, 0] = FK_ROWNORM
+
+
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
     nan = np.isnan(want.astype(np.float32))
     if not np.array_equal(np.isnan(got.astype(np.float32)), nan):
@@ -160,16 +181,16 @@ def _unfused(kfn, *args):
     """The kernel's instructions run one by one (its fuse plan emptied while inside)."""
     layout = verify(kfn.program(*args))
     argsz, descs, outs, chain = cpu._prog(layout)
-    saved = [(d, d.fuse.copy(), d.blob) for d in descs]
+    saved = [(d, d.fuse, d.blob) for d in descs]
     for d in descs:
-        d.fuse[:] = 0
+        d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (cpu_stream)
         d.blob = cpu._pack(d, argsz)
     object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, cpu._chain(descs)))
     try:
         yield
     finally:
         for d, fuse, blob in saved:
-            d.fuse[:] = fuse
+            d.fuse = fuse
             d.blob = blob
         object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, chain))
 

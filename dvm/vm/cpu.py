@@ -24,21 +24,21 @@ import numpy as np
 from ..codegen import isa
 from ..config import config
 from ..codegen.program import ARG_IN, MAX_REGS, KernelLayout, ProgramLayout
-from ..graph.dtypes import Bank, DType
+from ..graph.dtypes import DType
 from .buffers import data_ptr
 from . import cpu_entry as ce
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import (cpu_bits, cpu_compile, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_rownorm,
                cpu_sync)
-from .cpu_fuse_plan import fuse_plan, in_place_plan, writes_f
+from .cpu_fuse_plan import writes_f
 from .cpu_fused import FUSE_WIDTH
+from .cpu_stream import BANK_CODE as _BANK, StreamPlan, stream_plan
 from .cpu_threads import Workers
 
 assert ce.MAX_REGS == MAX_REGS
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
-_BANK = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
 _BANK_NAME = {ck.BK_F32: "f32", ck.BK_F64: "f64", ck.BK_I64: "i64", ck.BK_B8: "b8"}
 _GROUP = {"load": ck.G_LOAD, "store": ck.G_STORE, "const": ck.G_CONST, "index": ck.G_INDEX,
           "cast": ck.G_CAST, "ew": ck.G_EW, "accinit": ck.G_ACCINIT, "acc": ck.G_ACC, "rfin": ck.G_RFIN,
@@ -167,46 +167,19 @@ def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
 NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers
 
 
-def _transposed(kl: KernelLayout) -> bool:
+def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
     narrow (a tree level is then one loop over BM rows instead of a short loop per row) or whose
     operands are contiguous along the kept axis (a column of the tile is then a contiguous run).
     The layout is invisible: every lane holds the same value and the tree pairs the same lanes.
     Argmax/argmin keep the row-major form."""
-    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes:
-        return False
-    groups = set()
-    for row in np.asarray(kl.instrs).reshape(-1, isa.WORDS):
-        sp = isa.BY_CODE.get(int(row[0]))
-        if sp is None:
-            return False
-        groups.add(sp.group)
-        if sp.group in ("acc", "rfin", "rowred") and sp.op.startswith("arg"):
-            return False
-    if not groups & {"acc", "rfin", "rowred"}:
+    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
         return False
     if kl.bn <= NARROW_BN:
         return True
     nr = len(kl.row_sizes)
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
     return any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides)
-
-
-def _reg_io(instrs: np.ndarray) -> np.ndarray:
-    """Per instruction and field: 1 + the bank of a register it reads (columns 0-4) or writes
-    (columns 5-9), else 0 ('m' fields count as both). The VM tracks compact registers with it."""
-    rio = np.zeros((len(instrs), 10), np.int64)
-    for pc, row in enumerate(instrs):
-        sp = isa.BY_CODE.get(int(row[0]))
-        if sp is None:
-            continue
-        for f, fld in enumerate(sp.fields):
-            if fld.is_reg and fld.bank in _BANK:
-                if fld.role in "sm":
-                    rio[pc, f] = 1 + _BANK[fld.bank]
-                if fld.role in "dm":
-                    rio[pc, 5 + f] = 1 + _BANK[fld.bank]
-    return rio
 
 
 class _Desc:
@@ -216,7 +189,9 @@ class _Desc:
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
         rows, cols = kl.rows, kl.cols
-        self.transposed = _transposed(kl)
+        plan = stream_plan(kl, n_args)
+        self.instrs, self.rio, self.peep, self.fuse, self.argst = plan[:5]
+        self.transposed = _transposed(kl, plan)
         meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue, int(self.transposed)]
         assert len(meta) == cpu_mem.M_SW
         for sw in kl.sweeps:
@@ -231,38 +206,12 @@ class _Desc:
             optab[:, 4:] = kl.opnd_strides.reshape(n_opnd, nr + nc)
         self.optab = optab
         self.consts = np.array(kl.const_bits, np.int64).reshape(-1).copy()
-        self.instrs = np.array(kl.instrs, np.int64).reshape(-1, isa.WORDS).copy()
-        self.rio = _reg_io(self.instrs)
         sw0 = kl.sweeps[0]
         self.tile_par = (len(kl.sweeps) == 1 and sw0.init[0] == sw0.init[1] and sw0.fin[0] == sw0.fin[1])
         n_rb = -(-rows // kl.bm)
         n_ct = -(-cols // kl.bn)
         self.n_units = n_rb * n_ct if self.tile_par else n_rb
         self.work = rows * max(cols, 1) * len(kl.sweeps)
-        sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
-        sections = [(int(a), int(b)) for a, b in sections]
-        self.peep = in_place_plan(kl, sections)
-        self.fuse = fuse_plan(kl, sections)
-        # per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then)
-        argst = np.zeros(n_args, np.int64)
-        loaded = set()
-        for row in self.instrs:
-            sp = isa.BY_CODE.get(int(row[0]))
-            if sp is None or sp.group not in ("load", "store", "storerow"):
-                continue
-            j = int(row[2])
-            if not 0 <= j < n_opnd:
-                continue
-            a = int(kl.opnd_arg[j])
-            if 0 <= a < n_args:
-                if sp.group == "load":
-                    loaded.add(a)
-                else:
-                    argst[a] = 1
-        for a in loaded:
-            if argst[a]:
-                argst[a] = 2
-        self.argst = argst
         self.blob = None   # set by _prog (needs the program's element sizes)
 
 

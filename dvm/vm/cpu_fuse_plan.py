@@ -1,4 +1,5 @@
-"""Where a kernel's instructions can run fused: decided once per kernel layout, in Python.
+"""Where a kernel's instructions can run fused: decided once per instruction stream, in Python
+(cached by cpu_stream).
 
 peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it.
 fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fields...) for a
@@ -15,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..codegen import isa
-from ..codegen.program import KernelLayout
 from ..graph.dtypes import Bank, DType
 from .cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM,
                         FUSE_WIDTH, NO_SRC)
@@ -247,11 +247,10 @@ def writes_f(spec: isa.InstrSpec) -> int:
     return {"d": 1, "m": 2}.get(spec.fields[0].role, 0)
 
 
-def in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
+def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
     """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
     cast) may write its result straight into that store's tile: the store is then skipped. Only when
     the register is read by nothing but that store (until it is written again)."""
-    instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
     peep = np.full(len(instrs), -1, np.int64)
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
@@ -267,7 +266,7 @@ def in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarr
             if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:
                 continue
             j = int(instrs[pc + 1, 2])
-            if int(kl.opnd_dtype[j]) != int(DType.FLOAT32):
+            if int(opnd_dtype[j]) != int(DType.FLOAT32):
                 continue
             ok, dead = True, False
             for q in range(pc + 2, e):
@@ -284,8 +283,7 @@ def in_place_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarr
     return peep
 
 
-def fuse_plan(kl: KernelLayout, sections: list[tuple[int, int]]) -> np.ndarray:
-    instrs = np.asarray(kl.instrs).reshape(-1, isa.WORDS)
+def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
     plan = np.zeros((len(instrs), FUSE_WIDTH), np.int64)
     plan[:, 0] = FK_NONE
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
