@@ -1,4 +1,5 @@
-"""dvm.vm.cpu_compile: processes that start together on a cold numba cache compile once."""
+"""dvm.vm.cpu_compile: processes that start together on a cold numba cache compile once; the lean
+cache stores the machine code without numba's linking module."""
 import os
 import subprocess
 import sys
@@ -61,3 +62,77 @@ def test_ensure_is_once_per_process_and_falls_back_without_a_lock(tmp_path, monk
     cpu_compile.ensure(tiny_vm2.plus_one, (1.0,))   # a no-op once ready
     assert len(tiny_vm2.plus_one.signatures) == 1
     sys.modules.pop("tiny_vm2", None)
+
+
+_LEAN_MODULE = textwrap.dedent("""
+    import numpy as np
+    from numba import njit
+    from dvm.vm import cpu_compile
+
+    @njit
+    def _scaled(a, s):
+        return a * s + np.float32(1)
+
+    @njit(cache=True)
+    def entry(a, s):
+        return _scaled(a, s).sum()
+
+    if LEAN:
+        cpu_compile.lean_cache(entry)
+""")
+
+_LEAN_LOADER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    import {name}
+    st = {name}.entry.stats
+    value = {name}.entry(np.arange(4, dtype=np.float32), np.float32(2))
+    print(sum(st.cache_hits.values()), sum(st.cache_misses.values()), value, flush=True)
+""")
+
+
+def _cache_bytes(folder) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*.nbc"))
+
+
+def test_lean_cache_stores_machine_code_without_the_linking_module(tmp_path):
+    """lean_cache: the cached library keeps its machine code and the names it defines, not numba's
+    bitcode copy for linking; a new process loads it (a cache hit) and computes the same."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    sizes = {}
+    for lean in (False, True):
+        folder = tmp_path / f"lean{int(lean)}"
+        folder.mkdir()
+        name = f"lean_mod{int(lean)}"
+        (folder / f"{name}.py").write_text(f"LEAN = {lean}\n" + _LEAN_MODULE)
+        for expect in ((0, 1), (1, 0)):   # first compiled and saved, then loaded
+            out = subprocess.run([sys.executable, "-c", _LEAN_LOADER.format(name=name), str(folder)], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr
+            hits, misses, value = out.stdout.split()
+            assert (int(hits), int(misses), float(value)) == (*expect, 16.0)
+        sizes[lean] = _cache_bytes(folder)
+    assert 0 < sizes[True] < sizes[False]
+
+
+def test_symbols_only_defines_the_same_names():
+    from llvmlite import binding as llvm
+    full = llvm.parse_assembly(textwrap.dedent("""
+        @"g.x" = global i32 7
+        @ext = external global i32
+        declare i32 @callee(i32)
+        define i32 @"_ZN3dvm\\22q\\22"(i32 %a) {
+          %b = call i32 @callee(i32 %a)
+          ret i32 %b
+        }
+        define linkonce_odr i32 @other() {
+          ret i32 1
+        }
+    """))
+    lean = cpu_compile._symbols_only(full)
+
+    def defined(mod):
+        return ({f.name for f in mod.functions if not f.is_declaration},
+                {g.name for g in mod.global_variables if not g.is_declaration})
+    assert defined(lean) == defined(full) == ({'_ZN3dvm"q"', "other"}, {"g.x"})

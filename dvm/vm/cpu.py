@@ -109,7 +109,8 @@ def handled(spec: isa.InstrSpec) -> bool:
 
 
 def _salt_cache() -> None:
-    """Numba's disk cache only checks the entry point's own file; fold the helpers in too."""
+    """Numba's disk cache only checks the entry point's own file; fold the helpers in too (and
+    store the entry point lean: cpu_compile.lean_cache)."""
     h = hashlib.sha256()
     for mod in (cpu_bits, cpu_math, ck, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_rownorm, cpu_fused, cpu_sync,
                 ci, ce):
@@ -117,6 +118,7 @@ def _salt_cache() -> None:
             h.update(f.read())
     salt = h.hexdigest()[:16]
     for disp in ce.ENTRY_POINTS:
+        cpu_compile.lean_cache(disp)
         try:
             cf = disp._cache._cache_file
             if not (isinstance(cf._source_stamp, tuple) and cf._source_stamp[-1:] == (salt,)):

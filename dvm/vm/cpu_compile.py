@@ -1,19 +1,24 @@
 """Compile the CPU VM once per machine, not once per process.
 
 The VM is one numba entry point (cpu_entry.run_units) cached on disk. A cold cache costs a long
-compile (~13 min on this project's 2-core machine); processes that start together on it (pytest
+compile (~15 min on this project's 2-core machine); processes that start together on it (pytest
 workers, data-loader workers, one process per rank) would each compile the same code. `ensure`
 makes the first use in every process take an exclusive lock on a file beside numba's cache: the
-first process compiles and writes the cache; the others wait, then load it (~0.3 s). Where the
+first process compiles and writes the cache; the others wait, then load it (0.3 s). Where the
 lock cannot be taken (no fcntl, a read-only cache directory) each process compiles on its own, as
 numba does by default.
+
+`lean_cache` stores the entry point without the LLVM bitcode numba keeps beside the machine code
+(see _symbols_only): parsing it was most of the time a cached VM took to load.
 """
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 import numba
+from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
 _LOCK_NAME = "dvm-vm-compile.lock"
 _thread_lock = threading.Lock()
@@ -54,3 +59,60 @@ def _lock_file(dispatcher) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def lean_cache(dispatcher) -> None:
+    """Give `dispatcher` (an entry point called only from Python) a disk cache that stores its
+    library's linking module as symbols only (_symbols_only). Where numba's internals differ
+    from what this expects, the default cache stays."""
+    try:
+        cache = dispatcher._cache
+        if isinstance(cache, FunctionCache) and not isinstance(cache, _LeanCache):
+            dispatcher._cache = _LeanCache(dispatcher.py_func)
+    except (AttributeError, TypeError):  # pragma: no cover - numba internals changed
+        pass
+
+
+class _LeanImpl(CompileResultCacheImpl):
+    def reduce(self, cres):
+        lib = cres.library
+        try:
+            full = lib._get_module_for_linking()
+            lean = _symbols_only(full)
+        except Exception as e:   # pragma: no cover - numba / llvmlite internals changed: store it whole
+            warnings.warn(f"DVM: the CPU VM's cache is stored whole (slower to load): {e!r}")
+            return super().reduce(cres)
+        lib._shared_module = lean
+        try:
+            return super().reduce(cres)
+        finally:
+            lib._shared_module = full   # this process keeps the full module
+
+
+class _LeanCache(FunctionCache):
+    _impl_class = _LeanImpl
+
+
+def _symbols_only(mod):
+    """A module that defines the names `mod` defines and nothing else.
+
+    Numba stores, beside a cached library's machine code, the whole optimized module as bitcode
+    (the VM's is ~6 MB) for one use: linking the library into another numba function, so that
+    function can inline it. Loading parses it (0.45 s of a ~1 s load on the 2-core machine).
+    The VM's entry point is only called from Python, never linked, and the loader reads only
+    which symbols the module defines (numba's JIT engine looks functions up by that set), so
+    stub definitions of the same names do. The machine code is untouched."""
+    from llvmlite import binding as llvm
+    lines = [f'target triple = "{mod.triple}"', f'target datalayout = "{mod.data_layout}"']
+    lines += [f'define void @"{_ir_name(fn.name)}"() {{\n  unreachable\n}}' for fn in mod.functions
+              if not fn.is_declaration]
+    lines += [f'@"{_ir_name(gv.name)}" = global i8 0' for gv in mod.global_variables if not gv.is_declaration]
+    lean = llvm.parse_assembly("\n".join(lines))
+    lean.verify()
+    return lean
+
+
+def _ir_name(name: str) -> str:
+    """`name` escaped for a quoted LLVM IR identifier."""
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "".join(f"\\{b:02X}" for b in c.encode())
+                   for c in name)
