@@ -1,9 +1,11 @@
 """dvm.vm.cpu_compile: processes that start together on a cold numba cache compile once; the lean
-cache stores the machine code without numba's linking module."""
+cache stores the machine code without numba's linking module; a compile and a long wait are said
+on stderr."""
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numba
 
@@ -38,20 +40,23 @@ def test_a_second_process_waits_and_loads_the_cache(tmp_path):
         assert fd is not None
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
         waiter = subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path)], stdout=subprocess.PIPE,
-                                  text=True, env=env)
+                                  stderr=subprocess.PIPE, text=True, env=env)
         assert waiter.stdout.readline().strip() == "waiting"
         tiny_vm.plus_one.compile((numba.int64,))   # compiled and cached while the other one waits
+        time.sleep(cpu_compile.WAIT_NOTICE_S + 0.5)   # a wait long enough to be said
         os.close(fd)
-        out, _ = waiter.communicate(timeout=120)
-        assert waiter.returncode == 0
+        out, err = waiter.communicate(timeout=120)
+        assert waiter.returncode == 0, err
         hits, misses, value = map(int, out.split())
         assert (hits, misses, value) == (1, 0, 42)   # loaded from the cache, not compiled again
+        assert "waiting for another process that is compiling the CPU VM" in err
+        assert "compiling the CPU VM with numba" not in err   # a load from the cache says nothing
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("tiny_vm", None)
 
 
-def test_ensure_is_once_per_process_and_falls_back_without_a_lock(tmp_path, monkeypatch):
+def test_ensure_is_once_per_process_and_falls_back_without_a_lock(tmp_path, monkeypatch, capsys):
     (tmp_path / "tiny_vm2.py").write_text(_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     import tiny_vm2
@@ -59,6 +64,8 @@ def test_ensure_is_once_per_process_and_falls_back_without_a_lock(tmp_path, monk
     monkeypatch.setattr(cpu_compile, "_lock_file", lambda dispatcher: None)   # e.g. a read-only cache
     cpu_compile.ensure(tiny_vm2.plus_one, (1,))
     assert cpu_compile.done and len(tiny_vm2.plus_one.signatures) == 1
+    err = capsys.readouterr().err   # a compile (not a cache load) is said, start and end
+    assert "compiling the CPU VM with numba" in err and "CPU VM compiled in" in err
     cpu_compile.ensure(tiny_vm2.plus_one, (1.0,))   # a no-op once ready
     assert len(tiny_vm2.plus_one.signatures) == 1
     sys.modules.pop("tiny_vm2", None)

@@ -6,7 +6,8 @@ workers, data-loader workers, one process per rank) would each compile the same 
 makes the first use in every process take an exclusive lock on a file beside numba's cache: the
 first process compiles and writes the cache; the others wait, then load it (0.3 s). Where the
 lock cannot be taken (no fcntl, a read-only cache directory) each process compiles on its own, as
-numba does by default.
+numba does by default. A compile (a cache miss) and a wait of more than WAIT_NOTICE_S for
+another process's lock are said on stderr: the one-time compile is minutes of silence otherwise.
 
 `lean_cache` stores the entry point without the LLVM bitcode numba keeps beside the machine code
 (see _symbols_only): parsing it was most of the time a cached VM took to load.
@@ -14,15 +15,19 @@ numba does by default.
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 import warnings
 
 import numba
+from numba.core import event
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
 _LOCK_NAME = "dvm-vm-compile.lock"
 _thread_lock = threading.Lock()
 done = False   # set once ensure() has compiled or loaded the VM in this process (read per launch)
+WAIT_NOTICE_S = 2.0   # a wait for the lock longer than this is said (loading the cache takes < 1 s)
 
 
 def ensure(dispatcher, example_args: tuple) -> None:
@@ -37,7 +42,8 @@ def ensure(dispatcher, example_args: tuple) -> None:
         sig = tuple(numba.typeof(a) for a in example_args)
         fd = _lock_file(dispatcher)
         try:
-            dispatcher.compile(sig)
+            with event.install_listener("numba:compile", _CompileNotice(dispatcher)):
+                dispatcher.compile(sig)
         finally:
             if fd is not None:
                 os.close(fd)   # closing the descriptor releases the lock
@@ -53,12 +59,46 @@ def _lock_file(dispatcher) -> int | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except (ImportError, AttributeError, OSError):
         return None
+    deadline = time.monotonic() + WAIT_NOTICE_S
     try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        _say(f"waiting for another process that is compiling the CPU VM (lock: {path}) ...")
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def _say(message: str) -> None:
+    print(f"dvm: {message}", file=sys.stderr, flush=True)
+
+
+class _CompileNotice(event.Listener):
+    """Says on stderr when numba starts compiling `dispatcher` itself (a cache miss) and how
+    long that took; a load from the disk cache says nothing."""
+
+    def __init__(self, dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.t0: float | None = None
+
+    def on_start(self, ev) -> None:
+        if self.t0 is None and ev.data.get("dispatcher") is self.dispatcher:
+            self.t0 = time.perf_counter()
+            _say("compiling the CPU VM with numba, once per machine: about 15 minutes on 2 cores "
+                 "(later processes load it from the disk cache in about a second) ...")
+
+    def on_end(self, ev) -> None:
+        if self.t0 is not None and ev.data.get("dispatcher") is self.dispatcher:
+            where = getattr(getattr(self.dispatcher, "_cache", None), "_cache_path", "numba's cache")
+            _say(f"CPU VM compiled in {time.perf_counter() - self.t0:.0f} s; cached in {where}")
 
 
 def lean_cache(dispatcher) -> None:
