@@ -394,3 +394,38 @@ def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
         want = reference._tree(x[None, :].copy(), combine)[0]
         assert np.array_equal(np.asarray(got, dtype), want, equal_nan=True), (op, p)
         p *= 2
+
+
+@dvm.kernel(dynamic=False)
+def sum_axis1(k, x):
+    return k.store(k.sum(k.load(x), axis=1))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_inner_axis_sum_is_adds_with_the_same_bits(n, dtype, monkeypatch):
+    """A float sum over one short axis that is not the last (an MoE's top-k combine) is written
+    as adds of its slices (graph.build._short_axis_sum): no reduction instructions, and the same
+    bits as the reduction form, signed zeros, infinities and NaN included; matches PyTorch."""
+    from dvm.graph import build
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((37, n, 130)).astype(dtype)
+    x[0] = -0.0
+    x[1, :, 0] = np.nan
+    x[2, 0, 1] = np.inf
+    x[3, 0, 2], x[3, n - 1, 2] = np.inf, -np.inf
+    x[4, :, 3] = -0.0
+    x[4, n - 1, 3] = 0.0
+    x[5, :, :] = 1e30 * (-1) ** np.arange(n)[:, None]
+    assert "rfin" not in dvm.disasm(sum_axis1.program(x))
+    got = sum_axis1(x)
+    monkeypatch.setattr(build, "SHORT_AXIS_MAX", 1)   # the reduction form
+
+    @dvm.kernel(dynamic=False)
+    def reduced(k, x):
+        return k.store(k.sum(k.load(x), axis=1))
+    assert "rfin" in dvm.disasm(reduced.program(x))
+    want = reduced(x)
+    assert got.tobytes() == want.tobytes()
+    assert not np.signbit(got[0]).any()   # -0 + -0 sums to +0, as in PyTorch
+    assert_same(got, torch.from_numpy(x).sum(1))

@@ -235,9 +235,12 @@ def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = Fa
             result = DType.BOOL if op.promo is Promo.KEEP else DType.INT64
         else:
             src, result = x, (DType.INT64 if op.promo is Promo.LONG else x.dtype)
+        short = _short_axis_sum(ctx, name, src, axes)
         if not axes:
             out = cast(src, result) if op.promo is not Promo.LONG else \
                 broadcast_view(ctx, const(0, DType.INT64), x.shape)
+        elif short is not None:
+            out = short
         else:
             out = Node.make(name, DType.INT64 if op.promo is Promo.LONG else src.dtype, kept,
                             (src,), axes=axes)
@@ -245,6 +248,29 @@ def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = Fa
     if keepdims:
         return out
     return reshape(ctx, out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+SHORT_AXIS_MAX = 4   # a float sum over one inner axis at most this long is written as adds
+
+
+def _short_axis_sum(ctx: ShapeContext, name: str, x: Node, axes: tuple) -> Node | None:
+    """sum over one axis of static size 2..SHORT_AXIS_MAX that is not the last: the adds of its
+    slices (elementwise over the trailing axes, where the reduction form gathers a strided tile),
+    in the reduction tree's order (pairs i, i + n/2 of the zero-padded power-of-two width), then
+    + 0 (the tree's zero start turns -0 into +0, as PyTorch's sum does): the same bits."""
+    if name != "sum" or len(axes) != 1 or x.dtype not in (DType.FLOAT32, DType.FLOAT64):
+        return None
+    a = axes[0]
+    n = x.shape[a]
+    if a == x.ndim - 1 or not isinstance(n, int) or not 2 <= n <= SHORT_AXIS_MAX:
+        return None
+    lanes = [slice_view(ctx, x, a, i, 1) for i in range(n)]
+    width = 1 << (n - 1).bit_length()
+    lanes += [None] * (width - n)
+    while len(lanes) > 1:
+        h = len(lanes) // 2
+        lanes = [p if q is None else elementwise(ctx, "add", p, q) for p, q in zip(lanes[:h], lanes[h:])]
+    return elementwise(ctx, "add", lanes[0], const(0.0, x.dtype))
 
 
 # -- views --------------------------------------------------------------------------------------
