@@ -235,11 +235,10 @@ def reduce(ctx: ShapeContext, name: str, x: Node, axis=None, keepdims: bool = Fa
             result = DType.BOOL if op.promo is Promo.KEEP else DType.INT64
         else:
             src, result = x, (DType.INT64 if op.promo is Promo.LONG else x.dtype)
-        short = _short_axis_sum(ctx, name, src, axes)
         if not axes:
             out = cast(src, result) if op.promo is not Promo.LONG else \
                 broadcast_view(ctx, const(0, DType.INT64), x.shape)
-        elif short is not None:
+        elif (short := _short_axis_sum(ctx, name, src, axes)) is not None:
             out = short
         else:
             out = Node.make(name, DType.INT64 if op.promo is Promo.LONG else src.dtype, kept,
