@@ -62,6 +62,18 @@ def _apply_row(orow, xr, sv, w, b, n, bias):
 
 
 @njit(inline='always', **OPTS)
+def _center(drow, xr, mv, full, ncv, bn):
+    """drow = row - mv: from the buffer's row xr (bn lanes) when full, else in place over the
+    padded copy of a partial row already in drow (its ncv valid lanes)."""
+    if full:
+        for k in range(bn):
+            drow[k] = xr[k] - mv
+    else:
+        for k in range(ncv):
+            drow[k] = drow[k] - mv
+
+
+@njit(inline='always', **OPTS)
 def _scalar_op(op, a, b):
     """One lane of cpu_kernels' f32 _bin_float / _un_common for the chain ops (the same
     expressions, so the same bits)."""
@@ -152,13 +164,7 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         if centered:
             F[s1][r] = _tree_p2(R_SUM, sx, ta, tb, bn)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
-            mv = F[m][r]
-            if full:
-                for k in range(bn):
-                    drow[k] = xr[k] - mv
-            else:
-                for k in range(ncv):
-                    drow[k] = drow[k] - mv
+            _center(drow, xr, F[m][r], full, ncv, bn)
             sx = drow
         for k in range(q):
             lvl[k] = _sq8(sx, k, q)
@@ -182,12 +188,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
             _accinit(R_SUM, erow[ncv:bn], np.bool_(True))
             sx = arow
         mv = _tree_p2(R_MAX, sx, ta, tb, bn)
-        if full:
-            for k in range(bn):
-                arow[k] = xr[k] - mv
-        else:
-            for k in range(ncv):
-                arow[k] = arow[k] - mv
+        _center(arow, xr, mv, full, ncv, bn)
         F[m][r] = mv
         # the interpreter's compiled f32 exp (a lane's value never depends on the others)
         _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
