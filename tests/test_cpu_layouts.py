@@ -266,6 +266,23 @@ def test_compact_and_row_vector_comparisons(R, C):
     _bitwise_as_reference(mask_mix, *args, why=(R, C))
 
 
+@pytest.mark.parametrize("B,R,C", [(3, 300, 300), (2, 37, 17), (4, 5, 1030), (3, 130, 9), (2, 1, 40)])
+def test_per_batch_row_vectors(B, R, C):
+    """Per-column operands that differ between batches (row strides 0 except the batch's: HF's
+    attention mask at batch > 1) are row vectors in a tile inside one batch
+    (cpu_mem._tile_row_uniform) and full tiles in one across a batch boundary: bitwise equal to
+    the reference VM, with NaN and equal values, partial tiles, 1 and 2 threads."""
+    n = max(R, C)
+    pos = np.arange(n, dtype=np.int64)[None, :] + 7 * np.arange(B, dtype=np.int64)[:, None]
+    seq = np.repeat(np.arange(n // 3 + 1), 3)[:n].astype(np.int64)[None, :] + np.arange(B)[:, None]
+    fr = RNG.standard_normal((B, R, 1)).astype(np.float32)
+    fc = RNG.standard_normal((B, 1, C)).astype(np.float32)
+    fr[:, ::4], fc[:, 0, ::5], fr[:, 1::4], fc[:, 0, 1::6] = np.nan, np.nan, 0.5, 0.5
+    args = (pos[:, :R, None], pos[:, None, :C] - 3, seq[:, :R, None], seq[:, None, :C], fr, fc,
+            fr.astype(np.float64), fc.astype(np.float64), RNG.standard_normal((B, R, C)).astype(np.float32))
+    _bitwise_as_reference(mask_mix, *args, why=(B, R, C))
+
+
 @dvm.kernel
 def stacked(k, x, d):
     """Three kernels in one launch, each reading the one before: a first-axis sum, x scaled by it,

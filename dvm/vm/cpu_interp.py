@@ -36,7 +36,7 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_bits import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_ROWS, M_TL, _col_uniform, _direct_addr, _fv, _index, _index_t,
-                      _load_compact, _mem, _mem_t, _row_addrs, _row_uniform)
+                      _load_compact, _mem, _mem_t, _row_addrs, _tile_row_uniform)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import _run_fused
@@ -343,7 +343,7 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
             mode = 1
         elif g == G_LOAD or g == G_STORE or g == G_STOREROW:
             # storerow: column 0 of the valid rows, addressed like a finalize store
-            one_row = g == G_LOAD and not fin and _row_uniform(f2, optab, meta)
+            one_row = g == G_LOAD and not fin and _tile_row_uniform(f2, optab, dims, meta, r0)
             err = _memop(g != G_LOAD, f1, f2, optab, dims, meta, addrs, numels, F, D, I, B, fp, aok,
                          r0, c0, fin or g == G_STOREROW, ix, mode == 1, one_row)
             if one_row and (bank != BK_F32 or fp[f1] == 0):
