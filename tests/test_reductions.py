@@ -397,14 +397,15 @@ def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_short_inner_axis_sum_is_adds_with_the_same_bits(n, dtype, monkeypatch):
     """A float sum over one short axis that is not the last (an MoE's top-k combine) is written
     as adds of its slices (graph.build._short_axis_sum): no reduction instructions, and the same
-    bits as the reduction form, signed zeros, infinities and NaN included; matches PyTorch."""
+    bits as the reduction form (f16 / bf16: f32 adds, one rounding), signed zeros, infinities
+    and NaN included; matches PyTorch."""
     from dvm.graph import build
     rng = np.random.default_rng(n)
-    x = rng.standard_normal((37, n, 130)).astype(dtype)
+    x = rng.standard_normal((37, n, 130)).astype(NP_DTYPE[dtype])
     x[0] = -0.0
     x[1, :, 0] = np.nan
     x[2, 0, 1] = np.inf
@@ -421,4 +422,4 @@ def test_short_inner_axis_sum_is_adds_with_the_same_bits(n, dtype, monkeypatch):
     want = reduced(x)
     assert got.tobytes() == want.tobytes()
     assert not np.signbit(got[0]).any()   # -0 + -0 sums to +0, as in PyTorch
-    assert_same(got, torch.from_numpy(x).sum(1))
+    assert_same(got, to_torch(x).sum(1))

@@ -256,20 +256,23 @@ def _short_axis_sum(ctx: ShapeContext, name: str, x: Node, axes: tuple) -> Node 
     """sum over one axis of static size 2..SHORT_AXIS_MAX that is not the last: the adds of its
     slices (elementwise over the trailing axes, where the reduction form gathers a strided tile),
     in the reduction tree's order (pairs i, i + n/2 of the zero-padded power-of-two width), then
-    + 0 (the tree's zero start turns -0 into +0, as PyTorch's sum does): the same bits."""
-    if name != "sum" or len(axes) != 1 or x.dtype not in (DType.FLOAT32, DType.FLOAT64):
+    + 0 (the tree's zero start turns -0 into +0, as PyTorch's sum does): the same bits. f16 and
+    bf16 add in f32 and round once at the end, as their reductions accumulate."""
+    half = x.dtype in (DType.FLOAT16, DType.BFLOAT16)
+    if name != "sum" or len(axes) != 1 or not (half or x.dtype in (DType.FLOAT32, DType.FLOAT64)):
         return None
     a = axes[0]
     n = x.shape[a]
     if a == x.ndim - 1 or not isinstance(n, int) or not 2 <= n <= SHORT_AXIS_MAX:
         return None
-    lanes = [slice_view(ctx, x, a, i, 1) for i in range(n)]
+    acc = DType.FLOAT32 if half else x.dtype
+    lanes = [cast(slice_view(ctx, x, a, i, 1), acc) for i in range(n)]
     width = 1 << (n - 1).bit_length()
     lanes += [None] * (width - n)
     while len(lanes) > 1:
         h = len(lanes) // 2
         lanes = [p if q is None else elementwise(ctx, "add", p, q) for p, q in zip(lanes[:h], lanes[h:])]
-    return elementwise(ctx, "add", lanes[0], const(0.0, x.dtype))
+    return cast(elementwise(ctx, "add", lanes[0], const(0.0, acc)), x.dtype)
 
 
 # -- views --------------------------------------------------------------------------------------
