@@ -270,7 +270,7 @@ def test_compact_and_row_vector_comparisons(R, C):
 def test_per_batch_row_vectors(B, R, C):
     """Per-column operands that differ between batches (row strides 0 except the batch's: HF's
     attention mask at batch > 1) are row vectors in a tile inside one batch
-    (cpu_mem._tile_row_uniform) and full tiles in one across a batch boundary: bitwise equal to
+    (cpu_rowlevel._tile_row_uniform) and full tiles in one across a batch boundary: bitwise equal to
     the reference VM, with NaN and equal values, partial tiles, 1 and 2 threads."""
     n = max(R, C)
     pos = np.arange(n, dtype=np.int64)[None, :] + 7 * np.arange(B, dtype=np.int64)[:, None]

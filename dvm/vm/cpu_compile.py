@@ -137,8 +137,9 @@ def _symbols_only(mod):
     """A module that defines the names `mod` defines and nothing else.
 
     Numba stores, beside a cached library's machine code, the whole optimized module as bitcode
-    (4.2 MB of the VM's 6.2 MB cache file) for one use: linking the library into another numba function, so that
-    function can inline it. Loading parses it (0.45 s of a ~1 s load on the 2-core machine).
+    (4.2 MB of the VM's 6.2 MB cache file) for one use: linking the library into another numba
+    function, so that function can inline it. Loading parses it (0.45 s of a ~1 s load on the
+    2-core machine).
     The VM's entry point is only called from Python, never linked, and the loader reads only
     which symbols the module defines (numba's JIT engine looks functions up by that set), so
     stub definitions of the same names do. The machine code is untouched."""

@@ -6,7 +6,7 @@ fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fi
 run starting at pc, kind FK_NONE elsewhere. The plan checks what it can see statically: the
 opcodes, the register flow inside the run, and that every register the run only passes through
 (an intermediate, a loaded weight) is dead after it. Register states (full / compact / row
-vector) and whether a loaded operand is a row vector (cpu_mem._row_uniform; a load instruction
+vector) and whether a loaded operand is a row vector (cpu_rowlevel._row_uniform; a load instruction
 outside a run tests it per tile, _tile_row_uniform) are checked at run time, by cpu_fused. The
 row forms of norms and softmax (_row_norm, _row_softmax: a whole load-to-store run) contain
 smaller runs, which are planned too: a tile the row form cannot take runs them.

@@ -35,12 +35,13 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
                           _bin_float, _bin_i64, _cast_to_b8, _cast_to_f32, _cast_to_f64, _cast_to_int,
                           _clamp, _cmp, _pred, _un_b8, _un_f32, _un_f64, _un_i64, _where)
 from .cpu_bits import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
-from .cpu_mem import (M_BM, M_BN, M_COLS, M_ROWS, M_TL, _col_uniform, _direct_addr, _fv, _index, _index_t,
-                      _load_compact, _mem, _mem_t, _row_addrs, _tile_row_uniform)
+from .cpu_mem import (M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _index, _index_t, _load_compact, _mem,
+                      _mem_t, _row_addrs)
 from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import _run_fused
-from .cpu_rowlevel import _bin_rowb, _bin_rowb_to_rows, _bin_rowv, _bins, _cmp_outer, _expand_sources, _row_mode
+from .cpu_rowlevel import (_bin_rowb, _bin_rowb_to_rows, _bin_rowv, _bins, _cmp_outer, _col_uniform, _expand_sources,
+                           _row_mode, _tile_row_uniform)
 
 
 @njit(inline='always', **OPTS)

@@ -199,7 +199,7 @@ def _store_row(buf, x, cv, start, stride, n, ix, general):
 def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
     """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j.
     one_row: load row 0 only (an operand whose rows are all the same in this tile: see
-    _tile_row_uniform)."""
+    cpu_rowlevel._tile_row_uniform)."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
     nrv = 1 if one_row else min(bm, rows - r0)
@@ -247,50 +247,6 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
                 tail[k] = v
     if not is_store and not one_row:   # clamped rows copy the last valid row
         _repeat_row(reg, nrv - 1, bm, bn)
-
-
-@njit(**OPTS)
-def _row_uniform(j, optab, meta):
-    """Operand j reads the same elements in every row of a row-major tile of several rows (all
-    its row strides are 0: a weight or bias broadcast over the rows)."""
-    if meta[M_TL] != 0 or meta[M_BM] < 2:
-        return False
-    for d in range(meta[M_NR]):
-        if optab[j, 4 + d] != 0:
-            return False
-    return True
-
-
-@njit(**OPTS)
-def _tile_row_uniform(j, optab, dims, meta, r0):
-    """_row_uniform for the tile at row r0 alone: every row dim along which operand j moves keeps
-    one index over the tile's valid rows (an attention mask's per-batch row vector, in a tile
-    inside one batch). Row r's index along dim d is (r // inner_d) % size_d with inner_d the
-    product of the sizes after d; r // inner_d never decreases with r, so it is one value over
-    the rows iff it is at the first and the last."""
-    if meta[M_TL] != 0 or meta[M_BM] < 2:
-        return False
-    last = min(r0 + meta[M_BM], meta[M_ROWS]) - 1
-    inner = r0 * 0 + 1
-    for d in range(meta[M_NR] - 1, -1, -1):
-        size = max(dims[d], 1)
-        if optab[j, 4 + d] != 0 and size > 1 and r0 // inner != last // inner:
-            return False
-        inner *= size
-    return True
-
-
-@njit(**OPTS)
-def _col_uniform(j, optab, meta):
-    """Operand j reads one element per row (all its column strides are 0: a per-row value
-    broadcast along the row, such as a position in an attention mask, or a 0-d tensor such as an
-    epsilon that dynamic=True made a tensor input)."""
-    nr, nc = meta[M_NR], meta[M_NC]
-    first = nr if nc > 0 else 0   # no column dims: only a 0-d value counts (every row the same)
-    for d in range(first, nr + nc):
-        if optab[j, 4 + d] != 0:
-            return False
-    return True
 
 
 @njit(inline='always', **OPTS)

@@ -15,6 +15,7 @@ from numba import carray, njit
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
                           OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_bits import OPTS, ptr_f32
+from .cpu_mem import M_BM, M_NC, M_NR, M_ROWS, M_TL
 from .cpu_moves import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 
@@ -134,6 +135,51 @@ def _vs(op, o, a, v, swap):
 def _bins(op, o, a, v, swap):
     """A full tile and a uniform register (v: its value)."""
     _vs(op, o, a, v, swap)
+
+
+# Operand shapes that make a load compact (one value per row) or a row vector (one row for all).
+@njit(**OPTS)
+def _row_uniform(j, optab, meta):
+    """Operand j reads the same elements in every row of a row-major tile of several rows (all
+    its row strides are 0: a weight or bias broadcast over the rows)."""
+    if meta[M_TL] != 0 or meta[M_BM] < 2:
+        return False
+    for d in range(meta[M_NR]):
+        if optab[j, 4 + d] != 0:
+            return False
+    return True
+
+
+@njit(**OPTS)
+def _tile_row_uniform(j, optab, dims, meta, r0):
+    """_row_uniform for the tile at row r0 alone: every row dim along which operand j moves keeps
+    one index over the tile's valid rows (an attention mask's per-batch row vector, in a tile
+    inside one batch). Row r's index along dim d is (r // inner_d) % size_d with inner_d the
+    product of the sizes after d; r // inner_d never decreases with r, so it is one value over
+    the rows iff it is at the first and the last."""
+    if meta[M_TL] != 0 or meta[M_BM] < 2:
+        return False
+    last = min(r0 + meta[M_BM], meta[M_ROWS]) - 1
+    inner = r0 * 0 + 1
+    for d in range(meta[M_NR] - 1, -1, -1):
+        size = max(dims[d], 1)
+        if optab[j, 4 + d] != 0 and size > 1 and r0 // inner != last // inner:
+            return False
+        inner *= size
+    return True
+
+
+@njit(**OPTS)
+def _col_uniform(j, optab, meta):
+    """Operand j reads one element per row (all its column strides are 0: a per-row value
+    broadcast along the row, such as a position in an attention mask, or a 0-d tensor such as an
+    epsilon that dynamic=True made a tensor input)."""
+    nr, nc = meta[M_NR], meta[M_NC]
+    first = nr if nc > 0 else 0   # no column dims: only a 0-d value counts (every row the same)
+    for d in range(first, nr + nc):
+        if optab[j, 4 + d] != 0:
+            return False
+    return True
 
 
 ROWB_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN)

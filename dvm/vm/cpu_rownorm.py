@@ -34,7 +34,8 @@ from numba import carray, njit
 from .cpu_bits import OPTS, ptr_f32, ptr_u16
 from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP, OP_MUL, OP_RECIP, OP_RSQRT,
                           OP_SQRT, OP_SUB, R_MAX, R_SUM, _un_f32)
-from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs, _row_uniform
+from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
+from .cpu_rowlevel import _row_uniform
 from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
 
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
