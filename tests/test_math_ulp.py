@@ -158,3 +158,29 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
+    """A span holding an argument above SINCOS_BIG redoes those lanes in float64 libm (found by
+    an OR over the span); every other lane keeps the polynomial's bits, with or without such a
+    neighbour in its tile."""
+    from dvm.vm.cpu_math import SINCOS_BIG
+
+    kern = _kernel(op)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-300, 300, 20_000).astype(np.float32)
+    plain = kern(x, vm="cpu")
+    huge = np.array([SINCOS_BIG * 1.5, -3e7, 1e30, -3.4e38, np.inf, np.nan], np.float32)
+    where = np.array([3, 4097, 9000, 12_345, 15_000, 19_999])
+    y = x.copy()
+    y[where] = huge
+    got = kern(y, vm="cpu")
+    keep = np.ones(x.size, bool)
+    keep[where] = False
+    np.testing.assert_array_equal(got[keep].view(np.int32), plain[keep].view(np.int32))
+    with np.errstate(invalid="ignore"):   # sin / cos of inf
+        exact = getattr(np, op)(huge.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(got[where], exact)   # NaN for inf and NaN
+    fin = where[:4]
+    np.testing.assert_array_equal(got[fin].view(np.int32), kern(y, vm="reference")[fin].view(np.int32))

@@ -144,10 +144,17 @@ def _un_f32(op, o, a):
         q = 0 if op == OP_SIN else 1
         for i in range(n):
             o[i] = sincosf(a[i], q)
-        for i in range(n):   # rare: huge arguments, recomputed with libm in float64
-            x = np.float64(a[i])
-            if abs(x) > SINCOS_BIG and abs(x) != np.inf:
-                o[i] = np.sin(x) if q == 0 else np.cos(x)
+        # Huge arguments are rare: an OR-reduction finds them. A loop that tests each lane and
+        # calls libm where it holds is if-converted, and libm then runs on every lane (~7x).
+        big = 0
+        for i in range(n):
+            v = abs(a[i])
+            big |= 1 if (v > np.float32(SINCOS_BIG)) & (v != np.inf) else 0
+        if big:
+            for i in range(n):   # recomputed with libm in float64
+                x = np.float64(a[i])
+                if abs(x) > SINCOS_BIG and abs(x) != np.inf:
+                    o[i] = np.sin(x) if q == 0 else np.cos(x)
     elif op == OP_TANH:
         for i in range(n):
             o[i] = tanhf(a[i])

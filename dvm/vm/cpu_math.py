@@ -438,12 +438,16 @@ def sincosf(x, quad_shift):
     xd = np.float64(x)
     k = np.rint(xd * _TWO_OVER_PI)
     r = (xd - k * _PIO2_1) - k * _PIO2_1T
-    q = (np.int64(k) if abs(k) < 1e15 else np.int64(0)) + quad_shift
+    # The quadrant stays in float64: AVX2 has no float64 -> int64 conversion, and one in the
+    # loop keeps it scalar. kq - 4 floor(kq / 4) is exact (|kq| < 2^53) and in {0, 1, 2, 3};
+    # NaN (from NaN or inf arguments, where r is NaN too) fails every test below.
+    kq = k + quad_shift
+    m = kq - 4.0 * np.floor(kq * 0.25)
     z = r * r
     s = r + r * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
     c = 1.0 - 0.5 * z + z * z * (_K1 + z * (_K2 + z * (_K3 + z * (_K4 + z * (_K5 + z * _K6)))))
-    v = c if (q & 1) != 0 else s
-    v = -v if (q & 2) != 0 else v
+    v = c if (m == 1.0 or m == 3.0) else s
+    v = -v if m >= 2.0 else v
     if quad_shift == 0 and x == 0:
         v = xd
     return np.float32(v)
