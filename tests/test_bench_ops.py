@@ -143,3 +143,18 @@ def test_bad_arguments_are_usage_errors(argv, msg, capsys):
     assert main(["bench", "ops", *argv, "--json", "-", "--md", "-", "--png", "-"]) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_copy_roofline_buffers_do_not_alias_modulo_4096():
+    """The roofline copies between 64-byte aligned buffers COPY_DELTA bytes apart modulo 4096
+    (two plain allocations land 16 bytes apart, where a copy stalls on 4K aliasing)."""
+    from dvm.tools.bench_ops import COPY_DELTA, copy_pair
+
+    for n in (1, 1000, 4096, 65536, 300_001):
+        src, dst = copy_pair(n)
+        assert src.shape == dst.shape == (n,) and src.dtype == dst.dtype == np.float32
+        assert (src == 1).all() and (dst == 0).all()
+        assert src.ctypes.data % 4096 == 0
+        assert (dst.ctypes.data - src.ctypes.data) % 4096 == COPY_DELTA
+        np.copyto(dst, src)
+        assert (dst == 1).all()

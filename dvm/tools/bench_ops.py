@@ -264,6 +264,26 @@ CASE_NAMES = tuple(c.name for c in CASES)
 
 
 # ---------------------------------------------------------------------------------------------
+COPY_DELTA = 2048   # (dst - src) mod 4096 of the roofline's buffers
+
+
+def _aligned(n: int, offset: int) -> np.ndarray:
+    """n f32 zeros starting `offset` bytes past a 4096-byte boundary."""
+    raw = np.zeros(n + (4096 + offset) // 4, np.float32)
+    skip = (-raw.ctypes.data % 4096 + offset) // 4
+    return raw[skip:skip + n]
+
+
+def copy_pair(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The copy roofline's source (ones) and destination: the best case of a copy. Two buffers
+    allocated one after the other land a multiple of 4096 bytes + 16 apart (glibc's chunk
+    header); a copy between addresses that close modulo 4096 stalls on 4K aliasing (AMD EPYC:
+    256 KiB 7.4 -> 89 us), which would make any kernel look close to the roofline."""
+    src = _aligned(n, 0)
+    src[:] = 1.0
+    return src, _aligned(n, COPY_DELTA)
+
+
 def call_on_vm(kf: dvm.KernelFunction, args, vm: str):
     """Call kernel `kf` as a user does, with its Program run on the named VM."""
     return kf(*args, vm=vm)
@@ -412,11 +432,11 @@ class _Run:
 
         # The copy roofline: np.copyto of nbytes / 2 (read) into nbytes / 2 (written), preallocated.
         n_copy = max(1, nbytes // 8)
-        src = np.ones(n_copy, np.float32)
-        dst = np.zeros(n_copy, np.float32)
+        src, dst = copy_pair(n_copy)
         t = self.timed(lambda: np.copyto(dst, src))
         row["baselines"]["copy"] = {"status": "ok", "time": t, "median_s": t["median_s"],
-                                    "note": f"np.copyto of {n_copy * 4} bytes into a preallocated buffer"}
+                                    "note": f"np.copyto of {n_copy * 4} bytes into a preallocated buffer "
+                                            f"(both 64-byte aligned, {COPY_DELTA} bytes apart mod 4096)"}
         self.log(f"{tag}: copy {fmt_time(t['median_s'])}")
         del src, dst
 
@@ -588,7 +608,8 @@ def markdown(report: dict) -> str:
         "Each cell: the baseline's time per call, and in parentheses its ratio to DVM "
         "(baseline time / DVM time: **> 1 means DVM is faster**). *GB/s*: bytes read + written "
         "(inputs + output, each once) per second; *% copy*: DVM's bandwidth as a fraction of the "
-        "copy's (np.copyto of the same bytes into a preallocated buffer; every kernel and baseline "
+        "copy's (np.copyto of the same bytes into a preallocated buffer, the two 2048 bytes apart "
+        "modulo 4096 so that 4K aliasing does not slow the copy; every kernel and baseline "
         "allocates its output, the copy does not; DVM's outputs of 1 MiB and more come from its buffer "
         "pool, re-used once the previous result is dropped, so they skip the page faults that fresh "
         "memory costs the others: DVM_POOL_MB=0 turns it off). *n/a*: no such baseline for this case (see the "
