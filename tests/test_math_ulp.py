@@ -147,19 +147,6 @@ def test_one_step_exp_paths_are_bitwise_the_full_range_functions(op):
         np.testing.assert_array_equal(fast.view(np.int32), full.view(np.int32))
 
 
-def table() -> str:
-    rows = ["| op | max ULP | max rel. error | budget | note |", "|---|---:|---:|---:|---|"]
-    for op in sorted(ULP_BUDGET):
-        max_ulp, max_rel, _ = measure(op)
-        budget, why = ULP_BUDGET[op]
-        rows.append(f"| {op} | {max_ulp:.2f} | {max_rel:.2e} | {budget:g} | {why} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(table())
-
-
 @pytest.mark.parametrize("op", ["sin", "cos"])
 def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
     """A span holding an argument above SINCOS_BIG redoes those lanes in float64 libm (found by
@@ -184,3 +171,17 @@ def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
     np.testing.assert_array_equal(got[where], exact)   # NaN for inf and NaN
     fin = where[:4]
     np.testing.assert_array_equal(got[fin].view(np.int32), kern(y, vm="reference")[fin].view(np.int32))
+
+
+def table() -> str:
+    rows = ["| op | max ULP | max rel. error | budget | note |", "|---|---:|---:|---:|---|"]
+    for op in sorted(ULP_BUDGET):
+        max_ulp, max_rel, _ = measure(op)
+        budget, why = ULP_BUDGET[op]
+        rows.append(f"| {op} | {max_ulp:.2f} | {max_rel:.2e} | {budget:g} | {why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())
+
