@@ -89,6 +89,17 @@ def write_text(path: str, text: str) -> None:
         f.write(text if text.endswith("\n") else text + "\n")
 
 
+def save_figure(fig, path: str) -> None:
+    """Lay out a matplotlib figure, write it to `path` (its folder made if missing) and close it."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def finish_report(report: dict, text: str, plot: Callable[[dict, str], None], json_path: str | None,
                   md_path: str | None, png_path: str | None, out, failed_what: str) -> int:
     """Print the markdown, write JSON / markdown / PNG where asked, list DVM failures.

@@ -50,7 +50,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads, save_figure,
                            set_vm_threads, vm_extra)
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
@@ -703,12 +703,7 @@ def plot(report: dict, path: str) -> None:
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"dvm bench models — {report['machine']['cpu']}, load {report['loadavg_1min']['start']}", fontsize=9)
-    fig.tight_layout()
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_list(text: str, what: str, choices=None, cast=str) -> list:

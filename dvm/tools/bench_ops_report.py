@@ -2,11 +2,10 @@
 of a report dict, and the names of its baselines."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
-from .bench_common import fmt_time
+from .bench_common import fmt_time, save_figure
 
 BASELINES = ("reference_vm", "numpy", "torch_eager", "torch_native", "numexpr",
              "inductor_static", "inductor_dynamic", "copy")
@@ -162,9 +161,4 @@ def plot(report: dict, path: str) -> None:
     axes[0, 0].legend([handles[s] for s in order],
                       [LABELS[s] + (" (roofline)" if s == "copy" else "") for s in order],
                       loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8)
-    fig.tight_layout()
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
