@@ -143,3 +143,83 @@ def test_symbols_only_defines_the_same_names():
         return ({f.name for f in mod.functions if not f.is_declaration},
                 {g.name for g in mod.global_variables if not g.is_declaration})
     assert defined(lean) == defined(full) == ({'_ZN3dvm"q"', "other"}, {"g.x"})
+
+
+# imported by numba's registry refresh, not by `import numba` nor by loading code that uses arrays
+_REGISTRY_PROBE = "numba.np.polynomial.polynomial_functions"
+
+
+def test_lean_cache_loads_without_refreshing_numba_registries(tmp_path):
+    """A lean cache hit links the machine code without numba's refresh of every typing and
+    lowering registry (most of a cached VM's load); numba's own cache still refreshes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    probe = _LEAN_LOADER + f"print({_REGISTRY_PROBE!r} in sys.modules)\n"
+    refreshed = {}
+    for lean in (False, True):
+        folder = tmp_path / f"probe{int(lean)}"
+        folder.mkdir()
+        name = f"probe_mod{int(lean)}"
+        (folder / f"{name}.py").write_text(f"LEAN = {lean}\n" + _LEAN_MODULE)
+        for _ in range(2):   # compiled and saved, then loaded
+            out = subprocess.run([sys.executable, "-c", probe.format(name=name), str(folder)], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr
+        counts, loaded = out.stdout.splitlines()
+        assert counts.split()[:2] == ["1", "0"]   # the second process loaded the cache
+        refreshed[lean] = loaded == "True"
+    assert refreshed == {False: True, True: False}
+
+
+def test_lean_cache_refreshes_where_a_symbol_is_unresolved(tmp_path, monkeypatch):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "lean_unres.py").write_text("LEAN = True\n" + _LEAN_MODULE)
+    out = subprocess.run([sys.executable, "-c", _LEAN_LOADER.format(name="lean_unres"), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr   # compiled and cached by another process
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lean_unres
+    ctx = lean_unres.entry.targetctx
+    calls = []
+    refresh = ctx.refresh
+    monkeypatch.setattr(ctx, "refresh", lambda: (calls.append(1), refresh())[1])
+    monkeypatch.setattr(cpu_compile, "_links_resolved", lambda payload: False)
+    import numpy as np
+    assert lean_unres.entry(np.arange(4, dtype=np.float32), np.float32(2)) == 16.0
+    assert sum(lean_unres.entry.stats.cache_hits.values()) == 1 and calls == [1]
+    sys.modules.pop("lean_unres", None)
+
+
+def _object_code(ir: str) -> bytes:
+    from llvmlite import binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    mod = llvm.parse_assembly(ir)
+    return llvm.Target.from_default_triple().create_target_machine(reloc="pic").emit_object(mod)
+
+
+def test_undefined_symbols_of_an_object_and_whether_they_resolve():
+    obj = _object_code(textwrap.dedent("""
+        @ext = external global i32
+        declare i32 @dvm_test_no_such_symbol(i32)
+        declare double @cos(double)
+        define i32 @f(i32 %a) {
+          %b = call i32 @dvm_test_no_such_symbol(i32 %a)
+          %c = load i32, ptr @ext
+          %d = add i32 %b, %c
+          ret i32 %d
+        }
+        define double @g(double %x) {
+          %y = call double @cos(double %x)
+          ret double %y
+        }
+    """))
+    if obj[:4] != b"\x7fELF":   # pragma: no cover - not an ELF platform: the loader refreshes
+        assert cpu_compile._undefined_symbols(obj) is None
+        return
+    assert sorted(cpu_compile._undefined_symbols(obj)) == ["cos", "dvm_test_no_such_symbol", "ext"]
+    assert not cpu_compile._links_resolved([("lib", "object", (obj, b""))])
+    resolved = _object_code("declare double @cos(double)\n"
+                            "define double @g(double %x) {\n  %y = call double @cos(double %x)\n  ret double %y\n}\n")
+    assert cpu_compile._links_resolved([("lib", "object", (resolved, b""))])
+    assert cpu_compile._undefined_symbols(b"MZ not an ELF object") is None
+    assert not cpu_compile._links_resolved([("lib", "bitcode", b"")])

@@ -10,7 +10,7 @@ import pytest
 
 import dvm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
-from dvm.tools.bench_ops import max_first, sum_first
+from dvm.tools.bench_ops_cases import max_first, sum_first
 from dvm.vm import cpu, reference
 
 from test_cpu_vm import run_on

@@ -1,7 +1,7 @@
 """`dvm bench ops`: DVM kernels against NumPy, PyTorch eager, numexpr, Inductor and a copy roofline.
 
-For every case (an elementwise chain, softmax, LayerNorm, a reduction ...) and every shape of the
-chosen size classes, one run times side by side:
+For every case (an elementwise chain, softmax, LayerNorm, a reduction ...: bench_ops_cases) and
+every shape of the chosen size classes, one run times side by side:
 
   dvm               the kernel, called as a user calls it, on the VM `dvm.config.config().vm` selects
   reference VM      the same kernel's Program on the reference (NumPy) VM, forced through
@@ -34,13 +34,11 @@ REFERENCE_MAX_NUMEL elements; larger ones say "skipped: reference VM" in the tab
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -49,8 +47,8 @@ import dvm
 
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
                            set_vm_threads, time_call, vm_extra)
-from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
-from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
+from .bench_encode import chain8
+from .bench_ops_cases import CASE_NAMES, CASES, Case, _torch_forms, add_one
 from .bench_ops_report import LABELS, _shape_str, markdown, plot
 
 DEFAULT_JSON = os.path.join("bench-results", "ops.json")
@@ -73,191 +71,6 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     "odd": [(1000, 1001), (4097, 17), (7, 65537)],
 }
 SIZE_ORDER = ("small", "medium", "large", "odd")
-
-
-
-# ---------------------------------------------------------------------------------------------
-# DVM kernels (chain8, bias_gelu, softmax, layernorm, rmsnorm come from bench_encode).
-@dvm.kernel
-def tanh_exp(k, a, b):
-    """tanh(exp(a*b) + a) * b"""
-    a, b = k.load(a), k.load(b)
-    return k.store(k.mul(k.tanh(k.add(k.exp(k.mul(a, b)), a)), b))
-
-
-@dvm.kernel
-def silu_mul(k, a, b):
-    """SiLU(a) * b (the gate of a SwiGLU MLP)"""
-    return k.store(k.mul(k.silu(k.load(a)), k.load(b)))
-
-
-@dvm.kernel
-def sum_last(k, x):
-    return k.store(k.sum(k.load(x), axis=-1))
-
-
-@dvm.kernel
-def max_last(k, x):
-    return k.store(k.max(k.load(x), axis=-1))
-
-
-@dvm.kernel
-def sum_first(k, x):
-    return k.store(k.sum(k.load(x), axis=0))
-
-
-@dvm.kernel
-def max_first(k, x):
-    return k.store(k.max(k.load(x), axis=0))
-
-
-@dvm.kernel
-def add_one(k, x):
-    """The launch-overhead probe: one add."""
-    return k.store(k.add(k.load(x), 1.0))
-
-
-# ---------------------------------------------------------------------------------------------
-# NumPy forms (float32 in, float32 out).
-def _np_erf(x: np.ndarray) -> np.ndarray:
-    """erf by Abramowitz & Stegun 7.1.26 (max abs error 1.5e-7): NumPy has no erf."""
-    a = np.abs(x)
-    t = 1.0 / (1.0 + np.float32(0.3275911) * a)
-    p = ((((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
-          - np.float32(0.284496736)) * t + np.float32(0.254829592)) * t
-    return np.copysign(1.0 - p * np.exp(-a * a), x)
-
-
-def _np_bias_gelu(x, b):
-    v = x + b
-    return 0.5 * v * (1.0 + _np_erf(v * np.float32(1 / math.sqrt(2.0))))
-
-
-def _exact_bias_gelu(x, b):
-    """The exact GELU (float64 erf) of the float32 sum x + b, which every implementation rounds
-    first. The check reference for bias_gelu: the NumPy form's erf is itself an approximation
-    (abs. error ~5e-7 in GELU), which used up half of the absolute tolerance."""
-    import torch
-    v = (x + b).astype(np.float64)
-    return torch.nn.functional.gelu(torch.from_numpy(v)).numpy()
-
-
-def _np_tanh_exp(a, b):
-    return np.tanh(np.exp(a * b) + a) * b
-
-
-def _np_silu_mul(a, b):
-    return a / (1.0 + np.exp(-a)) * b
-
-
-# PyTorch forms, imported lazily (torch costs ~1 s to import).
-def _torch_forms() -> dict:
-    import torch
-    import torch.nn.functional as F
-
-    def chain8_t(x):
-        t = torch.sigmoid(x * 1.702)
-        t = x * t
-        t = t + 0.1
-        t = torch.tanh(t)
-        t = t * t
-        t = t - 0.5
-        return torch.abs(t)
-
-    def softmax_t(x):
-        e = torch.exp(x - x.amax(-1, keepdim=True))
-        return e / e.sum(-1, keepdim=True)
-
-    def layernorm_t(x, w, b):
-        xc = x - x.mean(-1, keepdim=True)
-        var = (xc * xc).mean(-1, keepdim=True)
-        return xc * torch.rsqrt(var + 1e-5) * w + b
-
-    def rmsnorm_t(x, w):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
-
-    return {
-        "chain8": (chain8_t, None),
-        "tanh_exp": (lambda a, b: torch.tanh(torch.exp(a * b) + a) * b, None),
-        "bias_gelu": (lambda x, b: F.gelu(x + b), None),
-        "silu_mul": (lambda a, b: F.silu(a) * b, None),
-        "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
-        "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
-        "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
-        "sum_last": (lambda x: x.sum(-1), None),
-        "max_last": (lambda x: x.amax(-1), None),
-        "sum_first": (lambda x: x.sum(0), None),
-        "max_first": (lambda x: x.amax(0), None),
-    }
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    what: str
-    kernel: dvm.KernelFunction
-    n_vectors: int               # arguments of shape (cols,) after the full-shape ones
-    n_full: int                  # full-shape arguments
-    numpy: Callable
-    kind: str                    # elementwise | norm | sum | max
-    native_name: str | None = None
-    numexpr: str | None = None   # a fixed expression over a, b and float32 constants c1.. (never user input)
-    numexpr_consts: dict = field(default_factory=dict)
-    numexpr_note: str = "not elementwise"
-    reduce_axis: int | None = None
-    exact: Callable | None = None  # float64 result to check against, where the NumPy form approximates
-
-    def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
-        full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
-        vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
-        if self.name == "layernorm":   # weight near 1, bias small: a realistic LayerNorm
-            vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
-        elif self.name == "rmsnorm":
-            vecs = [1.0 + 0.1 * vecs[0]]
-        return full + [v.astype(np.float32) for v in vecs]
-
-    def tolerance(self, shape: tuple, want: np.ndarray) -> tuple[float, float]:
-        """(rtol, atol) against the reference result `want`. Elementwise: atol is 1e-6 times
-        the data's scale (max |want|, at least 1): a float32 kernel's absolute error near zero
-        is a few ULPs of the intermediate values (e.g. 0.5*x*(1 + erf(x/sqrt2)) for x << 0), so
-        a fixed 1e-6 would flag float32-exact implementations on data of magnitude ~8."""
-        if self.kind == "elementwise":
-            scale = float(np.abs(want).max(initial=1.0)) if want.size else 1.0
-            return 1e-5, 1e-6 * max(1.0, scale)
-        if self.kind == "norm":
-            return 1e-4, 1e-5
-        if self.kind == "max":
-            return 0.0, 0.0
-        n = shape[self.reduce_axis]   # sum: float32 rounding grows with the reduced length
-        return 1e-5, 1e-6 * n
-
-
-CASES = (
-    Case("chain8", "8-op elementwise chain", chain8, 0, 1, _ref_chain8, "elementwise",
-         numexpr="abs(tanh(a * (1 / (1 + exp(-(a * c1)))) + c2) ** 2 - c3)",
-         numexpr_consts={"c1": 1.702, "c2": 0.1, "c3": 0.5}),
-    Case("tanh_exp", "tanh(exp(a*b)+a)*b", tanh_exp, 0, 2, _np_tanh_exp, "elementwise",
-         numexpr="tanh(exp(a * b) + a) * b"),
-    Case("bias_gelu", "bias-add (broadcast over rows) + GELU", bias_gelu, 1, 1, _np_bias_gelu,
-         "elementwise", numexpr_note="numexpr has no erf", exact=_exact_bias_gelu),
-    Case("silu_mul", "SiLU(a) * b", silu_mul, 0, 2, _np_silu_mul, "elementwise",
-         numexpr="a / (1 + exp(-a)) * b"),
-    Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
-         native_name="torch.softmax"),
-    Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
-         "norm", native_name="F.layer_norm"),
-    Case("rmsnorm", "RMSNorm (weight) over the last axis", rmsnorm, 1, 1, _ref_rmsnorm, "norm",
-         native_name="F.rms_norm"),
-    Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",
-         reduce_axis=-1),
-    Case("max_last", "max over the last axis", max_last, 0, 1, lambda x: x.max(axis=-1), "max",
-         reduce_axis=-1),
-    Case("sum_first", "sum over the first axis", sum_first, 0, 1, lambda x: x.sum(axis=0), "sum",
-         reduce_axis=0),
-    Case("max_first", "max over the first axis", max_first, 0, 1, lambda x: x.max(axis=0), "max",
-         reduce_axis=0),
-)
-CASE_NAMES = tuple(c.name for c in CASES)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ numba does by default. A compile (a cache miss) and a wait of more than WAIT_NOT
 another process's lock are said on stderr: the one-time compile is minutes of silence otherwise.
 
 `lean_cache` stores the entry point without the LLVM bitcode numba keeps beside the machine code
-(see _symbols_only): parsing it was most of the time a cached VM took to load.
+(see _symbols_only): parsing it was most of the time a cached VM took to load. Its load skips
+numba's refresh of every typing and lowering registry where the machine code's undefined symbols
+all resolve without it (_LeanCache.load_overload): that refresh was most of what remained.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 import warnings
 
 import numba
+import numpy as np
 from numba.core import event
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
@@ -131,6 +134,69 @@ class _LeanImpl(CompileResultCacheImpl):
 
 class _LeanCache(FunctionCache):
     _impl_class = _LeanImpl
+
+    def load_overload(self, sig, target_context):
+        """numba's load of a cached overload without its `target_context.refresh()` where the
+        machine code does not need it. The refresh imports and installs every typing and lowering
+        registry numba has (~0.3 s, most of a cached VM's load) for compiling; loading machine
+        code needs only the symbols it links against. Those are registered by the context's init
+        (numba's C helpers, C math) and by the runtime's initialize (NRT_*); a symbol still
+        unresolved (one a registry module registers when imported) makes this do the refresh,
+        as numba would. A later compile in this process refreshes the context itself."""
+        with self._guard_against_spurious_io_errors():
+            if not self._enabled:
+                return None
+            data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            if data is None:
+                return None
+            from numba.core.runtime import rtsys
+            rtsys.initialize(target_context)
+            if not _links_resolved(data):
+                target_context.refresh()
+            return self._impl.rebuild(target_context, data)
+
+
+def _links_resolved(payload) -> bool:
+    """Whether every symbol the cached machine code leaves undefined is known to LLVM's JIT now
+    (registered or in the process). False where that cannot be told (not an ELF object)."""
+    from llvmlite import binding as llvm
+    try:
+        _name, kind, (obj, _bitcode) = payload[0]
+        names = _undefined_symbols(obj) if kind == "object" else None
+    except (TypeError, ValueError, IndexError):
+        return False
+    return names is not None and all(llvm.address_of_symbol(n) is not None for n in names)
+
+
+_ELF_SECTION = np.dtype([("name", "<u4"), ("type", "<u4"), ("flags", "<u8"), ("addr", "<u8"),
+                         ("offset", "<u8"), ("size", "<u8"), ("link", "<u4"), ("info", "<u4"),
+                         ("addralign", "<u8"), ("entsize", "<u8")])
+_ELF_SYMBOL = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                        ("value", "<u8"), ("size", "<u8")])
+_SHT_SYMTAB = 2
+_GOT = "_GLOBAL_OFFSET_TABLE_"
+
+
+def _undefined_symbols(obj: bytes) -> list[str] | None:
+    """The names of the undefined symbols of a little-endian ELF64 relocatable object, or None
+    when `obj` is not one."""
+    if obj[:6] != b"\x7fELF\x02\x01":   # ELF, 64-bit, little-endian
+        return None
+    shoff = int.from_bytes(obj[0x28:0x30], "little")
+    shnum = int.from_bytes(obj[0x3C:0x3E], "little")
+    if int.from_bytes(obj[0x3A:0x3C], "little") != _ELF_SECTION.itemsize:
+        return None
+    sections = np.frombuffer(obj, _ELF_SECTION, shnum, shoff)
+    symtabs = np.flatnonzero(sections["type"] == _SHT_SYMTAB)
+    if len(symtabs) != 1:
+        return None
+    symtab = sections[symtabs[0]]
+    strtab = sections[symtab["link"]]
+    syms = np.frombuffer(obj, _ELF_SYMBOL, int(symtab["size"]) // _ELF_SYMBOL.itemsize, int(symtab["offset"]))
+    strings = obj[int(strtab["offset"]):int(strtab["offset"] + strtab["size"])]
+    undefined = syms["name"][(syms["shndx"] == 0) & (syms["name"] != 0)]
+    names = [strings[i:strings.index(b"\0", i)].decode() for i in undefined.tolist()]
+    return [n for n in names if n != _GOT]   # (the JIT's linker makes the GOT itself)
 
 
 def _symbols_only(mod):
