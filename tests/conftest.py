@@ -34,6 +34,9 @@ def vm(request, monkeypatch):
 # VM compiles, and each worker's first CPU-VM test waits for that compile (dvm.vm.cpu_compile's
 # lock) instead of compiling the same code itself.
 def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_vm: runs the CPU VM whatever its `vm` parameter (a module that "
+                            "compares the VMs itself, or runs once on the default VM); ordered with the "
+                            "CPU-VM cases, after the compile")
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
     config._dvm_compile = subprocess.Popen([sys.executable, "-c", "from dvm.vm import cpu; cpu.compile_vm()"])
@@ -49,5 +52,5 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(items):
     def on_cpu(item) -> bool:
         spec = getattr(item, "callspec", None)
-        return spec is not None and spec.params.get("vm") == "cpu"
+        return (spec is not None and spec.params.get("vm") == "cpu") or item.get_closest_marker("cpu_vm") is not None
     items.sort(key=on_cpu)   # stable: the reference-VM cases first, each group in its own order

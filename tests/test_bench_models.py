@@ -14,6 +14,8 @@ pytest.importorskip("transformers")
 from dvm.tools import bench_models  # noqa: E402
 from dvm.tools.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
 
 @pytest.fixture(autouse=True)
 def vm():

@@ -21,6 +21,8 @@ from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_ROWN
 from test_cpu_vm import run_on
 from test_reductions import softmax_k as softmax_div   # divides by the row sum: the row form's div
 
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
 RNG = np.random.default_rng(11)
 
 

@@ -15,7 +15,15 @@ from dvm.vm import cpu, reference
 
 from test_cpu_vm import run_on
 
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
 RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
+    return None
 
 
 @dvm.kernel
@@ -131,6 +139,53 @@ def test_head_rows_coalesced_and_in_place(dtype, L, H, D):
     r = (RNG.standard_normal((H, L, D)) * 4).astype(dtype)
     _bitwise_as_reference(rope_like, q, cos, r, sin, why=(dtype, L, H, D))
 
+
+
+@dvm.kernel
+def copy_of(k, x):
+    return k.store(k.load(x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16, np.bool_])
+@pytest.mark.parametrize("n", [5000, 65536, 100_003])
+def test_raw_copies_at_every_relative_offset(dtype, n):
+    """A copy kernel's tiles move as raw bytes (cpu_moves._copy_bytes, not libc's memmove): the
+    output is the input at every placement of the two buffers modulo 4096 (including the
+    16-byte offset where `rep movsb` is slow), whole tiles and a partial last one."""
+    from dvm.vm.buffers import data_ptr
+    x_raw = (RNG.standard_normal(n + 8192) * 100).astype(dtype)   # room for 8 KB of offsets
+    o_raw = np.zeros(n + 8192, dtype)
+    isz = x_raw.itemsize
+    copy_of(x_raw[:n], vm="cpu")   # traced, so that its launcher can be built
+    for dx, do in ((0, 0), (0, 16), (16, 0), (48, 0), (2048, 16), (4080, 0)):
+        sx = ((-data_ptr(x_raw) % 4096) + dx) // isz
+        so = ((-data_ptr(o_raw) % 4096) + do) // isz
+        x, o = x_raw[sx:sx + n], o_raw[so:so + n]
+        o[:] = 0
+        arrays, sig = copy_of._coerce((x,))
+        traced = copy_of._traces.get(sig)
+        launch, _ = traced.graph.launcher(copy_of._bind(traced, arrays), arrays, "cpu")
+        launch.run_addresses([data_ptr(x), data_ptr(o)], True)
+        np.testing.assert_array_equal(o, x, err_msg=f"x at +{dx}, out at +{do} mod 4096")
+
+
+def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
+    from numba import njit
+
+    from dvm.vm.cpu_moves import _move_bytes
+
+    @njit
+    def move(dst, src, nbytes):
+        _move_bytes(dst, src, nbytes)
+
+    buf = RNG.integers(0, 255, 70_000).astype(np.uint8)
+    for n in (0, 1, 63, 64, 128, 256, 1000, 4096, 20_000):
+        for src, dst in ((0, 40_000), (40_000, 0), (100, 100 + n // 2), (100 + n // 2, 100), (7, 7), (5, 6)):
+            want = buf.copy()
+            want[dst:dst + n] = buf[src:src + n].copy()
+            got = buf.copy()
+            move(got.ctypes.data + dst, got.ctypes.data + src, n)
+            np.testing.assert_array_equal(got, want, err_msg=f"{n} bytes from {src} to {dst}")
 
 
 @dvm.kernel

@@ -26,6 +26,8 @@ from dvm.vm import cpu, cpu_sync, reference
 
 from helpers import DTYPES, FLOATS, INTS, NP_DTYPE, dvm_call, random_values, to_torch
 
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
 
 @pytest.fixture(autouse=True)
 def vm():

@@ -71,6 +71,7 @@ def test_compiled_attention_matches_eager_on_both_paths():
     assert after.get("torch_sdpa_masked", 0) - before.get("torch_sdpa_masked", 0) == 3
 
 
+@pytest.mark.cpu_vm   # runs its graph on the default (CPU) VM
 def test_rewrite_leaves_other_masks_alone():
     """A where that is not (keep, 0, -inf) keeps the plain sdpa with its mask."""
     def biased(q, k, v, keep):

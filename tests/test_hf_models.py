@@ -12,6 +12,8 @@ transformers = pytest.importorskip("transformers")
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
 
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
 # batch 1: 20 lengths (incl. 1, 2, 17, 257, 1000) for both models; batch 3: a subset
 LENGTHS_B1 = [17, 1, 2, 3, 5, 8, 9, 16, 31, 33, 64, 100, 127, 128, 200, 257, 300, 511, 700, 1000]
 LENGTHS_B3 = [17, 1, 2, 9, 257, 1000]

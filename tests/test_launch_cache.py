@@ -118,6 +118,7 @@ def test_reused_workspaces_under_concurrent_calls(vm):
     assert not bad
 
 
+@pytest.mark.cpu_vm   # launches on both VMs
 def test_vm_choice_is_part_of_the_signature(vm):
     x, y = np.full(9, 3.0, np.float32), np.ones(9, np.float32)
     for chosen in ("cpu", "reference", "cpu"):

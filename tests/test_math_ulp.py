@@ -18,6 +18,8 @@ import pytest
 import dvm
 from dvm.graph.ops import OP_TABLE
 
+pytestmark = pytest.mark.cpu_vm   # measures the CPU VM
+
 # op -> (max ULP allowed, why when above 4)
 ULP_BUDGET = {op: (4.0, "") for op in (
     "exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu",
@@ -185,3 +187,16 @@ def table() -> str:
 if __name__ == "__main__":
     print(table())
 
+
+
+def test_f32_reciprocal_is_the_reference_vms_bit_for_bit():
+    """The CPU VM divides in float32; the reference VM's rule is the float64 quotient rounded
+    once. Division is correctly rounded either way (float64 has more than 2*24+2 bits), so the
+    bits agree everywhere, subnormals, zeros, infinities and NaN included."""
+    kern = _kernel("reciprocal")
+    x = np.concatenate([_inputs("reciprocal", 1 << 18), SPECIALS,
+                        np.array([2.0 ** -149, -2.0 ** -149, 2.0 ** 127, 2.0 ** -127, 3e-39], np.float32)])
+    got, want = kern(x, vm="cpu"), kern(x, vm="reference")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    fin = ~np.isnan(want)
+    np.testing.assert_array_equal(got[fin].view(np.int32), want[fin].view(np.int32))

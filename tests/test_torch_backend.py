@@ -16,6 +16,8 @@ import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_patterns  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
 # case -> (rtol, atol, reason). Everything else uses assert_close's defaults.
 LOOSER_TOL = {
     "mlp": (2e-5, 1e-4, "1-ulp differences of silu/gelu (DVM's exp/erf vs ATen's vectorized ones) "

@@ -14,6 +14,8 @@ from dvm import config as dvm_config  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 from dvm.runtime.compiled import CompiledGraph  # noqa: E402
 
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
 
 @pytest.fixture(autouse=True)
 def vm(monkeypatch):

@@ -84,7 +84,7 @@ def _un_common(op, o, a):
     elif op == OP_RSQRT:
         for i in range(n):
             o[i] = 1.0 / np.sqrt(np.float64(a[i]))
-    elif op == OP_RECIP:
+    elif op == OP_RECIP:   # (float32: _un_f32)
         for i in range(n):
             o[i] = 1.0 / np.float64(a[i])
     elif op == OP_RELU:
@@ -118,9 +118,20 @@ def _sigmoid64(x):
     return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
 
 
+@njit(inline='always', **OPTS)
+def _sincos_huge(x, big):
+    """|x| beyond the float32 reduction's range (big: SINCOS_BIG in x's type), and finite."""
+    v = abs(x)
+    return (v > big) & (v != np.inf)
+
+
 @njit(**OPTS)
 def _un_f32(op, o, a):
     n = o.shape[0]
+    if op == OP_RECIP:   # float32 division: the float64 quotient rounded once, bit for bit
+        for i in range(n):
+            o[i] = np.float32(1.0) / a[i]
+        return True
     if _un_common(op, o, a):
         return True
     if op == OP_EXP:
@@ -148,12 +159,11 @@ def _un_f32(op, o, a):
         # calls libm where it holds is if-converted, and libm then runs on every lane (~7x).
         big = 0
         for i in range(n):
-            v = abs(a[i])
-            big |= 1 if (v > np.float32(SINCOS_BIG)) & (v != np.inf) else 0
+            big |= 1 if _sincos_huge(a[i], np.float32(SINCOS_BIG)) else 0
         if big:
             for i in range(n):   # recomputed with libm in float64
                 x = np.float64(a[i])
-                if abs(x) > SINCOS_BIG and abs(x) != np.inf:
+                if _sincos_huge(x, SINCOS_BIG):
                     o[i] = np.sin(x) if q == 0 else np.cos(x)
     elif op == OP_TANH:
         for i in range(n):
