@@ -18,6 +18,7 @@ def vm():
     """Not parametrized over VMs: this module compiles its own small numba functions."""
     return None
 
+
 _MODULE = textwrap.dedent("""
     from numba import njit
 
@@ -110,21 +111,30 @@ def _cache_bytes(folder) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*.nbc"))
 
 
+def _lean_module_runs(folder, name: str, lean: bool, script: str = _LEAN_LOADER, runs: int = 2) -> list[str]:
+    """Writes module `name` (with lean_cache or numba's own cache) into `folder`, then runs
+    `script` on it in `runs` fresh processes, one after the other; their outputs."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(f"LEAN = {lean}\n" + _LEAN_MODULE)
+    outs = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", script.format(name=name), str(folder)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout)
+    return outs
+
+
 def test_lean_cache_stores_machine_code_without_the_linking_module(tmp_path):
     """lean_cache: the cached library keeps its machine code and the names it defines, not numba's
     bitcode copy for linking; a new process loads it (a cache hit) and computes the same."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     sizes = {}
     for lean in (False, True):
         folder = tmp_path / f"lean{int(lean)}"
-        folder.mkdir()
-        name = f"lean_mod{int(lean)}"
-        (folder / f"{name}.py").write_text(f"LEAN = {lean}\n" + _LEAN_MODULE)
-        for expect in ((0, 1), (1, 0)):   # first compiled and saved, then loaded
-            out = subprocess.run([sys.executable, "-c", _LEAN_LOADER.format(name=name), str(folder)], env=env,
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, out.stderr
-            hits, misses, value = out.stdout.split()
+        outs = _lean_module_runs(folder, f"lean_mod{int(lean)}", lean)
+        for out, expect in zip(outs, ((0, 1), (1, 0))):   # first compiled and saved, then loaded
+            hits, misses, value = out.split()
             assert (int(hits), int(misses), float(value)) == (*expect, 16.0)
         sizes[lean] = _cache_bytes(folder)
     assert 0 < sizes[True] < sizes[False]
@@ -159,30 +169,18 @@ _REGISTRY_PROBE = "numba.np.polynomial.polynomial_functions"
 def test_lean_cache_loads_without_refreshing_numba_registries(tmp_path):
     """A lean cache hit links the machine code without numba's refresh of every typing and
     lowering registry (most of a cached VM's load); numba's own cache still refreshes."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     probe = _LEAN_LOADER + f"print({_REGISTRY_PROBE!r} in sys.modules)\n"
     refreshed = {}
-    for lean in (False, True):
-        folder = tmp_path / f"probe{int(lean)}"
-        folder.mkdir()
-        name = f"probe_mod{int(lean)}"
-        (folder / f"{name}.py").write_text(f"LEAN = {lean}\n" + _LEAN_MODULE)
-        for _ in range(2):   # compiled and saved, then loaded
-            out = subprocess.run([sys.executable, "-c", probe.format(name=name), str(folder)], env=env,
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, out.stderr
-        counts, loaded = out.stdout.splitlines()
+    for lean in (False, True):   # compiled and saved, then loaded
+        outs = _lean_module_runs(tmp_path / f"probe{int(lean)}", f"probe_mod{int(lean)}", lean, probe)
+        counts, loaded = outs[-1].splitlines()
         assert counts.split()[:2] == ["1", "0"]   # the second process loaded the cache
         refreshed[lean] = loaded == "True"
     assert refreshed == {False: True, True: False}
 
 
 def test_lean_cache_refreshes_where_a_symbol_is_unresolved(tmp_path, monkeypatch):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    (tmp_path / "lean_unres.py").write_text("LEAN = True\n" + _LEAN_MODULE)
-    out = subprocess.run([sys.executable, "-c", _LEAN_LOADER.format(name="lean_unres"), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr   # compiled and cached by another process
+    _lean_module_runs(tmp_path, "lean_unres", True, runs=1)   # compiled and cached by another process
     monkeypatch.syspath_prepend(str(tmp_path))
     import lean_unres
     ctx = lean_unres.entry.targetctx
