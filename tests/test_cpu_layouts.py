@@ -156,16 +156,13 @@ def test_raw_copies_at_every_relative_offset(dtype, n):
     x_raw = (RNG.standard_normal(n + 8192) * 100).astype(dtype)   # room for 8 KB of offsets
     o_raw = np.zeros(n + 8192, dtype)
     isz = x_raw.itemsize
-    copy_of(x_raw[:n], vm="cpu")   # traced, so that its launcher can be built
+    layout = dvm.verify(copy_of.program(x_raw[:n]))
     for dx, do in ((0, 0), (0, 16), (16, 0), (48, 0), (2048, 16), (4080, 0)):
         sx = ((-data_ptr(x_raw) % 4096) + dx) // isz
         so = ((-data_ptr(o_raw) % 4096) + do) // isz
         x, o = x_raw[sx:sx + n], o_raw[so:so + n]
         o[:] = 0
-        arrays, sig = copy_of._coerce((x,))
-        traced = copy_of._traces.get(sig)
-        launch, _ = traced.graph.launcher(copy_of._bind(traced, arrays), arrays, "cpu")
-        launch.run_addresses([data_ptr(x), data_ptr(o)], True)
+        cpu.run_addrs(layout, np.array([data_ptr(x), data_ptr(o), n, n], np.int64))
         np.testing.assert_array_equal(o, x, err_msg=f"x at +{dx}, out at +{do} mod 4096")
 
 

@@ -175,20 +175,6 @@ def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
     np.testing.assert_array_equal(got[fin].view(np.int32), kern(y, vm="reference")[fin].view(np.int32))
 
 
-def table() -> str:
-    rows = ["| op | max ULP | max rel. error | budget | note |", "|---|---:|---:|---:|---|"]
-    for op in sorted(ULP_BUDGET):
-        max_ulp, max_rel, _ = measure(op)
-        budget, why = ULP_BUDGET[op]
-        rows.append(f"| {op} | {max_ulp:.2f} | {max_rel:.2e} | {budget:g} | {why} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(table())
-
-
-
 def test_f32_reciprocal_is_the_reference_vms_bit_for_bit():
     """The CPU VM divides in float32; the reference VM's rule is the float64 quotient rounded
     once. Division is correctly rounded either way (float64 has more than 2*24+2 bits), so the
@@ -200,3 +186,16 @@ def test_f32_reciprocal_is_the_reference_vms_bit_for_bit():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     fin = ~np.isnan(want)
     np.testing.assert_array_equal(got[fin].view(np.int32), want[fin].view(np.int32))
+
+
+def table() -> str:
+    rows = ["| op | max ULP | max rel. error | budget | note |", "|---|---:|---:|---:|---|"]
+    for op in sorted(ULP_BUDGET):
+        max_ulp, max_rel, _ = measure(op)
+        budget, why = ULP_BUDGET[op]
+        rows.append(f"| {op} | {max_ulp:.2f} | {max_rel:.2e} | {budget:g} | {why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())
