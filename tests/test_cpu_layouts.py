@@ -241,6 +241,29 @@ def test_row_vectors_and_uniform_operands(dtype, shape):
 
 
 @dvm.kernel
+def bias_mix(k, x, b):
+    """An elementwise kernel with a row-vector operand and two outputs (one of another dtype)."""
+    x, b = k.load(x), k.load(b)
+    y = k.maximum(k.sub(k.mul(k.add(x, b), b), x), -1.0)
+    return k.store(y), k.store(k.cast(k.mul(y, 3.0), "float16"))
+
+
+@pytest.mark.parametrize("shape, bn", [((4097, 17), 17), ((9, 1030), 1030), ((7, 65537), 3856),
+                                       ((3, 4097), 2064), ((5, 3, 65), 65), ((69649,), 3872)])
+def test_elementwise_tiles_have_no_padding_lanes(shape, bn):
+    """Elementwise tiles are exactly as wide as the rows, or an even split of a longer row into
+    widths that are multiples of 16 (encoder._even_bn): bitwise equal to the reference VM on 1
+    and 2 threads, also with a strided (transposed) input."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    b = RNG.standard_normal(shape[-1]).astype(np.float32)
+    assert dvm.verify(bias_mix.program(x, b)).kernels[0].bn == bn
+    _bitwise_as_reference(bias_mix, x, b, why=(shape,))
+    if len(shape) == 2:
+        xt = np.ascontiguousarray(x.T).T
+        _bitwise_as_reference(bias_mix, xt, b, why=(shape, "transposed"))
+
+
+@dvm.kernel
 def constant_mix(k, x):
     """Constants (kept in BM lanes until a full-tile reader needs them all): beside a row-level
     value, as a scalar operand, in a comparison and a where read as full tiles, and in the int64

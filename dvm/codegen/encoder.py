@@ -59,6 +59,19 @@ class ArgSpec:
     shape: tuple[Dim, ...] | None  # outputs and workspaces (contiguous); None for inputs
 
 
+def _even_bn(cols: int) -> int:
+    """Tile width of an elementwise kernel: its columns in equal tiles of at most MAX_BN, no
+    padding lanes (every instruction computes every lane of a tile: a 17-column bias-add with
+    power-of-two tiles computed 32 lanes a row; 65537 columns take 17 tiles of 3856, not 16 of
+    4096 and one of 1). Several tiles a row are a multiple of 16 wide (each starts 64-byte
+    aligned where the row does). Reductions keep power-of-two widths (their trees pair lanes)."""
+    cols = max(cols, 1)
+    if cols <= MAX_BN:
+        return cols
+    n_tiles = -(-cols // MAX_BN)
+    return min(MAX_BN, -(-cols // (16 * n_tiles)) * 16)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -152,7 +165,10 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         tile = COLUMN_MAJOR_TILE if R <= COLUMN_MAJOR_WHOLE else TILE_ELEMS
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
-        bn = C if single_stream and C <= EXACT_BN_COLS else min(_pow2_at_least(max(C, 1)), MAX_BN)
+        if not c.col_axes:
+            bn = _even_bn(C)
+        else:
+            bn = C if single_stream and C <= EXACT_BN_COLS else min(_pow2_at_least(max(C, 1)), MAX_BN)
         tile = ROW_TILE_ELEMS if single_stream and bn >= ROW_TILE_MIN_BN else TILE_ELEMS
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
