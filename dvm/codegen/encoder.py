@@ -17,7 +17,7 @@ from ..graph.dtypes import Bank, DType
 from ..graph.symbolic import Dim, SymExpr, evaluate
 from ..graph.views import Layout, apply_chain, contiguous_strides
 from .lower import KernelTemplate
-from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, OPND_INDEX, VERSION, Program,
+from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, MAX_TILE, OPND_INDEX, VERSION, Program,
                       float_bits)
 
 TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
@@ -29,10 +29,13 @@ TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 # makes a full-tile pass there)
 ROW_TILE_ELEMS = 16384
 ROW_TILE_MIN_BN = 128
-MAX_BN = 4096
-# rows with at most this many columns use a kernel's single-tile stream (0: always sweep);
-# tests that pin the multi-sweep form set it to 0
-SINGLE_TILE_COLS = MAX_BN
+MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
+# rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
+# row is then one tile of up to the verifier's MAX_TILE lanes, which the CPU VM's row forms read
+# once from the buffer; the sweeps re-read a row per sweep and make a pass per instruction and
+# tile (64x8192 LayerNorm / softmax on two threads: 163 -> 75 us, 185 -> 109 us). Tests that pin
+# the multi-sweep form set it to 0
+SINGLE_TILE_COLS = MAX_TILE
 # column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at
 # most COLUMN_MAJOR_WHOLE rows a tile holds all of them (a tile is then one contiguous run of the
 # operand, which the CPU VM reads in place; up to COLUMN_MAJOR_TILE elements); longer kept axes
@@ -147,7 +150,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     dom = [g(env) for g in c.dom]
     single_stream = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
-    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= min(SINGLE_TILE_COLS, MAX_BN):
+    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= SINGLE_TILE_COLS:
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
         column_major = _column_major(folded[2], folded[4])
@@ -167,8 +170,10 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     else:
         if not c.col_axes:
             bn = _even_bn(C)
+        elif single_stream:   # 0 < C <= SINGLE_TILE_COLS <= MAX_TILE (a power of two)
+            bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
-            bn = C if single_stream and C <= EXACT_BN_COLS else min(_pow2_at_least(max(C, 1)), MAX_BN)
+            bn = min(_pow2_at_least(max(C, 1)), MAX_BN)
         tile = ROW_TILE_ELEMS if single_stream and bn >= ROW_TILE_MIN_BN else TILE_ELEMS
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
