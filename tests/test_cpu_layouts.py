@@ -10,7 +10,7 @@ import pytest
 
 import dvm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
-from dvm.tools.bench_ops_cases import max_first, sum_first
+from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
 from dvm.vm import cpu, reference
 
 from test_cpu_vm import run_on
@@ -77,7 +77,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("shape", [(37, 17), (301, 5), (9, 130), (130, 9), (5, 5000), (300, 64), (3, 7, 33),
-                                   (2, 20000)])
+                                   (2, 20000), (4, 3072), (3, 700), (6, 200)])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matches_reference(case, shape):
     kfn, make = CASES[case]
@@ -101,6 +101,28 @@ def test_thread_count_does_not_change_results(case, shape):
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert a.tobytes() == b.tobytes(), (kfn, shape)
+
+
+@pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000])
+def test_partial_rows_with_signed_zeros_and_specials(cols):
+    """Rows narrower than their power-of-two tile: the row forms and the in-place row reductions
+    take the tree's first levels from the valid lanes (cpu_rowpart), the padding lanes' identity
+    written in. Bitwise the reference VM's (which pads), also where only the padding's +0.0 makes
+    a sum of -0.0 rows +0.0, and with NaN and infinities."""
+    x = RNG.standard_normal((7, cols)).astype(np.float32)
+    x[0] = -0.0
+    x[1] = -0.0
+    x[1, -1] = 0.0
+    x[2, ::5] = np.nan
+    x[3, 1], x[3, -1] = np.inf, -np.inf
+    x[4, -1] = np.inf
+    x[5] *= np.float32(1e19)
+    w = RNG.standard_normal(cols).astype(np.float32)
+    for kfn, args in ((sum_last, (x,)), (max_last, (x,)), (layernorm, (x, w, w)), (rmsnorm, (x, w))):
+        _bitwise_as_reference(kfn, *args, why=(cols,))
+    want = run_on(reference.run, softmax, x)[0]
+    for n in (1, 2):
+        np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
 
 
 @dvm.kernel

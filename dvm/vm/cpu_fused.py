@@ -33,10 +33,11 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import R_SUM
+from .cpu_kernels import R_MAX, R_SUM
 from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
 from .cpu_reduce import _accinit, _copy, _is_pow2, _rowred, _tree, _tree_p2
+from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq8
 
 FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX = range(8)
@@ -118,10 +119,16 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
+    part = p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX)
+    q = bn // 8
     for r in range(nrv):
         xr = carray(ptr_f32(ra[r]), ncv)
-        if p2 and ncv == bn:
-            v = _tree_p2(op, xr, a, b, bn)
+        if (p2 and ncv == bn) or part:
+            src, p, sa, sb = xr, bn, a, b
+            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+                first_levels(PART_SUM if op == R_SUM else PART_MAX, a[:q], xr, ncv, bn)
+                src, p, sa, sb = a[:q], q, b[:q], b[q:2 * q]
+            v = _tree_p2(op, src, sa, sb, p)
         else:
             _copy(a[:ncv], xr)
             _accinit(op, a[ncv:bn], np.bool_(True))

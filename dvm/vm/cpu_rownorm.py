@@ -37,6 +37,7 @@ from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
 from .cpu_rowlevel import _row_uniform
 from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
+from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
 
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
 NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
@@ -64,8 +65,8 @@ def _apply_row(orow, xr, sv, w, b, n, bias):
 
 @njit(inline='always', **OPTS)
 def _center(drow, xr, mv, full, ncv, bn):
-    """drow = row - mv: from the buffer's row xr (bn lanes) when full, else in place over the
-    padded copy of a partial row already in drow (its ncv valid lanes)."""
+    """drow = row - mv: from the buffer's row xr (its first bn lanes) when full, else in place
+    over the padded copy of a partial row already in drow (its ncv valid lanes)."""
     if full:
         for k in range(bn):
             drow[k] = xr[k] - mv
@@ -147,28 +148,36 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
                w, b, bias, ta, tb, drow):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
-    bn: a power of two >= 128; ta, tb: bn-lane tree scratch; drow: a bn-lane row (the padded copy
-    of a partial row, then its centered values). Each tree and loop appears once: every inlined
-    copy costs VM compile time."""
+    bn: a power of two >= 128; ta, tb: bn-lane tree scratch; drow: a bn-lane row (the centered
+    values; before them the padded copy of a partial row that cpu_rowpart cannot take). Each tree
+    and loop appears once: every inlined copy costs VM compile time."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
     lb = ta[2 * q:3 * q]
     full = ncv == bn
+    part = part_fits(ncv, bn)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         sx = xr
-        if not full:   # zero-padded as cpu_reduce._rowred and cpu_fused._sq_level pad the tile's row
+        if not (full or part):   # zero-padded as cpu_reduce._rowred and cpu_fused._sq_level pad
             _copy(drow[:ncv], xr)
             _accinit(R_SUM, drow[ncv:bn], np.bool_(True))
             sx = drow
         if centered:
-            F[s1][r] = _tree_p2(R_SUM, sx, ta, tb, bn)
+            src, p, sa, sb = sx, bn, ta, tb
+            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+                first_levels(PART_SUM, lvl, xr, ncv, bn)
+                src, p, sa, sb = lvl, q, la, lb
+            F[s1][r] = _tree_p2(R_SUM, src, sa, sb, p)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
-            _center(drow, xr, F[m][r], full, ncv, bn)
+            _center(drow, xr, F[m][r], full or part, ncv, ncv if part else bn)
             sx = drow
-        for k in range(q):
-            lvl[k] = _sq8(sx, k, q)
+        if part:
+            first_levels(PART_SQSUM, lvl, sx, ncv, bn)
+        else:
+            for k in range(q):
+                lvl[k] = _sq8(sx, k, q)
         F[s2][r] = _tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, qb0, qb1, F, st, r)
         _apply_row(carray(ptr_f32(ry[r]), ncv), sx, F[rs][r], w, b, ncv, bias)
@@ -180,20 +189,31 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
     then y = e * r (e / r when div)."""
     full = ncv == bn
+    part = part_fits(ncv, bn)
+    q = bn // 8
+    lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         sx = xr
-        if not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
+        src, p, sa, sb = sx, bn, ta, tb
+        if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+            first_levels(PART_MAX, lvl, xr, ncv, bn)
+            src, p, sa, sb = lvl, q, la, lb
+        elif not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
             _copy(arow[:ncv], xr)
             _accinit(R_MAX, arow[ncv:bn], np.bool_(True))
             _accinit(R_SUM, erow[ncv:bn], np.bool_(True))
-            sx = arow
-        mv = _tree_p2(R_MAX, sx, ta, tb, bn)
-        _center(arow, xr, mv, full, ncv, bn)
+            src = arow
+        mv = _tree_p2(R_MAX, src, sa, sb, p)
+        _center(arow, xr, mv, full or part, ncv, ncv if part else bn)
         F[m][r] = mv
         # the interpreter's compiled f32 exp (a lane's value never depends on the others)
         _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
-        F[s][r] = _tree_p2(R_SUM, erow, ta, tb, bn)
+        src, p, sa, sb = erow, bn, ta, tb
+        if part:
+            first_levels(PART_SUM, lvl, erow, ncv, bn)
+            src, p, sa, sb = lvl, q, la, lb
+        F[s][r] = _tree_p2(R_SUM, src, sa, sb, p)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)
