@@ -33,7 +33,7 @@ MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep strea
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to the verifier's MAX_TILE lanes, which the CPU VM's row forms read
 # once from the buffer; the sweeps re-read a row per sweep and make a pass per instruction and
-# tile (64x8192 LayerNorm / softmax on two threads: 163 -> 75 us, 185 -> 109 us). Tests that pin
+# tile (64x8192 LayerNorm / softmax on two threads: 155 -> 74 us, 174 -> 89 us). Tests that pin
 # the multi-sweep form set it to 0
 SINGLE_TILE_COLS = MAX_TILE
 # column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at

@@ -35,52 +35,48 @@ def _lanes(base, q, n):
             carray(ptr_f32(base + 28 * q), n))
 
 
-@njit(**OPTS)
-def _sum_part(d, base, q, nv):
-    """d[k] = _lvl3(R_SUM) of the padded row (lanes j >= nv are +0.0); base: lane 0 of the segment."""
+@njit(inline='always', **OPTS)
+def _term(x, k, sq):
+    return x[k] * x[k] if sq else x[k]
+
+
+@njit(inline='always', **OPTS)
+def _sums(d, base, q, nv, sq):
+    """d[k] = _lvl3(R_SUM) of the padded row, of its squares when sq (a constant at each call
+    site: inlined, the branch folds); lanes j >= nv are +0.0 (a padded lane's square is too)."""
     z = _Z
     x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
     if nv == 8:
         for k in range(d.shape[0]):
-            d[k] = ((x0[k] + x4[k]) + (x2[k] + x6[k])) + ((x1[k] + x5[k]) + (x3[k] + x7[k]))
+            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + _term(x6, k, sq)))
+                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + _term(x7, k, sq))))
     elif nv == 7:
         for k in range(d.shape[0]):
-            d[k] = ((x0[k] + x4[k]) + (x2[k] + x6[k])) + ((x1[k] + x5[k]) + (x3[k] + z))
+            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + _term(x6, k, sq)))
+                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + z)))
     elif nv == 6:
         for k in range(d.shape[0]):
-            d[k] = ((x0[k] + x4[k]) + (x2[k] + z)) + ((x1[k] + x5[k]) + (x3[k] + z))
+            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + z))
+                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + z)))
     elif nv == 5:
         for k in range(d.shape[0]):
-            d[k] = ((x0[k] + x4[k]) + (x2[k] + z)) + ((x1[k] + z) + (x3[k] + z))
+            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + z))
+                    + ((_term(x1, k, sq) + z) + (_term(x3, k, sq) + z)))
     else:   # 4
         for k in range(d.shape[0]):
-            d[k] = ((x0[k] + z) + (x2[k] + z)) + ((x1[k] + z) + (x3[k] + z))
+            d[k] = (((_term(x0, k, sq) + z) + (_term(x2, k, sq) + z)) + ((_term(x1, k, sq) + z) + (_term(x3, k, sq) + z)))
+
+
+@njit(**OPTS)
+def _sum_part(d, base, q, nv):
+    """d[k] = _lvl3(R_SUM) of the padded row; base: the address of the segment's lane 0."""
+    _sums(d, base, q, nv, False)
 
 
 @njit(**OPTS)
 def _sqsum_part(d, base, q, nv):
-    """_sum_part of the squares x*x (a padded lane's square is the padding +0.0)."""
-    z = _Z
-    x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
-    if nv == 8:
-        for k in range(d.shape[0]):
-            d[k] = (((x0[k] * x0[k]) + (x4[k] * x4[k])) + ((x2[k] * x2[k]) + (x6[k] * x6[k]))) \
-                + (((x1[k] * x1[k]) + (x5[k] * x5[k])) + ((x3[k] * x3[k]) + (x7[k] * x7[k])))
-    elif nv == 7:
-        for k in range(d.shape[0]):
-            d[k] = (((x0[k] * x0[k]) + (x4[k] * x4[k])) + ((x2[k] * x2[k]) + (x6[k] * x6[k]))) \
-                + (((x1[k] * x1[k]) + (x5[k] * x5[k])) + ((x3[k] * x3[k]) + z))
-    elif nv == 6:
-        for k in range(d.shape[0]):
-            d[k] = (((x0[k] * x0[k]) + (x4[k] * x4[k])) + ((x2[k] * x2[k]) + z)) \
-                + (((x1[k] * x1[k]) + (x5[k] * x5[k])) + ((x3[k] * x3[k]) + z))
-    elif nv == 5:
-        for k in range(d.shape[0]):
-            d[k] = (((x0[k] * x0[k]) + (x4[k] * x4[k])) + ((x2[k] * x2[k]) + z)) \
-                + (((x1[k] * x1[k]) + z) + ((x3[k] * x3[k]) + z))
-    else:
-        for k in range(d.shape[0]):
-            d[k] = (((x0[k] * x0[k]) + z) + ((x2[k] * x2[k]) + z)) + (((x1[k] * x1[k]) + z) + ((x3[k] * x3[k]) + z))
+    """_sum_part of the squares x*x."""
+    _sums(d, base, q, nv, True)
 
 
 @njit(**OPTS)
