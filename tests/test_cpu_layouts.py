@@ -103,12 +103,24 @@ def test_thread_count_does_not_change_results(case, shape):
             assert a.tobytes() == b.tobytes(), (kfn, shape)
 
 
+@dvm.kernel
+def residual_norms(k, x, r, w):
+    """Norms of a computed row (x + r), not of a load: the tile form's fused sums of squares
+    (FK_SQSUM, FK_CSQSUM), not the row forms."""
+    h = k.add(k.load(x), k.load(r))
+    rms = k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6)))
+    hc = k.sub(h, k.mean(h, axis=-1, keepdims=True))
+    ln = k.mul(hc, k.rsqrt(k.add(k.mean(k.mul(hc, hc), axis=-1, keepdims=True), 1e-5)))
+    return k.store(k.mul(rms, k.load(w))), k.store(k.add(ln, k.load(w))), k.store(h)
+
+
 @pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000])
 def test_partial_rows_with_signed_zeros_and_specials(cols):
-    """Rows narrower than their power-of-two tile: the row forms and the in-place row reductions
-    take the tree's first levels from the valid lanes (cpu_rowpart), the padding lanes' identity
-    written in. Bitwise the reference VM's (which pads), also where only the padding's +0.0 makes
-    a sum of -0.0 rows +0.0, and with NaN and infinities."""
+    """Rows narrower than their power-of-two tile: the row forms, the in-place row reductions and
+    the tile form's sums of squares take the tree's first levels from the valid lanes
+    (cpu_rowpart), the padding lanes' identity written in. Bitwise the reference VM's (which
+    pads), also where only the padding's +0.0 makes a sum of -0.0 rows +0.0, and with NaN and
+    infinities."""
     x = RNG.standard_normal((7, cols)).astype(np.float32)
     x[0] = -0.0
     x[1] = -0.0
@@ -118,7 +130,9 @@ def test_partial_rows_with_signed_zeros_and_specials(cols):
     x[4, -1] = np.inf
     x[5] *= np.float32(1e19)
     w = RNG.standard_normal(cols).astype(np.float32)
-    for kfn, args in ((sum_last, (x,)), (max_last, (x,)), (layernorm, (x, w, w)), (rmsnorm, (x, w))):
+    zero = np.full_like(x, -0.0)   # x + -0.0 is x, signed zeros included
+    for kfn, args in ((sum_last, (x,)), (max_last, (x,)), (layernorm, (x, w, w)), (rmsnorm, (x, w)),
+                      (residual_norms, (x, zero, w))):
         _bitwise_as_reference(kfn, *args, why=(cols,))
     want = run_on(reference.run, softmax, x)[0]
     for n in (1, 2):

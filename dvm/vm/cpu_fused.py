@@ -37,7 +37,7 @@ from .cpu_kernels import R_MAX, R_SUM
 from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
 from .cpu_reduce import _accinit, _copy, _is_pow2, _rowred, _tree, _tree_p2
-from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
+from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq8
 
 FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX = range(8)
@@ -49,12 +49,15 @@ FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields 
 @njit(inline='always', **OPTS)
 def _sq_level(lvl, v, q, ncv, bn, pad):
     """lvl[k] = the first three tree levels of v's squares (_sq8); lanes past ncv count as +0.0,
-    the sum's identity, as _rowred pads. A partial row is first copied into pad (bn lanes) and
-    padded with zeros: a per-lane select on the index (`v[i]^2 if i < ncv else 0`) did not
-    vectorize (16x1024 tile with 1001 valid columns: 9.0 against 1.3 us)."""
+    the sum's identity, as _rowred pads. A partial row of a tile narrower than cpu_rowpart takes
+    is first copied into pad (bn lanes) and padded with zeros: a per-lane select on the index
+    (`v[i]^2 if i < ncv else 0`) did not vectorize (16x1024 tile with 1001 valid columns: 9.0
+    against 1.3 us)."""
     if ncv == bn:
         for k in range(q):
             lvl[k] = _sq8(v, k, q)
+    elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
+        first_levels(PART_SQSUM, lvl, v, ncv, bn)
     else:
         for k in range(ncv):
             pad[k] = v[k]
