@@ -34,7 +34,7 @@ from .bench_encode import KERNELS, BenchKernel, _log_uniform
 RTOL, ATOL = 1.3e-6, 1e-5   # torch.testing.assert_close defaults for float32
 NEW_SHAPES = 12             # per kernel
 REPEATS = 4                 # per kernel: shapes seen before (cache hits)
-MAX_ROWS, MAX_COLS = 256, 6000   # log-uniform; cols > 4096 take several column tiles
+MAX_ROWS, MAX_COLS = 256, 6000   # log-uniform; cols > 4096: several column tiles (elementwise), one wide tile (norms)
 
 
 def _shape(rng: np.random.Generator) -> tuple:
