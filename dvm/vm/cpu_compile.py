@@ -95,8 +95,8 @@ class _CompileNotice(event.Listener):
     def on_start(self, ev) -> None:
         if self.t0 is None and ev.data.get("dispatcher") is self.dispatcher:
             self.t0 = time.perf_counter()
-            _say("compiling the CPU VM with numba, once per machine: about 15 minutes on 2 cores "
-                 "(later processes load it from the disk cache in about a second) ...")
+            _say("compiling the CPU VM with numba, once per machine: 7-15 minutes on 2 cores "
+                 "(later processes load it from the disk cache in well under a second) ...")
 
     def on_end(self, ev) -> None:
         if self.t0 is not None and ev.data.get("dispatcher") is self.dispatcher:
