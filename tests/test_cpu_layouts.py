@@ -10,7 +10,7 @@ import pytest
 
 import dvm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
-from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
+from dvm.tools.bench_ops_cases import max_first, sum_first
 from dvm.vm import cpu, reference
 
 from test_cpu_vm import run_on
@@ -101,42 +101,6 @@ def test_thread_count_does_not_change_results(case, shape):
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert a.tobytes() == b.tobytes(), (kfn, shape)
-
-
-@dvm.kernel
-def residual_norms(k, x, r, w):
-    """Norms of a computed row (x + r), not of a load: the tile form's fused sums of squares
-    (FK_SQSUM, FK_CSQSUM), not the row forms."""
-    h = k.add(k.load(x), k.load(r))
-    rms = k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6)))
-    hc = k.sub(h, k.mean(h, axis=-1, keepdims=True))
-    ln = k.mul(hc, k.rsqrt(k.add(k.mean(k.mul(hc, hc), axis=-1, keepdims=True), 1e-5)))
-    return k.store(k.mul(rms, k.load(w))), k.store(k.add(ln, k.load(w))), k.store(h)
-
-
-@pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000])
-def test_partial_rows_with_signed_zeros_and_specials(cols):
-    """Rows narrower than their power-of-two tile: the row forms, the in-place row reductions and
-    the tile form's sums of squares take the tree's first levels from the valid lanes
-    (cpu_rowpart), the padding lanes' identity written in. Bitwise the reference VM's (which
-    pads), also where only the padding's +0.0 makes a sum of -0.0 rows +0.0, and with NaN and
-    infinities."""
-    x = RNG.standard_normal((7, cols)).astype(np.float32)
-    x[0] = -0.0
-    x[1] = -0.0
-    x[1, -1] = 0.0
-    x[2, ::5] = np.nan
-    x[3, 1], x[3, -1] = np.inf, -np.inf
-    x[4, -1] = np.inf
-    x[5] *= np.float32(1e19)
-    w = RNG.standard_normal(cols).astype(np.float32)
-    zero = np.full_like(x, -0.0)   # x + -0.0 is x, signed zeros included
-    for kfn, args in ((sum_last, (x,)), (max_last, (x,)), (layernorm, (x, w, w)), (rmsnorm, (x, w)),
-                      (residual_norms, (x, zero, w))):
-        _bitwise_as_reference(kfn, *args, why=(cols,))
-    want = run_on(reference.run, softmax, x)[0]
-    for n in (1, 2):
-        np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
 
 
 @dvm.kernel
@@ -275,29 +239,6 @@ def test_row_vectors_and_uniform_operands(dtype, shape):
     w[::5], v[1::7], x.reshape(-1)[3::13] = np.inf, -np.inf, 0
     for kfn, args in ((rowvec_mix, (x, w, v)), (uniform_mix, (x,))):
         _bitwise_as_reference(kfn, *args, why=(dt, shape))
-
-
-@dvm.kernel
-def bias_mix(k, x, b):
-    """An elementwise kernel with a row-vector operand and two outputs (one of another dtype)."""
-    x, b = k.load(x), k.load(b)
-    y = k.maximum(k.sub(k.mul(k.add(x, b), b), x), -1.0)
-    return k.store(y), k.store(k.cast(k.mul(y, 3.0), "float16"))
-
-
-@pytest.mark.parametrize("shape, bn", [((4097, 17), 17), ((9, 1030), 1030), ((7, 65537), 3856),
-                                       ((3, 4097), 2064), ((5, 3, 65), 65), ((69649,), 3872)])
-def test_elementwise_tiles_have_no_padding_lanes(shape, bn):
-    """Elementwise tiles are exactly as wide as the rows, or an even split of a longer row into
-    widths that are multiples of 16 (encoder._even_bn): bitwise equal to the reference VM on 1
-    and 2 threads, also with a strided (transposed) input."""
-    x = RNG.standard_normal(shape).astype(np.float32)
-    b = RNG.standard_normal(shape[-1]).astype(np.float32)
-    assert dvm.verify(bias_mix.program(x, b)).kernels[0].bn == bn
-    _bitwise_as_reference(bias_mix, x, b, why=(shape,))
-    if len(shape) == 2:
-        xt = np.ascontiguousarray(x.T).T
-        _bitwise_as_reference(bias_mix, xt, b, why=(shape, "transposed"))
 
 
 @dvm.kernel
