@@ -17,8 +17,8 @@ import numpy as np
 
 from ..codegen import isa
 from ..graph.dtypes import Bank, DType
-from .cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM,
-                        FUSE_WIDTH, NO_SRC)
+from .cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX,
+                        FK_SQSUM, FUSE_WIDTH, NO_SRC)
 from .cpu_kernels import EW_NAMES, R_ARGMAX, RED_NAMES
 from .cpu_rownorm import CHAIN_OPS
 
@@ -51,7 +51,9 @@ class _Flow:
         first = self._first_access(reg, end, sec[1]) or self._first_access(reg, sec[0], start)
         if first:
             return first == "write"
-        return not any(reg in self.reads[q] for s, e in self.sections if (s, e) != sec for q in range(s, e))
+        # any other section may run next (in any order, over row blocks and sweeps): none of
+        # them may read reg before writing it (a finalize's rfin writes what its store reads)
+        return not any(self._first_access(reg, s, e) == "read" for s, e in self.sections if (s, e) != sec)
 
 
 def _is(spec, group: str, op: str | None = None) -> bool:
@@ -102,6 +104,19 @@ def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | N
     if op >= R_ARGMAX or x2 != x or r == x or not flow.dead_after(x, pc, pc + 2, sec):
         return None
     return [FK_LOADRED, 2, j, x, r, op]
+
+
+def _load_then_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """load x, o ; acc.op +a, x  ->  (FK_LOADACC, 2, o, x, a, op) for sum/prod/max/min when x is
+    dead after (the tile is never made: a column-major tile's columns are read from the operand)."""
+    if pc + 2 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "acc")):
+        return None
+    op = RED_NAMES.index(specs[pc + 1].op)
+    x, j = int(instrs[pc, 1]), int(instrs[pc, 2])
+    a, x2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
+    if op >= R_ARGMAX or x2 != x or a == x or not flow.dead_after(x, pc, pc + 2, sec):
+        return None
+    return [FK_LOADACC, 2, j, x, a, op]
 
 
 def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -299,7 +314,8 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 pc += 1
                 continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
-                     or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec))
+                     or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
+                     or _load_then_acc(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

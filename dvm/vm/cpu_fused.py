@@ -16,12 +16,16 @@ through are dead after it (checked by the plan), so they are not written.
              mul and add are commutative, so their operands may come in either order
   FK_LOADRED load x, o ; rowred.op r, x                       r = sum/prod/max/min of each row of
              operand o, read in place: no tile copy (a partial tile's load copies every row)
+  FK_LOADACC load x, o ; acc.op +a, x                         a = a op x, lane-wise, for a
+             tile read from operand o's rows (row-major) or columns (column-major: contiguous
+             runs at any distance, as in a sum over axis 0 split into row blocks) without the
+             load's copy
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
 
 x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the sums; FK_LOADRED
-takes any BN). Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then
+takes any BN, FK_LOADACC any BN and either layout). Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then
 w, b and the two rows of the row forms.
 w and b stay there across the tiles of a launch (a norm's weight and bias are the same row at
 every row block): st[ST_CACHE] tags them with the run's pc and the tile's c0, set only for
@@ -33,14 +37,15 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import R_MAX, R_SUM
+from .cpu_kernels import DT_F32, R_MAX, R_SUM
 from .cpu_math import exp_into
-from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
-from .cpu_reduce import _accinit, _copy, _is_pow2, _rowred, _tree, _tree_p2
+from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
+from .cpu_reduce import _accinit, _combine, _copy, _is_pow2, _level_t, _rowred, _tree, _tree_p2
+from .cpu_rowlevel import _col_uniform
 from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq8
 
-FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX = range(8)
+FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC = range(9)
 SF_ROWS = 6      # sf: BN-lane rows (two for the trees, w, b, two for the row forms) besides its BM lanes
 ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vector cache tags
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
@@ -161,12 +166,54 @@ def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
 
 
 @njit(inline='always', **OPTS)
+def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
+    """FK_LOADACC = (kind, 2, o, x, a, op): the load's tile combined into a from the buffer, for an
+    f32 operand with one column dim: row by row (row-major tiles, unit column stride: _row_addrs)
+    or column by column (column-major tiles, one row dim of unit stride: column k is the run at
+    row r0 of the operand's column c0 + k). The valid columns only, as _acc and _acc_t combine
+    them; the load's clamped rows (copies of the last valid row) are combined too, so a ends as
+    the two instructions leave it. 0 when it cannot take the tile."""
+    j, x, a, op = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5]
+    if optab[j, 2] != DT_F32 or _col_uniform(j, optab, meta) or st[0, a] != 0 or fp[a] != 0:
+        return 0
+    bm, bn = meta[M_BM], meta[M_BN]
+    nrv = min(bm, meta[M_ROWS] - r0)
+    ncv = min(bn, meta[M_COLS] - c0)
+    acc = F[a]
+    if meta[M_TL] == 0:
+        if not _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrv):
+            return 0
+        for r in range(bm):
+            _level_t(op, acc[r * bn:r * bn + ncv], carray(ptr_f32(ix[min(r, nrv - 1)]), ncv))
+    else:
+        if meta[M_NR] != 1 or meta[M_NC] != 1 or optab[j, 4] != 1:
+            return 0
+        base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0)
+        if optab[j, 5] == bm and nrv == bm:   # the columns back to back: one flat combine
+            _level_t(op, acc[:ncv * bm], carray(ptr_f32(base + 4 * c0 * bm), ncv * bm))
+            ncv = 0
+        for k in range(ncv):
+            col = carray(ptr_f32(base + 4 * (c0 + k) * optab[j, 5]), nrv)
+            _level_t(op, acc[k * bm:k * bm + nrv], col)
+            v = col[nrv - 1]
+            for i in range(k * bm + nrv, (k + 1) * bm):
+                acc[i] = _combine(op, acc[i], v)
+    fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
+    st[0, x] = 0
+    return 2
+
+
+@njit(inline='always', **OPTS)
 def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
     """Run the fused instructions starting at pc when their registers are in the expected states;
     returns how many instructions it did (a trailing store written in place included), 0 if it
     did nothing. st[0, reg]: the f32 register states (cpu_rowlevel)."""
     kind = fz[pc, 0]
-    if kind == FK_NONE or fin or meta[M_TL] != 0:
+    if kind == FK_NONE or fin:
+        return 0
+    if kind == FK_LOADACC:
+        return _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st)
+    if meta[M_TL] != 0:
         return 0
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]

@@ -1,0 +1,99 @@
+"""The CPU VM's fused `load ; acc` (cpu_fused FK_LOADACC) and the row blocks of column-major
+reductions (encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dvm
+from dvm.codegen import encoder
+from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
+
+from test_cpu_layouts import RNG, _bitwise_as_reference
+
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
+    return None
+
+
+@dvm.kernel
+def min_first(k, x):
+    return k.store(k.min(k.load(x), axis=0))
+
+
+@dvm.kernel
+def prod_first(k, x):
+    return k.store(k.prod(k.load(x), axis=0))
+
+
+@dvm.kernel
+def min_last(k, x):
+    return k.store(k.min(k.load(x), axis=-1))
+
+
+FIRST = (sum_first, max_first, min_first, prod_first)   # one reduction of a load each: the fused run
+LAST = (sum_last, max_last, min_last)
+
+
+def _with_specials(shape, dtype=np.float32) -> np.ndarray:
+    x = RNG.standard_normal(shape).astype(dtype)
+    flat = x.reshape(-1)
+    picks = RNG.choice(flat.size, size=min(flat.size, 12), replace=False)
+    flat[picks] = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 3e-39, np.nan, -0.0, 7.0, -7.0][:picks.size],
+                           dtype)
+    x[:, 3] = -0.0   # a column of -0.0: its sum is -0.0 only if nothing turns it into +0.0
+    return x
+
+
+@pytest.mark.parametrize("kfn", FIRST)
+@pytest.mark.parametrize("shape", [(100, 37), (64, 50), (250, 9), (33, 300), (4, 40), (3, 5000)])
+def test_first_axis_row_blocks(monkeypatch, shape, kfn):
+    """Kept rows split into blocks (small ones here: the encoder's limits lowered; 5000 kept rows
+    take blocks of COLUMN_MAJOR_BM anyway), a partial last block among them; each block's tile
+    columns are read from the buffer."""
+    monkeypatch.setattr(encoder, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
+    monkeypatch.setattr(encoder, "COLUMN_MAJOR_MIN_BM", 16)
+    x = _with_specials(shape)   # C order: the reduced axis 0 strided, the kept axis contiguous
+    if kfn is prod_first:
+        x = np.where(np.isfinite(x), 1.0 + 0.01 * x, x).astype(np.float32)
+    n, R = shape
+    bm = dvm.verify(kfn.program(x)).kernels[0].bm
+    split = R > encoder.COLUMN_MAJOR_WHOLE or min(8, n * R // 256, -(-R // 16)) >= 2
+    assert (bm < R) == split and (bm == R or bm % 16 == 0), (shape, bm)
+    _bitwise_as_reference(kfn, x, why=(shape,))
+
+
+def test_default_blocks_for_large_reductions():
+    """Without the test overrides: a 1000x1001 sum over axis 0 takes two row blocks (work units
+    the threads share), 4096x4096 eight, a 64x64 one stays whole."""
+    k = dvm.verify(sum_first.program(np.zeros((1000, 1001), np.float32))).kernels[0]
+    assert (k.bm, k.bn) == (512, 32)
+    k = dvm.verify(sum_first.program(np.zeros((4096, 4096), np.float32))).kernels[0]
+    assert (k.bm, k.bn) == (512, 32)
+    assert dvm.verify(sum_first.program(np.zeros((64, 64), np.float32))).kernels[0].bm == 64
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_first_axis_other_dtypes_take_the_load(monkeypatch, dtype):
+    """Operands other than f32 are converted by the load: the fused run declines them."""
+    monkeypatch.setattr(encoder, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
+    monkeypatch.setattr(encoder, "COLUMN_MAJOR_MIN_BM", 16)
+    _bitwise_as_reference(sum_first, _with_specials((37, 100), dtype), why=(dtype,))
+
+
+@pytest.mark.parametrize("kfn", LAST)
+@pytest.mark.parametrize("shape", [(5, 3000), (3, 7, 1030), (40, 260)])
+def test_row_sweeps_read_rows_in_place(monkeypatch, shape, kfn):
+    """Rows over several tiles (the sweeps, pinned by SINGLE_TILE_COLS = 0): `load ; acc` reads
+    the operand's rows, also a partial last tile and the rows of a strided view."""
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+    x = _with_specials((int(np.prod(shape[:-1])), shape[-1])).reshape(shape)
+    _bitwise_as_reference(kfn, x, why=(shape,))
+    if len(shape) == 2:
+        wide = np.zeros((shape[0], shape[1] + 5), np.float32)
+        wide[:, 2:-3] = x
+        _bitwise_as_reference(kfn, wide[:, 2:-3], why=(shape, "view"))
