@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 
 import dvm
+from dvm.codegen import isa
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.vm import cpu, reference
-from dvm.vm.cpu_fused import FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM
+from dvm.tools.bench_ops_cases import sum_first
+from dvm.vm.cpu_fuse_plan import fuse_plan
+from dvm.vm.cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
+                              FK_SQSUM)
 
 from test_cpu_vm import run_on
 from test_reductions import softmax_k as softmax_div   # divides by the row sum: the row form's div
@@ -148,6 +152,35 @@ def test_plan_respects_liveness():
     assert _kinds(ln_stats, x, w, w) == {FK_CSQSUM, FK_APPLY}
     assert FK_ROWSOFTMAX not in _kinds(softmax_lse, x)
     assert _kinds(ln_variant, x, w) == {FK_ROWNORM, FK_CSQSUM, FK_APPLY}
+
+
+def _plan(*rows, sections):
+    """fuse_plan's kinds per pc for an instruction stream written as (name, f1, f2, ...) rows."""
+    instrs = np.array([[isa.opcode(name), *fields, *[0] * (isa.WORDS - 1 - len(fields))] for name, *fields in rows],
+                      np.int64)
+    return [int(k) for k in fuse_plan(instrs, sections)[:, 0]]
+
+
+def test_liveness_follows_the_sections_in_order():
+    """A register a run leaves is dead when every later section (this row block's next sweeps,
+    then the next row block's, never the prologue again) writes it before reading it, and live
+    when a later body may read it first, even when the run's own body writes it before the run."""
+    load_acc = [("accinit.sum.f32", 2), ("load.f32", 3, 0), ("acc.sum.f32", 2, 3)]
+    fin_writes = [("rfin.sum.f32", 3, 2), ("store.f32", 3, 1)]
+    assert _plan(*load_acc, *fin_writes, sections=[(0, 0), (0, 1), (1, 3), (3, 5)])[1] == FK_LOADACC
+    fin_reads = [("store.f32", 3, 1)]   # the store reads the load's tile, not the sum
+    assert _plan(*load_acc, *fin_reads, sections=[(0, 0), (0, 1), (1, 3), (3, 4)])[1] == 0
+    body_writes_first = [("accinit.sum.f32", 2), ("const.f32", 3, 0), ("load.f32", 3, 0), ("acc.sum.f32", 2, 3)]
+    assert _plan(*body_writes_first, *fin_reads, sections=[(0, 0), (0, 1), (1, 4), (4, 5)])[2] == 0
+    prologue_reads = [("store.f32", 3, 1), *load_acc]   # runs once, before: never after the run
+    assert _plan(*prologue_reads, sections=[(0, 1), (1, 2), (2, 4), (4, 4)])[2] == FK_LOADACC
+
+
+def test_plan_finds_loaded_accumulations():
+    """load ; acc in the sweeps of long rows and in column reductions (FK_LOADACC)."""
+    assert FK_LOADACC in _kinds(layernorm, _f32(3, 70000), _f32(70000), _f32(70000))
+    assert _kinds(softmax, _f32(3, 70000)) == {FK_LOADACC}
+    assert _kinds(sum_first, _f32(1000, 1001)) == {FK_LOADACC}
 
 
 @dvm.kernel

@@ -47,13 +47,21 @@ class _Flow:
 
     def dead_after(self, reg: int, start: int, end: int, sec: tuple[int, int]) -> bool:
         """No instruction reads reg's value as left at `end` (the run is [start, end) in section
-        sec). A section may run again (a sweep body per tile): its prefix counts after its end."""
-        first = self._first_access(reg, end, sec[1]) or self._first_access(reg, sec[0], start)
-        if first:
-            return first == "write"
-        # any other section may run next (in any order, over row blocks and sweeps): none of
-        # them may read reg before writing it (a finalize's rfin writes what its store reads)
-        return not any(self._first_access(reg, s, e) == "read" for s, e in self.sections if (s, e) != sec)
+        sec). After the rest of sec, a section may run again (a sweep body, per tile: its prefix)
+        or the sections after it run, in order: the rest of the row block's sweeps, then the next
+        row block's (the prologue runs once, before them all). Dead if no path reads it before
+        writing it."""
+        rest = self._first_access(reg, end, sec[1])
+        if rest:
+            return rest == "write"
+        if self._first_access(reg, sec[0], start) == "read":
+            return False
+        i = self.sections.index(sec)
+        for s, e in self.sections[i + 1:] + self.sections[1:i]:
+            first = self._first_access(reg, s, e)
+            if first:
+                return first == "write"
+        return True
 
 
 def _is(spec, group: str, op: str | None = None) -> bool:
