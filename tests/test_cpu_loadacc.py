@@ -1,5 +1,6 @@
-"""The CPU VM's fused `load ; acc` (cpu_fused FK_LOADACC) and the row blocks of column-major
-reductions (encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads."""
+"""The CPU VM's fused accumulations (cpu_fused FK_LOADACC: `load ; acc`, FK_CSQACC: a centered
+sum of squares over the sweeps) and the row blocks of column-major reductions
+(encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,11 @@ import pytest
 
 import dvm
 from dvm.codegen import encoder
+from dvm.frontend.library import layernorm
 from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
+from dvm.vm.cpu_fused import FK_CSQACC, FK_LOADACC
 
+from test_cpu_fused import _kinds
 from test_cpu_layouts import RNG, _bitwise_as_reference
 
 pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
@@ -97,3 +101,25 @@ def test_row_sweeps_read_rows_in_place(monkeypatch, shape, kfn):
         wide = np.zeros((shape[0], shape[1] + 5), np.float32)
         wide[:, 2:-3] = x
         _bitwise_as_reference(kfn, wide[:, 2:-3], why=(shape, "view"))
+
+
+@dvm.kernel
+def variance(k, x):
+    """The centered sum of squares alone (its mean from a first sweep)."""
+    x = k.load(x)
+    d = k.sub(x, k.mean(x, axis=-1, keepdims=True))
+    return k.store(k.sum(k.mul(d, d), axis=-1))
+
+
+@pytest.mark.parametrize("shape", [(5, 3000), (3, 7, 1030), (40, 260)])
+def test_centered_squares_over_the_sweeps(monkeypatch, shape):
+    """LayerNorm and a variance over rows of several tiles: FK_CSQACC (and FK_LOADACC) in the plan,
+    bitwise against the reference VM, signed zeros and specials included."""
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+    x = _with_specials((int(np.prod(shape[:-1])), shape[-1])).reshape(shape)
+    w, b = RNG.standard_normal(shape[-1]).astype(np.float32), RNG.standard_normal(shape[-1]).astype(np.float32)
+    assert {FK_CSQACC, FK_LOADACC} <= _kinds(layernorm, x, w, b)
+    _bitwise_as_reference(layernorm, x, w, b, why=(shape,))
+    _bitwise_as_reference(variance, x, why=(shape,))
+    x[np.isnan(x) | np.isinf(x)] = 2.0   # finite rows: a NaN would hide a wrong sum
+    _bitwise_as_reference(variance, x, why=(shape, "finite"))

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..codegen import isa
 from ..graph.dtypes import Bank, DType
-from .cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX,
-                        FK_SQSUM, FUSE_WIDTH, NO_SRC)
+from .cpu_fused import (FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE, FK_ROWNORM,
+                        FK_ROWSOFTMAX, FK_SQSUM, FUSE_WIDTH, NO_SRC)
 from .cpu_kernels import EW_NAMES, R_ARGMAX, RED_NAMES
 from .cpu_rownorm import CHAIN_OPS
 
@@ -112,6 +112,22 @@ def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | N
     if op >= R_ARGMAX or x2 != x or r == x or not flow.dead_after(x, pc, pc + 2, sec):
         return None
     return [FK_LOADRED, 2, j, x, r, op]
+
+
+def _centered_squares_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """sub d, x, m ; mul t, d, d ; acc.sum +a, t  ->  (FK_CSQACC, 3, x, m, a, d, t) when d and t
+    are dead after (a LayerNorm's variance over the sweeps of long rows)."""
+    if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 1], "ew", "mul")
+                               and _is(specs[pc + 2], "acc", "sum")):
+        return None
+    d, x, m = (int(v) for v in instrs[pc, 1:4])
+    t, d1, d2 = (int(v) for v in instrs[pc + 1, 1:4])
+    a, t2 = int(instrs[pc + 2, 1]), int(instrs[pc + 2, 2])
+    if (d1, d2) != (d, d) or t2 != t or a in (x, m, d, t):
+        return None
+    if not (flow.dead_after(d, pc, pc + 3, sec) and flow.dead_after(t, pc, pc + 3, sec)):
+        return None
+    return [FK_CSQACC, 3, x, m, a, d, t]
 
 
 def _load_then_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -323,7 +339,8 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
                      or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
-                     or _load_then_acc(instrs, specs, flow, pc, sec))
+                     or _load_then_acc(instrs, specs, flow, pc, sec)
+                     or _centered_squares_acc(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

@@ -20,6 +20,8 @@ through are dead after it (checked by the plan), so they are not written.
              tile read from operand o's rows (row-major) or columns (column-major: contiguous
              runs at any distance, as in a sum over axis 0 split into row blocks) without the
              load's copy
+  FK_CSQACC  sub d, x, m ; mul t, d, d ; acc.sum +a, t        a += (x - m)^2 lane-wise (a LayerNorm's
+             variance over the sweeps of long rows; d and t are dead after)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
@@ -42,34 +44,14 @@ from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
 from .cpu_reduce import _accinit, _combine, _copy, _is_pow2, _level_t, _rowred, _tree, _tree_p2
 from .cpu_rowlevel import _col_uniform
-from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
-from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq8
+from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
+from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
 
-FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC = range(9)
+(FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
+ FK_CSQACC) = range(10)
 SF_ROWS = 6      # sf: BN-lane rows (two for the trees, w, b, two for the row forms) besides its BM lanes
 ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vector cache tags
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
-
-
-@njit(inline='always', **OPTS)
-def _sq_level(lvl, v, q, ncv, bn, pad):
-    """lvl[k] = the first three tree levels of v's squares (_sq8); lanes past ncv count as +0.0,
-    the sum's identity, as _rowred pads. A partial row of a tile narrower than cpu_rowpart takes
-    is first copied into pad (bn lanes) and padded with zeros: a per-lane select on the index
-    (`v[i]^2 if i < ncv else 0`) did not vectorize (16x1024 tile with 1001 valid columns: 9.0
-    against 1.3 us)."""
-    if ncv == bn:
-        for k in range(q):
-            lvl[k] = _sq8(v, k, q)
-    elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
-        first_levels(PART_SQSUM, lvl, v, ncv, bn)
-    else:
-        for k in range(ncv):
-            pad[k] = v[k]
-        for k in range(ncv, bn):
-            pad[k] = np.float32(0.0)
-        for k in range(q):
-            lvl[k] = _sq8(pad, k, q)
 
 
 @njit(**OPTS)
@@ -204,6 +186,14 @@ def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
 
 
 @njit(inline='always', **OPTS)
+def _csq_acc(acc, x, mv):
+    """acc += (x - mv)^2, lane-wise (the sub's, the mul's and the acc's f32 roundings)."""
+    for k in range(acc.shape[0]):
+        d = x[k] - mv
+        acc[k] = acc[k] + d * d
+
+
+@njit(inline='always', **OPTS)
 def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
     """Run the fused instructions starting at pc when their registers are in the expected states;
     returns how many instructions it did (a trailing store written in place included), 0 if it
@@ -223,6 +213,19 @@ def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, f
         if kind == FK_ROWNORM:
             return _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st)
         return _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st)
+    if kind == FK_CSQACC:   # the valid columns of every row, as _acc combines them
+        x, m, a, d, t = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
+        if st[0, x] != 0 or st[0, m] != 1 or st[0, a] != 0 or fp[a] != 0:
+            return 0
+        ncv = min(bn, meta[M_COLS] - c0)
+        xv, mv, acc = _fv(F, fp, x), _fv(F, fp, m), F[a]
+        for r in range(bm):
+            _csq_acc(acc[r * bn:r * bn + ncv], xv[r * bn:r * bn + ncv], mv[r])
+        fp[d] = 0   # d and t are dead after the run (the plan checked): left as full tiles
+        st[0, d] = 0
+        fp[t] = 0
+        st[0, t] = 0
+        return n
     if kind == FK_APPLY:
         x, s, y = fz[pc, 2], fz[pc, 3], fz[pc, 6]
         if st[0, x] == 1 and st[0, s] == 0:   # mul is commutative: x is the full operand
