@@ -26,9 +26,9 @@ through are dead after it (checked by the plan), so they are not written.
              row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
 
-x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the sums; FK_LOADRED
-takes any BN, FK_LOADACC any BN and either layout). Scratch: sf holds SF_ROWS*BN + BM lanes: two tree rows, a copy of s (BM lanes), then
-w, b and the two rows of the row forms.
+x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the sums; FK_LOADRED,
+FK_CSQACC take any BN, FK_LOADACC any BN and either layout). Scratch: sf holds SF_ROWS*BN + BM
+lanes: two tree rows, a copy of s (BM lanes), then w, b and the two rows of the row forms.
 w and b stay there across the tiles of a launch (a norm's weight and bias are the same row at
 every row block): st[ST_CACHE] tags them with the run's pc and the tile's c0, set only for
 operands loaded from a buffer that no output of the launch overlaps (aok).
