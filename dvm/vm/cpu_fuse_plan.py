@@ -102,16 +102,21 @@ def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
 
 
 def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
-    """load x, o ; rowred.op r, x  ->  (FK_LOADRED, 2, o, x, r, op) for sum/prod/max/min when x
-    is dead after (the tile is never made: the reduction reads the operand's rows)."""
-    if pc + 2 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "rowred")):
+    """load x, o ; rowred.op r, x  ->  (FK_LOADRED, 2, o, x, r, op), and
+       load x, o ; acc.op +r, x     ->  (FK_LOADACC, 2, o, x, r, op)
+    for sum/prod/max/min when x is dead after: the tile is never made, the reduction reads the
+    operand's rows (or a column-major tile's columns) where they are."""
+    if pc + 2 > sec[1] or not _is(specs[pc], "load"):
+        return None
+    kind = FK_LOADRED if _is(specs[pc + 1], "rowred") else FK_LOADACC if _is(specs[pc + 1], "acc") else None
+    if kind is None:
         return None
     op = RED_NAMES.index(specs[pc + 1].op)
     x, j = int(instrs[pc, 1]), int(instrs[pc, 2])
     r, x2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
     if op >= R_ARGMAX or x2 != x or r == x or not flow.dead_after(x, pc, pc + 2, sec):
         return None
-    return [FK_LOADRED, 2, j, x, r, op]
+    return [kind, 2, j, x, r, op]
 
 
 def _centered_squares_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -128,19 +133,6 @@ def _centered_squares_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int]
     if not (flow.dead_after(d, pc, pc + 3, sec) and flow.dead_after(t, pc, pc + 3, sec)):
         return None
     return [FK_CSQACC, 3, x, m, a, d, t]
-
-
-def _load_then_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
-    """load x, o ; acc.op +a, x  ->  (FK_LOADACC, 2, o, x, a, op) for sum/prod/max/min when x is
-    dead after (the tile is never made: a column-major tile's columns are read from the operand)."""
-    if pc + 2 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "acc")):
-        return None
-    op = RED_NAMES.index(specs[pc + 1].op)
-    x, j = int(instrs[pc, 1]), int(instrs[pc, 2])
-    a, x2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
-    if op >= R_ARGMAX or x2 != x or a == x or not flow.dead_after(x, pc, pc + 2, sec):
-        return None
-    return [FK_LOADACC, 2, j, x, a, op]
 
 
 def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -339,7 +331,6 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
                      or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
-                     or _load_then_acc(instrs, specs, flow, pc, sec)
                      or _centered_squares_acc(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
