@@ -44,7 +44,7 @@ from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
 from .cpu_reduce import _accinit, _combine, _copy, _is_pow2, _level_t, _rowred, _tree, _tree_p2
 from .cpu_rowlevel import _col_uniform
-from .cpu_rowpart import part_fits, row_tree
+from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
 
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
@@ -110,18 +110,23 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
     part = p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX)
+    q = bn // 8
     for r in range(nrv):
         xr = carray(ptr_f32(ra[r]), ncv)
-        src, n, ta, tb = xr, ncv, a, b
-        if not (p2 and (ncv == bn or part)):   # a padded copy
+        if (p2 and ncv == bn) or part:
+            src, p, sa, sb = xr, bn, a, b
+            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+                first_levels(PART_SUM if op == R_SUM else PART_MAX, a[:q], xr, ncv, bn)
+                src, p, sa, sb = a[:q], q, b[:q], b[q:2 * q]
+            v = _tree_p2(op, src, sa, sb, p)
+        else:
             _copy(a[:ncv], xr)
             _accinit(op, a[ncv:bn], np.bool_(True))
-            src, n, ta, tb = a, bn, b, a
-        if p2:
-            v = row_tree(op, src, n, bn, ta, tb)
-        else:
-            _tree(op, a, bn)
-            v = a[0]
+            if p2:
+                v = _tree_p2(op, a, b, a, bn)
+            else:
+                _tree(op, a, bn)
+                v = a[0]
         o[r] = v
     for r in range(nrv, bm):
         o[r] = o[nrv - 1]

@@ -37,7 +37,7 @@ from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
 from .cpu_rowlevel import _row_uniform
 from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
-from .cpu_rowpart import PART_SQSUM, first_levels, part_fits, row_tree
+from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
 
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
 NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
@@ -186,7 +186,11 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
             _accinit(R_SUM, drow[ncv:bn], np.bool_(True))
             sx = drow
         if centered:
-            F[s1][r] = row_tree(R_SUM, sx, ncv if part else bn, bn, ta, tb)
+            src, p, sa, sb = sx, bn, ta, tb
+            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+                first_levels(PART_SUM, lvl, xr, ncv, bn)
+                src, p, sa, sb = lvl, q, la, lb
+            F[s1][r] = _tree_p2(R_SUM, src, sa, sb, p)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
             _center(drow, xr, F[m][r], full or part, ncv, ncv if part else bn)
             sx = drow
@@ -203,20 +207,30 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     then y = e * r (e / r when div)."""
     full = ncv == bn
     part = part_fits(ncv, bn)
+    q = bn // 8
+    lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
-        src = xr
-        if not (full or part):   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
+        sx = xr
+        src, p, sa, sb = sx, bn, ta, tb
+        if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+            first_levels(PART_MAX, lvl, xr, ncv, bn)
+            src, p, sa, sb = lvl, q, la, lb
+        elif not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
             _copy(arow[:ncv], xr)
             _accinit(R_MAX, arow[ncv:bn], np.bool_(True))
             _accinit(R_SUM, erow[ncv:bn], np.bool_(True))
             src = arow
-        mv = row_tree(R_MAX, src, ncv if part else bn, bn, ta, tb)
+        mv = _tree_p2(R_MAX, src, sa, sb, p)
         _center(arow, xr, mv, full or part, ncv, ncv if part else bn)
         F[m][r] = mv
         # the interpreter's compiled f32 exp (a lane's value never depends on the others)
         _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
-        F[s][r] = row_tree(R_SUM, erow, ncv if part else bn, bn, ta, tb)
+        src, p, sa, sb = erow, bn, ta, tb
+        if part:
+            first_levels(PART_SUM, lvl, erow, ncv, bn)
+            src, p, sa, sb = lvl, q, la, lb
+        F[s][r] = _tree_p2(R_SUM, src, sa, sb, p)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)

@@ -18,8 +18,7 @@ import numpy as np
 from numba import carray, njit
 
 from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import R_SUM, _fmax
-from .cpu_reduce import _tree_p2
+from .cpu_kernels import _fmax
 
 _Z = np.float32(0.0)         # the sum's identity
 _NINF = np.float32(-np.inf)  # the max's identity
@@ -133,17 +132,3 @@ def first_levels(kind, d, x, ncv, bn):
                 _sqsum_part(ds, base, q, nv)
             else:
                 _max_part(ds, base, q, nv)
-
-
-@njit(inline='always', **OPTS)
-def row_tree(op, x, ncv, bn, ta, tb):
-    """The tree (cpu_reduce._tree_p2) of a row of ncv valid lanes padded with op's identity to bn
-    lanes, bn a power of two: over x itself when whole (ncv == bn; so also over a padded copy),
-    else (part_fits(ncv, bn), op R_SUM or R_MAX) its first pass from the valid lanes into
-    ta[:bn // 8]. ta, tb: bn lanes of scratch each, ta not x. One inlined tree per call site."""
-    q = bn // 8
-    src, p, sa, sb = x, bn, ta, tb
-    if ncv < bn:
-        first_levels(PART_SUM if op == R_SUM else PART_MAX, ta[:q], x, ncv, bn)
-        src, p, sa, sb = ta[:q], q, ta[q:2 * q], ta[2 * q:3 * q]
-    return _tree_p2(op, src, sa, sb, p)
