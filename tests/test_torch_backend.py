@@ -132,6 +132,41 @@ def test_float_attribute_no_recompile():
     assert _graphs() - before <= 1
 
 
+def test_float_reaching_a_non_tensor_argument_is_specialized_without_a_restart(monkeypatch):
+    """sdpa's `scale` takes a Python float: that input is specialized before AOTAutograd (one
+    trace, no TensorifyScalarRestartAnalysis), a new value recompiles and is used; an eps that
+    only feeds arithmetic stays an input (a new value, no recompile)."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale, self.eps = 0.25, 1e-5
+
+        def forward(self, q):
+            o = F.scaled_dot_product_attention(q, q, q, scale=self.scale)
+            return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
+    aot, calls = tb._aot(), []
+
+    def counted(gm, example_inputs, **kwargs):
+        calls.append(gm)
+        return aot(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(tb, "_aot", lambda: counted)
+    m = M()
+    torch._dynamo.reset()
+    cm = torch.compile(m, backend="dvm", dynamic=True)
+    for n, eps in ((5, 1e-5), (9, 0.5), (17, 2.0)):
+        m.eps = eps
+        q = torch.randn(2, n, 8)
+        torch.testing.assert_close(cm(q), m(q))
+    assert len(calls) == 1, "one AOT trace: no restart, no recompile for eps or the size"
+    placeholders = {n.name: len(n.users) for n in calls[0].graph.nodes if n.op == "placeholder"}
+    assert [k for k, users in placeholders.items() if "scale" in k and users == 0], placeholders
+    assert [k for k, users in placeholders.items() if "eps" in k and users > 0], placeholders
+    m.scale = 0.5   # the guard on the specialized value: recompiles, uses the new scale
+    q = torch.randn(2, 6, 8)
+    torch.testing.assert_close(cm(q), m(q))
+    assert len(calls) == 2
+
+
 def test_size_one_specializes_once():
     cf = check(lambda x: torch.softmax(x * 2, -1), lambda n: (torch.randn(n, 9),), sizes=[5, 7, 1, 1, 9, 2, 1],
                max_graphs=2)  # Dynamo's own one-time specialization of a size equal to 1

@@ -9,6 +9,7 @@ composites are decomposed; forward composites DVM lowers itself stay whole).
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -38,9 +39,58 @@ def _aot():
 
 def dvm_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The Dynamo backend: AOTAutograd with DVM's forward / backward / inference compilers."""
+    specialize_untensorifiable_floats(gm)
     compiled = _aot()(gm, example_inputs, **kwargs)   # may raise Dynamo's restart exceptions
     counters.bump("torch_dynamo_graphs")               # graphs actually compiled
     return compiled
+
+
+# Python-number operators whose SymFloat operand AOTAutograd's tensorify pass turns into a tensor
+# operand (torch.fx.passes._tensorify_python_scalars.SUPPORTED_OPS)
+_TENSORIFIABLE = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.gt,
+                            operator.lt, operator.ge, operator.le, operator.eq, operator.ne})
+
+
+def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
+    """Specialize now the float inputs that AOTAutograd's tensorify pass would give up on.
+
+    With dynamic shapes Dynamo passes Python float attributes (an RMSNorm's eps, attention's
+    `scaling`) as 0-d tensors read by `.item()`. Where such a float reaches a non-tensor argument
+    (sdpa's `scale`, embedding's `norm_type`), the tensorify pass, after the whole AOT trace,
+    raises TensorifyScalarRestartAnalysis: Dynamo traces the frame again with the float a
+    constant. That second trace was ~40 % of the tiny Llama's first call (6.3 s). Here the
+    `.item()` of such an input is replaced by its value under a guard (guard_scalar: a changed
+    value recompiles, as after the restart) and the float is marked specialized, so the pass has
+    nothing left to restart for; the 0-d input stays, unused. The same rewrite Dynamo itself does
+    on a restarted trace (OutputGraph.remove_tensorify_specialized_graphargs). A float used only by
+    arithmetic stays an input. Returns the specialized input names."""
+    try:
+        from torch._dynamo.symbolic_convert import TensorifyState
+        from torch.fx.experimental.symbolic_shapes import guard_scalar
+    except ImportError:  # pragma: no cover - torch internals moved: Dynamo's restart does it
+        return []
+    done = []
+    for node in list(gm.graph.nodes):
+        if node.op != "placeholder":
+            continue
+        memo = getattr(node.meta.get("example_value"), "item_memo", None)
+        if not isinstance(memo, torch.SymFloat) or not node.users or \
+                not all(u.op == "call_method" and u.target == "item" for u in node.users):
+            continue
+        if all(use.op == "call_function" and use.target in _TENSORIFIABLE for u in node.users for use in u.users):
+            continue
+        symbol = getattr(memo.node._expr, "name", None)
+        if symbol is None:
+            continue
+        value = guard_scalar(memo)
+        TensorifyState.specialize(symbol)
+        for u in list(node.users):
+            u.replace_all_uses_with(value)
+            gm.graph.erase_node(u)
+        done.append(node.name)
+    if done:
+        gm.recompile()
+    return done
 
 
 def compile(model=None, **kwargs):  # noqa: A001 (mirrors torch.compile)
