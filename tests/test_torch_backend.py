@@ -153,6 +153,7 @@ def test_float_reaching_a_non_tensor_argument_is_specialized_without_a_restart(m
     m = M()
     torch._dynamo.reset()
     cm = torch.compile(m, backend="dvm", dynamic=True)
+    specialized = counters.snapshot().get("torch_float_inputs_specialized", 0)
     for n, eps in ((5, 1e-5), (9, 0.5), (17, 2.0)):
         m.eps = eps
         q = torch.randn(2, n, 8)
@@ -161,6 +162,7 @@ def test_float_reaching_a_non_tensor_argument_is_specialized_without_a_restart(m
     placeholders = {n.name: len(n.users) for n in calls[0].graph.nodes if n.op == "placeholder"}
     assert [k for k, users in placeholders.items() if "scale" in k and users == 0], placeholders
     assert [k for k, users in placeholders.items() if "eps" in k and users > 0], placeholders
+    assert counters.snapshot().get("torch_float_inputs_specialized", 0) == specialized + 1
     m.scale = 0.5   # the guard on the specialized value: recompiles, uses the new scale
     q = torch.randn(2, 6, 8)
     torch.testing.assert_close(cm(q), m(q))
