@@ -58,7 +58,7 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
     `scaling`) as 0-d tensors read by `.item()`. Where such a float reaches a non-tensor argument
     (sdpa's `scale`, embedding's `norm_type`), the tensorify pass, after the whole AOT trace,
     raises TensorifyScalarRestartAnalysis: Dynamo traces the frame again with the float a
-    constant. That second trace was ~40 % of the tiny Llama's first call (6.3 s). Here the
+    constant. That second trace was ~45 % of the tiny Llama's first call (5.6 s). Here the
     `.item()` of such an input is replaced by its value under a guard (guard_scalar: a changed
     value recompiles, as after the restart) and the float is marked specialized, so the pass has
     nothing left to restart for; the 0-d input stays, unused. The same rewrite Dynamo itself does
