@@ -74,11 +74,11 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "placeholder":
             continue
         memo = getattr(node.meta.get("example_value"), "item_memo", None)
-        if not isinstance(memo, torch.SymFloat) or not node.users or \
+        if not isinstance(memo, torch.SymFloat) or \
                 not all(u.op == "call_method" and u.target == "item" for u in node.users):
             continue
         if all(use.op == "call_function" and use.target in _TENSORIFIABLE for u in node.users for use in u.users):
-            continue
+            continue   # (an unused input too: nothing to specialize)
         symbol = getattr(memo.node._expr, "name", None)
         if symbol is None:
             continue
