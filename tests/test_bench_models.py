@@ -66,6 +66,11 @@ def test_bench_models_quick(tmp_path, capsys):
             v = s["buckets"]["1"][bk]
             assert v is None or _finite(v)
         assert not s["recompile_limit_hit"]
+    # the compiled system's steady-state calls alternate with eager calls: ratios per bucket
+    assert per["eager"]["speedup_vs_eager"] is None
+    assert all(_finite(x["eager_median_s"]) for x in per["dvm"]["steady"])
+    assert all(v is None or (_finite(v) and v > 0) for v in per["dvm"]["speedup_vs_eager"]["1"].values())
+    assert "Speed-up over eager timed side by side" in open(paths["md"]).read()
     d = per["dvm"]
     assert d["within_tolerance"] and _finite(d["max_abs_err"]) and d["max_abs_err"] <= 1e-3
     assert d["backend_compile_first_s"] > 0 and d["backend_compiles"] >= 1
@@ -93,3 +98,4 @@ def test_demo_without_inductor(capsys):
     out = capsys.readouterr().out
     assert "DVM (dynamic=True)" in out and "eager" in out and "Inductor dynamic=True" not in out
     assert "match eager" in out and "FAILED" not in out
+    assert "DVM (dynamic=True): speed-up over eager" in out

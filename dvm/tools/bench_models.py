@@ -22,7 +22,9 @@ counting wrapper backend; Dynamo's counters["stats"]["unique_graphs"] is recorde
 Dynamo hit its recompile limit (it then runs the frame eagerly for good: reported, never hidden);
 the maximum absolute error of the logits against eager over the stream; and the steady-state
 latency of every (batch, length) of the stream (median of repeated calls after the stream),
-summarised per length bucket. For DVM, the kernels of the compiled graph: segments (VM launches
+summarised per length bucket. A compiled system's steady-state calls each follow an eager call on
+the same input, timed too: its speed-up over eager comes from pairs that saw the same machine
+speed, while the systems themselves run minutes apart (bench_models_report). For DVM, the kernels of the compiled graph: segments (VM launches
 per forward), vector kernels, cube (matmul) ops run through PyTorch, fallback ops with reasons.
 
 Backend compile time: Inductor's is the time spent in compile_fx_inner (lowering, code generation,
@@ -50,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads, save_figure,
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
                            set_vm_threads, vm_extra)
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
@@ -258,6 +260,28 @@ class _Run:
     def log(self, msg: str) -> None:
         progress(self.bench, f"{msg}  [{time.perf_counter() - self.t_start:.1f} s]", self.quiet)
 
+    def steady(self, fn, eager, stream) -> list[dict]:
+        """Every (batch, length) of the stream again, `repeat` timed calls each. With `eager` (the
+        uncompiled model), each call of fn follows an eager call on the same input, timed too: the
+        pair sees the same machine speed, so their ratio does not drift with it."""
+        steady = []
+        for b, L in sorted(set(stream)):
+            ids = _ids(b, L, self.seed)
+            ts, te = [], []
+            for _ in range(self.repeat):
+                if eager is not None:
+                    t0 = time.perf_counter()
+                    eager(input_ids=ids)
+                    te.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                fn(input_ids=ids)
+                ts.append(time.perf_counter() - t0)
+            rec = {"batch": b, "length": L, "median_s": float(np.median(ts)), "min_s": min(ts)}
+            if te:
+                rec["eager_median_s"] = float(np.median(te))
+            steady.append(rec)
+        return steady
+
     def system(self, name: str, model, model_name: str, stream, reference: dict | None,
                cache_dir: str | None = None) -> tuple[dict, dict]:
         """Run the stream (and then the steady-state timings) under one system."""
@@ -328,17 +352,9 @@ class _Run:
                              + (f" ({new} new graph(s), backend compile {fmt_time(comp)})" if new else ""))
                 stream_s = time.perf_counter() - t_stream
                 graphs_stream = graphs()
-                # steady state: every (batch, length) of the stream again, `repeat` timed calls each
-                steady = []
-                for b, L in sorted(set(stream)):
-                    ids = _ids(b, L, self.seed)
-                    ts = []
-                    for _ in range(self.repeat):
-                        t0 = time.perf_counter()
-                        fn(input_ids=ids)
-                        ts.append(time.perf_counter() - t0)
-                    steady.append({"batch": b, "length": L, "median_s": float(np.median(ts)), "min_s": min(ts)})
-                self.log(f"{tag}: steady state timed ({len(steady)} shapes x {self.repeat})")
+                steady = self.steady(fn, model if name != "eager" else None, stream)
+                self.log(f"{tag}: steady state timed ({len(steady)} shapes x {self.repeat}"
+                         + (", each call beside an eager call)" if name != "eager" else ")"))
         finally:
             dlog.removeHandler(watcher)
             if timer is not None:
@@ -357,7 +373,8 @@ class _Run:
                "recompile_limit_messages": watcher.messages[:4] + [f"{k} x{v}" for k, v in limit_keys.items()],
                "max_abs_err": None if reference is None else (max_err if math.isfinite(max_err) else None),
                "within_tolerance": True if reference is None else not bad,
-               "mismatches": bad[:10], "steady": steady, "buckets": _buckets(steady)}
+               "mismatches": bad[:10], "steady": steady, "buckets": _buckets(steady),
+               "speedup_vs_eager": _buckets(steady, paired=True) if name != "eager" else None}
         if name.startswith("inductor"):
             res["inductor_compile_fx_total_s"] = stats.wrapper_s
             res["dynamic"] = True if "dynamic" in name else None
@@ -388,13 +405,15 @@ class _Run:
         return res, outputs
 
 
-def _buckets(steady: list[dict]) -> dict:
-    """{batch: {bucket: median over the bucket's lengths of their steady-state medians}}."""
+def _buckets(steady: list[dict], paired: bool = False) -> dict:
+    """{batch: {bucket: median over the bucket's lengths of their steady-state medians}}; paired:
+    of eager's median / the system's, both timed side by side (> 1: faster than eager)."""
     out: dict = {}
     for b in sorted({s["batch"] for s in steady}):
         row = {}
         for lo, hi in BUCKETS:
-            vals = [s["median_s"] for s in steady if s["batch"] == b and lo <= s["length"] <= hi]
+            at = [s for s in steady if s["batch"] == b and lo <= s["length"] <= hi]
+            vals = [s["eager_median_s"] / s["median_s"] for s in at] if paired else [s["median_s"] for s in at]
             row[f"{lo}-{hi}"] = float(np.median(vals)) if vals else None
         out[str(b)] = row
     return out
@@ -532,180 +551,6 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
     }
 
 
-# ---------------------------------------------------------------------------------------------
-def _t(x) -> str:
-    return fmt_time(x) if isinstance(x, (int, float)) and x is not None else "—"
-
-
-def summary_rows(report: dict, model: str) -> list[list[str]]:
-    rows = []
-    for name in report["systems"]:
-        s = report["models"][model]["systems"].get(name)
-        if s is None:
-            continue
-        if "error" in s:
-            rows.append([LABELS[name], f"**FAILED**: {s['error'][:80]}"] + ["—"] * 7)
-            continue
-        if name == "eager":
-            comp = "—"
-            graphs = "—"
-        else:
-            comp = f"{_t(s['backend_compile_first_s'])} / {_t(s['tracing_first_s'])}"
-            graphs = f"{s['graphs']} ({s['recompiles']} recompiles)"
-            if s["recompile_limit_hit"]:
-                graphs += " **limit hit: rest runs eager**"
-        err = "—" if s["max_abs_err"] is None else f"{s['max_abs_err']:.2g}" + ("" if s["within_tolerance"] else " **FAIL**")
-        extra = "—"
-        if name == "dvm" and s.get("dvm", {}).get("main_graph"):
-            g = s["dvm"]["main_graph"]
-            extra = (f"{g['vector_kernels']} vector kernels in {g['segments']} launches, {g['cube_ops']} matmuls, "
-                     f"{g['fallback_ops']} fallbacks")
-        rows.append([LABELS[name], _t(s["first_call_s"]), comp, _t(s["backend_compile_total_s"] if name != "eager" else None),
-                     _t(s["stream_total_s"]), graphs, err, extra])
-    return rows
-
-
-SUMMARY_HEAD = ["system", "first call", "its backend compile / tracing+run", "backend compile (stream)",
-                "total stream", "graphs compiled", "max abs err vs eager", "DVM kernels"]
-
-
-def _table(head: list[str], rows: list[list[str]], align=None) -> list[str]:
-    align = align or (["---"] + ["---:"] * (len(head) - 1))
-    return ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"] + \
-           ["| " + " | ".join(r) + " |" for r in rows]
-
-
-def steady_rows(report: dict, model: str) -> tuple[list[str], list[list[str]]]:
-    head = ["system"] + [f"b={b} L {bk}" for b in report["batches"] for bk in report["buckets"]]
-    rows = []
-    for name in report["systems"]:
-        s = report["models"][model]["systems"].get(name)
-        if s is None or "error" in s:
-            continue
-        cells = []
-        for b in report["batches"]:
-            for bk in report["buckets"]:
-                cells.append(_t(s["buckets"].get(str(b), {}).get(bk)))
-        rows.append([LABELS[name]] + cells)
-    return head, rows
-
-
-def markdown(report: dict) -> str:
-    m = report["machine"]
-    load = report["loadavg_1min"]
-    lines = [
-        "# dvm bench models",
-        "",
-        f"{report['date']}; {m['cpu']}, {m['cores']} cores; torch {report['versions']['torch']} "
-        f"({report['threads']} thread(s): torch and DVM's CPU VM), transformers {report['versions']['transformers']}; DVM VM "
-        f"**{report['vm']}**; 1-min load {load['start']} at start, {load['end']} at end; "
-        f"{report['seconds']:.0f} s in all.",
-        "",
-        f"Stream: {len(report['lengths'])} random sequence lengths in 1 … {max(report['lengths'])} "
-        f"(1 included) × batch sizes {report['batches']} = {len(report['stream'])} calls per system, in random "
-        f"order, inference (eval, no_grad, use_cache=False), float32, random weights. Each system starts "
-        f"from a fresh Dynamo state. *first call*: the first call of the stream (compiles included), split "
-        f"into the backend's own compile (Inductor: compile_fx_inner; DVM: building CompiledFx) and the rest "
-        f"(Dynamo + AOTAutograd tracing + the run). *total stream*: all calls of the stream, compiles "
-        f"included. *cold*: a fresh TORCHINDUCTOR_CACHE_DIR and cleared in-memory caches; *warm*: the same "
-        f"stream after torch._dynamo.reset() with the caches kept. *max abs err*: logits vs eager over the "
-        f"stream (tolerance rtol = atol = {report['tolerance']['rtol']:g}). Dynamo was warmed up on a trivial "
-        f"function before any system ({report['dynamo_warmup_s']:.1f} s, not charged).",
-    ]
-    fi = report.get("inductor_first_compile_in_process")
-    if fi:
-        lines += ["", f"The first Inductor compile in the process ({fi['model']}, {LABELS[fi['system']]}) "
-                      f"also pays Inductor's start-up: first call {_t(fi['first_call_s'])}."]
-    loads = [v for v in load.values() if v is not None]
-    if loads and m["cores"] and max(loads) > 0.5 * m["cores"]:
-        lines += ["", f"**Warning: the machine was busy** (1-min load average up to {max(loads)} on "
-                      f"{m['cores']} cores): other processes competed for the cores; timings are inflated "
-                      "and noisier than on an idle machine."]
-    for model, mr in report["models"].items():
-        lines += ["", f"## {model}: {mr['what']}", ""]
-        lines += _table(SUMMARY_HEAD, summary_rows(report, model), ["---"] + ["---:"] * 6 + ["---"])
-        head, rows = steady_rows(report, model)
-        lines += ["", "Steady-state latency per call (median over the bucket's lengths of each length's "
-                      f"median of {report['repeat']} calls after the stream):", ""]
-        lines += _table(head, rows)
-        d = mr["systems"].get("dvm", {})
-        if "dvm" in d:
-            dv = d["dvm"]
-            g = dv.get("main_graph")
-            lines += [""]
-            if g:
-                lines.append(f"DVM graph: {g['segments']} DVM segment(s) (one VM launch each, sequence-stacked), "
-                             f"{g['vector_kernels']} vector kernels, {g['cube_ops']} matmuls through PyTorch, "
-                             f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms.")
-                for why, k in sorted(g["fallbacks"].items()):
-                    lines.append(f"- fallback {why} ×{k}")
-                for why, k in sorted(g.get("pytorch_by_plan", {}).items()):
-                    lines.append(f"- in PyTorch by plan (not a fallback) {why} ×{k}")
-                for kind, k in sorted(g.get("patterns", {}).items()):
-                    lines.append(f"- recognized {kind} ×{k} (lowered whole)")
-            lines.append(f"DVM graphs compiled: {d['graphs']} (size-1 patterns in the stream: "
-                         f"{dv['size1_patterns']}; recompiles beyond Dynamo's size-1 specializations: "
-                         f"{dv['recompiles_beyond_size1']}).")
-            if dv["graph_fallbacks"]:
-                lines.append(f"**Whole graphs fell back to PyTorch**: {dv['graph_fallbacks']}")
-        for name in report["systems"]:
-            s = mr["systems"].get(name, {})
-            if s.get("recompile_limit_hit"):
-                lines.append(f"\n**{LABELS[name]}: Dynamo hit its recompile limit**; from then on the frame "
-                             f"runs eagerly (no Inductor): {'; '.join(s['recompile_limit_messages'][:2])}")
-            if s.get("mismatches"):
-                lines.append(f"\n**{LABELS[name]}: outside tolerance**: {'; '.join(s['mismatches'][:3])}")
-    if report["failures"]:
-        lines += ["", "## Failures", ""] + [f"- {f}" for f in report["failures"]]
-    return "\n".join(lines)
-
-
-def plot(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(report["models"])
-    batches = report["batches"]
-    colors = dict(zip(SYSTEMS, plt.get_cmap("tab10").colors))
-    fig, axes = plt.subplots(len(models), len(batches) + 1, figsize=(6 * (len(batches) + 1), 4.2 * len(models)),
-                             squeeze=False)
-    for i, model in enumerate(models):
-        per = report["models"][model]["systems"]
-        for j, b in enumerate(batches):
-            ax = axes[i, j]
-            for name in report["systems"]:
-                s = per.get(name, {})
-                pts = sorted((x["length"], x["median_s"]) for x in s.get("steady", []) if x["batch"] == b)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker=".", label=LABELS[name],
-                            color=colors[name], linestyle="--" if name.endswith("_warm") else "-")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length")
-            ax.set_ylabel("steady-state latency (ms)")
-            ax.set_title(f"{model}, batch {b}")
-            ax.grid(alpha=0.3)
-            if j == 0:
-                ax.legend(fontsize=7)
-        ax = axes[i, -1]
-        names = [n for n in report["systems"] if "stream_total_s" in per.get(n, {})]
-        vals = [per[n]["stream_total_s"] for n in names]
-        comp = [per[n]["backend_compile_total_s"] for n in names]
-        x = np.arange(len(names))
-        ax.bar(x, vals, color=[colors[n] for n in names])
-        ax.bar(x, comp, color="none", edgecolor="k", hatch="//", label="of which backend compile")
-        for k, v in enumerate(vals):
-            ax.text(k, v, f"{v:.1f} s", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(x, [SHORT[n] for n in names], fontsize=7)
-        ax.set_ylabel("total stream time (s)")
-        ax.set_title(f"{model}: {len(report['stream'])} calls, compiles included")
-        ax.legend(fontsize=7)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"dvm bench models — {report['machine']['cpu']}, load {report['loadavg_1min']['start']}", fontsize=9)
-    save_figure(fig, path)
-
-
 def parse_list(text: str, what: str, choices=None, cast=str) -> list:
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not items:
@@ -739,4 +584,5 @@ def main(models=None, n_lengths: int | None = None, batches=None, seed: int = 0,
         repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
     report = run(models=models, n_lengths=n_lengths, batches=batches, seed=seed, inductor=inductor, repeat=repeat,
                  threads=threads)
+    from .bench_models_report import markdown, plot
     return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "model(s)")

@@ -5,8 +5,9 @@ The model demo (the default) is a short `dvm bench models`: a tiny Hugging Face 
 weights, no downloads) over DEMO_LENGTHS random sequence lengths at batch sizes 1 and 3, eagerly,
 under torch.compile(backend="dvm", dynamic=True), and under Inductor with dynamic=True (a fresh
 cache; skipped with --no-inductor). It prints first-call time (backend compile vs Dynamo/AOT
-tracing), total stream time, steady-state latency, graphs compiled, the max abs error of the
-logits vs eager, and DVM's kernels and fallbacks; it exits 1 if DVM's logits differ from eager's
+tracing), total stream time, steady-state latency (and each compiled system's speed-up over eager
+timed side by side), graphs compiled, the max abs error of the logits vs eager, and DVM's kernels
+and fallbacks; it exits 1 if DVM's logits differ from eager's
 beyond rtol = atol = 1e-4 (fused f32 reductions sum in another order, see tests/test_hf_models.py).
 Lengths start at 2: a length of 1 is one more Dynamo specialization (one more graph) for every
 compiled system, and each costs Inductor seconds; `dvm bench models` includes it.
@@ -16,8 +17,9 @@ repeated shape is a cache hit. Every result is checked against a NumPy float64 r
 passes if it is within the float32 tolerances of torch.testing.assert_close (rtol 1.3e-6,
 atol 1e-5), or if its error is no more than twice that of the same formula computed eagerly in
 NumPy float32 (a LayerNorm over 2 nearly equal values amplifies float32 rounding by 1/std, for
-eager code just as for DVM). The demo exits non-zero if any result fails. Shapes are small because the reference VM (NumPy, a Python loop
-per tile) is the only VM so far.
+eager code just as for DVM). The demo exits non-zero if any result fails. It runs on the selected
+VM (DVM_VM; the CPU VM by default); shapes stay small so that DVM_VM=reference (NumPy, a Python
+loop per tile) runs it in seconds too.
 """
 from __future__ import annotations
 
@@ -194,6 +196,11 @@ def run_model_demo(seed: int = 0, inductor: bool = True, out=None, n_lengths: in
             continue
         rows.append([bm.LABELS[name]] + [fmt_time(s["buckets"][str(b)][k]) if s["buckets"][str(b)][k] else "-"
                                          for b in report["batches"] for k in bk])
+    for name in report["systems"]:   # ratios to eager calls timed alternately with the system's
+        sp = per[name].get("speedup_vs_eager")
+        if sp:
+            rows.append([f"{bm.LABELS[name]}: speed-up over eager"] +
+                        [f"{sp[str(b)][k]:.2f}x" if sp[str(b)][k] else "-" for b in report["batches"] for k in bk])
     for line in _fmt_table(head, rows):
         print(line, file=out)
     d = per.get("dvm", {})
