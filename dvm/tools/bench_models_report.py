@@ -14,7 +14,9 @@ from .bench_models import LABELS, SHORT, SYSTEMS
 
 
 def _t(x) -> str:
-    return fmt_time(x) if isinstance(x, (int, float)) and x is not None else "—"
+    if not isinstance(x, (int, float)):
+        return "—"
+    return fmt_time(x) if x >= 0 else "-" + fmt_time(-x)   # a difference of noisy times can be < 0
 
 
 def summary_rows(report: dict, model: str) -> list[list[str]]:
@@ -86,6 +88,17 @@ def paired_rows(report: dict, model: str) -> list[list[str]]:
     return rows
 
 
+def new_size_extra(s: dict) -> float | None:
+    """What a size seen for the first time costs without a compile: the median over the stream's
+    calls that compiled no graph (each (batch, length) occurs once in the stream) of the call's
+    time minus that shape's steady-state median. For DVM: encoding, verifying and binding the
+    Programs of every segment (runtime.compiled.Launch), once per size."""
+    steady = {(x["batch"], x["length"]): x["median_s"] for x in s.get("steady", [])}
+    extra = [c["s"] - steady[(c["batch"], c["length"])] for c in s.get("calls", [])
+             if c["new_graphs"] == 0 and (c["batch"], c["length"]) in steady]
+    return float(np.median(extra)) if extra else None
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     load = report["loadavg_1min"]
@@ -129,6 +142,12 @@ def markdown(report: dict) -> str:
                       "system's; above 1: faster than eager). Unlike the latencies above, measured minutes "
                       "apart, these ratios do not drift with the machine's speed during the run:", ""]
         lines += _table(head, paired_rows(report, model))
+        extras = [(LABELS[n], new_size_extra(mr["systems"][n])) for n in report["systems"]
+                  if "error" not in mr["systems"].get(n, {"error": 1})]
+        lines += ["", "A size seen for the first time, without a compile (median over the stream's calls "
+                      "that compiled no graph of the call's time minus that shape's steady-state median; "
+                      "a few hundred microseconds either way is noise): "
+                  + "; ".join(f"{name} {_t(v)}" for name, v in extras if v is not None) + "."]
         d = mr["systems"].get("dvm", {})
         if "dvm" in d:
             dv = d["dvm"]
