@@ -24,8 +24,9 @@ the maximum absolute error of the logits against eager over the stream; and the 
 latency of every (batch, length) of the stream (median of repeated calls after the stream),
 summarised per length bucket. A compiled system's steady-state calls each follow an eager call on
 the same input, timed too: its speed-up over eager comes from pairs that saw the same machine
-speed, while the systems themselves run minutes apart (bench_models_report). For DVM, the kernels of the compiled graph: segments (VM launches
-per forward), vector kernels, cube (matmul) ops run through PyTorch, fallback ops with reasons.
+speed, while the systems themselves run minutes apart (bench_models_report). For DVM, the
+kernels of the compiled graph: segments (VM launches per forward), vector kernels, cube (matmul)
+ops run through PyTorch, fallback ops with reasons.
 
 Backend compile time: Inductor's is the time spent in compile_fx_inner (lowering, code generation,
 C++ compilation; a warm cache hit may skip it), measured by a wrapper backend that calls
