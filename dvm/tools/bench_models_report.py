@@ -7,6 +7,8 @@ minutes long on a shared machine, cancels out of that ratio).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .bench_common import fmt_time, save_figure
@@ -57,34 +59,21 @@ def _table(head: list[str], rows: list[list[str]], align=None) -> list[str]:
            ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def steady_rows(report: dict, model: str) -> tuple[list[str], list[list[str]]]:
-    head = ["system"] + [f"b={b} L {bk}" for b in report["batches"] for bk in report["buckets"]]
+def bucket_head(report: dict) -> list[str]:
+    return [f"b={b} L {bk}" for b in report["batches"] for bk in report["buckets"]]
+
+
+def bucket_rows(report: dict, model: str, key: str, cell: Callable[[float], str], none: str = "—",
+                suffix: str = "") -> list[list[str]]:
+    """A row per system that has per-bucket values under `key` ("buckets": latencies;
+    "speedup_vs_eager": the paired ratios, compiled systems only), each value through `cell`."""
     rows = []
     for name in report["systems"]:
         s = report["models"][model]["systems"].get(name)
-        if s is None or "error" in s:
+        if s is None or "error" in s or not s.get(key):
             continue
-        cells = []
-        for b in report["batches"]:
-            for bk in report["buckets"]:
-                cells.append(_t(s["buckets"].get(str(b), {}).get(bk)))
-        rows.append([LABELS[name]] + cells)
-    return head, rows
-
-
-def paired_rows(report: dict, model: str) -> list[list[str]]:
-    """Each compiled system's speed-up over eager timed side by side, per bucket (x.xx)."""
-    rows = []
-    for name in report["systems"]:
-        s = report["models"][model]["systems"].get(name)
-        if name == "eager" or s is None or not s.get("speedup_vs_eager"):
-            continue
-        cells = []
-        for b in report["batches"]:
-            for bk in report["buckets"]:
-                v = s["speedup_vs_eager"].get(str(b), {}).get(bk)
-                cells.append("—" if v is None else f"{v:.2f}")
-        rows.append([LABELS[name]] + cells)
+        vals = [s[key].get(str(b), {}).get(bk) for b in report["batches"] for bk in report["buckets"]]
+        rows.append([LABELS[name] + suffix] + [none if v is None else cell(v) for v in vals])
     return rows
 
 
@@ -133,15 +122,15 @@ def markdown(report: dict) -> str:
     for model, mr in report["models"].items():
         lines += ["", f"## {model}: {mr['what']}", ""]
         lines += _table(SUMMARY_HEAD, summary_rows(report, model), ["---"] + ["---:"] * 6 + ["---"])
-        head, rows = steady_rows(report, model)
+        head = ["system"] + bucket_head(report)
         lines += ["", "Steady-state latency per call (median over the bucket's lengths of each length's "
                       f"median of {report['repeat']} calls after the stream):", ""]
-        lines += _table(head, rows)
+        lines += _table(head, bucket_rows(report, model, "buckets", _t))
         lines += ["", "Speed-up over eager timed side by side (each timed call of the system follows an "
                       "eager call on the same input; median over the bucket's lengths of eager's median / the "
                       "system's; above 1: faster than eager). Unlike the latencies above, measured minutes "
                       "apart, these ratios do not drift with the machine's speed during the run:", ""]
-        lines += _table(head, paired_rows(report, model))
+        lines += _table(head, bucket_rows(report, model, "speedup_vs_eager", lambda v: f"{v:.2f}"))
         extras = [(LABELS[n], new_size_extra(mr["systems"][n])) for n in report["systems"]
                   if "error" not in mr["systems"].get(n, {"error": 1})]
         lines += ["", "A size seen for the first time, without a compile (median over the stream's calls "

@@ -154,6 +154,7 @@ def run_model_demo(seed: int = 0, inductor: bool = True, out=None, n_lengths: in
                    batches=DEMO_BATCHES, repeat: int = DEMO_REPEAT) -> int:
     from . import bench_models as bm
     from .bench_common import fmt_time
+    from .bench_models_report import bucket_head, bucket_rows
     out = out or sys.stdout
     lengths = _demo_lengths(n_lengths, seed)
     systems = "eager, DVM" + (", Inductor dynamic=True (cold cache)" if inductor else "")
@@ -187,20 +188,10 @@ def run_model_demo(seed: int = 0, inductor: bool = True, out=None, n_lengths: in
     for line in _fmt_table(head, rows):
         print(line, file=out)
     print(file=out)
-    bk = report["buckets"]
-    head = ["steady state per call"] + [f"b={b} L {k}" for b in report["batches"] for k in bk]
-    rows = []
-    for name in report["systems"]:
-        s = per[name]
-        if "error" in s:
-            continue
-        rows.append([bm.LABELS[name]] + [fmt_time(s["buckets"][str(b)][k]) if s["buckets"][str(b)][k] else "-"
-                                         for b in report["batches"] for k in bk])
-    for name in report["systems"]:   # ratios to eager calls timed alternately with the system's
-        sp = per[name].get("speedup_vs_eager")
-        if sp:
-            rows.append([f"{bm.LABELS[name]}: speed-up over eager"] +
-                        [f"{sp[str(b)][k]:.2f}x" if sp[str(b)][k] else "-" for b in report["batches"] for k in bk])
+    head = ["steady state per call"] + bucket_head(report)
+    rows = bucket_rows(report, "llama", "buckets", fmt_time, "-")
+    # ratios to eager calls timed alternately with the system's (bench_models._Run.steady)
+    rows += bucket_rows(report, "llama", "speedup_vs_eager", lambda v: f"{v:.2f}x", "-", ": speed-up over eager")
     for line in _fmt_table(head, rows):
         print(line, file=out)
     d = per.get("dvm", {})
