@@ -39,6 +39,18 @@ def test_stream_lengths():
     assert sorted(stream) == sorted((b, L) for L in lengths for b in (1, 3))
 
 
+def test_compare_logits():
+    """The stream's check against eager: within rtol = atol = 1e-4, a value outside it, a shape."""
+    import torch
+    want = torch.tensor([[1.0, -2.0], [1e3, 0.0]])
+    err, why = bench_models._compare(want + 5e-5, want)
+    assert 0 < err < 1e-4 and why == ""
+    err, why = bench_models._compare(want + torch.tensor([[0.0, 0.0], [0.0, 1e-3]]), want)
+    assert err == pytest.approx(1e-3) and why.startswith("max abs err")
+    err, why = bench_models._compare(want[:1], want)
+    assert err == math.inf and why == "shape (1, 2) vs (2, 2)"
+
+
 def test_bench_models_quick(tmp_path, capsys):
     paths = {k: str(tmp_path / f"models.{k}") for k in ("json", "md", "png")}
     assert main(["bench", "models", "--quick", "--json", paths["json"], "--md", paths["md"],

@@ -251,6 +251,30 @@ def _dvm_graph_info(cfx) -> dict:
             "compile_s": cfx.compile_s}
 
 
+def _dvm_result(stats: "_Stats", before: dict, after: dict, stream, graphs_stream: int) -> dict:
+    """DVM's part of a system record: the compiled graphs, the stream's counter deltas (fallbacks
+    of whole graphs apart), and the recompiles beyond Dynamo's size-1 specializations."""
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int) and v != before.get(k, 0)}
+    infos = [_dvm_graph_info(c) for c in stats.compiled if hasattr(c, "segments")]
+    main = max(infos, key=lambda x: x["vector_kernels"] + x["cube_ops"] + x["fallback_ops"], default=None)
+    size1 = len({(b == 1, L == 1) for b, L in stream})
+    return {"graphs": infos, "main_graph": main,
+            "graph_fallbacks": {k: v for k, v in delta.items() if k.startswith("fallback:graph:")},
+            "counters": {k: v for k, v in sorted(delta.items())
+                         if not k.startswith(("view:", "python:", "fallback:", "cube:"))},
+            "size1_patterns": size1, "recompiles_beyond_size1": max(0, graphs_stream - size1)}
+
+
+def _compare(logits, want) -> tuple[float, str]:
+    """(max abs error, "" or why the logits are outside rtol = atol = RTOL / ATOL of eager's)."""
+    if tuple(logits.shape) != tuple(want.shape):
+        return math.inf, f"shape {tuple(logits.shape)} vs {tuple(want.shape)}"
+    err = (logits - want).abs()
+    worst = float(err.max()) if err.numel() else 0.0
+    inside = bool((err <= ATOL + RTOL * want.abs()).all())
+    return worst, "" if inside else f"max abs err {worst:.3g}"
+
+
 # ---------------------------------------------------------------------------------------------
 class _Run:
     def __init__(self, repeat: int, seed: int, quiet: bool, bench: str = "models"):
@@ -340,15 +364,10 @@ class _Run:
                     if outputs is not None:
                         outputs[(b, L)] = logits
                     else:
-                        want = reference[(b, L)]
-                        if tuple(logits.shape) != tuple(want.shape):
-                            bad.append(f"b={b} L={L}: shape {tuple(logits.shape)} vs {tuple(want.shape)}")
-                            max_err = math.inf
-                        else:
-                            err = (logits - want).abs()
-                            max_err = max(max_err, float(err.max()))
-                            if not bool((err <= ATOL + RTOL * want.abs()).all()):
-                                bad.append(f"b={b} L={L}: max abs err {float(err.max()):.3g}")
+                        err, why = _compare(logits, reference[(b, L)])
+                        max_err = max(max_err, err)
+                        if why:
+                            bad.append(f"b={b} L={L}: {why}")
                     self.log(f"{tag}: [{i + 1}/{len(stream)}] batch {b} length {L}: {fmt_time(dt)}"
                              + (f" ({new} new graph(s), backend compile {fmt_time(comp)})" if new else ""))
                 stream_s = time.perf_counter() - t_stream
@@ -381,19 +400,7 @@ class _Run:
             res["dynamic"] = True if "dynamic" in name else None
             res["cache"] = "cold" if name.endswith("_cold") else "warm"
         if name == "dvm":
-            after = dvm_counters.snapshot()
-            delta = {k: v - dvm_before.get(k, 0) for k, v in after.items()
-                     if isinstance(v, int) and v != dvm_before.get(k, 0)}
-            infos = [_dvm_graph_info(c) for c in stats.compiled if hasattr(c, "segments")]
-            main = max(infos, key=lambda x: x["vector_kernels"] + x["cube_ops"] + x["fallback_ops"], default=None)
-            res["dvm"] = {
-                "graphs": infos, "main_graph": main,
-                "graph_fallbacks": {k: v for k, v in delta.items() if k.startswith("fallback:graph:")},
-                "counters": {k: v for k, v in sorted(delta.items())
-                             if not k.startswith(("view:", "python:", "fallback:", "cube:"))},
-                "size1_patterns": len({(b == 1, L == 1) for b, L in stream}),
-            }
-            res["dvm"]["recompiles_beyond_size1"] = max(0, graphs_stream - res["dvm"]["size1_patterns"])
+            res["dvm"] = _dvm_result(stats, dvm_before, dvm_counters.snapshot(), stream, graphs_stream)
         if name == "inductor_dynamic_cold" or name == "inductor_default_cold":
             if self.first_inductor is None:
                 self.first_inductor = {"model": model_name, "system": name, "first_call_s": first.get("first_call_s")}
