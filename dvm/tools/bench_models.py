@@ -48,13 +48,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from typing import Callable
 
 import numpy as np
 
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
                            set_vm_threads, vm_extra)
+from .bench_models_probes import LimitWatcher, Stats, TimeDvmCompiler, dvm_result, inductor_backend
 
 DEFAULT_JSON = os.path.join("bench-results", "models.json")
 DEFAULT_MD = os.path.join("bench-results", "models.md")
@@ -160,117 +160,12 @@ def _bucket(L: int) -> str:
     return f">{BUCKETS[-1][1]}"
 
 
-# ---------------------------------------------------------------------------------------------
-class _LimitWatcher(logging.Handler):
-    """Catches Dynamo's "hit config.recompile_limit" warning (the frame then runs eagerly)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        try:
-            msg = record.getMessage()
-        except Exception:  # pragma: no cover
-            return
-        if "recompile_limit" in msg or "cache_size_limit" in msg:
-            self.messages.append(msg.splitlines()[0] + " " + " ".join(
-                line.strip() for line in msg.splitlines()[1:3]))
-
-
-class _Stats:
-    def __init__(self):
-        self.graphs = 0
-        self.backend_s = 0.0          # the backend's own compile
-        self.backend_calls = 0
-        self.wrapper_s = 0.0          # Inductor: all of compile_fx (AOT tracing included)
-        self.compiled: list = []      # DVM: the CompiledFx objects
-
-
-def _inductor_backend(stats: _Stats):
-    """A Dynamo backend doing what backend="inductor" does (compile_fx), counting graphs and
-    timing compile_fx_inner (Inductor's own compile of each AOT graph)."""
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-    def inner(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return compile_fx_inner(*args, **kwargs)
-        finally:
-            stats.backend_s += time.perf_counter() - t0
-            stats.backend_calls += 1
-
-    def backend(gm, example_inputs):
-        t0 = time.perf_counter()
-        try:
-            out = compile_fx(gm, example_inputs, inner_compile=inner)
-        finally:
-            stats.wrapper_s += time.perf_counter() - t0
-        stats.graphs += 1
-        return out
-    return backend
-
-
-class _TimeDvmCompiler:
-    """Times DVM's compilers: wraps CompiledFx as dvm.frontend.torch_backend sees it."""
-
-    def __init__(self, stats: _Stats):
-        self.stats = stats
-
-    def __enter__(self):
-        from dvm.frontend import torch_backend as tb
-        self.tb, self.orig = tb, tb.CompiledFx
-        stats, orig = self.stats, self.orig
-
-        def timed(gm, example_inputs, kind):
-            t0 = time.perf_counter()
-            try:
-                obj = orig(gm, example_inputs, kind)
-            finally:
-                stats.backend_s += time.perf_counter() - t0
-                stats.backend_calls += 1
-            stats.compiled.append(obj)
-            return obj
-        tb.CompiledFx = timed
-        return self
-
-    def __exit__(self, *exc):
-        self.tb.CompiledFx = self.orig
-        return False
-
-
-def _dvm_graph_info(cfx) -> dict:
-    segs = cfx.segments
-    fallbacks = Counter(f"{s.node.target}: {s.reason}" for s in cfx.torch_steps if s.kind == "fallback")
-    cubes = Counter(str(s.node.target) for s in cfx.torch_steps if s.kind == "cube")
-    chosen = Counter(f"{s.node.target}: {s.reason}" for s in cfx.torch_steps if s.kind == "torch")
-    return {"kind": cfx.kind, "segments": len(segs), "vector_kernels": sum(s.n_kernels for s in segs),
-            "cube_ops": sum(cubes.values()), "cube": dict(cubes),
-            "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks), "pytorch_by_plan": dict(chosen),
-            "patterns": dict(Counter(p for s in segs for p in s.seg.patterns)),
-            "compile_s": cfx.compile_s}
-
-
-def _dvm_result(stats: "_Stats", before: dict, after: dict, stream, graphs_stream: int) -> dict:
-    """DVM's part of a system record: the compiled graphs, the stream's counter deltas (fallbacks
-    of whole graphs apart), and the recompiles beyond Dynamo's size-1 specializations."""
-    delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int) and v != before.get(k, 0)}
-    infos = [_dvm_graph_info(c) for c in stats.compiled if hasattr(c, "segments")]
-    main = max(infos, key=lambda x: x["vector_kernels"] + x["cube_ops"] + x["fallback_ops"], default=None)
-    size1 = len({(b == 1, L == 1) for b, L in stream})
-    return {"graphs": infos, "main_graph": main,
-            "graph_fallbacks": {k: v for k, v in delta.items() if k.startswith("fallback:graph:")},
-            "counters": {k: v for k, v in sorted(delta.items())
-                         if not k.startswith(("view:", "python:", "fallback:", "cube:"))},
-            "size1_patterns": size1, "recompiles_beyond_size1": max(0, graphs_stream - size1)}
-
-
 def _compare(logits, want) -> tuple[float, str]:
     """(max abs error, "" or why the logits are outside rtol = atol = RTOL / ATOL of eager's)."""
     if tuple(logits.shape) != tuple(want.shape):
         return math.inf, f"shape {tuple(logits.shape)} vs {tuple(want.shape)}"
     err = (logits - want).abs()
-    worst = float(err.max()) if err.numel() else 0.0
+    worst = float(err.max())
     inside = bool((err <= ATOL + RTOL * want.abs()).all())
     return worst, "" if inside else f"max abs err {worst:.3g}"
 
@@ -318,8 +213,8 @@ class _Run:
         tag = f"{model_name} {name}"
         torch._dynamo.reset()
         dynamo_counters.clear()
-        stats = _Stats()
-        watcher = _LimitWatcher()
+        stats = Stats()
+        watcher = LimitWatcher()
         dlog = logging.getLogger("torch._dynamo.convert_frame")
         dlog.addHandler(watcher)
         timer = None
@@ -327,14 +222,14 @@ class _Run:
         if name == "eager":
             fn = model
         elif name == "dvm":
-            timer = _TimeDvmCompiler(stats).__enter__()
+            timer = TimeDvmCompiler(stats).__enter__()
             fn = torch.compile(model, backend="dvm", dynamic=True)
         else:
             if name.endswith("_cold"):
                 from torch._inductor.utils import clear_caches
                 clear_caches()
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-            fn = torch.compile(model, backend=_inductor_backend(stats),
+            fn = torch.compile(model, backend=inductor_backend(stats),
                                dynamic=True if "dynamic" in name else None)
         self.log(f"{tag}: start ({LABELS[name]}{'; cache ' + cache_dir if cache_dir else ''})")
 
@@ -400,7 +295,7 @@ class _Run:
             res["dynamic"] = True if "dynamic" in name else None
             res["cache"] = "cold" if name.endswith("_cold") else "warm"
         if name == "dvm":
-            res["dvm"] = _dvm_result(stats, dvm_before, dvm_counters.snapshot(), stream, graphs_stream)
+            res["dvm"] = dvm_result(stats, dvm_before, dvm_counters.snapshot(), stream, graphs_stream)
         if name == "inductor_dynamic_cold" or name == "inductor_default_cold":
             if self.first_inductor is None:
                 self.first_inductor = {"model": model_name, "system": name, "first_call_s": first.get("first_call_s")}
