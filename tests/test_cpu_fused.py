@@ -204,6 +204,19 @@ def test_plans_are_shared_per_instruction_stream():
         descs[0].fuse[0, 0] = FK_ROWNORM
 
 
+def test_descriptor_from_the_stream_template_is_the_packed_descriptor():
+    """Later instances of a stream get their descriptor from the template packed for the first,
+    with the instance segments and work-unit count written in: the same words as packing whole."""
+    lays = [verify(layernorm.program(_f32(r, c), _f32(c), _f32(c))) for r, c in ((3, 1001), (17, 1001), (64, 77))]
+    lays += [verify(add_half.program(np.ones(n, np.float32))) for n in (64, 5000, 70000)]
+    for lay in lays:
+        argsz, descs, _, _ = cpu._prog(lay)
+        for d in descs:
+            assert np.array_equal(d.blob, cpu._pack(d, argsz))
+    assert lays[0].kernels[0].stream is lays[1].kernels[0].stream
+    assert lays[0].kernels[0].stream.derived["cpu_blob"] is lays[1].kernels[0].stream.derived["cpu_blob"]
+
+
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
     nan = np.isnan(want.astype(np.float32))
     if not np.array_equal(np.isnan(got.astype(np.float32)), nan):

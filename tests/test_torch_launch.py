@@ -143,3 +143,17 @@ def test_run_graph_is_generated_code():
     assert "args_list.clear()" in code
     assert code.count("= dvm_frontend_torch_runtime_run") == len(COMPILED[-1].segments) >= 1
     assert os.environ["DVM_VM"] == "cpu"
+
+
+def test_remembered_signatures_are_plain_tuples():
+    """The fast-path cache keeps keys the garbage collector stops tracking (a model keeps one per
+    segment and size): torch.Size is replaced by an equal plain tuple with the same hash."""
+    import gc
+    from dvm.frontend.torch_launch import _untracked_key, guarded_signature
+    key = guarded_signature({"s0": 3}, [torch.randn(3, 4), torch.randn(4)])
+    plain = _untracked_key(key)
+    assert plain == key and hash(plain) == hash(key)
+    assert not any(isinstance(x, torch.Size) for k in plain if isinstance(k, tuple) for x in k)
+    for _ in range(3):   # a collection untracks a tuple whose items are untracked already: inner first
+        gc.collect()
+    assert not gc.is_tracked(plain)

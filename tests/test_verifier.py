@@ -467,6 +467,29 @@ def test_stream_cache_respects_roles():
     assert (ei.value.rule, ei.value.index, ei.value.kernel) == ("store_target", 4, 1)
 
 
+def test_instances_of_one_stream_share_its_checked_stream():
+    """A kernel at a new size differs only in its instance words (BM, BN, sizes, operand offsets
+    and strides, constant values): its stream checks are a lookup, and its layout shares the
+    stream's read-only instruction array."""
+    a = dvm.verify(softmax.program(np.empty((3, 5), np.float32)))
+    b = dvm.verify(softmax.program(np.empty((7, 9), np.float32)))
+    assert a.kernels[0].stream is b.kernels[0].stream
+    assert a.kernels[0].instrs is b.kernels[0].instrs and not a.kernels[0].instrs.flags.writeable
+    assert (a.kernels[0].col_sizes, b.kernels[0].col_sizes) == ((5,), (9,))
+
+
+def test_stream_cache_does_not_hide_a_changed_instruction_at_a_new_size():
+    """The stream key holds every word but the instance words: a program at a cached stream's
+    new size with one instruction changed (a destination that is also a source) is checked."""
+    dvm.verify(softmax.program(np.empty((3, 5), np.float32)))
+    w = np.array(softmax.program(np.empty((7, 9), np.float32)).words, np.int64)
+    L = parse(w)
+    w[L["kernels"][0]["instr"][6] + 1] = 2    # 6 sub f3,f2,f1 -> sub f2,f2,f1
+    with pytest.raises(dvm.VerifyError) as ei:
+        dvm.verify(dvm.Program(w))
+    assert (ei.value.rule, ei.value.index) == ("dst_alias", 6)
+
+
 # ---------------------------------------------------------------------------------------------
 # Execution-time checks (dvm.execute = verify + check_buffers + run)
 

@@ -24,6 +24,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from math import prod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,8 +47,7 @@ ARG_ROLES = {ARG_IN: "in", ARG_OUT: "out", ARG_WS: "ws"}
 OPND_ARG, OPND_INDEX = 0, 1
 
 
-@dataclass(frozen=True)
-class Sweep:
+class Sweep(NamedTuple):   # tuples of ints: the garbage collector stops tracking them
     init: tuple[int, int]
     body: tuple[int, int]
     fin: tuple[int, int]
@@ -71,6 +71,9 @@ class KernelLayout:
     const_bank: np.ndarray
     const_bits: np.ndarray
     instrs: np.ndarray       # [n_instr, WORDS]
+    # the verifier's checked stream (codegen.verifier.Stream): the instance-independent parts,
+    # shared by every layout of the same stream, with what VMs derive from them (its `derived`)
+    stream: object = field(default=None, compare=False, repr=False)
 
     rows: int = field(init=False)   # product of row_sizes (1 when there are none)
     cols: int = field(init=False)
@@ -80,8 +83,7 @@ class KernelLayout:
         object.__setattr__(self, "cols", prod(self.col_sizes))
 
 
-@dataclass(frozen=True)
-class ArgInfo:
+class ArgInfo(NamedTuple):   # a tuple of ints: the garbage collector stops tracking it
     role: int
     dtype: int
     numel: int

@@ -1,7 +1,10 @@
 """The verifier: every Program passes it before any VM runs it.
 
-`verify(program)` checks the structure once per Program object and returns its ProgramLayout;
-`check_buffers(layout, buffers)` checks, before every execution, that the buffers match the
+`verify(program)` checks the structure once per Program object and returns its ProgramLayout.
+A kernel's stream checks (sections, operands, constants, instructions) are memoized on every
+word of its block but the instance words (BM, BN, sizes, operand offsets and strides, constant
+values) and on the arguments' roles and dtypes (Stream): a kernel at a new size pays only the
+header, size, single-tile, store-stride and bounds checks. `check_buffers(layout, buffers)` checks, before every execution, that the buffers match the
 argument table and that every element the program can touch lies inside its buffer.
 Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
 
@@ -13,6 +16,7 @@ Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import lru_cache
 from threading import Lock
 
 import numpy as np
@@ -26,7 +30,11 @@ from .program import (ARG_IN, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS,
                       KernelLayout, Program, ProgramLayout, Sweep)
 
 N_DTYPES = len(DType)
-_STREAM_CACHE: "OrderedDict[bytes, _Facts]" = OrderedDict()
+_NP_DTYPES = tuple(DType(c).np_dtype for c in range(N_DTYPES))
+# shared ArgInfo objects: a model keeps a layout per segment and size, and the garbage collector
+# walks every ArgInfo (a NamedTuple stays tracked); most repeat (inputs have numel 0)
+_arg_info = lru_cache(maxsize=4096)(ArgInfo)
+_STREAM_CACHE: "OrderedDict[bytes, Stream]" = OrderedDict()
 _STREAM_CACHE_SIZE = 4096
 _STREAM_LOCK = Lock()
 
@@ -62,7 +70,10 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
         pos += ARG_WORDS
         if role not in ARG_ROLES or not 0 <= dt < N_DTYPES or numel < 0:
             raise VerifyError("args", f"argument {a}: role {role}, dtype {dt}, numel {numel}")
-        args.append(ArgInfo(role, dt, numel))
+        args.append(_arg_info(role, dt, numel))
+    # what a stream's checks read of the argument table: the count, roles and dtypes (not sizes)
+    args_key = n_args.to_bytes(8, "little") + \
+        w[HEADER_WORDS:HEADER_WORDS + n_args * ARG_WORDS].reshape(n_args, ARG_WORDS)[:, :2].tobytes()
     kernels, prev_end = [], end_tables
     for k in range(n_kernels):
         off, length = head[pos], head[pos + 1]
@@ -71,22 +82,21 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
             raise VerifyError("kernel_table", f"kernel {k} at [{off}, {off + length}) does not follow "
                                               f"the previous block ending at {prev_end} inside {n} words")
         prev_end = off + length
-        kernels.append(_verify_kernel(w[off:off + length], args, k))
-    kernels, facts = [kl for kl, _ in kernels], [f for _, f in kernels]
+        kernels.append(_verify_kernel(w[off:off + length], args_key, args, k))
+    kernels, streams = [kl for kl, _ in kernels], [st for _, st in kernels]
     if prev_end != n:
         raise VerifyError("length", f"{n - prev_end} trailing words after the last kernel")
-    extents = _extents(args, kernels, facts)
+    extents = _extents(args, kernels, streams)
     for a, (info, ext) in enumerate(zip(args, extents)):
         if info.role != ARG_IN and ext is not None and (ext[0] < 0 or ext[1] >= info.numel):
             raise VerifyError("bounds", f"argument {a} ({ARG_ROLES[info.role]}) holds {info.numel} "
                                         f"elements but the program touches [{ext[0]}, {ext[1]}]")
-    checks = tuple((DType(a.dtype).np_dtype, a.role != ARG_IN, ext) for a, ext in zip(args, extents))
+    checks = tuple((_NP_DTYPES[a.dtype], a.role != ARG_IN, ext) for a, ext in zip(args, extents))
     return ProgramLayout(tuple(args), tuple(kernels), tuple(extents), checks)
 
 
-def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "_Facts"]:
-    lst = kw.tolist()
-    h = lst[:KHEAD_WORDS]
+def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "Stream"]:
+    h = kw[:KHEAD_WORDS].tolist()
     nr, nc, bm, bn, n_opnd, n_const, n_instr, n_sweeps = h[:8]
     nregs = tuple(h[8:12])
     nd = nr + nc
@@ -99,38 +109,59 @@ def _verify_kernel(kw: np.ndarray, args: list[ArgInfo], k: int) -> tuple[KernelL
         + CONST_WORDS * n_const + isa.WORDS * n_instr
     if need != len(kw):
         raise VerifyError("length", f"kernel block has {len(kw)} words, its header implies {need}", kernel=k)
-    pos = KHEAD_WORDS
-    dims = lst[pos:pos + nd]
-    pos += nd
+    dims = kw[KHEAD_WORDS:KHEAD_WORDS + nd].tolist()
     if any(d < 0 for d in dims):
         raise VerifyError("domain", f"negative size in {dims}", kernel=k)
-    prologue = (lst[pos], lst[pos + 1])
-    pos += 2
-    sweeps = []
-    for _ in range(n_sweeps):
-        s = lst[pos:pos + SWEEP_WORDS]
-        sweeps.append(Sweep((s[0], s[1]), (s[2], s[3]), (s[4], s[5])))
-        pos += SWEEP_WORDS
-    _check_sections(prologue, sweeps, n_instr, k)
-    pos0 = pos
+    stream = _stream(kw, args_key, args, k, (nd, n_sweeps, n_opnd, n_const))
+    pos = KHEAD_WORDS + nd + 2 + SWEEP_WORDS * n_sweeps
     opnd = kw[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
     pos += opnd_words * n_opnd
     consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
-    pos += CONST_WORDS * n_const
-    instrs = kw[pos:].reshape(n_instr, isa.WORDS)
-    _check_operands([lst[pos0 + j * opnd_words:pos0 + j * opnd_words + 3] for j in range(n_opnd)], args, k)
-    if n_const and (consts[:, 0].min() < 0 or consts[:, 0].max() >= len(isa.BANKS)):
-        raise VerifyError("constant", "constant with an unknown bank", kernel=k)
-    layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, prologue, tuple(sweeps),
-                          opnd[:, 0].copy(), opnd[:, 1].copy(), opnd[:, 2].copy(), opnd[:, 3].copy(),
-                          np.ascontiguousarray(opnd[:, 4:]), consts[:, 0].copy(), consts[:, 1].copy(),
-                          np.ascontiguousarray(instrs))
-    facts = _stream_facts(layout, args, k)
-    if facts.single_tile_at >= 0 and layout.cols > bn:
+    # the instance's own words are views of the (read-only) Program; the rest is the stream's
+    layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, stream.prologue, stream.sweeps,
+                          stream.opnd_kind, stream.opnd_arg, stream.opnd_dtype, opnd[:, 3],
+                          np.ascontiguousarray(opnd[:, 4:]), stream.const_bank, consts[:, 1], stream.instrs,
+                          stream)
+    if stream.single_tile_at >= 0 and layout.cols > bn:
         raise VerifyError("single_tile", f"single-tile instructions need every row in one tile, but "
-                                         f"{layout.cols} columns exceed BN={bn}", facts.single_tile_at, k)
-    _check_store_strides(layout, facts, k)
-    return layout, facts
+                                         f"{layout.cols} columns exceed BN={bn}", stream.single_tile_at, k)
+    _check_store_strides(layout, stream, k)
+    return layout, stream
+
+
+@lru_cache(maxsize=256)
+def _instance_words(nd: int, n_sweeps: int, n_opnd: int, n_const: int) -> np.ndarray:
+    """Positions, in a kernel block with these counts, of the words that may differ between
+    instances of one stream (BM, BN, sizes, operand offsets and strides, constant values)."""
+    opnd_words = OPND_FIXED_WORDS + nd
+    at = KHEAD_WORDS + nd + 2 + SWEEP_WORDS * n_sweeps
+    idx = [2, 3, *range(KHEAD_WORDS, KHEAD_WORDS + nd)]
+    for j in range(n_opnd):
+        idx += range(at + j * opnd_words + 3, at + (j + 1) * opnd_words)
+    at += opnd_words * n_opnd
+    idx += range(at + 1, at + CONST_WORDS * n_const, CONST_WORDS)
+    return np.array(idx, np.intp)
+
+
+def _stream(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int, counts: tuple) -> "Stream":
+    """The checked stream of kernel block kw (whose header, length and sizes were checked). Its
+    checks read only the block's instance-independent words and the arguments' roles and dtypes,
+    so they are memoized on exactly those: a kernel encoded at a new size costs a lookup."""
+    masked = kw.copy()
+    masked[_instance_words(*counts)] = 0
+    key = args_key + masked.tobytes()
+    with _STREAM_LOCK:
+        stream = _STREAM_CACHE.get(key)
+        if stream is not None:
+            _STREAM_CACHE.move_to_end(key)
+            return stream
+    stream = Stream(masked, args, k, counts)
+    with _STREAM_LOCK:
+        stream = _STREAM_CACHE.setdefault(key, stream)
+        _STREAM_CACHE.move_to_end(key)
+        if len(_STREAM_CACHE) > _STREAM_CACHE_SIZE:
+            _STREAM_CACHE.popitem(last=False)
+    return stream
 
 
 def _check_sections(prologue, sweeps, n_instr, k) -> None:
@@ -162,57 +193,67 @@ def _check_operands(opnd: list, args: list[ArgInfo], k: int) -> None:
             raise VerifyError("operand_table", f"operand {j} has unknown kind {kind}", kernel=k)
 
 
-def _stream_key(layout: KernelLayout, args: list[ArgInfo]) -> bytes:
-    roles = bytes(args[int(a)].role if int(kind) == OPND_ARG else 255
-                  for kind, a in zip(layout.opnd_kind, layout.opnd_arg))
-    s = [layout.prologue] + [(x.init, x.body, x.fin) for x in layout.sweeps]
-    return b"|".join((layout.instrs.tobytes(), repr((s, layout.nregs)).encode(), layout.opnd_kind.tobytes(),
-                      layout.opnd_dtype.tobytes(), roles, layout.const_bank.tobytes()))
+class Stream:
+    """A kernel's checked instruction stream with what does not change between its instances:
+    sections, operand kinds, arguments and dtypes, constant banks, instructions (read-only arrays
+    shared by every KernelLayout of the stream), and the facts later checks need: which operands
+    the body and finalize sections load or store (instruction index of each; 'B' whole domain,
+    'F' column 0 of every row: finalize loads/stores and storerow) and the first single-tile
+    instruction, if any. `derived`: what a VM derives from the stream alone, cached by the VM."""
+    __slots__ = ("nregs", "prologue", "sweeps", "opnd_kind", "opnd_arg", "opnd_dtype", "const_bank", "instrs",
+                 "used", "stores", "single_tile_at", "derived")
 
+    def __init__(self, masked: np.ndarray, args: list[ArgInfo], k: int, counts: tuple):
+        nd, n_sweeps, n_opnd, n_const = counts
+        lst = masked.tolist()
+        self.nregs = tuple(lst[8:12])
+        pos = KHEAD_WORDS + nd
+        self.prologue = (lst[pos], lst[pos + 1])
+        pos += 2
+        sweeps = []
+        for _ in range(n_sweeps):
+            s = lst[pos:pos + SWEEP_WORDS]
+            sweeps.append(Sweep((s[0], s[1]), (s[2], s[3]), (s[4], s[5])))
+            pos += SWEEP_WORDS
+        self.sweeps = tuple(sweeps)
+        n_instr = lst[6]
+        _check_sections(self.prologue, sweeps, n_instr, k)
+        opnd_words = OPND_FIXED_WORDS + nd
+        opnd = masked[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
+        _check_operands([lst[pos + j * opnd_words:pos + j * opnd_words + 3] for j in range(n_opnd)], args, k)
+        pos += opnd_words * n_opnd
+        const_bank = masked[pos:pos + CONST_WORDS * n_const:CONST_WORDS]
+        if n_const and (const_bank.min() < 0 or const_bank.max() >= len(isa.BANKS)):
+            raise VerifyError("constant", "constant with an unknown bank", kernel=k)
+        pos += CONST_WORDS * n_const
+        self.opnd_kind, self.opnd_arg, self.opnd_dtype = (opnd[:, c].copy() for c in range(3))
+        self.const_bank = const_bank.copy()
+        self.instrs = masked[pos:].reshape(n_instr, isa.WORDS).copy()
+        for a in (self.opnd_kind, self.opnd_arg, self.opnd_dtype, self.const_bank, self.instrs):
+            a.flags.writeable = False
+        self.derived: dict = {}
+        _check_stream(self, args, k)
+        self._find_accesses()
 
-def _stream_facts(layout: KernelLayout, args: list[ArgInfo], k: int) -> "_Facts":
-    """Check the instruction stream and return the facts later checks need. The stream is
-    shape-independent, so the check is memoized on its content (and the operand kinds it uses)."""
-    key = _stream_key(layout, args)
-    with _STREAM_LOCK:
-        facts = _STREAM_CACHE.get(key)
-        if facts is not None:
-            _STREAM_CACHE.move_to_end(key)
-            return facts
-    _check_stream(layout, args, k)
-    facts = _Facts(layout)
-    with _STREAM_LOCK:
-        _STREAM_CACHE[key] = facts
-        if len(_STREAM_CACHE) > _STREAM_CACHE_SIZE:
-            _STREAM_CACHE.popitem(last=False)
-    return facts
-
-
-class _Facts:
-    """Which operands the body and finalize sections load or store (instruction index of each),
-    and the first single-tile instruction, if any. Accesses are 'B' (whole domain) or 'F'
-    (column 0 of every row: finalize loads/stores and storerow)."""
-    __slots__ = ("used", "stores", "single_tile_at")
-
-    def __init__(self, layout: KernelLayout):
+    def _find_accesses(self) -> None:
         self.used: dict[int, str] = {}
         self.stores: list[tuple[int, int, str]] = []  # (instruction, operand, section)
         self.single_tile_at = -1
-        for sec, rngs in (("B", [sw.body for sw in layout.sweeps]), ("F", [sw.fin for sw in layout.sweeps])):
+        for sec, rngs in (("B", [sw.body for sw in self.sweeps]), ("F", [sw.fin for sw in self.sweeps])):
             for s, e in rngs:
                 for i in range(s, e):
-                    spec = isa.BY_CODE[int(layout.instrs[i, 0])]
+                    spec = isa.BY_CODE[int(self.instrs[i, 0])]
                     if spec.group in ("rowred", "storerow") and self.single_tile_at < 0:
                         self.single_tile_at = i
                     if spec.group in ("load", "store", "storerow"):
-                        j = int(layout.instrs[i, 2])
+                        j = int(self.instrs[i, 2])
                         access = "F" if spec.group == "storerow" else sec
                         self.used[j] = self.used.get(j, "") + access
                         if spec.group != "load":
                             self.stores.append((i, j, access))
 
 
-def _check_stream(layout: KernelLayout, args: list[ArgInfo], k: int) -> None:
+def _check_stream(layout: "Stream", args: list[ArgInfo], k: int) -> None:
     UNDEF, KEEP, LOCAL = 0, 1, 2
     state = [[UNDEF] * n for n in layout.nregs]
     section_of = {}
@@ -301,9 +342,9 @@ def _check_operand_use(spec, v, layout, args, n_opnd, i, k) -> None:
         raise VerifyError("store_target", f"{spec.name} writes input argument {int(layout.opnd_arg[v])}", i, k)
 
 
-def _check_store_strides(layout: KernelLayout, facts: _Facts, k: int) -> None:
+def _check_store_strides(layout: KernelLayout, stream: "Stream", k: int) -> None:
     nr = len(layout.row_sizes)
-    for i, j, sec in facts.stores:
+    for i, j, sec in stream.stores:
         strides, sizes = layout.opnd_strides[j], layout.row_sizes + layout.col_sizes
         for d in range(nr if sec == "F" else len(sizes)):
             if strides[d] == 0 and sizes[d] > 1:
@@ -311,13 +352,13 @@ def _check_store_strides(layout: KernelLayout, facts: _Facts, k: int) -> None:
                                                      "dimension", i, k)
 
 
-def _extents(args: list[ArgInfo], kernels: list[KernelLayout], facts: list[_Facts]):
+def _extents(args: list[ArgInfo], kernels: list[KernelLayout], streams: list[Stream]):
     out: list[tuple[int, int] | None] = [None] * len(args)
-    for kl, fact in zip(kernels, facts):
+    for kl, stream in zip(kernels, streams):
         nr = len(kl.row_sizes)
         sizes = kl.row_sizes + kl.col_sizes
         offsets, strides, opnd_args = kl.opnd_offset.tolist(), kl.opnd_strides.tolist(), kl.opnd_arg.tolist()
-        for j, secs in fact.used.items():
+        for j, secs in stream.used.items():
             if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
                 continue
             ndims = len(sizes) if "B" in secs and kl.cols > 0 else nr

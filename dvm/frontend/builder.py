@@ -198,7 +198,7 @@ class KernelFunction:
             raise TraceError("a kernel function takes the builder `k` as its first parameter")
         self.arg_names = params[1:]
         self._traces: dict = {}
-        self._launches: dict = {}   # call signature -> (Launch.cached_call, single output); bounded by DVM_CACHE_SIZE
+        self._launches: dict = {}   # call signature -> (Launch.cached_call(), single output); bounded by DVM_CACHE_SIZE
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -329,7 +329,7 @@ class KernelFunction:
             launch, hit = traced.graph.launcher(env, arrays, vm)
             single = traced.single
             if key is not None and all(type(a) is np.ndarray for a in args):
-                remember(self._launches, key, (launch.cached_call, single), self._lock)
+                remember(self._launches, key, (launch.cached_call(), single), self._lock)
             outs = launch(list(arrays), hit)
         return outs[0] if single else tuple(outs)
 

@@ -70,20 +70,28 @@ def guarded_signature(env: dict, tensors: Sequence[torch.Tensor]) -> tuple:
     return (*env.values(), config().vm, *[(t.dtype, t.shape, t.stride()) for t in tensors])
 
 
+def _untracked_key(key: tuple) -> tuple:
+    """An equal key (torch.Size is a tuple: same hash, equal) of plain tuples, which the garbage
+    collector stops tracking; a model keeps one per segment and size."""
+    return tuple(tuple(tuple(x) if isinstance(x, torch.Size) else x for x in k) if isinstance(k, tuple) else k
+                 for k in key)
+
+
 class _TensorLaunch:
     """A cached Launch on the CPU VM, fed with data pointers (see the module invariant)."""
-    __slots__ = ("launch", "outs", "run")
+    __slots__ = ("launch", "outs")
 
     def __init__(self, launch: Launch):
-        self.launch, self.run = launch, launch.run_addresses
-        self.outs = [(shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs]
+        self.launch = launch
+        self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
 
-    def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, tensors: list[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
+        """cached: counted as a program cache hit (the first call of a new launch is not)."""
         for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
             tensors[s] = tensors[s].contiguous()
             counters.bump("input_copies")
         outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
-        self.run([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], True)
+        self.launch.run_addresses([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], cached)
         return outs
 
 
@@ -106,8 +114,9 @@ class TensorLauncher:
             return fast(list(tensors))
         arrays = [c(t) for c, t in zip(self.convert, tensors)]
         launch, hit = self.graph.launcher(env, arrays)
-        outs = launch(list(arrays), hit)
         if launch.vm == "cpu" and not any(0 in t.shape for t in tensors) and \
                 not any(launch.deltas[:len(tensors)]):
-            remember(self._fast, key, _TensorLaunch(launch), self._lock)
-        return [from_numpy(o) for o in outs]
+            fast = _TensorLaunch(launch)
+            remember(self._fast, _untracked_key(key), fast, self._lock)
+            return fast(list(tensors), hit)
+        return [from_numpy(o) for o in launch(list(arrays), hit)]

@@ -141,13 +141,16 @@ class Launch:
     buffers from shape and strides alone) and fresh outputs, so the check holds for it too. Calls
     skip binding, encoding, verification and buffer checks; the CPU VM gets addresses directly."""
     __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu",
-                 "_shifted", "_plain", "cached_call", "_outs", "_ws_keep", "_ws_addrs", "_ws_lock")
+                 "_shifted", "_plain", "_outs", "_ws_keep", "_ws_addrs", "_ws_lock")
 
     def __init__(self, layout, copy_slots, out_specs, ws_specs, vm, deltas, numels):
-        self.layout, self.copy_slots, self.out_specs, self.ws_specs = layout, copy_slots, out_specs, ws_specs
-        self.vm, self.deltas, self.numels = vm, deltas, numels
+        self.layout = layout
+        # tuples, not lists: a model keeps a Launch per segment and size, and the garbage collector
+        # stops tracking a tuple of ints
+        self.copy_slots, self.out_specs, self.ws_specs = tuple(copy_slots), tuple(out_specs), tuple(ws_specs)
+        self.vm, self.deltas, self.numels = vm, tuple(deltas), tuple(numels)
         self._shifted = any(deltas)   # some buffer starts before its array's data pointer
-        self._outs = [(buffer_pool.allocator(shape, dt), shape, dt) for shape, dt in out_specs]
+        self._outs = tuple((buffer_pool.allocator(shape, dt), shape, dt) for shape, dt in out_specs)
         # small workspaces are allocated once and reused by one launch at a time (_ws_lock; a
         # concurrent launch of the same Launch takes fresh ones): ~1-2 us a workspace a call
         small = sum(n * np.dtype(dt).itemsize for n, dt in ws_specs) < buffer_pool.MIN_BYTES
@@ -156,14 +159,15 @@ class Launch:
         self._run_cpu = None   # the CPU VM bound to this program and these element counts
         if vm == "cpu":
             from ..vm.cpu import bound_runner
-            self._run_cpu = bound_runner(layout, numels)
+            self._run_cpu = bound_runner(layout, list(numels))
         self._plain = self._run_cpu is not None and not ws_specs and not self._shifted
-        self.cached_call = self._plain_call() if self._plain and not copy_slots else \
-            (lambda arrays: self(list(arrays)))
 
-    def _plain_call(self):
-        """__call__(arrays) of a cached plain CPU launch (no input copies, workspaces or shifted
-        buffers) with its layers flattened: ~0.5 us less a call."""
+    def cached_call(self):
+        """A function running this launch on arrays of its signature, for a caller's cache (made
+        on request: the torch path never asks). A plain CPU launch (no input copies, workspaces
+        or shifted buffers) gets its layers flattened: ~0.5 us less a call."""
+        if not (self._plain and not self.copy_slots):
+            return lambda arrays: self(list(arrays))
         run, bump, outs = self._run_cpu, counters.bump_launch, self._outs
 
         def call(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable
 
 import numba
@@ -243,6 +243,32 @@ def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
     return np.concatenate([head] + [np.ascontiguousarray(seg, np.int64).reshape(-1) for seg in segs])
 
 
+_INSTANCE_SEGS = (2, 3, 4, 5)   # _pack's segments that differ between instances of one stream
+
+
+def _blob(d: _Desc, kl: KernelLayout, argsz: np.ndarray) -> np.ndarray:
+    """_pack(d, argsz), from a template packed once per verified stream: the instance's
+    segments (meta, dims, operand table, constants) and work-unit count are written into a copy.
+    Every other word follows from the stream's key (codegen.verifier: instructions, sections,
+    operand arguments and dtypes, argument dtypes, the dims per operand), so it is the same."""
+    derived = kl.stream.derived if kl.stream is not None else None
+    template = derived.get("cpu_blob") if derived is not None else None
+    if template is None:
+        blob = _pack(d, argsz)
+        if derived is not None:
+            derived["cpu_blob"] = template = blob.copy()
+            template.flags.writeable = False
+        return blob
+    blob = template.copy()
+    for k, seg in zip(_INSTANCE_SEGS, (d.meta, d.dims, d.optab, d.consts)):
+        at, size = int(blob[1 + 2 * k]), int(blob[2 + 2 * k])
+        if seg.size != size:   # cannot happen for one stream key; never patch a wrong layout
+            raise AssertionError(f"CPU VM descriptor segment {k}: {seg.size} words, the template has {size}")
+        blob[at:at + size] = seg.reshape(-1)
+    blob[ce.H_UNITS] = d.n_units
+    return blob
+
+
 def _chain(descs) -> np.ndarray | None:
     """The packed kernels back to back when every one is below the threading threshold: the
     whole launch is then one call of the compiled code (cpu_entry.run_units with u1 < 0)."""
@@ -257,9 +283,9 @@ def _prog(layout: ProgramLayout) -> tuple:
         n_args = len(layout.args)
         argsz = np.array([DType(a.dtype).np_dtype.itemsize for a in layout.args], np.int64)
         descs = tuple(_desc(kl, n_args) for kl in layout.kernels)
-        for d in descs:
+        for d, kl in zip(descs, layout.kernels):
             if d.blob is None:
-                d.blob = _pack(d, argsz)
+                d.blob = _blob(d, kl, argsz)
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
         pd = (argsz, descs, outs, _chain(descs))
         object.__setattr__(layout, "_cpu_prog", pd)
@@ -305,32 +331,49 @@ def _compiled_entry() -> Callable:
 def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
     """run_addrs(layout, ·) with its per-launch work done once (the cached launch path): the
     returned function takes the buffers' addresses (their element counts are `numels`, fixed per
-    launch signature). A chain of small kernels goes straight to numba's compiled entry for its
-    argument types (compile_vm), without the dispatcher's type matching of seven arguments; the
-    addresses are packed into a table kept with the runner (one C call), or into a fresh one while
-    another thread runs it (the VM releases the GIL)."""
+    launch signature)."""
     compile_vm()
     _, descs, _, chain = _prog(layout)
-    n = len(numels)
     if chain is None:
-        return lambda addrs: _run_kernels(descs, np.array(addrs + numels, np.int64), None)
-    entry = _compiled_entry()
-    table = np.array([0] * n + list(numels), np.int64)   # C-contiguous int64: what `entry` unboxes
-    pack = struct.Struct(f"{n}q").pack_into
-    lock = threading.Lock()
+        return partial(_run_kernel_list, descs, tuple(numels))
+    return _ChainRunner(chain, numels)
 
-    def run_chain(addrs: list[int]) -> None:
-        if lock.acquire(False):
+
+def _run_kernel_list(descs, numels: tuple, addrs: list[int]) -> None:
+    _run_kernels(descs, np.array(addrs + list(numels), np.int64), None)
+
+
+@lru_cache(maxsize=64)
+def _packer(n: int) -> Callable:
+    return struct.Struct(f"{n}q").pack_into
+
+
+class _ChainRunner:
+    """A chain of small kernels, straight to numba's compiled entry for its argument types
+    (compile_vm), without the dispatcher's type matching of seven arguments; the addresses are
+    packed into a table kept with the runner (one C call), or into a fresh one while another
+    thread runs it (the VM releases the GIL). One object with slots, not a closure: a model keeps
+    one per segment and size, and the garbage collector walks each."""
+    __slots__ = ("entry", "chain", "table", "numels", "pack", "lock")
+
+    def __init__(self, chain: np.ndarray, numels: list[int]):
+        n = len(numels)
+        self.chain, self.numels = chain, tuple(numels)
+        self.table = np.array([0] * n + list(numels), np.int64)   # C-contiguous int64: what the entry unboxes
+        self.entry, self.pack, self.lock = _compiled_entry(), _packer(n), threading.Lock()
+
+    def __call__(self, addrs: list[int]) -> None:
+        if self.lock.acquire(False):
             try:
-                pack(table, 0, *addrs)
-                err = entry(0, -1, chain, DECODE, table, _NO_SCHED, False)
+                self.pack(self.table, 0, *addrs)
+                err = self.entry(0, -1, self.chain, DECODE, self.table, _NO_SCHED, False)
             finally:
-                lock.release()
+                self.lock.release()
         else:
-            err = entry(0, -1, chain, DECODE, np.array(addrs + numels, np.int64), _NO_SCHED, False)
+            err = self.entry(0, -1, self.chain, DECODE, np.array(addrs + list(self.numels), np.int64),
+                                    _NO_SCHED, False)
         if err:
             _check(err)
-    return run_chain
 
 
 def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:

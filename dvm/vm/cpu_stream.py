@@ -95,9 +95,17 @@ def _plan(instr_bytes: bytes, sections: tuple, dtype_bytes: bytes, arg_bytes: by
 
 
 def stream_plan(kl: KernelLayout, n_args: int) -> StreamPlan:
-    """The stream-derived parts of kl's descriptor (cached; the arrays are read-only)."""
-    sections = (kl.prologue,) + tuple(sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin))
-    sections = tuple((int(a), int(b)) for a, b in sections)
-    instrs = np.ascontiguousarray(kl.instrs, np.int64)
-    return _plan(instrs.tobytes(), sections, np.ascontiguousarray(kl.opnd_dtype, np.int64).tobytes(),
-                 np.ascontiguousarray(kl.opnd_arg, np.int64).tobytes(), n_args)
+    """The stream-derived parts of kl's descriptor (cached; the arrays are read-only): kept with
+    the verifier's checked stream, which every layout of the same stream shares (its key holds
+    the instructions, sections, operand arguments and dtypes, and the argument count)."""
+    derived = kl.stream.derived if kl.stream is not None else None
+    plan = derived.get("cpu_plan") if derived is not None else None
+    if plan is None:
+        sections = (kl.prologue,) + tuple(sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin))
+        sections = tuple((int(a), int(b)) for a, b in sections)
+        instrs = np.ascontiguousarray(kl.instrs, np.int64)
+        plan = _plan(instrs.tobytes(), sections, np.ascontiguousarray(kl.opnd_dtype, np.int64).tobytes(),
+                     np.ascontiguousarray(kl.opnd_arg, np.int64).tobytes(), n_args)
+        if derived is not None:
+            derived["cpu_plan"] = plan
+    return plan
