@@ -73,7 +73,7 @@ class KernelLayout:
     instrs: np.ndarray       # [n_instr, WORDS]
     # the verifier's checked stream (codegen.verifier.Stream): the instance-independent parts,
     # shared by every layout of the same stream, with what VMs derive from them (its `derived`)
-    stream: object = field(default=None, compare=False, repr=False)
+    stream: object = field(compare=False, repr=False)
 
     rows: int = field(init=False)   # product of row_sizes (1 when there are none)
     cols: int = field(init=False)

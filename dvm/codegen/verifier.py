@@ -253,21 +253,21 @@ class Stream:
                             self.stores.append((i, j, access))
 
 
-def _check_stream(layout: "Stream", args: list[ArgInfo], k: int) -> None:
+def _check_stream(stream: "Stream", args: list[ArgInfo], k: int) -> None:
     UNDEF, KEEP, LOCAL = 0, 1, 2
-    state = [[UNDEF] * n for n in layout.nregs]
+    state = [[UNDEF] * n for n in stream.nregs]
     section_of = {}
-    ranges = [("P", layout.prologue)]
-    for sw in layout.sweeps:
+    ranges = [("P", stream.prologue)]
+    for sw in stream.sweeps:
         ranges += [("I", sw.init), ("B", sw.body), ("F", sw.fin)]
-    n_opnd, n_const = len(layout.opnd_kind), len(layout.const_bank)
+    n_opnd, n_const = len(stream.opnd_kind), len(stream.const_bank)
     from_prologue: set = set()   # registers still holding the value the prologue wrote
     rowloop_reads: set = set()   # ... of which the row-block loop has read
     for sec, (s, e) in ranges:
         outer_reads: set = set()
         for i in range(s, e):
             section_of[i] = sec
-            row = layout.instrs[i]
+            row = stream.instrs[i]
             spec = isa.BY_CODE.get(int(row[0]))
             if spec is None:
                 raise VerifyError("opcode", f"unknown opcode {int(row[0])}", i, k)
@@ -280,17 +280,17 @@ def _check_stream(layout: "Stream", args: list[ArgInfo], k: int) -> None:
             for f, fld in enumerate(spec.fields):
                 v = int(row[1 + f])
                 if fld.is_reg:
-                    if not 0 <= v < layout.nregs[fld.bank]:
+                    if not 0 <= v < stream.nregs[fld.bank]:
                         raise VerifyError("register", f"{spec.name}: register {fld.bank.short}:{v} out of "
-                                                      f"range ({layout.nregs[fld.bank]})", i, k)
+                                                      f"range ({stream.nregs[fld.bank]})", i, k)
                     regs.append((fld.role, fld.bank, v))
                 elif fld.role == "o":
-                    _check_operand_use(spec, v, layout, args, n_opnd, i, k)
+                    _check_operand_use(spec, v, stream, args, n_opnd, i, k)
                 elif fld.role == "k":
                     if not 0 <= v < n_const:
                         raise VerifyError("constant", f"constant {v} of {n_const}", i, k)
-                    if int(layout.const_bank[v]) != spec.bank:
-                        raise VerifyError("register_class", f"{spec.name} reads a {isa.BANKS[int(layout.const_bank[v])].short} "
+                    if int(stream.const_bank[v]) != spec.bank:
+                        raise VerifyError("register_class", f"{spec.name} reads a {isa.BANKS[int(stream.const_bank[v])].short} "
                                                             "constant", i, k)
                 elif fld.role == "t":
                     if not 0 <= v < N_DTYPES or DType(v).bank != spec.bank:
@@ -329,17 +329,17 @@ def _check_stream(layout: "Stream", args: list[ArgInfo], k: int) -> None:
                         bank_state[r] = UNDEF
 
 
-def _check_operand_use(spec, v, layout, args, n_opnd, i, k) -> None:
+def _check_operand_use(spec, v, stream, args, n_opnd, i, k) -> None:
     if not 0 <= v < n_opnd:
         raise VerifyError("operand", f"{spec.name}: operand {v} of {n_opnd}", i, k)
-    kind = int(layout.opnd_kind[v])
+    kind = int(stream.opnd_kind[v])
     if (spec.group == "index") != (kind == OPND_INDEX):
         raise VerifyError("operand", f"{spec.name} cannot use operand {v} of kind {kind}", i, k)
-    if spec.group in ("load", "store", "storerow") and DType(int(layout.opnd_dtype[v])).bank != spec.bank:
+    if spec.group in ("load", "store", "storerow") and DType(int(stream.opnd_dtype[v])).bank != spec.bank:
         raise VerifyError("register_class", f"{spec.name} on operand {v} of dtype "
-                                            f"{DType(int(layout.opnd_dtype[v])).short}", i, k)
-    if spec.group in ("store", "storerow") and args[int(layout.opnd_arg[v])].role == ARG_IN:
-        raise VerifyError("store_target", f"{spec.name} writes input argument {int(layout.opnd_arg[v])}", i, k)
+                                            f"{DType(int(stream.opnd_dtype[v])).short}", i, k)
+    if spec.group in ("store", "storerow") and args[int(stream.opnd_arg[v])].role == ARG_IN:
+        raise VerifyError("store_target", f"{spec.name} writes input argument {int(stream.opnd_arg[v])}", i, k)
 
 
 def _check_store_strides(layout: KernelLayout, stream: "Stream", k: int) -> None:

@@ -251,13 +251,12 @@ def _blob(d: _Desc, kl: KernelLayout, argsz: np.ndarray) -> np.ndarray:
     segments (meta, dims, operand table, constants) and work-unit count are written into a copy.
     Every other word follows from the stream's key (codegen.verifier: instructions, sections,
     operand arguments and dtypes, argument dtypes, the dims per operand), so it is the same."""
-    derived = kl.stream.derived if kl.stream is not None else None
-    template = derived.get("cpu_blob") if derived is not None else None
+    derived = kl.stream.derived
+    template = derived.get("cpu_blob")
     if template is None:
         blob = _pack(d, argsz)
-        if derived is not None:
-            derived["cpu_blob"] = template = blob.copy()
-            template.flags.writeable = False
+        derived["cpu_blob"] = template = blob.copy()
+        template.flags.writeable = False
         return blob
     blob = template.copy()
     for k, seg in zip(_INSTANCE_SEGS, (d.meta, d.dims, d.optab, d.consts)):

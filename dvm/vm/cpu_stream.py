@@ -3,12 +3,13 @@
 A kernel traced once and launched at many shapes (every new sequence length of a model) gets a
 new KernelLayout per shape, but usually the same instructions: the register flow (rio), the
 in-place and fused-run plans (cpu_fuse_plan) and which arguments the kernel stores depend only on
-the instructions, the section bounds, the operands' dtypes and arguments. They are cached here,
-keyed on exactly those, as read-only arrays shared by every descriptor built from the stream.
+the instructions, the section bounds, the operands' dtypes and arguments. They are computed once
+per checked stream of the verifier (codegen.verifier.Stream, whose key holds all of those and the
+argument count) and kept in its `derived`, as read-only arrays shared by every descriptor built
+from the stream.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +21,6 @@ from . import cpu_kernels as ck
 from .cpu_fuse_plan import fuse_plan, in_place_plan
 
 BANK_CODE = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
-STREAM_CACHE_SIZE = 1024   # instruction streams kept (each a few KB)
 
 
 class StreamPlan(NamedTuple):
@@ -82,30 +82,20 @@ def _reduces(instrs: np.ndarray) -> bool:
     return bool(groups & {"acc", "rfin", "rowred"})
 
 
-@lru_cache(maxsize=STREAM_CACHE_SIZE)
-def _plan(instr_bytes: bytes, sections: tuple, dtype_bytes: bytes, arg_bytes: bytes, n_args: int) -> StreamPlan:
-    instrs = np.frombuffer(instr_bytes, np.int64).reshape(-1, isa.WORDS).copy()
-    opnd_dtype = np.frombuffer(dtype_bytes, np.int64)
-    plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, opnd_dtype, list(sections)),
-                      fuse_plan(instrs, list(sections)), _arg_stores(instrs, np.frombuffer(arg_bytes, np.int64), n_args),
-                      _reduces(instrs))
+def _plan(kl: KernelLayout, n_args: int) -> StreamPlan:
+    sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
+    instrs = kl.instrs   # the stream's read-only array
+    plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, sections),
+                      fuse_plan(instrs, sections), _arg_stores(instrs, kl.opnd_arg, n_args), _reduces(instrs))
     for a in plan[:-1]:
         a.setflags(write=False)
     return plan
 
 
 def stream_plan(kl: KernelLayout, n_args: int) -> StreamPlan:
-    """The stream-derived parts of kl's descriptor (cached; the arrays are read-only): kept with
-    the verifier's checked stream, which every layout of the same stream shares (its key holds
-    the instructions, sections, operand arguments and dtypes, and the argument count)."""
-    derived = kl.stream.derived if kl.stream is not None else None
-    plan = derived.get("cpu_plan") if derived is not None else None
+    """The stream-derived parts of kl's descriptor (the arrays are read-only), once per stream."""
+    derived = kl.stream.derived
+    plan = derived.get("cpu_plan")
     if plan is None:
-        sections = (kl.prologue,) + tuple(sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin))
-        sections = tuple((int(a), int(b)) for a, b in sections)
-        instrs = np.ascontiguousarray(kl.instrs, np.int64)
-        plan = _plan(instrs.tobytes(), sections, np.ascontiguousarray(kl.opnd_dtype, np.int64).tobytes(),
-                     np.ascontiguousarray(kl.opnd_arg, np.int64).tobytes(), n_args)
-        if derived is not None:
-            derived["cpu_plan"] = plan
+        plan = derived["cpu_plan"] = _plan(kl, n_args)
     return plan
