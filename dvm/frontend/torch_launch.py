@@ -79,19 +79,27 @@ def _untracked_key(key: tuple) -> tuple:
 
 class _TensorLaunch:
     """A cached Launch on the CPU VM, fed with data pointers (see the module invariant)."""
-    __slots__ = ("launch", "outs")
+    __slots__ = ("launch", "outs", "copy_slots", "plain")
 
     def __init__(self, launch: Launch):
-        self.launch = launch
+        self.launch, self.copy_slots = launch, launch.copy_slots
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
+        self.plain = launch.plain_runner()   # None: workspaces or shifted buffers (run_addresses)
 
-    def __call__(self, tensors: list[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
+    def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not)."""
-        for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
-            tensors[s] = tensors[s].contiguous()
-            counters.bump("input_copies")
+        if self.copy_slots:
+            tensors = list(tensors)
+            for s in self.copy_slots:   # the Program was encoded for a row-major copy of this input
+                tensors[s] = tensors[s].contiguous()
+                counters.bump("input_copies")
         outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
-        self.launch.run_addresses([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], cached)
+        addrs = [t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs]
+        if self.plain is not None:   # the common case, without run_addresses' layer
+            counters.bump_launch(cached)
+            self.plain(addrs)
+        else:
+            self.launch.run_addresses(addrs, cached)
         return outs
 
 
@@ -111,12 +119,12 @@ class TensorLauncher:
         key = self.signature(env, tensors)
         fast = self._fast.get(key)
         if fast is not None:
-            return fast(list(tensors))
+            return fast(tensors)
         arrays = [c(t) for c, t in zip(self.convert, tensors)]
         launch, hit = self.graph.launcher(env, arrays)
         if launch.vm == "cpu" and not any(0 in t.shape for t in tensors) and \
                 not any(launch.deltas[:len(tensors)]):
             fast = _TensorLaunch(launch)
             remember(self._fast, _untracked_key(key), fast, self._lock)
-            return fast(list(tensors), hit)
+            return fast(tensors, hit)
         return [from_numpy(o) for o in launch(list(arrays), hit)]

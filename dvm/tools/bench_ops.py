@@ -67,8 +67,9 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     "medium": [(256, 1024)],                    # 256 K
     "large": [(4096, 4096)],                    # 16 M
     # tails everywhere: a row length just past 1000, a tall skinny 17-wide one (first-axis
-    # reductions over 4097 rows, last-axis ones over 17), and a few very long prime-length rows
-    "odd": [(1000, 1001), (4097, 17), (7, 65537)],
+    # reductions over 4097 rows, last-axis ones over 17), long prime-length rows that fill 61 %
+    # of a one-row tile (13x20011), and a few rows past one tile (7x65537: the sweeps)
+    "odd": [(1000, 1001), (4097, 17), (13, 20011), (7, 65537)],
 }
 SIZE_ORDER = ("small", "medium", "large", "odd")
 

@@ -15,7 +15,7 @@ from numba import carray, njit
 from .cpu_kernels import (BK_F32, BK_F64, BK_I64, G_CAST, G_EW, G_STORE, G_STOREROW, K_BIN, K_CMP, OP_ADD,
                           OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_SUB, _fmax, _fmin)
 from .cpu_bits import OPTS, ptr_f32
-from .cpu_mem import M_BM, M_NC, M_NR, M_ROWS, M_TL
+from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL
 from .cpu_moves import _repeat_row
 from .cpu_reduce import _bcast_t, _fill
 
@@ -140,9 +140,13 @@ def _bins(op, o, a, v, swap):
 # Operand shapes that make a load compact (one value per row) or a row vector (one row for all).
 @njit(**OPTS)
 def _row_uniform(j, optab, meta):
-    """Operand j reads the same elements in every row of a row-major tile of several rows (all
-    its row strides are 0: a weight or bias broadcast over the rows)."""
-    if meta[M_TL] != 0 or meta[M_BM] < 2:
+    """Operand j reads the same elements in every row of a row-major tile (all its row strides
+    are 0: a weight or bias broadcast over the rows), for the row vectors of cpu_rownorm's row
+    forms and FK_APPLY. A tile of one row (BM = 1) qualifies when it holds the whole row (the
+    single-tile rows of 8193-65536 columns, whose row forms need it: without it a 16385-column
+    LayerNorm ran its tile form, 2.4x slower), not as a column tile of a sweep, whose row vector
+    would be loaded again for every tile (slower there than the loads it replaces)."""
+    if meta[M_TL] != 0 or (meta[M_BM] < 2 and meta[M_COLS] > meta[M_BN]):
         return False
     for d in range(meta[M_NR]):
         if optab[j, 4 + d] != 0:
