@@ -79,27 +79,21 @@ def _untracked_key(key: tuple) -> tuple:
 
 class _TensorLaunch:
     """A cached Launch on the CPU VM, fed with data pointers (see the module invariant)."""
-    __slots__ = ("launch", "outs", "copy_slots", "plain")
+    __slots__ = ("launch", "outs")
 
     def __init__(self, launch: Launch):
-        self.launch, self.copy_slots = launch, launch.copy_slots
+        self.launch = launch
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
-        self.plain = launch.plain_runner()   # None: workspaces or shifted buffers (run_addresses)
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not)."""
-        if self.copy_slots:
+        if self.launch.copy_slots:
             tensors = list(tensors)
-            for s in self.copy_slots:   # the Program was encoded for a row-major copy of this input
+            for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
                 tensors[s] = tensors[s].contiguous()
                 counters.bump("input_copies")
         outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
-        addrs = [t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs]
-        if self.plain is not None:   # the common case, without run_addresses' layer
-            counters.bump_launch(cached)
-            self.plain(addrs)
-        else:
-            self.launch.run_addresses(addrs, cached)
+        self.launch.run_addresses([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], cached)
         return outs
 
 

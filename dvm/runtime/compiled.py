@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -161,12 +161,6 @@ class Launch:
             from ..vm.cpu import bound_runner
             self._run_cpu = bound_runner(layout, list(numels))
         self._plain = self._run_cpu is not None and not ws_specs and not self._shifted
-
-    def plain_runner(self) -> Callable[[list[int]], None] | None:
-        """The CPU VM runner bound to this launch when it needs nothing but the inputs' and
-        outputs' addresses (no workspaces, no shifted buffers); None otherwise (run_addresses).
-        It does not count the launch."""
-        return self._run_cpu if self._plain else None
 
     def cached_call(self):
         """A function running this launch on arrays of its signature, for a caller's cache (made
