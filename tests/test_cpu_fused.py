@@ -177,9 +177,12 @@ def test_liveness_follows_the_sections_in_order():
 
 
 def test_plan_finds_loaded_accumulations():
-    """load ; acc in the sweeps of long rows and in column reductions (FK_LOADACC)."""
-    assert FK_LOADACC in _kinds(layernorm, _f32(3, 70000), _f32(70000), _f32(70000))
-    assert _kinds(softmax, _f32(3, 70000)) == {FK_LOADACC}
+    """load ; acc in the sweeps of long rows (over MAX_TILE: a norm or softmax of narrower rows
+    takes one tile) and in column reductions (FK_LOADACC)."""
+    from dvm.codegen.program import MAX_TILE
+    n = MAX_TILE + 1
+    assert FK_LOADACC in _kinds(layernorm, _f32(3, n), _f32(n), _f32(n))
+    assert _kinds(softmax, _f32(3, n)) == {FK_LOADACC}
     assert _kinds(sum_first, _f32(1000, 1001)) == {FK_LOADACC}
 
 
@@ -309,16 +312,19 @@ def test_fused_row_reductions_match_unfused(shape, dtype):
             np.testing.assert_allclose(want.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape", [(70, 1001), (33, 1024), (5, 300), (3, 128), (2, 3, 513), (9, 4096), (40, 100)])
+@pytest.mark.parametrize("shape", [(70, 1001), (33, 1024), (5, 300), (3, 128), (2, 3, 513), (9, 4096), (40, 100),
+                                   (3, 70000)])
 def test_row_norms_match_unfused(shape):
     """A norm run row by row (FK_ROWNORM: partial rows and row blocks, rows of a view that are not
-    back to back; a transposed view runs the tile form) gives bitwise what its instructions give
-    one by one, on 1 and 2 threads, with NaN and infinities in some rows and in the weights."""
+    back to back, one-row tiles wider than SINGLE_TILE_COLS; a transposed view runs the tile form)
+    gives bitwise what its instructions give one by one, on 1 and 2 threads, with NaN and
+    infinities in some rows and in the weights; weights read in place, or copied when strided."""
     x, w, b = _data(np.dtype(np.float32), shape)
+    ws = np.repeat(w, 2)[::2]   # a strided view of the same values
     for a in (x, x[..., 1:], np.swapaxes(x, -1, -2).copy().swapaxes(-1, -2)):
         n = a.shape[-1]
         cases = [(layernorm, (a, w[:n], b[:n])), (rmsnorm, (a, w[:n])), (ln_stats, (a, w[:n], b[:n])),
-                 (ln_variant, (a, w[:n]))]
+                 (ln_variant, (a, w[:n])), (layernorm, (a, ws[:n], b[:n])), (rmsnorm, (a, ws[:n]))]
         for kfn, args in cases:
             with _unfused(kfn, *args):
                 want = run_on(_threads(1), kfn, *args)

@@ -92,7 +92,7 @@ def test_matches_reference(case, shape):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)   # exp: an ulp of ~40
 
 
-@pytest.mark.parametrize("shape", [(4097, 17), (1000, 1001), (7, 65537), (256, 1024), (2000, 300), (5, 9000)])
+@pytest.mark.parametrize("shape", [(4097, 17), (1000, 1001), (7, 65537), (3, 262145), (256, 1024), (2000, 300), (5, 9000)])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_thread_count_does_not_change_results(case, shape):
     kfn, make = CASES[case]

@@ -57,14 +57,16 @@ def residual_norms(k, x, r, w):
     return k.store(k.mul(rms, k.load(w))), k.store(k.add(ln, k.load(w))), k.store(h)
 
 
-@pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000, 10000, 16384])
+@pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000, 10000, 16384, 70000, 131073])
 def test_partial_rows_with_signed_zeros_and_specials(cols):
     """Rows narrower than their power-of-two tile: the row forms, the in-place row reductions and
     the tile form's sums of squares take the tree's first levels from the valid lanes
     (cpu_rowpart), the padding lanes' identity written in. Bitwise the reference VM's (which
     pads), also where only the padding's +0.0 makes a sum of -0.0 rows +0.0, and with NaN and
     infinities. From 10000 columns a tile is one row (BM = 1), whose weights the row forms read
-    as row vectors too; 16384 fills its tile."""
+    as row vectors too (read in place when f32); 16384 fills its tile. 70000 and 131073 exceed
+    SINGLE_TILE_COLS: the norms and softmax take one tile of 131072 / 262144 lanes (their row
+    forms), the other kernels the sweeps."""
     x = RNG.standard_normal((7, cols)).astype(np.float32)
     x[0] = -0.0
     x[1] = -0.0

@@ -41,7 +41,7 @@ def test_single_tile_matches_sweeps_bitwise(monkeypatch, shape):
 
 
 def test_wide_rows_and_empty_rows_use_sweeps():
-    x = np.ones((2, 65537), np.float32)   # wider than the verifier's MAX_TILE
+    x = np.ones((2, 65537), np.float32)   # wider than SINGLE_TILE_COLS, not all row forms
     assert "rowred" not in dvm.disasm(norm_stats.program(x, np.ones(65537, np.float32)))
 
     @dvm.kernel
@@ -50,6 +50,24 @@ def test_wide_rows_and_empty_rows_use_sweeps():
     empty = np.ones((2, 0), np.float32)
     assert "rowred" not in dvm.disasm(row_sum.program(empty))
     np.testing.assert_array_equal(row_sum(empty), np.zeros(2, np.float32))
+
+
+def test_wide_rows_of_row_forms_take_one_tile_up_to_max_tile(monkeypatch):
+    """Softmax, LayerNorm and RMSNorm of f32 rows wider than SINGLE_TILE_COLS take the single-tile
+    stream up to MAX_TILE lanes (the CPU VM runs them as row forms); f16 data, rows over MAX_TILE
+    and SINGLE_TILE_COLS = 0 keep the sweeps."""
+    from dvm.codegen.program import MAX_TILE
+    from dvm.frontend.library import layernorm, rmsnorm, softmax
+
+    def single(kfn, cols, dtype=np.float32, rows=2):
+        x, w = np.ones((rows, cols), dtype), np.ones(cols, dtype)
+        args = {softmax: (x,), rmsnorm: (x, w), layernorm: (x, w, w)}[kfn]
+        return "rowred" in dvm.disasm(kfn.program(*args))
+    for kfn in (softmax, layernorm, rmsnorm):
+        assert single(kfn, 65537) and single(kfn, MAX_TILE)
+        assert not single(kfn, MAX_TILE + 1, rows=1) and not single(kfn, 65537, np.float16)
+    monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
+    assert not single(softmax, 65537) and not single(softmax, 100)
 
 
 def test_verifier_rejects_single_tile_stream_with_wide_rows():

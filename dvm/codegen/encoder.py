@@ -35,7 +35,15 @@ MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep strea
 # once from the buffer; the sweeps re-read a row per sweep and make a pass per instruction and
 # tile (64x8192 LayerNorm / softmax on two threads: 155 -> 74 us, 174 -> 89 us). Tests that pin
 # the multi-sweep form set it to 0
-SINGLE_TILE_COLS = MAX_TILE
+SINGLE_TILE_COLS = 1 << 16
+# wider rows, up to the verifier's MAX_TILE lanes, take the single-tile stream too when the CPU VM
+# runs all of it as row forms (softmax, LayerNorm, RMSNorm of f32 data, cpu_fuse_plan.whole_row_forms):
+# those never hold the tile in registers, they read each row from its buffer once or twice, where
+# the sweeps make a pass per instruction and 4096-lane tile and recompute the row's values per
+# sweep (7x65537 on two threads: softmax 154 -> 98 us, LayerNorm 124 -> 103, RMSNorm 84 -> 56).
+# Any other kernel keeps the sweeps there: its tile form over 131072 lanes ran 2-3x slower (a
+# row sum of exp(x) * y, a log-sum-exp, 7x65537). Off with SINGLE_TILE_COLS = 0
+WIDE_ROW_COLS = MAX_TILE
 # column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at
 # most COLUMN_MAJOR_WHOLE rows, tiles of up to COLUMN_MAJOR_TILE elements hold all of them (a tile
 # is then one contiguous run of the operand, which the CPU VM reads in place), or, for a larger
@@ -113,6 +121,7 @@ class _Compiled:
         for spec in t.operands:
             base = None if spec.base_shape is None else [_dim_getter(d) for d in spec.base_shape]
             self.opnds.append((spec, base))
+        self.row_forms: bool | None = None   # _takes_single's answer for a stream, once asked
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         self.tail = [*t.prologue] + [w for sw in t.sweeps for w in sw]
         self.consts = [(int(bank), bank in (Bank.F32, Bank.F64), _dim_getter(value) if isinstance(value, SymExpr) else None,
@@ -150,6 +159,30 @@ def _compiled(t: KernelTemplate) -> _Compiled:
     return c
 
 
+def _takes_single(t: KernelTemplate, cols: int) -> bool:
+    if t.single is None or cols <= 0:
+        return False
+    if cols <= SINGLE_TILE_COLS:
+        return True
+    if SINGLE_TILE_COLS <= 0 or cols > WIDE_ROW_COLS:
+        return False
+    single = _compiled(t.single)
+    if single.row_forms is None:
+        single.row_forms = _whole_row_forms(t.single)
+    return single.row_forms
+
+
+def _whole_row_forms(t: KernelTemplate) -> bool:
+    """Whether the CPU VM runs every instruction of stream t in its row forms. The one place the
+    encoder asks a VM: the answer is the CPU VM's fuse plan (imported here, when a row first
+    exceeds SINGLE_TILE_COLS), which the row forms' run-time checks then apply to f32 operands."""
+    from ..vm.cpu_fuse_plan import whole_row_forms
+    if any(spec.dtype != DType.FLOAT32 for spec in t.operands):
+        return False
+    sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
+    return whole_row_forms(t.instrs, sections)
+
+
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> tuple[list[int], _Compiled]:
     """The kernel block's words before its instructions, and the stream chosen (whose
     instructions follow): the single-tile stream when every row fits one tile, unless the
@@ -158,7 +191,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     dom = [g(env) for g in c.dom]
     single_stream = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
-    if t.single is not None and 0 < prod(dom[i] for i in c.col_axes) <= SINGLE_TILE_COLS:
+    if _takes_single(t, prod(dom[i] for i in c.col_axes)):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
         column_major = _column_major(folded[2], folded[4])
@@ -177,7 +210,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     else:
         if not c.col_axes:
             bn = _even_bn(C)
-        elif single_stream:   # 0 < C <= SINGLE_TILE_COLS <= MAX_TILE (a power of two)
+        elif single_stream:   # 0 < C <= WIDE_ROW_COLS = MAX_TILE (a power of two)
             bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
             bn = min(_pow2_at_least(max(C, 1)), MAX_BN)

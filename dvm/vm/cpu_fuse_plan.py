@@ -338,3 +338,21 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
             else:
                 pc += 1
     return plan
+
+
+def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]]) -> bool:
+    """Every instruction but the prologue's constants lies in a row form (FK_ROWNORM,
+    FK_ROWSOFTMAX): a tile these take is never held in registers, each row is read from its buffer
+    and written to the output's, so its width is not bounded by the caches (the encoder's
+    WIDE_ROW_COLS: rows wider than a cache-resident tile still take the single-tile stream)."""
+    plan = fuse_plan(instrs, sections)
+    for s, e in sections:
+        pc = s
+        while pc < e:
+            if plan[pc, 0] in (FK_ROWNORM, FK_ROWSOFTMAX):
+                pc += int(plan[pc, 1])
+            elif isa.BY_CODE[int(instrs[pc, 0])].group == "const":
+                pc += 1
+            else:
+                return False
+    return True

@@ -285,6 +285,19 @@ def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0,
 
 
 @njit(inline='always', **OPTS)
+def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
+    """The address of row vector operand src's row when the row forms may read it where it is
+    (an f32 operand, row-uniform, unit column stride: only its first ncv lanes are read), else 0.
+    Copying it into the scratch cache instead cost a launch ~10 us per 70000-lane weight, as much
+    as a LayerNorm of one such row on one thread. The caller's tile is aok (no output overlaps it)."""
+    if src < 0 or optab[src, 2] != DT_F32 or not _row_uniform(src, optab, meta):
+        return 0
+    if not _row_addrs(ix[:1], src, optab, dims, meta, addrs, r0, 0, 1):
+        return 0
+    return ix[0]
+
+
+@njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
     """The tile's rows are whole and BN is a power of two >= 128 (the fused trees' width)."""
     bn = meta[M_BN]
@@ -320,9 +333,15 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
         return 0
     w, b = sf[2 * bn + bm:3 * bn + bm], sf[3 * bn + bm:4 * bn + bm]
     bias = fz[pc, 7] != NO_SRC
-    if not _cached_row(w, 0, fz[pc, 6], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+    pw = _in_place_row(fz[pc, 6], optab, dims, meta, addrs, r0, ix)
+    if pw != 0:
+        w = carray(ptr_f32(pw), min(bn, meta[M_COLS]))
+    elif not _cached_row(w, 0, fz[pc, 6], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
         return 0
-    if bias and not _cached_row(b, 1, fz[pc, 7], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+    pb = _in_place_row(fz[pc, 7], optab, dims, meta, addrs, r0, ix) if bias else 0
+    if pb != 0:
+        b = carray(ptr_f32(pb), min(bn, meta[M_COLS]))
+    elif bias and not _cached_row(b, 1, fz[pc, 7], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
         return 0
     nrows = min(bm, meta[M_ROWS] - r0)
     rx, ry = ix[:bm], ix[bm:2 * bm]   # after the row vectors: their loads use ix
