@@ -76,7 +76,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape", [(37, 17), (301, 5), (9, 130), (130, 9), (5, 5000), (300, 64), (3, 7, 33),
+@pytest.mark.parametrize("shape", [(37, 17), (301, 5), (9, 130), (130, 9), (5, 5000), (300, 64), (40, 32), (3, 7, 33),
                                    (2, 20000), (4, 3072), (3, 700), (6, 200)])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matches_reference(case, shape):

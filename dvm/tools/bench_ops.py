@@ -67,9 +67,11 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     "medium": [(256, 1024)],                    # 256 K
     "large": [(4096, 4096)],                    # 16 M
     # tails everywhere: a row length just past 1000, a tall skinny 17-wide one (first-axis
-    # reductions over 4097 rows, last-axis ones over 17), long prime-length rows that fill 61 %
-    # of a one-row tile (13x20011), and a few rows past one tile (7x65537: the sweeps)
-    "odd": [(1000, 1001), (4097, 17), (13, 20011), (7, 65537)],
+    # reductions over 4097 rows, last-axis ones over 17), many short rows of a head's width
+    # (8192x64), long prime-length rows that fill 61 % of a one-row tile (13x20011), and a few
+    # rows past 65536 columns (7x65537: the sweeps, but one 131072-lane tile for the norms and
+    # softmax, whose row forms read rows in place)
+    "odd": [(1000, 1001), (4097, 17), (8192, 64), (13, 20011), (7, 65537)],
 }
 SIZE_ORDER = ("small", "medium", "large", "odd")
 
