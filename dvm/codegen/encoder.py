@@ -40,7 +40,7 @@ SINGLE_TILE_COLS = 1 << 16
 # runs all of it as row forms (softmax, LayerNorm, RMSNorm of f32 data, cpu_fuse_plan.whole_row_forms):
 # those never hold the tile in registers, they read each row from its buffer once or twice, where
 # the sweeps make a pass per instruction and 4096-lane tile and recompute the row's values per
-# sweep (7x65537 on two threads: softmax 154 -> 98 us, LayerNorm 124 -> 103, RMSNorm 84 -> 56).
+# sweep (7x65537 on two threads: softmax 154 -> 99 us, LayerNorm 124 -> 88, RMSNorm 84 -> 51).
 # Any other kernel keeps the sweeps there: its tile form over 131072 lanes ran 2-3x slower (a
 # row sum of exp(x) * y, a log-sum-exp, 7x65537). Off with SINGLE_TILE_COLS = 0
 WIDE_ROW_COLS = MAX_TILE
