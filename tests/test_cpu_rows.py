@@ -3,10 +3,14 @@
 the reference VM. Split from test_cpu_layouts (its helpers are shared)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import dvm
+from dvm.codegen import encoder
+from dvm.codegen.disasm import disasm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.tools.bench_ops_cases import max_last, sum_last
 from dvm.vm import reference
@@ -57,11 +61,13 @@ def residual_norms(k, x, r, w):
     return k.store(k.mul(rms, k.load(w))), k.store(k.add(ln, k.load(w))), k.store(h)
 
 
-@pytest.mark.parametrize("cols", [200, 1001, 2049, 3072, 3500, 5000, 7000, 10000, 16384, 70000, 131073])
+@pytest.mark.parametrize("cols", [129, 200, 300, 512, 1001, 2049, 3072, 3500, 5000, 7000, 10000, 16384, 70000,
+                                  131073])
 def test_partial_rows_with_signed_zeros_and_specials(cols):
     """Rows narrower than their power-of-two tile: the row forms, the in-place row reductions and
     the tile form's sums of squares take the tree's first levels from the valid lanes
-    (cpu_rowpart), the padding lanes' identity written in. Bitwise the reference VM's (which
+    (cpu_rowpart), the padding lanes' identity written in (129 columns: one lane past half the
+    tile; 512: whole rows). Bitwise the reference VM's (which
     pads), also where only the padding's +0.0 makes a sum of -0.0 rows +0.0, and with NaN and
     infinities. From 10000 columns a tile is one row (BM = 1), whose weights the row forms read
     as row vectors too (read in place when f32); 16384 fills its tile. 70000 and 131073 exceed
@@ -80,6 +86,26 @@ def test_partial_rows_with_signed_zeros_and_specials(cols):
     for kfn, args in ((sum_last, (x,)), (max_last, (x,)), (layernorm, (x, w, w)), (rmsnorm, (x, w)),
                       (residual_norms, (x, zero, w))):
         _bitwise_as_reference(kfn, *args, why=(cols,))
+    want = run_on(reference.run, softmax, x)[0]
+    for n in (1, 2):
+        np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_row_forms_leave_tiles_over_twice_the_row_to_the_tile_form(monkeypatch):
+    """A verified program may give rows a tile more than twice their width (the encoder's is the
+    row's next power of two): the row forms, which read rows of BN / 2 + 1 to BN lanes where they
+    are, leave such tiles to the instructions. Bitwise the reference VM's, specials included (the
+    softmax within rounding: the VMs' exp differ)."""
+    wide = encoder._pow2_at_least
+    monkeypatch.setattr(encoder, "_pow2_at_least", lambda n: 2 * wide(n))
+    x = RNG.standard_normal((5, 150)).astype(np.float32)
+    x[0] = -0.0
+    x[1, 3], x[2, -1] = np.nan, np.inf
+    w = RNG.standard_normal(150).astype(np.float32)
+    for kfn, args in ((layernorm, (x, w, w)), (rmsnorm, (x, w)), (softmax, (x,))):
+        assert re.search(r"tile \d+x512 ", disasm(kfn.program(*args))), kfn
+    for kfn, args in ((layernorm, (x, w, w)), (rmsnorm, (x, w))):
+        _bitwise_as_reference(kfn, *args, why=("bn 512",))
     want = run_on(reference.run, softmax, x)[0]
     for n in (1, 2):
         np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)

@@ -3,9 +3,9 @@ cpu_fuse_plan._row_norm and _row_softmax), and the row vectors of the fused runs
 
 The tile form of a LayerNorm makes 4-5 passes over its BM x BN tile (64 KB at 16x1024 f32: L2,
 not L1): the load's copy, the row sum, the centered squares (their tile written), the scale and
-affine. The row form takes each row from the operand's buffer, keeps its centered copy in one
-scratch row (L1) and writes the output row straight into the store's buffer: the row is read
-from the buffer twice (LayerNorm) or once (RMSNorm), written once.
+affine. The row form takes each row from the operand's buffer (three passes for a LayerNorm: the
+sum, the centered squares, the scale and affine; two for an RMSNorm: no copy of the row, which
+stays in L1 after the first) and writes the output row straight into the store's buffer.
 
     load x, o ; rowred.sum s1, x ; chain A -> m ; sub d, x, m ; mul t, d, d ; rowred.sum s2, t
     (LayerNorm; RMSNorm: load x, o ; mul t, x, x ; rowred.sum s2, t) ; chain B -> rs ;
@@ -24,7 +24,7 @@ Each row takes the same f32 operations in the same order as the instructions (th
 trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of the tile form.
 Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
 (f32 operands, unit column stride: cpu_mem._row_addrs) and BN is a power of two >= 128 holding
-the whole row; otherwise they return 0 and the instructions run (with their own fused runs).
+the whole row, less than twice its length; otherwise they return 0 and the instructions run (with their own fused runs).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
 from .cpu_rowlevel import _row_uniform
 from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
-from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, part_fits
+from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, levels_inline, part_fits
 
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
 NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
@@ -63,7 +63,7 @@ def _sq_level(lvl, v, q, ncv, bn, pad):
         for k in range(q):
             lvl[k] = _sq8(v, k, q)
     elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
-        first_levels(PART_SQSUM, lvl, v, ncv, bn)
+        first_levels(PART_SQSUM, lvl, v, ncv, bn, np.float32(0.0))
     else:
         for k in range(ncv):
             pad[k] = v[k]
@@ -82,6 +82,19 @@ def _apply_row(orow, xr, sv, w, b, n, bias):
     else:
         for k in range(n):
             orow[k] = (xr[k] * sv) * w[k]
+
+
+@njit(inline='always', **OPTS)
+def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
+    """_apply_row of xr - mv when centered (the centering sub recomputed: the same bits)."""
+    if not centered:
+        _apply_row(orow, xr, sv, w, b, n, bias)
+    elif bias:
+        for k in range(n):
+            orow[k] = (((xr[k] - mv) * sv) * w[k]) + b[k]
+    else:
+        for k in range(n):
+            orow[k] = ((xr[k] - mv) * sv) * w[k]
 
 
 @njit(inline='always', **OPTS)
@@ -151,9 +164,11 @@ def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _chain_row(instrs, dec, q0, q1, F, st, r):
-    """The chain's compact ops on row r's values (lane r; lane 0 of a uniform source)."""
+    """The chain's compact ops on row r's values (lane r; lane 0 of a uniform source). A call, not
+    inlined: inlined into the row loop it made a LayerNorm row 1.3-1.7x slower (standalone, one
+    thread, 128 to 1024 columns: 169 -> 102 and 255 -> 200 ns), LLVM's code for the loop worse."""
     for q in range(q0, q1):
         op, kind = dec[instrs[q, 0], 1], dec[instrs[q, 0], 4]
         ra = instrs[q, 2]
@@ -167,37 +182,32 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
 
 @njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
-               w, b, bias, ta, tb, drow):
+               w, b, bias, ta):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
-    bn: a power of two >= 128; ta, tb: bn-lane tree scratch; drow: a bn-lane row (the centered
-    values; before them the padded copy of a partial row that cpu_rowpart cannot take). Each tree
-    and loop appears once: every inlined copy costs VM compile time."""
+    bn: a power of two >= 128 below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
+    read where it is (its trees' first levels by cpu_rowpart, which pads as the tile form's trees
+    do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
+    copy, no centered copy (a LayerNorm row's loops, one thread, standalone: 1024 columns 228 ->
+    200 ns, 1001: 267 -> 224, 512: 170 -> 143, 200: 166 -> 129). An RMSNorm's squares are
+    (x - 0)^2, bitwise x * x. Each tree and loop appears once: every inlined copy costs VM compile
+    time."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
     lb = ta[2 * q:3 * q]
-    full = ncv == bn
-    part = part_fits(ncv, bn)
+    z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
-        sx = xr
-        if not (full or part):   # zero-padded as cpu_reduce._rowred and _sq_level pad
-            _copy(drow[:ncv], xr)
-            _accinit(R_SUM, drow[ncv:bn], np.bool_(True))
-            sx = drow
+        mv = z
         if centered:
-            src, p, sa, sb = sx, bn, ta, tb
-            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-                first_levels(PART_SUM, lvl, xr, ncv, bn)
-                src, p, sa, sb = lvl, q, la, lb
-            F[s1][r] = _tree_p2(R_SUM, src, sa, sb, p)
+            levels_inline(lvl, xr, ncv, bn, 0, z)
+            F[s1][r] = _tree_p2(R_SUM, lvl, la, lb, q)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
-            _center(drow, xr, F[m][r], full or part, ncv, ncv if part else bn)
-            sx = drow
-        _sq_level(lvl, sx, q, ncv if part else bn, bn, drow)   # (a padded copy is whole: bn)
+            mv = F[m][r]
+        levels_inline(lvl, xr, ncv, bn, 2, mv)
         F[s2][r] = _tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, qb0, qb1, F, st, r)
-        _apply_row(carray(ptr_f32(ry[r]), ncv), sx, F[rs][r], w, b, ncv, bias)
+        _apply_row_c(carray(ptr_f32(ry[r]), ncv), xr, mv, centered, F[rs][r], w, b, ncv, bias)
 
 
 @njit(**OPTS)
@@ -214,7 +224,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
         sx = xr
         src, p, sa, sb = sx, bn, ta, tb
         if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-            first_levels(PART_MAX, lvl, xr, ncv, bn)
+            first_levels(PART_MAX, lvl, xr, ncv, bn, np.float32(0.0))
             src, p, sa, sb = lvl, q, la, lb
         elif not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
             _copy(arow[:ncv], xr)
@@ -228,7 +238,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
         _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
         src, p, sa, sb = erow, bn, ta, tb
         if part:
-            first_levels(PART_SUM, lvl, erow, ncv, bn)
+            first_levels(PART_SUM, lvl, erow, ncv, bn, np.float32(0.0))
             src, p, sa, sb = lvl, q, la, lb
         F[s][r] = _tree_p2(R_SUM, src, sa, sb, p)
         _chain_row(instrs, dec, q0, q1, F, st, r)
@@ -299,9 +309,11 @@ def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
 
 @njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
-    """The tile's rows are whole and BN is a power of two >= 128 (the fused trees' width)."""
-    bn = meta[M_BN]
-    return aok and meta[M_COLS] <= bn and bn >= 128 and _is_pow2(bn)
+    """The tile's rows are whole, BN is a power of two >= 128 (the fused trees' width) and less
+    than twice the row (cpu_rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the
+    row's next power of two)."""
+    bn, cols = meta[M_BN], meta[M_COLS]
+    return aok and cols <= bn < 2 * cols and bn >= 128 and _is_pow2(bn)
 
 
 @njit(inline='always', **OPTS)
@@ -350,7 +362,7 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
         return 0
     _bracket(fp, st, instrs, pc, n, 1)
     _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-               qb0, apc, rs, w, b, bias, sf[:bn], sf[bn:2 * bn], sf[4 * bn + bm:5 * bn + bm])
+               qb0, apc, rs, w, b, bias, sf[:bn])
     _bracket(fp, st, instrs, pc, n, 0)
     return n
 

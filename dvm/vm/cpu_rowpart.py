@@ -36,47 +36,59 @@ def _lanes(base, q, n):
 
 
 @njit(inline='always', **OPTS)
-def _term(x, k, sq):
-    return x[k] * x[k] if sq else x[k]
+def _term(x, k, sq, m):
+    """Lane k's term: x, x*x (sq 1) or (x - m)*(x - m) (sq 2), the instructions' f32 ops."""
+    if sq == 2:
+        c = x[k] - m
+        return c * c
+    return x[k] * x[k] if sq == 1 else x[k]
 
 
 @njit(inline='always', **OPTS)
-def _sums(d, base, q, nv, sq):
-    """d[k] = _lvl3(R_SUM) of the padded row, of its squares when sq (a constant at each call
-    site: inlined, the branch folds); lanes j >= nv are +0.0 (a padded lane's square is too)."""
+def _sums(d, base, q, nv, sq, m):
+    """d[k] = _lvl3(R_SUM) of the padded row's terms (_term; sq is a constant at each call site:
+    inlined, the branch folds); lanes j >= nv are +0.0, as a padded lane's term is (cpu_reduce
+    pads the row it reduces, whatever the lanes held)."""
     z = _Z
     x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
     if nv == 8:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + _term(x6, k, sq)))
-                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + _term(x7, k, sq))))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
+                    + ((_term(x1, k, sq, m) + _term(x5, k, sq, m)) + (_term(x3, k, sq, m) + _term(x7, k, sq, m))))
     elif nv == 7:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + _term(x6, k, sq)))
-                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + z)))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
+                    + ((_term(x1, k, sq, m) + _term(x5, k, sq, m)) + (_term(x3, k, sq, m) + z)))
     elif nv == 6:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + z))
-                    + ((_term(x1, k, sq) + _term(x5, k, sq)) + (_term(x3, k, sq) + z)))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + z))
+                    + ((_term(x1, k, sq, m) + _term(x5, k, sq, m)) + (_term(x3, k, sq, m) + z)))
     elif nv == 5:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq) + _term(x4, k, sq)) + (_term(x2, k, sq) + z))
-                    + ((_term(x1, k, sq) + z) + (_term(x3, k, sq) + z)))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + z))
+                    + ((_term(x1, k, sq, m) + z) + (_term(x3, k, sq, m) + z)))
     else:   # 4
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq) + z) + (_term(x2, k, sq) + z)) + ((_term(x1, k, sq) + z) + (_term(x3, k, sq) + z)))
+            d[k] = (((_term(x0, k, sq, m) + z) + (_term(x2, k, sq, m) + z))
+                    + ((_term(x1, k, sq, m) + z) + (_term(x3, k, sq, m) + z)))
 
 
 @njit(**OPTS)
 def _sum_part(d, base, q, nv):
     """d[k] = _lvl3(R_SUM) of the padded row; base: the address of the segment's lane 0."""
-    _sums(d, base, q, nv, False)
+    _sums(d, base, q, nv, 0, _Z)
 
 
 @njit(**OPTS)
 def _sqsum_part(d, base, q, nv):
     """_sum_part of the squares x*x."""
-    _sums(d, base, q, nv, True)
+    _sums(d, base, q, nv, 1, _Z)
+
+
+@njit(**OPTS)
+def _csqsum_part(d, base, q, nv, m):
+    """_sum_part of the centered squares (x - m)*(x - m)."""
+    _sums(d, base, q, nv, 2, m)
 
 
 @njit(**OPTS)
@@ -102,7 +114,7 @@ def _max_part(d, base, q, nv):
             d[k] = m(m(m(x0[k], z), m(x2[k], z)), m(m(x1[k], z), m(x3[k], z)))
 
 
-PART_SUM, PART_SQSUM, PART_MAX = 0, 1, 2
+PART_SUM, PART_SQSUM, PART_MAX, PART_CSQSUM = 0, 1, 2, 3
 
 
 PART_MIN_BN = 2048   # narrower rows keep the padded copy: as fast at 1024 lanes, ~20 ns a tree faster
@@ -115,10 +127,25 @@ def part_fits(ncv, bn):
     return bn >= PART_MIN_BN and 2 * ncv > bn and ncv < bn
 
 
+@njit(inline='always', **OPTS)
+def levels_inline(d, x, ncv, bn, sq, m):
+    """first_levels of the sums of _term(x, sq, m), inlined (sq a constant at the call site): as
+    a call, with the kind dispatched at run time, it cost 10-20 ns more a row (128 to 1024 lanes),
+    up to 13 % of a LayerNorm row."""
+    q = bn // 8
+    j = ncv // q
+    rem = ncv - j * q
+    for k0, k1, nv in ((0, rem, j + 1), (rem, q, j)):
+        if k1 > k0:
+            _sums(carray(ptr_f32(d.ctypes.data + 4 * k0), k1 - k0), x.ctypes.data + 4 * k0, q, nv, sq, m)
+
+
 @njit(**OPTS)
-def first_levels(kind, d, x, ncv, bn):
-    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_MAX),
-    reading x[:ncv] only. Requires part_fits(ncv, bn). Continue with _tree_p2 over d (bn // 8)."""
+def first_levels(kind, d, x, ncv, bn, m):
+    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_CSQSUM:
+    of (x - m)*(x - m), PART_MAX), reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power
+    of two >= 16 (part_fits adds the widths where it beats a padded copy for a lone tree).
+    Continue with _tree_p2 over d (bn // 8)."""
     q = bn // 8
     j = ncv // q
     rem = ncv - j * q
@@ -130,5 +157,7 @@ def first_levels(kind, d, x, ncv, bn):
                 _sum_part(ds, base, q, nv)
             elif kind == PART_SQSUM:
                 _sqsum_part(ds, base, q, nv)
+            elif kind == PART_CSQSUM:
+                _csqsum_part(ds, base, q, nv, m)
             else:
                 _max_part(ds, base, q, nv)
