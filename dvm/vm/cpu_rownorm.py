@@ -36,8 +36,8 @@ from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP
                           OP_SQRT, OP_SUB, R_MAX, R_SUM, _un_f32)
 from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
 from .cpu_rowlevel import _row_uniform
-from .cpu_reduce import _accinit, _copy, _is_pow2, _tree_p2
-from .cpu_rowpart import PART_MAX, PART_SQSUM, PART_SUM, first_levels, levels_inline, part_fits
+from .cpu_reduce import _is_pow2, _tree_p2
+from .cpu_rowpart import PART_SQSUM, first_levels, levels_inline, part_fits
 
 ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
 NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
@@ -98,15 +98,10 @@ def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
 
 
 @njit(inline='always', **OPTS)
-def _center(drow, xr, mv, full, ncv, bn):
-    """drow = row - mv: from the buffer's row xr (its first bn lanes) when full, else in place
-    over the padded copy of a partial row already in drow (its ncv valid lanes)."""
-    if full:
-        for k in range(bn):
-            drow[k] = xr[k] - mv
-    else:
-        for k in range(ncv):
-            drow[k] = drow[k] - mv
+def _center(drow, xr, mv, n):
+    """drow[:n] = xr[:n] - mv (drow does not overlap xr: the loop vectorizes)."""
+    for k in range(n):
+        drow[k] = xr[k] - mv
 
 
 @njit(inline='always', **OPTS)
@@ -211,36 +206,25 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
 
 
 @njit(**OPTS)
-def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, tb, arow, erow):
+def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, arow, erow):
     """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
-    then y = e * r (e / r when div)."""
-    full = ncv == bn
-    part = part_fits(ncv, bn)
+    then y = e * r (e / r when div). The trees' first levels read the row and erow where they
+    are (cpu_rowpart, as _norm_rows; a partial row's padded copy cost more: one thread, 300
+    columns 262 -> 202 ns a row, 1001: 391 -> 361)."""
     q = bn // 8
     lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
+    z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
-        sx = xr
-        src, p, sa, sb = sx, bn, ta, tb
-        if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-            first_levels(PART_MAX, lvl, xr, ncv, bn, np.float32(0.0))
-            src, p, sa, sb = lvl, q, la, lb
-        elif not full:   # padded as cpu_reduce._rowred pads: -inf for the max, +0.0 for the sum
-            _copy(arow[:ncv], xr)
-            _accinit(R_MAX, arow[ncv:bn], np.bool_(True))
-            _accinit(R_SUM, erow[ncv:bn], np.bool_(True))
-            src = arow
-        mv = _tree_p2(R_MAX, src, sa, sb, p)
-        _center(arow, xr, mv, full or part, ncv, ncv if part else bn)
+        levels_inline(lvl, xr, ncv, bn, -1, z)
+        mv = _tree_p2(R_MAX, lvl, la, lb, q)
+        _center(arow, xr, mv, ncv)
         F[m][r] = mv
         # the interpreter's compiled f32 exp (a lane's value never depends on the others)
         _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
-        src, p, sa, sb = erow, bn, ta, tb
-        if part:
-            first_levels(PART_SUM, lvl, erow, ncv, bn, np.float32(0.0))
-            src, p, sa, sb = lvl, q, la, lb
-        F[s][r] = _tree_p2(R_SUM, src, sa, sb, p)
+        levels_inline(lvl, erow, ncv, bn, 0, z)
+        F[s][r] = _tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)
@@ -385,7 +369,7 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
         return 0
     _bracket(fp, st, instrs, pc, n, 1)
     _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
-                  dec[instrs[fpc, 0], 1] == OP_DIV, sf[:bn], sf[bn:2 * bn], sf[5 * bn + bm:6 * bn + bm],
+                  dec[instrs[fpc, 0], 1] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
                   sf[4 * bn + bm:5 * bn + bm])
     _bracket(fp, st, instrs, pc, n, 0)
     return n

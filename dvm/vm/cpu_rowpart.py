@@ -94,6 +94,11 @@ def _csqsum_part(d, base, q, nv, m):
 @njit(**OPTS)
 def _max_part(d, base, q, nv):
     """d[k] = _lvl3(R_MAX) of the padded row (lanes j >= nv are -inf)."""
+    _maxes(d, base, q, nv)
+
+
+@njit(inline='always', **OPTS)
+def _maxes(d, base, q, nv):
     m = _fmax
     z = _NINF
     x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
@@ -129,15 +134,19 @@ def part_fits(ncv, bn):
 
 @njit(inline='always', **OPTS)
 def levels_inline(d, x, ncv, bn, sq, m):
-    """first_levels of the sums of _term(x, sq, m), inlined (sq a constant at the call site): as
-    a call, with the kind dispatched at run time, it cost 10-20 ns more a row (128 to 1024 lanes),
-    up to 13 % of a LayerNorm row."""
+    """first_levels of the sums of _term(x, sq, m), or of the maxes when sq is -1, inlined (sq a
+    constant at the call site): as a call, with the kind dispatched at run time, it cost 10-20 ns
+    more a row (128 to 1024 lanes), up to 13 % of a LayerNorm row."""
     q = bn // 8
     j = ncv // q
     rem = ncv - j * q
     for k0, k1, nv in ((0, rem, j + 1), (rem, q, j)):
         if k1 > k0:
-            _sums(carray(ptr_f32(d.ctypes.data + 4 * k0), k1 - k0), x.ctypes.data + 4 * k0, q, nv, sq, m)
+            ds = carray(ptr_f32(d.ctypes.data + 4 * k0), k1 - k0)
+            if sq < 0:
+                _maxes(ds, x.ctypes.data + 4 * k0, q, nv)
+            else:
+                _sums(ds, x.ctypes.data + 4 * k0, q, nv, sq, m)
 
 
 @njit(**OPTS)
