@@ -116,7 +116,7 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
         if (p2 and ncv == bn) or part:
             src, p, sa, sb = xr, bn, a, b
             if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-                first_levels(PART_SUM if op == R_SUM else PART_MAX, a[:q], xr, ncv, bn, np.float32(0.0))
+                first_levels(PART_SUM if op == R_SUM else PART_MAX, a[:q], xr, ncv, bn)
                 src, p, sa, sb = a[:q], q, b[:q], b[q:2 * q]
             v = _tree_p2(op, src, sa, sb, p)
         else:

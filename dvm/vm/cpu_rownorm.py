@@ -24,7 +24,8 @@ Each row takes the same f32 operations in the same order as the instructions (th
 trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of the tile form.
 Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
 (f32 operands, unit column stride: cpu_mem._row_addrs) and BN is a power of two >= 128 holding
-the whole row, less than twice its length; otherwise they return 0 and the instructions run (with their own fused runs).
+the whole row, less than twice its length; otherwise they return 0 and the instructions run
+(with their own fused runs).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _sq_level(lvl, v, q, ncv, bn, pad):
         for k in range(q):
             lvl[k] = _sq8(v, k, q)
     elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
-        first_levels(PART_SQSUM, lvl, v, ncv, bn, np.float32(0.0))
+        first_levels(PART_SQSUM, lvl, v, ncv, bn)
     else:
         for k in range(ncv):
             pad[k] = v[k]

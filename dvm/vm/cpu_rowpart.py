@@ -53,11 +53,14 @@ def _sums(d, base, q, nv, sq, m):
     x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
     if nv == 8:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
-                    + ((_term(x1, k, sq, m) + _term(x5, k, sq, m)) + (_term(x3, k, sq, m) + _term(x7, k, sq, m))))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m))
+                     + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
+                    + ((_term(x1, k, sq, m) + _term(x5, k, sq, m))
+                       + (_term(x3, k, sq, m) + _term(x7, k, sq, m))))
     elif nv == 7:
         for k in range(d.shape[0]):
-            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m)) + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
+            d[k] = (((_term(x0, k, sq, m) + _term(x4, k, sq, m))
+                     + (_term(x2, k, sq, m) + _term(x6, k, sq, m)))
                     + ((_term(x1, k, sq, m) + _term(x5, k, sq, m)) + (_term(x3, k, sq, m) + z)))
     elif nv == 6:
         for k in range(d.shape[0]):
@@ -84,11 +87,6 @@ def _sqsum_part(d, base, q, nv):
     """_sum_part of the squares x*x."""
     _sums(d, base, q, nv, 1, _Z)
 
-
-@njit(**OPTS)
-def _csqsum_part(d, base, q, nv, m):
-    """_sum_part of the centered squares (x - m)*(x - m)."""
-    _sums(d, base, q, nv, 2, m)
 
 
 @njit(**OPTS)
@@ -119,7 +117,7 @@ def _maxes(d, base, q, nv):
             d[k] = m(m(m(x0[k], z), m(x2[k], z)), m(m(x1[k], z), m(x3[k], z)))
 
 
-PART_SUM, PART_SQSUM, PART_MAX, PART_CSQSUM = 0, 1, 2, 3
+PART_SUM, PART_SQSUM, PART_MAX = 0, 1, 2
 
 
 PART_MIN_BN = 2048   # narrower rows keep the padded copy: as fast at 1024 lanes, ~20 ns a tree faster
@@ -134,9 +132,9 @@ def part_fits(ncv, bn):
 
 @njit(inline='always', **OPTS)
 def levels_inline(d, x, ncv, bn, sq, m):
-    """first_levels of the sums of _term(x, sq, m), or of the maxes when sq is -1, inlined (sq a
-    constant at the call site): as a call, with the kind dispatched at run time, it cost 10-20 ns
-    more a row (128 to 1024 lanes), up to 13 % of a LayerNorm row."""
+    """first_levels of the sums of _term(x, sq, m) (sq 2: the centered squares), or of the maxes
+    when sq is -1, inlined (sq a constant at the call site): as a call, with the kind dispatched
+    at run time, it cost 10-20 ns more a row (128 to 1024 lanes), up to 13 % of a LayerNorm row."""
     q = bn // 8
     j = ncv // q
     rem = ncv - j * q
@@ -150,11 +148,10 @@ def levels_inline(d, x, ncv, bn, sq, m):
 
 
 @njit(**OPTS)
-def first_levels(kind, d, x, ncv, bn, m):
-    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_CSQSUM:
-    of (x - m)*(x - m), PART_MAX), reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power
-    of two >= 16 (part_fits adds the widths where it beats a padded copy for a lone tree).
-    Continue with _tree_p2 over d (bn // 8)."""
+def first_levels(kind, d, x, ncv, bn):
+    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_MAX),
+    reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power of two >= 16 (part_fits adds
+    the widths where it beats a padded copy for a lone tree). Continue with _tree_p2 over d."""
     q = bn // 8
     j = ncv // q
     rem = ncv - j * q
@@ -166,7 +163,5 @@ def first_levels(kind, d, x, ncv, bn, m):
                 _sum_part(ds, base, q, nv)
             elif kind == PART_SQSUM:
                 _sqsum_part(ds, base, q, nv)
-            elif kind == PART_CSQSUM:
-                _csqsum_part(ds, base, q, nv, m)
             else:
                 _max_part(ds, base, q, nv)
