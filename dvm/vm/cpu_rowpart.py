@@ -76,27 +76,9 @@ def _sums(d, base, q, nv, sq, m):
                     + ((_term(x1, k, sq, m) + z) + (_term(x3, k, sq, m) + z)))
 
 
-@njit(**OPTS)
-def _sum_part(d, base, q, nv):
-    """d[k] = _lvl3(R_SUM) of the padded row; base: the address of the segment's lane 0."""
-    _sums(d, base, q, nv, 0, _Z)
-
-
-@njit(**OPTS)
-def _sqsum_part(d, base, q, nv):
-    """_sum_part of the squares x*x."""
-    _sums(d, base, q, nv, 1, _Z)
-
-
-
-@njit(**OPTS)
-def _max_part(d, base, q, nv):
-    """d[k] = _lvl3(R_MAX) of the padded row (lanes j >= nv are -inf)."""
-    _maxes(d, base, q, nv)
-
-
 @njit(inline='always', **OPTS)
 def _maxes(d, base, q, nv):
+    """d[k] = _lvl3(R_MAX) of the padded row (lanes j >= nv are -inf)."""
     m = _fmax
     z = _NINF
     x0, x1, x2, x3, x4, x5, x6, x7 = _lanes(base, q, d.shape[0])
@@ -151,17 +133,11 @@ def levels_inline(d, x, ncv, bn, sq, m):
 def first_levels(kind, d, x, ncv, bn):
     """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_MAX),
     reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power of two >= 16 (part_fits adds
-    the widths where it beats a padded copy for a lone tree). Continue with _tree_p2 over d."""
-    q = bn // 8
-    j = ncv // q
-    rem = ncv - j * q
-    for k0, k1, nv in ((0, rem, j + 1), (rem, q, j)):
-        if k1 > k0:
-            ds = carray(ptr_f32(d.ctypes.data + 4 * k0), k1 - k0)
-            base = x.ctypes.data + 4 * k0
-            if kind == PART_SUM:
-                _sum_part(ds, base, q, nv)
-            elif kind == PART_SQSUM:
-                _sqsum_part(ds, base, q, nv)
-            else:
-                _max_part(ds, base, q, nv)
+    the widths where it beats a padded copy for a lone tree). Continue with _tree_p2 over d.
+    levels_inline with the kind dispatched at run time, for callers outside the row forms."""
+    if kind == PART_SUM:
+        levels_inline(d, x, ncv, bn, 0, _Z)
+    elif kind == PART_SQSUM:
+        levels_inline(d, x, ncv, bn, 1, _Z)
+    else:
+        levels_inline(d, x, ncv, bn, -1, _Z)
