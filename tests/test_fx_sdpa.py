@@ -23,7 +23,7 @@ def _tril(B, L):
     return torch.ones(L, L, dtype=torch.bool).tril().expand(B, 1, L, L).contiguous()
 
 
-@pytest.mark.parametrize("L", [1, 2, 3, 5, 8, 17, 64])
+@pytest.mark.parametrize("L", [1, 2, 3, 5, 8, 17, 64, 600])   # 600: over _BYTES_CHECK_MAX
 @pytest.mark.parametrize("B", [1, 3])
 def test_causal_mask_is_recognized_exactly(B, L):
     assert fx_sdpa.is_causal_mask(_tril(B, L), L, L)

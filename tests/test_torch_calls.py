@@ -92,3 +92,33 @@ def test_linear_layers_fold_into_one_call(shape):
     (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
     (w,) = torch.autograd.grad(m(xg).sum(), xg)
     torch.testing.assert_close(g, w)
+
+
+def _heads(x, w):
+    """Views of a linear layer's output and of DVM outputs, one with a transposed traced layout
+    (x.transpose(1, 2) * 2 follows its input's memory order in PyTorch, is row-major in DVM)."""
+    B, L, D = x.shape
+    q = torch.nn.functional.linear(x, w).view(B, L, 2, 4)
+    t = (x.transpose(1, 2) * 2).view(B, D, 1, L)
+    u = (q.transpose(1, 2) * 3).view(B, 2, L, 2, 2)
+    return t, u, torch.mm(q.reshape(-1, 4), w[:4, :4])
+
+
+def test_views_of_row_major_values_are_plain_views():
+    """A view of F.linear's output, of a DVM output (stored row-major whatever PyTorch's layout
+    would be: t's is transposed) or of such a view is called as Tensor.view, with no
+    is_contiguous test (a view of any other value keeps it: the test above). Results match eager,
+    no view copies."""
+    from dvm.frontend.torch_runtime import COMPILED
+    torch._dynamo.reset()
+    fn = torch.compile(_heads, backend="dvm", dynamic=True)
+    w = torch.randn(8, 6)
+    with torch.no_grad():
+        for L in (3, 5, 9):
+            x = torch.randn(2, L, 6)
+            before = counters.snapshot().get("torch_view_copies", 0)
+            for got, want in zip(fn(x, w), _heads(x, w)):
+                torch.testing.assert_close(got, want)
+    code = COMPILED[-1].runner.code
+    assert code.count("torch_Tensor_view(") == 4 and "_view_or_reshape" not in code, code
+    assert counters.snapshot().get("torch_view_copies", 0) == before

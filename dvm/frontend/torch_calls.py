@@ -97,14 +97,16 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     return folds, skip
 
 
-def fast_call(target, n_args: int, has_kwargs: bool) -> Callable:
-    """The callable the run graph uses for `target` called with n_args positional arguments."""
+def fast_call(target, n_args: int, has_kwargs: bool, row_major: bool = False) -> Callable:
+    """The callable the run graph uses for `target` called with n_args positional arguments.
+    row_major: the first argument is row-major at run time whatever its traced strides (a DVM
+    output stored row-major, F.linear's output, a view of either), so a view is a plain view."""
     if has_kwargs:
         return _named(target)
     if target in _SAME_OP:
         return _SAME_OP[target]
     if target in _RESHAPE_INSTEAD and n_args == 2:
-        return _view_or_reshape
+        return torch.Tensor.view if row_major else _view_or_reshape
     if target is aten.slice.Tensor:
         return _slice
     return _named(target)

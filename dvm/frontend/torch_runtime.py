@@ -80,11 +80,16 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
-def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict) -> fx.Node:
-    """n as a call in the run graph g (its arguments mapped through remap)."""
-    target = fast_call(n.target, len(n.args), bool(n.kwargs))
+def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node:
+    """n as a call in the run graph g (its arguments mapped through remap). row_major: the run
+    graph's nodes whose tensors are row-major at run time (a plain view of one is added)."""
+    first = remap.get(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+    target = fast_call(n.target, len(n.args), bool(n.kwargs), first in row_major)
     get = remap.__getitem__
-    return g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
+    out = g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
+    if target is torch.Tensor.view:
+        row_major.add(out)
+    return out
 
 
 class SegmentRunner:
@@ -233,7 +238,7 @@ class CompiledFx:
         self.segments, self.torch_steps = [], []
         in_torch = {s.node for s in planner.steps if isinstance(s, TorchStep)}
         folds, skip = linear_folds(gm.graph.nodes, in_torch, fake)
-        runners = {}
+        runners, row_major = {}, set()
         for step in planner.steps:
             if isinstance(step, SegmentStep):
                 try:
@@ -250,9 +255,10 @@ class CompiledFx:
                 if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
                     remap[step.node] = g.call_function(torch.nn.functional.linear,
                                                        tuple(remap[a] for a in folds[step.node]))
+                    row_major.add(remap[step.node])
                     counters.bump("torch_linear_folds")
                 elif step.node not in skip:
-                    remap[step.node] = _emit_torch(g, step.node, remap)
+                    remap[step.node] = _emit_torch(g, step.node, remap, row_major)
                 self.torch_steps.append(step)
                 counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
                 continue
@@ -260,7 +266,7 @@ class CompiledFx:
             if isinstance(runner, Exception):
                 e = runner
                 for n in step.segment.members:
-                    remap[n] = _emit_torch(g, n, remap)
+                    remap[n] = _emit_torch(g, n, remap, row_major)
                     ts = TorchStep(n, "fallback", f"segment not compiled: {type(e).__name__}: {e}")
                     self.torch_steps.append(ts)
                     counters.bump(f"fallback:{n.target}:{ts.reason}")
@@ -274,6 +280,8 @@ class CompiledFx:
             call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
             for k, fxn in enumerate(runner.outputs):
                 remap[fxn] = g.call_function(operator.getitem, (call, k))
+                if runner.results[k][2] is None:   # stored row-major (not permuted back)
+                    row_major.add(remap[fxn])
             self.segments.append(runner)
             counters.bump("torch_segments")
             for kind in step.segment.patterns:
