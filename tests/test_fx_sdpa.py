@@ -84,3 +84,38 @@ def test_rewrite_leaves_other_masks_alone():
     after = counters.snapshot()
     assert after.get("torch_sdpa_causal", 0) == before.get("torch_sdpa_causal", 0)
     assert after.get("torch_sdpa_masked", 0) == before.get("torch_sdpa_masked", 0)
+
+
+def _repeat_kv(x, rep):   # as Hugging Face's models write it
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+
+
+def _grouped(q, k, v, keep, rep):
+    mask = torch.where(keep, 0.0, float("-inf"))
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, rep), _repeat_kv(v, rep), attn_mask=mask)
+
+
+@pytest.mark.cpu_vm
+@pytest.mark.parametrize("rep", [2, 3])
+def test_repeated_keys_and_values_are_passed_grouped(rep):
+    """sdpa(q, repeat_kv(k), repeat_kv(v)) runs as sdpa(q, k, v) (the kernel groups the heads):
+    bitwise eager's result on both mask paths, k and v transposed views as the models pass them.
+    With gradients the copies are saved for the backward: no rewrite, gradients match."""
+    torch._dynamo.reset()
+    fn = torch.compile(_grouped, backend="dvm", dynamic=True)
+    before = counters.snapshot().get("torch_sdpa_grouped_kv", 0)
+    for B, L in ((1, 6), (2, 9)):
+        q = torch.randn(B, 2 * rep, L, 8)
+        k, v = (torch.randn(B, L, 2, 8).transpose(1, 2) for _ in range(2))
+        for keep in (_tril(B, L), torch.rand(B, 1, L, L) > 0.2):
+            keep[..., 0] = True   # no fully masked row
+            torch.testing.assert_close(fn(q, k, v, keep, rep), _grouped(q, k, v, keep, rep), rtol=0, atol=0)
+    assert counters.snapshot().get("torch_sdpa_grouped_kv", 0) > before
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(1, 2 * rep if i == 0 else 2, 5, 8, requires_grad=True) for i in range(3))
+    keep = _tril(1, 5)
+    got = torch.autograd.grad(torch.compile(_grouped, backend="dvm", dynamic=True)(q, k, v, keep, rep).sum(), (q, k, v))
+    want = torch.autograd.grad(_grouped(q, k, v, keep, rep).sum(), (q, k, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
