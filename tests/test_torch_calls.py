@@ -122,3 +122,25 @@ def test_views_of_row_major_values_are_plain_views():
     code = COMPILED[-1].runner.code
     assert code.count("torch_Tensor_view(") == 4 and "_view_or_reshape" not in code, code
     assert counters.snapshot().get("torch_view_copies", 0) == before
+
+
+@pytest.mark.parametrize("case", ["ascending", "short", "int64", "odd_width", "transposed", "empty_groups"])
+def test_grouped_mm_fallback_runs_native_only_where_it_computes_the_same(case):
+    """transformers' grouped_mm_fallback runs as torch._grouped_mm where that gives the same
+    (bitwise) result; offsets that stop short of the rows (the fallback leaves those rows zero),
+    int64 offsets, and layouts the kernel refuses run the fallback itself: same result always."""
+    pytest.importorskip("transformers.integrations.moe")
+    op = torch.ops.transformers.grouped_mm_fallback.default
+    fn = fast_call(op, 3, False)
+    assert fn is not op
+    torch.manual_seed(0)
+    n = 5 if case == "odd_width" else 8
+    x, w = torch.randn(12, 16), torch.randn(3, 16, n)
+    if case == "transposed":
+        w = torch.randn(3, n, 16).transpose(1, 2)
+    ends = {"short": [2, 5, 9], "empty_groups": [0, 12, 12]}.get(case, [3, 7, 12])
+    offs = torch.tensor(ends, dtype=torch.int64 if case == "int64" else torch.int32)
+    before = counters.snapshot().get("torch_grouped_mm_native", 0)
+    torch.testing.assert_close(fn(x, w, offs), op(x, w, offs), rtol=0, atol=0)
+    native = counters.snapshot().get("torch_grouped_mm_native", 0) - before
+    assert native == (case in ("ascending", "transposed", "empty_groups"))
