@@ -96,29 +96,35 @@ def _only_user(n, target) -> bool:
     return isinstance(n, fx.Node) and n.op == "call_function" and n.target == target and len(n.users) == 1
 
 
-def _skip_full_slices(n):
-    """n's source through `x[:]`-style slices read by nothing else (they are views of all of x)."""
+def _skip_full_slices(n, chain: list):
+    """n's source through `x[:]`-style slices read by nothing else (they are views of all of x);
+    the slices are appended to chain."""
     while _only_user(n, aten.slice.Tensor) and len(n.args) >= 2 and \
             tuple(n.args[2:]) in ((), (0,), (0, _FULL_END), (0, _FULL_END, 1), (None, None, 1)):
+        chain.append(n)
         n = n.args[0]
     return n
 
 
 def _repeated_kv(n):
-    """(x, rep) when n is Hugging Face's repeat_kv(x, rep): view(clone(expand(x[:, :, None], [b,
-    h, rep, s, d])), [b, h * rep, s, d]), each step read only by the next; else None."""
+    """(x, rep, the copy's nodes from n down) when n is Hugging Face's repeat_kv(x, rep):
+    view(clone(expand(x[:, :, None], [b, h, rep, s, d])), [b, h * rep, s, d]), each step read
+    only by the next; else None."""
     if not (isinstance(n, fx.Node) and n.target in _REPEAT_VIEWS and len(n.users) == 1):
         return None
     c = n.args[0]
     if not (_only_user(c, aten.clone.default) and set(c.kwargs) <= {"memory_format"}):
         return None
-    e = _skip_full_slices(c.args[0])
+    chain = [n, c]
+    e = _skip_full_slices(c.args[0], chain)
     if not (_only_user(e, aten.expand.default) and len(e.args) == 2):
         return None
-    u = _skip_full_slices(e.args[0])
+    chain.append(e)
+    u = _skip_full_slices(e.args[0], chain)
     if not (_only_user(u, aten.unsqueeze.default) and tuple(u.args[1:]) == (2,)):
         return None
-    x = _skip_full_slices(u.args[0])
+    chain.append(u)
+    x = _skip_full_slices(u.args[0], chain)
     xv, ev, nv = (getattr(v, "meta", {}).get("val") for v in (x, e, n))
     if not all(isinstance(v, torch.Tensor) for v in (xv, ev, nv)) or (xv.dim(), ev.dim(), nv.dim()) != (4, 5, 4):
         return None
@@ -127,32 +133,24 @@ def _repeated_kv(n):
     want = ((ev.shape, (b, h, rep, sl, d)), (nv.shape, (b, h * rep, sl, d)))
     if not all(statically_known_true(p == q) for got, w in want for p, q in zip(got, w)):
         return None
-    return x, rep
+    return x, rep, chain
 
 
-def _ungroup_kv(graph: fx.Graph, n: fx.Node) -> bool:
+def _ungroup_kv(graph: fx.Graph, n: fx.Node) -> None:
     """sdpa(q, repeat_kv(k, r), repeat_kv(v, r)) -> sdpa(q, k, v): the CPU flash kernel reads
     query head i from key / value head i // r itself (bitwise the same results; eager Hugging
     Face passes grouped heads the same way with enable_gqa), so the two copies of r times the
     keys and values go. Only where the copies have no other reader (not in training graphs,
     which save them)."""
     if len(n.args) < 3:
-        return False
+        return
     k, v = _repeated_kv(n.args[1]), _repeated_kv(n.args[2])
     if k is None or v is None or not statically_known_true(k[1] == v[1]):
-        return False
-    old = n.args[1:3]
+        return
     n.args = (n.args[0], k[0], v[0], *n.args[3:])
-    for top, src in zip(old, (k[0], v[0])):
-        chain = []
-        node = top
-        while node is not src:
-            chain.append(node)
-            node = node.args[0]
-        for node in chain:   # top first: each is then unread
-            graph.erase_node(node)
+    for node in k[2] + v[2]:   # each chain from its top: each node is then unread
+        graph.erase_node(node)
     counters.bump("torch_sdpa_grouped_kv")
-    return True
 
 
 class _KeepMaskSDPA:
