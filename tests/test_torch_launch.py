@@ -141,7 +141,7 @@ def test_run_graph_is_generated_code():
     torch.testing.assert_close(cf(x, y), (torch.exp(x).t().contiguous().view(-1) @ y.view(-1)).sin())
     code = COMPILED[-1].runner.code
     assert "args_list.clear()" in code
-    assert code.count("= dvm_frontend_torch_runtime_run") == len(COMPILED[-1].segments) >= 1
+    assert code.count("= dvm_frontend_torch_segment_run") == len(COMPILED[-1].segments) >= 1
     assert os.environ["DVM_VM"] == "cpu"
 
 

@@ -156,6 +156,7 @@ def _ungroup_kv(graph: fx.Graph, n: fx.Node) -> None:
 class _KeepMaskSDPA:
     """`sdpa(q, k, v, attn_mask=where(keep, 0.0, -inf), scale=scale)` (the mask in mask_dtype), run
     with is_causal=True and no mask when keep is exactly causal. (An object, so that counters and `dvm.explain` name it.)"""
+    __name__ = "sdpa_keep_mask"   # the rewritten ATen graph must still generate code (the fallback runs it)
 
     def __call__(self, q, k, v, keep, mask_dtype=torch.float32, scale=None):
         if is_causal_mask(keep, q.shape[-2], k.shape[-2]):

@@ -75,8 +75,10 @@ def _arg_nodes(n: fx.Node) -> list:
 
 
 class Planner:
-    def __init__(self, gm: fx.GraphModule):
-        self.gm = gm
+    def __init__(self, gm: fx.GraphModule, prefix_last: fx.Node | None = None):
+        """prefix_last: the last of the size-only nodes moved to the graph's start
+        (fx_sizeonly); the open segment closes after it, so no segment mixes them with others."""
+        self.gm, self.prefix_last = gm, prefix_last
         self.syms = Syms()
         self.steps: list = []
         self.segments: list[Segment] = []
@@ -277,6 +279,8 @@ class Planner:
                     self.need_torch(a)
             elif n.op == "call_function":
                 self.visit(n)
+                if n is self.prefix_last:
+                    self.close()
             else:
                 raise Unsupported(f"FX op {n.op}")
 
@@ -380,8 +384,8 @@ class _Lower:
         return self.syms.shape(self.out)
 
 
-def plan(gm: fx.GraphModule) -> Planner:
-    p = Planner(gm)
+def plan(gm: fx.GraphModule, prefix_last: fx.Node | None = None) -> Planner:
+    p = Planner(gm, prefix_last)
     p.run()
     return p
 

@@ -7,33 +7,28 @@ turns it into straight-line Python, so a call pays no interpretation per step. A
 symbol values from the placeholders (SymInt arguments and tensor sizes); a segment launches on
 its input tensors' data pointers (torch_launch). DVM adds no size guards; the shape facts
 recorded while tracing are checked at each call (a clear ShapeError, never a wrong result).
+Segments run as torch_segment.SegmentRunner. The steps computing values that depend on sizes
+only (fx_sizeonly: HF's positions and causal mask) go into a function of their own, called
+through a cache keyed by the size values (SizeConsts) at the start of the run graph.
 """
 from __future__ import annotations
 
 import collections
 import operator
 import time
-from typing import Sequence
 
 import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
-from ..errors import ShapeError
-from ..graph.build import permute
-from ..graph.node import topo_order
-from ..graph.symbolic import SymExpr, evaluate, free_symbols
 from ..runtime import counters
-from ..runtime.compiled import CompiledGraph
-from .aten_table import Unsupported
 from . import fx_sdpa
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
+from .fx_sizeonly import SizeConsts, move_first, size_only
 from .torch_calls import fast_call, linear_folds
-from .torch_launch import TensorLauncher
+from .torch_segment import SegmentRunner
 
-# DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
-STORE_IN_TORCH_ORDER = False
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
 
 
@@ -45,39 +40,11 @@ def _pure(step: TorchStep) -> bool:
         (step.kind == "python" and getattr(step.node.target, "__module__", None) in ("_operator", "operator"))
 
 
-_CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
-
-
 def _bare(d) -> str | None:
     if isinstance(d, torch.SymInt):
         expr = d.node.expr
         return str(expr) if expr.is_Symbol else None
     return None
-
-
-def _stride_order(v) -> tuple | None:
-    """The permutation that lists v's dims in PyTorch's memory order (None: row-major already)."""
-    if not isinstance(v, torch.Tensor) or v.ndim < 2:
-        return None
-    try:
-        sizes = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.shape]
-        strides = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.stride()]
-    except (TypeError, AttributeError):
-        return None
-    perm = tuple(sorted(range(v.ndim), key=lambda i: -strides[i]))
-    if perm == tuple(range(v.ndim)):
-        return None
-    acc, expect = 1, [0] * v.ndim
-    for i in reversed(perm):
-        expect[i] = acc
-        acc *= sizes[i]
-    if any(sizes[i] > 1 and expect[i] != strides[i] for i in range(v.ndim)):
-        return None          # not a dense permutation (expanded, overlapping): keep row-major
-    # dims of size 1 keep their place: only the order of the others matters
-    big = [i for i in perm if sizes[i] > 1]
-    if big == sorted(big):
-        return None
-    return perm
 
 
 def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node:
@@ -92,85 +59,6 @@ def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node
     return out
 
 
-class SegmentRunner:
-    def __init__(self, seg, graph_syms: set):
-        self.seg = seg
-        nodes, self.out_map = [], []
-        for fxn in seg.outputs:
-            node = seg.value[fxn]
-            if node.op == "input":
-                self.out_map.append((fxn, True, node.attr("index"), None))
-                continue
-            perm = _stride_order(fake(fxn)) if STORE_IN_TORCH_ORDER else None
-            inv = None
-            if perm is not None:   # store in PyTorch's memory order, view back (costs a kernel)
-                node = permute(seg.ctx, node, perm)
-                inv = tuple(perm.index(i) for i in range(len(perm)))
-            if node not in nodes:
-                nodes.append(node)
-            self.out_map.append((fxn, False, nodes.index(node), inv))
-        needed: set = set()
-        for node in topo_order(nodes):
-            for d in node.shape:
-                needed |= {s.name for s in free_symbols(d)}
-            if node.op == "const" and isinstance(node.attr("value"), SymExpr):
-                needed |= {s.name for s in free_symbols(node.attr("value"))}
-        for c in seg.ctx.checks:
-            needed |= {s.name for s in free_symbols(c.lhs) | free_symbols(c.rhs if c.rhs is not None else 0)}
-        self.binds, bound = [], set(graph_syms)
-        for i, node in enumerate(seg.input_nodes):
-            for j, d in enumerate(node.shape):
-                s = d.as_symbol() if isinstance(d, SymExpr) else None
-                if s is not None and s.name not in bound:
-                    self.binds.append((i, j, s.name))
-                    bound.add(s.name)
-        if needed - bound:
-            raise Unsupported(f"sizes {sorted(needed - bound)} cannot be bound from the inputs")
-        self.checks = list(seg.ctx.checks)
-        self._checked: set = set()      # env value tuples (fixed key order) that passed the checks
-        self.inputs = list(seg.inputs)
-        self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
-        self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
-        # the launch's outputs are the results, in order: run() returns them as they come
-        self._direct = self.results == [(False, k, None) for k in range(len(self.results))]
-        t0 = time.perf_counter()
-        self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
-        self.compile_s = time.perf_counter() - t0
-        # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
-        self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
-        self.n_kernels = len(self.graph.templates) if self.graph else 0
-
-    def check(self, env) -> None:
-        """The shape facts recorded while tracing, once per distinct tuple of sizes."""
-        key = tuple(env.values())      # the env's key order is fixed per graph and segment
-        if key in self._checked:
-            return
-        for c in self.checks:
-            lhs = evaluate(c.lhs, env)
-            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
-                raise ShapeError(f"dvm torch backend: {c.why} (sizes {env})")
-        if len(self._checked) >= _CHECKED_MAX:
-            self._checked.clear()
-        self._checked.add(key)
-
-    def run(self, env: dict, *tensors: torch.Tensor) -> Sequence[torch.Tensor]:
-        """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order)."""
-        if self.binds:
-            env = dict(env)
-            for i, j, name in self.binds:
-                env[name] = tensors[i].shape[j]
-        if self.checks:
-            self.check(env)
-        counters.bump_segment()
-        outs = self.launch(env, tensors) if self.launch is not None else ()
-        if self._direct:
-            return outs
-        # an input passed through is copied row-major, like every DVM output: later views work
-        return tuple([tensors[k].clone(memory_format=torch.contiguous_format) if is_input
-                      else outs[k] if inv is None else outs[k].permute(inv)
-                      for is_input, k, inv in self.results])
-
-
 def _signs_call(s: HalfSigns):
     """The run graph's call for a HalfSigns input (FX cannot print the key as an argument). The
     tensor is made at the first call, not here: the backend compiles under a fake tensor mode."""
@@ -179,29 +67,100 @@ def _signs_call(s: HalfSigns):
     return signs
 
 
+def _reads(step, runners: dict, folds: dict) -> list:
+    """The FX nodes whose values a step reads: a segment's inputs (a segment run through PyTorch:
+    its members' arguments), an F.linear fold's operands, a PyTorch op's arguments."""
+    out: list = []
+    if isinstance(step, SegmentStep):
+        runner = runners[id(step)]
+        if isinstance(runner, SegmentRunner):
+            return [x.x if isinstance(x, Rolled) else x for x in runner.inputs if not isinstance(x, HalfSigns)]
+        for m in step.segment.members:
+            fx.node.map_arg((m.args, m.kwargs), lambda a: out.append(a) or a)
+        return out
+    if step.node in folds:
+        return list(folds[step.node])
+    fx.node.map_arg((step.node.args, step.node.kwargs), lambda a: out.append(a) or a)
+    return out
+
+
 def _needed(steps: list, runners: dict, folds: dict, skip: set, output: fx.Node) -> set:
     """The FX nodes whose values the run graph reads: the output's arguments and those of every
-    step it runs (a segment: its inputs; a segment run through PyTorch: its members' arguments).
-    A view PyTorch would take only for segments that replay it (fx_segments.replay_view), or
-    size arithmetic only such a view used, is not among them, and is not run."""
+    step it runs. A view PyTorch would take only for segments that replay it
+    (fx_segments.replay_view), or size arithmetic only such a view used, is not among them, and
+    is not run."""
     needed: set = set()
     fx.node.map_arg(output.args, lambda a: needed.add(a) or a)
-    for step in reversed(steps):
-        if isinstance(step, SegmentStep):
-            runner = runners[id(step)]
-            if isinstance(runner, SegmentRunner):
-                needed.update(x.x if isinstance(x, Rolled) else x for x in runner.inputs
-                              if not isinstance(x, HalfSigns))
-            else:
-                for m in step.segment.members:
-                    fx.node.map_arg((m.args, m.kwargs), lambda a: needed.add(a) or a)
-        elif step.node not in skip and (not _pure(step) or step.node in needed):
-            n = step.node
-            if n in folds:
-                needed.update(folds[n])
-            else:
-                fx.node.map_arg((n.args, n.kwargs), lambda a: needed.add(a) or a)
+    for step in reversed(steps):   # (only later steps read a step's values)
+        if _emits(step, skip, needed):
+            needed.update(_reads(step, runners, folds))
     return needed
+
+
+def _emits(step, skip: set, needed: set) -> bool:
+    """The step becomes a call of the run graph (a pure step whose value nothing reads does not)."""
+    return isinstance(step, SegmentStep) or (step.node not in skip and (not _pure(step) or step.node in needed))
+
+
+def _made(step) -> list:
+    return step.segment.members if isinstance(step, SegmentStep) else [step.node]
+
+
+class _Emitter:
+    """Emits planned steps as calls in a run graph (the main one, or the size-consts function)."""
+
+    def __init__(self, runners: dict, folds: dict, skip: set, needed: set, owner: "CompiledFx"):
+        self.runners, self.folds, self.skip, self.needed, self.owner = runners, folds, skip, needed, owner
+        self.row_major: set = set()   # run-graph nodes whose tensors are row-major at run time
+
+    def reads(self, step) -> list:
+        return _reads(step, self.runners, self.folds)
+
+    def emits(self, step) -> bool:
+        return _emits(step, self.skip, self.needed)
+
+    def __call__(self, step, g: fx.Graph, remap: dict, env: fx.Node, row_major: set | None = None) -> None:
+        row_major = self.row_major if row_major is None else row_major
+        if isinstance(step, TorchStep):
+            self.torch_step(step, g, remap, row_major)
+            return
+        runner = self.runners[id(step)]
+        if isinstance(runner, Exception):
+            for n in step.segment.members:
+                remap[n] = _emit_torch(g, n, remap, row_major)
+                ts = TorchStep(n, "fallback", f"segment not compiled: {type(runner).__name__}: {runner}")
+                self.owner.torch_steps.append(ts)
+                counters.bump(f"fallback:{n.target}:{ts.reason}")
+            return
+        for x in runner.inputs:   # inputs computed for segments only (fx_patterns)
+            if isinstance(x, Rolled) and x not in remap:   # rotate_half's halves swapped
+                remap[x] = g.call_function(torch.roll, (remap[x.x], x.h, x.axis))
+                counters.bump("torch_rotate_half_rolls")
+            elif isinstance(x, HalfSigns) and x not in remap:
+                remap[x] = g.call_function(_signs_call(x), ())
+        call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
+        for k, fxn in enumerate(runner.outputs):
+            remap[fxn] = g.call_function(operator.getitem, (call, k))
+            if runner.results[k][2] is None:   # stored row-major (not permuted back)
+                row_major.add(remap[fxn])
+        self.owner.segments.append(runner)
+        counters.bump("torch_segments")
+        for kind in step.segment.patterns:
+            counters.bump(f"torch_pattern:{kind}")
+
+    def torch_step(self, step: TorchStep, g: fx.Graph, remap: dict, row_major: set) -> None:
+        n = step.node
+        if _pure(step) and n not in self.needed:   # replayed, or rolled, in segments
+            counters.bump(f"torch_unused_{step.kind}_steps")
+            return
+        if n in self.folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
+            remap[n] = g.call_function(torch.nn.functional.linear, tuple(remap[a] for a in self.folds[n]))
+            row_major.add(remap[n])
+            counters.bump("torch_linear_folds")
+        elif n not in self.skip:
+            remap[n] = _emit_torch(g, n, remap, row_major)
+        self.owner.torch_steps.append(step)
+        counters.bump(f"{step.kind}:{n.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
 
 
 class CompiledFx:
@@ -226,7 +185,9 @@ class CompiledFx:
                     self.binds.append((i, j, name))
                     syms.add(name)
         fx_sdpa.rewrite(gm)
-        planner = plan(gm)
+        consts = size_only(gm)
+        move_first(gm, consts)
+        planner = plan(gm, consts[-1] if consts else None)
         g, remap = fx.Graph(), {}
         for ph in self.placeholders:
             remap[ph] = g.placeholder(ph.name)
@@ -238,7 +199,7 @@ class CompiledFx:
         self.segments, self.torch_steps = [], []
         in_torch = {s.node for s in planner.steps if isinstance(s, TorchStep)}
         folds, skip = linear_folds(gm.graph.nodes, in_torch, fake)
-        runners, row_major = {}, set()
+        runners = {}
         for step in planner.steps:
             if isinstance(step, SegmentStep):
                 try:
@@ -246,46 +207,11 @@ class CompiledFx:
                 except Exception as e:  # the whole segment runs through PyTorch, with the reason
                     runners[id(step)] = e
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        needed = _needed(planner.steps, runners, folds, skip, output)
+        self._emit = _Emitter(runners, folds, skip, _needed(planner.steps, runners, folds, skip, output), self)
+        prefix = self._size_consts(gm, planner.steps, set(consts), env, g, remap)
         for step in planner.steps:
-            if isinstance(step, TorchStep):
-                if _pure(step) and step.node not in needed:   # replayed, or rolled, in segments
-                    counters.bump(f"torch_unused_{step.kind}_steps")
-                    continue
-                if step.node in folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
-                    remap[step.node] = g.call_function(torch.nn.functional.linear,
-                                                       tuple(remap[a] for a in folds[step.node]))
-                    row_major.add(remap[step.node])
-                    counters.bump("torch_linear_folds")
-                elif step.node not in skip:
-                    remap[step.node] = _emit_torch(g, step.node, remap, row_major)
-                self.torch_steps.append(step)
-                counters.bump(f"{step.kind}:{step.node.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
-                continue
-            runner = runners[id(step)]
-            if isinstance(runner, Exception):
-                e = runner
-                for n in step.segment.members:
-                    remap[n] = _emit_torch(g, n, remap, row_major)
-                    ts = TorchStep(n, "fallback", f"segment not compiled: {type(e).__name__}: {e}")
-                    self.torch_steps.append(ts)
-                    counters.bump(f"fallback:{n.target}:{ts.reason}")
-                continue
-            for x in runner.inputs:   # inputs computed for segments only (fx_patterns)
-                if isinstance(x, Rolled) and x not in remap:   # rotate_half's halves swapped
-                    remap[x] = g.call_function(torch.roll, (remap[x.x], x.h, x.axis))
-                    counters.bump("torch_rotate_half_rolls")
-                elif isinstance(x, HalfSigns) and x not in remap:
-                    remap[x] = g.call_function(_signs_call(x), ())
-            call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
-            for k, fxn in enumerate(runner.outputs):
-                remap[fxn] = g.call_function(operator.getitem, (call, k))
-                if runner.results[k][2] is None:   # stored row-major (not permuted back)
-                    row_major.add(remap[fxn])
-            self.segments.append(runner)
-            counters.bump("torch_segments")
-            for kind in step.segment.patterns:
-                counters.bump(f"torch_pattern:{kind}")
+            if id(step) not in prefix:
+                self._emit(step, g, remap, env)
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
@@ -294,6 +220,42 @@ class CompiledFx:
         self.compile_s = time.perf_counter() - t0
         counters.bump("torch_graphs_compiled")
         COMPILED.append(self)
+
+    def _size_consts(self, gm, steps: list, consts: set, env: fx.Node, g: fx.Graph, remap: dict) -> set:
+        """Emit the steps that compute size-only values (fx_sizeonly) into a function of their
+        own, called through a SizeConsts cache at the start of g; the values other steps read
+        are mapped to its results. Returns the ids of those steps."""
+        self.consts, self.n_const_segments = None, 0
+        sizes = [ph for ph in self.placeholders if isinstance(fake(ph), (torch.SymInt, int))]
+        avail, prefix = set(sizes), []
+        for step in steps:
+            made = _made(step)
+            if all(n in consts for n in made) and all(a in avail for a in self._emit.reads(step)):
+                prefix.append(step)
+                avail.update(made)
+        made = avail.difference(sizes)
+        ids = {id(step) for step in prefix}
+        later = [a for step in steps if id(step) not in ids and self._emit.emits(step) for a in self._emit.reads(step)]
+        fx.node.map_arg(next(n for n in gm.graph.nodes if n.op == "output").args, lambda a: later.append(a) or a)
+        frontier = list(dict.fromkeys(a for a in later if a in made))
+        if not frontier:
+            return set()
+        pg, premap, row_major = fx.Graph(), {}, set()
+        penv = pg.placeholder("env")
+        for ph in sizes:
+            premap[ph] = pg.placeholder(ph.name)
+        for step in prefix:
+            self._emit(step, pg, premap, penv, row_major)
+        self.n_const_segments = len(self.segments)
+        pg.output(tuple(premap[a] for a in frontier))
+        self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix))
+        call = g.call_function(self.consts, (env, *[remap[ph] for ph in sizes]))
+        for k, a in enumerate(frontier):
+            remap[a] = g.call_function(operator.getitem, (call, k))
+            if premap[a] in row_major:
+                self._emit.row_major.add(remap[a])
+        counters.bump("torch_size_consts_steps", len(prefix))
+        return ids
 
     def _size_binder(self, used: list[int]):
         """bind_sizes(*the placeholders listed in used) -> the size symbols' values."""
@@ -315,6 +277,11 @@ class CompiledFx:
                  f"{sum(1 for s in self.torch_steps if s.kind == 'cube')} cube kernel(s) through PyTorch, "
                  f"{sum(1 for s in self.torch_steps if s.kind == 'fallback')} fallback op(s); "
                  f"backend compile {self.compile_s * 1e3:.1f} ms"]
+        if self.consts is not None:
+            lines.append(f"  size-only values: {self.consts.n_steps} step(s), segments 0-{self.n_const_segments - 1}"
+                         " among them, computed once per tuple of sizes and remembered"
+                         if self.n_const_segments else
+                         f"  size-only values: {self.consts.n_steps} step(s), computed once per tuple of sizes and remembered")
         for i, s in enumerate(self.segments):
             ops = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                       for n in s.seg.members)

@@ -1,0 +1,131 @@
+"""One DVM segment of a planned ATen graph as a callable of the run graph (torch_runtime).
+
+A SegmentRunner compiles its segment once (a CompiledGraph on symbolic sizes: all of its vector
+kernels in ONE VM launch), binds the sizes it needs from its inputs' shapes, checks the shape
+facts recorded while tracing once per distinct tuple of sizes, and launches on tensor data
+pointers (torch_launch).
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ..errors import ShapeError
+from ..graph.build import permute
+from ..graph.node import topo_order
+from ..graph.symbolic import SymExpr, evaluate, free_symbols
+from ..runtime import counters
+from ..runtime.compiled import CompiledGraph
+from .aten_table import Unsupported
+from .fx_segments import fake
+from .torch_launch import TensorLauncher
+
+# DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
+STORE_IN_TORCH_ORDER = False
+_CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
+
+
+def _stride_order(v) -> tuple | None:
+    """The permutation that lists v's dims in PyTorch's memory order (None: row-major already)."""
+    if not isinstance(v, torch.Tensor) or v.ndim < 2:
+        return None
+    try:
+        sizes = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.shape]
+        strides = [int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in v.stride()]
+    except (TypeError, AttributeError):
+        return None
+    perm = tuple(sorted(range(v.ndim), key=lambda i: -strides[i]))
+    if perm == tuple(range(v.ndim)):
+        return None
+    acc, expect = 1, [0] * v.ndim
+    for i in reversed(perm):
+        expect[i] = acc
+        acc *= sizes[i]
+    if any(sizes[i] > 1 and expect[i] != strides[i] for i in range(v.ndim)):
+        return None          # not a dense permutation (expanded, overlapping): keep row-major
+    # dims of size 1 keep their place: only the order of the others matters
+    big = [i for i in perm if sizes[i] > 1]
+    if big == sorted(big):
+        return None
+    return perm
+
+
+class SegmentRunner:
+    def __init__(self, seg, graph_syms: set):
+        self.seg = seg
+        nodes, self.out_map = [], []
+        for fxn in seg.outputs:
+            node = seg.value[fxn]
+            if node.op == "input":
+                self.out_map.append((fxn, True, node.attr("index"), None))
+                continue
+            perm = _stride_order(fake(fxn)) if STORE_IN_TORCH_ORDER else None
+            inv = None
+            if perm is not None:   # store in PyTorch's memory order, view back (costs a kernel)
+                node = permute(seg.ctx, node, perm)
+                inv = tuple(perm.index(i) for i in range(len(perm)))
+            if node not in nodes:
+                nodes.append(node)
+            self.out_map.append((fxn, False, nodes.index(node), inv))
+        needed: set = set()
+        for node in topo_order(nodes):
+            for d in node.shape:
+                needed |= {s.name for s in free_symbols(d)}
+            if node.op == "const" and isinstance(node.attr("value"), SymExpr):
+                needed |= {s.name for s in free_symbols(node.attr("value"))}
+        for c in seg.ctx.checks:
+            needed |= {s.name for s in free_symbols(c.lhs) | free_symbols(c.rhs if c.rhs is not None else 0)}
+        self.binds, bound = [], set(graph_syms)
+        for i, node in enumerate(seg.input_nodes):
+            for j, d in enumerate(node.shape):
+                s = d.as_symbol() if isinstance(d, SymExpr) else None
+                if s is not None and s.name not in bound:
+                    self.binds.append((i, j, s.name))
+                    bound.add(s.name)
+        if needed - bound:
+            raise Unsupported(f"sizes {sorted(needed - bound)} cannot be bound from the inputs")
+        self.checks = list(seg.ctx.checks)
+        self._checked: set = set()      # env value tuples (fixed key order) that passed the checks
+        self.inputs = list(seg.inputs)
+        self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
+        self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
+        # the launch's outputs are the results, in order: run() returns them as they come
+        self._direct = self.results == [(False, k, None) for k in range(len(self.results))]
+        t0 = time.perf_counter()
+        self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
+        self.compile_s = time.perf_counter() - t0
+        # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
+        self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
+        self.n_kernels = len(self.graph.templates) if self.graph else 0
+
+    def check(self, env) -> None:
+        """The shape facts recorded while tracing, once per distinct tuple of sizes."""
+        key = tuple(env.values())      # the env's key order is fixed per graph and segment
+        if key in self._checked:
+            return
+        for c in self.checks:
+            lhs = evaluate(c.lhs, env)
+            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
+                raise ShapeError(f"dvm torch backend: {c.why} (sizes {env})")
+        if len(self._checked) >= _CHECKED_MAX:
+            self._checked.clear()
+        self._checked.add(key)
+
+    def run(self, env: dict, *tensors: torch.Tensor) -> Sequence[torch.Tensor]:
+        """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order)."""
+        if self.binds:
+            env = dict(env)
+            for i, j, name in self.binds:
+                env[name] = tensors[i].shape[j]
+        if self.checks:
+            self.check(env)
+        counters.bump_segment()
+        outs = self.launch(env, tensors) if self.launch is not None else ()
+        if self._direct:
+            return outs
+        # an input passed through is copied row-major, like every DVM output: later views work
+        return tuple([tensors[k].clone(memory_format=torch.contiguous_format) if is_input
+                      else outs[k] if inv is None else outs[k].permute(inv)
+                      for is_input, k, inv in self.results])

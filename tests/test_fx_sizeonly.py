@@ -1,0 +1,132 @@
+"""Values that depend on sizes only (frontend/fx_sizeonly): computed once per size tuple under
+torch.compile(backend="dvm"), equal to eager, never shared with what the caller gets back, never
+remembered when random, bounded."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from dvm.frontend import fx_sizeonly, torch_runtime  # noqa: E402
+from dvm.frontend.torch_runtime import COMPILED  # noqa: E402
+from dvm.runtime import counters  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
+    conftest's parametrization)."""
+    yield os.environ.get("DVM_VM", "cpu")
+
+
+def _count(name: str) -> int:
+    return counters.snapshot().get(name, 0)
+
+
+def _masked(x):
+    """x [n, n] plus HF-style mask arithmetic built from n alone: positions, a packed-sequence
+    cumsum and a causal keep mask."""
+    n = x.shape[0]
+    pos = torch.arange(n)
+    packed = (torch.diff(pos, prepend=pos[:1] - 1) != 1).cumsum(-1)
+    keep = (pos[None, :] <= pos[:, None]) & (packed[None, :] == packed[:, None])
+    return torch.where(keep, x, -1.0) * pos.float()
+
+
+def test_size_only_values_are_computed_once_per_size():
+    torch._dynamo.reset()
+    fn = torch.compile(_masked, backend="dvm", dynamic=True)
+    for n in (5, 7):   # (two sizes first: a dynamic graph)
+        fn(torch.randn(n, n))
+    graph = COMPILED[-1]
+    assert graph.consts is not None and graph.consts.n_steps >= 3
+    computed, hits = _count("torch_size_consts_computed"), _count("torch_size_consts_hits")
+    for n in (5, 9, 5, 9, 7):
+        x = torch.randn(n, n)
+        torch.testing.assert_close(fn(x), _masked(x), rtol=0, atol=0)
+    assert _count("torch_size_consts_computed") - computed == 1   # only 9 is new
+    assert _count("torch_size_consts_hits") - hits == 4
+    assert "size-only values" in graph.describe()
+
+
+def test_disabled_gives_the_same_values(monkeypatch):
+    monkeypatch.setattr(fx_sizeonly, "ENABLED", False)
+    torch._dynamo.reset()
+    fn = torch.compile(_masked, backend="dvm", dynamic=True)
+    for n in (5, 7, 6):
+        x = torch.randn(n, n)
+        torch.testing.assert_close(fn(x), _masked(x), rtol=0, atol=0)
+    assert COMPILED[-1].consts is None
+
+
+def _returns_views(x):
+    a = torch.arange(x.shape[0]).float()
+    b = a * 2                      # size-only, and only read inside the graph
+    return x + b, a.view(-1, 1), a[1:]
+
+
+def test_outputs_never_share_memory_with_remembered_values():
+    """The caller may write into what it gets back: a size-only value that is (a view of) an
+    output is computed at every call, whatever the caller did to the last one."""
+    torch._dynamo.reset()
+    fn = torch.compile(_returns_views, backend="dvm", dynamic=True)
+    for n in (4, 6, 4, 6, 4):
+        x = torch.randn(n)
+        got = fn(x)
+        for g, e in zip(got, _returns_views(x)):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+        got[1].add_(100.0)         # the caller writes into the outputs
+        got[2].mul_(-1.0)
+    assert COMPILED[-1].consts is not None   # b is remembered, a is not
+
+
+def test_random_values_are_never_remembered():
+    def noisy(x):
+        return x + torch.rand(x.shape[0])
+
+    torch._dynamo.reset()
+    fn = torch.compile(noisy, backend="dvm", dynamic=True)
+    x = torch.zeros(5)
+    fn(torch.zeros(3))
+    assert not torch.equal(fn(x), fn(x))
+    assert COMPILED[-1].consts is None
+
+
+def test_remembered_values_are_bounded(monkeypatch):
+    torch._dynamo.reset()
+    fn = torch.compile(_masked, backend="dvm", dynamic=True)
+    fn(torch.randn(3, 3)), fn(torch.randn(4, 4))
+    consts = COMPILED[-1].consts
+    monkeypatch.setattr(fx_sizeonly, "MAX_ENTRIES", 3)
+    for n in range(5, 12):
+        x = torch.randn(n, n)
+        torch.testing.assert_close(fn(x), _masked(x), rtol=0, atol=0)
+        assert len(consts._cache) <= 3
+    monkeypatch.setattr(fx_sizeonly, "MAX_BYTES", 64)   # a 12 x 12 mask is more: not kept
+    x = torch.randn(12, 12)
+    torch.testing.assert_close(fn(x), _masked(x), rtol=0, atol=0)
+    assert len(consts._cache) <= 3 and all(k[0] != 12 for k in consts._cache)
+
+
+def _attention(q, k, v):
+    n = q.shape[-2]
+    keep = torch.ones(n, n, dtype=torch.bool).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(keep, 0.0, float("-inf")))
+
+
+def test_a_graph_dvm_cannot_compile_runs_rewritten_in_pytorch(monkeypatch):
+    """The graph handed back to PyTorch when the backend fails has been rewritten already (sdpa's
+    causal mask, size-only nodes moved first): it still generates code and gives eager's values."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("planner failure for the test")
+
+    monkeypatch.setattr(torch_runtime, "plan", fail)
+    torch._dynamo.reset()
+    fn = torch.compile(_attention, backend="dvm", dynamic=True)
+    before = sum(v for k, v in counters.snapshot().items() if k.startswith("fallback:graph:RuntimeError"))
+    for n in (5, 7):
+        q, k, v = (torch.randn(1, 2, n, 8) for _ in range(3))
+        torch.testing.assert_close(fn(q, k, v), _attention(q, k, v))
+    after = sum(v for k, v in counters.snapshot().items() if k.startswith("fallback:graph:RuntimeError"))
+    assert after > before
