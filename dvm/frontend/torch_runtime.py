@@ -225,7 +225,7 @@ class CompiledFx:
         """Emit the steps that compute size-only values (fx_sizeonly) into a function of their
         own, called through a SizeConsts cache at the start of g; the values other steps read
         are mapped to its results. Returns the ids of those steps."""
-        self.consts, self.n_const_segments = None, 0
+        self.consts, self.n_const_segments, self.n_const_torch_steps = None, 0, 0
         sizes = [ph for ph in self.placeholders if isinstance(fake(ph), (torch.SymInt, int))]
         avail, prefix = set(sizes), []
         for step in steps:
@@ -246,7 +246,7 @@ class CompiledFx:
             premap[ph] = pg.placeholder(ph.name)
         for step in prefix:
             self._emit(step, pg, premap, penv, row_major)
-        self.n_const_segments = len(self.segments)
+        self.n_const_segments, self.n_const_torch_steps = len(self.segments), len(self.torch_steps)
         pg.output(tuple(premap[a] for a in frontier))
         self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix))
         call = g.call_function(self.consts, (env, *[remap[ph] for ph in sizes]))

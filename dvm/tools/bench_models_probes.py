@@ -95,6 +95,10 @@ def dvm_graph_info(cfx) -> dict:
             "cube_ops": sum(cubes.values()), "cube": dict(cubes),
             "fallback_ops": sum(fallbacks.values()), "fallbacks": dict(fallbacks), "pytorch_by_plan": dict(chosen),
             "patterns": dict(Counter(p for s in segs for p in s.seg.patterns)),
+            # run once per tuple of sizes (fx_sizeonly): the first segments and PyTorch steps
+            "size_only_segments": getattr(cfx, "n_const_segments", 0),
+            "size_only_fallback_ops": sum(1 for s in cfx.torch_steps[:getattr(cfx, "n_const_torch_steps", 0)]
+                                          if s.kind == "fallback"),
             "compile_s": cfx.compile_s}
 
 

@@ -42,8 +42,10 @@ def summary_rows(report: dict, model: str) -> list[list[str]]:
         extra = "—"
         if name == "dvm" and s.get("dvm", {}).get("main_graph"):
             g = s["dvm"]["main_graph"]
+            once = (f" ({g['size_only_segments']} and {g.get('size_only_fallback_ops', 0)} once per size)"
+                    if g.get("size_only_segments") else "")
             extra = (f"{g['vector_kernels']} vector kernels in {g['segments']} launches, {g['cube_ops']} matmuls, "
-                     f"{g['fallback_ops']} fallbacks")
+                     f"{g['fallback_ops']} fallbacks" + once)
         rows.append([LABELS[name], _t(s["first_call_s"]), comp, _t(s["backend_compile_total_s"] if name != "eager" else None),
                      _t(s["stream_total_s"]), graphs, err, extra])
     return rows
@@ -145,7 +147,11 @@ def markdown(report: dict) -> str:
             if g:
                 lines.append(f"DVM graph: {g['segments']} DVM segment(s) (one VM launch each, sequence-stacked), "
                              f"{g['vector_kernels']} vector kernels, {g['cube_ops']} matmuls through PyTorch, "
-                             f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms.")
+                             f"{g['fallback_ops']} fallback op(s); backend compile {g['compile_s'] * 1e3:.1f} ms."
+                             + (f" Values of sizes only (positions, the causal mask) are computed once per "
+                                f"size and remembered: {g['size_only_segments']} of the segments and "
+                                f"{g.get('size_only_fallback_ops', 0)} of the fallbacks run only then."
+                                if g.get("size_only_segments") else ""))
                 for why, k in sorted(g["fallbacks"].items()):
                     lines.append(f"- fallback {why} ×{k}")
                 for why, k in sorted(g.get("pytorch_by_plan", {}).items()):
