@@ -42,7 +42,8 @@ def summary_rows(report: dict, model: str) -> list[list[str]]:
         extra = "—"
         if name == "dvm" and s.get("dvm", {}).get("main_graph"):
             g = s["dvm"]["main_graph"]
-            once = (f" ({g['size_only_segments']} and {g.get('size_only_fallback_ops', 0)} once per size)"
+            once = (f" ({g['size_only_segments']} launches and {g.get('size_only_fallback_ops', 0)} fallbacks"
+                    " run once per size)"
                     if g.get("size_only_segments") else "")
             extra = (f"{g['vector_kernels']} vector kernels in {g['segments']} launches, {g['cube_ops']} matmuls, "
                      f"{g['fallback_ops']} fallbacks" + once)
