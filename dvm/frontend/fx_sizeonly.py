@@ -22,7 +22,6 @@ no graph output aliases an entry.
 """
 from __future__ import annotations
 
-import operator
 import threading
 from typing import Callable
 
@@ -45,20 +44,26 @@ def _pure_op(target) -> bool:
 
 
 def _aliases(n: fx.Node) -> bool:
-    """n's value may share memory with one of its arguments."""
+    """n's value may share memory with one of its arguments: a view op, getitem, or a callable
+    that is not an ATen / prims overload (unknown: assumed to)."""
     t = n.target
-    return t is operator.getitem or (isinstance(t, torch._ops.OpOverload) and t.is_view)
+    return not isinstance(t, torch._ops.OpOverload) or t.is_view
+
+
+def _may_hold_tensor(n) -> bool:
+    v = fake(n)
+    return v is None or isinstance(v, (torch.Tensor, list, tuple))
 
 
 def _escaping(gm: fx.GraphModule) -> set:
-    """The nodes whose values a graph output may share memory with."""
+    """The nodes whose tensors a graph output may share memory with (sizes cannot)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     todo: list = []
     fx.node.map_arg(out.args, lambda a: todo.append(a) or a)
     seen: set = set()
     while todo:
         n = todo.pop()
-        if n in seen:
+        if n in seen or not _may_hold_tensor(n):
             continue
         seen.add(n)
         if n.op == "call_function" and _aliases(n):
