@@ -71,15 +71,20 @@ def _escaping(gm: fx.GraphModule) -> set:
     return seen
 
 
+def size_args(gm: fx.GraphModule) -> list[fx.Node]:
+    """gm's placeholders that are sizes (SymInt or int arguments): what size-only values read."""
+    return [n for n in gm.graph.nodes if n.op == "placeholder"
+            and isinstance(fake(n), (torch.SymInt, int)) and not isinstance(fake(n), bool)]
+
+
 def size_only(gm: fx.GraphModule) -> list[fx.Node]:
-    """The size-only call_function nodes of gm, in graph order (see the module docstring)."""
+    """The size-only call_function nodes of gm, in graph order (see the module docstring); none
+    when no tensor is among them (size arithmetic alone is not worth a function of its own)."""
     if not ENABLED:
         return []
-    base = {n for n in gm.graph.nodes if n.op == "placeholder"
-            and isinstance(fake(n), (torch.SymInt, int)) and not isinstance(fake(n), bool)}
     escaping = _escaping(gm)
     found: list = []
-    ok = set(base)
+    ok = set(size_args(gm))
     for n in gm.graph.nodes:
         if n.op != "call_function" or n in escaping or not _pure_op(n.target):
             continue
@@ -88,8 +93,6 @@ def size_only(gm: fx.GraphModule) -> list[fx.Node]:
         if all(a in ok for a in args):
             ok.add(n)
             found.append(n)
-    # a tensor only some of whose uses are size-only is still computed once; a size-only node
-    # that is nothing but Python arithmetic on sizes and feeds no tensor is not worth moving
     return found if any(isinstance(fake(n), torch.Tensor) for n in found) else []
 
 
@@ -157,4 +160,4 @@ class SizeConsts:
         return "dvm.size_consts"
 
 
-__all__ = ["size_only", "move_first", "SizeConsts", "MAX_ENTRIES", "MAX_BYTES"]
+__all__ = ["size_args", "size_only", "move_first", "SizeConsts", "MAX_ENTRIES", "MAX_BYTES"]

@@ -25,7 +25,7 @@ from ..runtime import counters
 from . import fx_sdpa
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
-from .fx_sizeonly import SizeConsts, move_first, size_only
+from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import fast_call, linear_folds
 from .torch_segment import SegmentRunner
 
@@ -104,6 +104,21 @@ def _emits(step, skip: set, needed: set) -> bool:
 
 def _made(step) -> list:
     return step.segment.members if isinstance(step, SegmentStep) else [step.node]
+
+
+def _prefix(steps: list, consts: set, sizes: list, output: fx.Node, emit: "_Emitter") -> tuple[list, list]:
+    """The steps that make only size-only values (consts) from sizes and earlier such steps, and
+    the values of theirs that the other steps (those emitted) or the graph's output read."""
+    avail, prefix = set(sizes), []
+    for step in steps:
+        made = _made(step)
+        if all(n in consts for n in made) and all(a in avail for a in emit.reads(step)):
+            prefix.append(step)
+            avail.update(made)
+    ids = {id(step) for step in prefix}
+    later = [a for step in steps if id(step) not in ids and emit.emits(step) for a in emit.reads(step)]
+    fx.node.map_arg(output.args, lambda a: later.append(a) or a)
+    return prefix, [a for a in dict.fromkeys(later) if a in avail and a not in sizes]
 
 
 class _Emitter:
@@ -208,7 +223,7 @@ class CompiledFx:
                     runners[id(step)] = e
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self._emit = _Emitter(runners, folds, skip, _needed(planner.steps, runners, folds, skip, output), self)
-        prefix = self._size_consts(gm, planner.steps, set(consts), env, g, remap)
+        prefix = self._size_consts(gm, planner.steps, set(consts), env, g, remap, output)
         for step in planner.steps:
             if id(step) not in prefix:
                 self._emit(step, g, remap, env)
@@ -221,23 +236,14 @@ class CompiledFx:
         counters.bump("torch_graphs_compiled")
         COMPILED.append(self)
 
-    def _size_consts(self, gm, steps: list, consts: set, env: fx.Node, g: fx.Graph, remap: dict) -> set:
+    def _size_consts(self, gm, steps: list, consts: set, env: fx.Node, g: fx.Graph, remap: dict,
+                     output: fx.Node) -> set:
         """Emit the steps that compute size-only values (fx_sizeonly) into a function of their
         own, called through a SizeConsts cache at the start of g; the values other steps read
         are mapped to its results. Returns the ids of those steps."""
         self.consts, self.n_const_segments, self.n_const_torch_steps = None, 0, 0
-        sizes = [ph for ph in self.placeholders if isinstance(fake(ph), (torch.SymInt, int))]
-        avail, prefix = set(sizes), []
-        for step in steps:
-            made = _made(step)
-            if all(n in consts for n in made) and all(a in avail for a in self._emit.reads(step)):
-                prefix.append(step)
-                avail.update(made)
-        made = avail.difference(sizes)
-        ids = {id(step) for step in prefix}
-        later = [a for step in steps if id(step) not in ids and self._emit.emits(step) for a in self._emit.reads(step)]
-        fx.node.map_arg(next(n for n in gm.graph.nodes if n.op == "output").args, lambda a: later.append(a) or a)
-        frontier = list(dict.fromkeys(a for a in later if a in made))
+        sizes = size_args(gm)
+        prefix, frontier = _prefix(steps, consts, sizes, output, self._emit)
         if not frontier:
             return set()
         pg, premap, row_major = fx.Graph(), {}, set()
@@ -255,7 +261,7 @@ class CompiledFx:
             if premap[a] in row_major:
                 self._emit.row_major.add(remap[a])
         counters.bump("torch_size_consts_steps", len(prefix))
-        return ids
+        return {id(step) for step in prefix}
 
     def _size_binder(self, used: list[int]):
         """bind_sizes(*the placeholders listed in used) -> the size symbols' values."""
@@ -278,10 +284,9 @@ class CompiledFx:
                  f"{sum(1 for s in self.torch_steps if s.kind == 'fallback')} fallback op(s); "
                  f"backend compile {self.compile_s * 1e3:.1f} ms"]
         if self.consts is not None:
-            lines.append(f"  size-only values: {self.consts.n_steps} step(s), segments 0-{self.n_const_segments - 1}"
-                         " among them, computed once per tuple of sizes and remembered"
-                         if self.n_const_segments else
-                         f"  size-only values: {self.consts.n_steps} step(s), computed once per tuple of sizes and remembered")
+            segs = f", segments 0-{self.n_const_segments - 1} among them" if self.n_const_segments else ""
+            lines.append(f"  size-only values: {self.consts.n_steps} step(s){segs}, computed once per tuple "
+                         "of sizes and remembered")
         for i, s in enumerate(self.segments):
             ops = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                       for n in s.seg.members)
