@@ -179,14 +179,17 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     Argmax/argmin keep the row-major form."""
     if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
         return False
-    if kl.bn <= NARROW_BN:
-        # a column-major tile is loaded by strided reads, ~0.5 ns an element (8192x64 row sum,
-        # one thread: 298 us); whole power-of-two rows from 32 lanes reduce in place in row-major
-        # tiles faster (88 us), shorter or padded rows do not (17 columns: 216 against 1356 us)
-        return not (kl.bn >= ROW_MAJOR_P2_BN and kl.bn & (kl.bn - 1) == 0)
     nr = len(kl.row_sizes)
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
-    return any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides)
+    if any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides):
+        return True   # contiguous along the kept axis (a sum over axis 0): whatever the width
+    if kl.bn <= NARROW_BN:
+        # a column-major tile of row-major data is loaded by strided reads, ~0.5 ns an element
+        # (8192x64 row sum, one thread: 298 us); whole power-of-two rows from 32 lanes reduce in
+        # place in row-major tiles faster (88 us), shorter or padded rows do not (17 columns:
+        # 216 against 1356 us)
+        return not (kl.bn >= ROW_MAJOR_P2_BN and kl.bn & (kl.bn - 1) == 0)
+    return False
 
 
 class _Desc:
