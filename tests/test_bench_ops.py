@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -158,3 +159,35 @@ def test_copy_roofline_buffers_do_not_alias_modulo_4096():
         assert (dst.ctypes.data - src.ctypes.data) % 4096 == COPY_DELTA
         np.copyto(dst, src)
         assert (dst == 1).all()
+
+
+def test_a_second_run_lists_the_dvm_times_that_moved(quick_run):
+    """The report compares DVM's times with the JSON an earlier run left (the regression that hid
+    in the tables from 3fdd267 to 82ebec2: first-axis sums 4-13x slower)."""
+    _, report, paths, _, _ = quick_run
+    previous = json.loads(json.dumps(report))
+    rows = {r["case"]: r for r in previous["results"]}
+    rows["sum_first"]["dvm"]["median_s"] /= 10      # "it was 10x faster before"
+    rows["softmax"]["dvm"]["median_s"] *= 1.2       # within the factor: not listed
+    changes = bench_ops_report.compare(previous, report)
+    assert [(m["case"], m["shape"]) for m in changes["moved"]] == [("sum_first", rows["sum_first"]["shape"])]
+    assert changes["moved"][0]["after_s"] / changes["moved"][0]["before_s"] == pytest.approx(10)
+    md = bench_ops_report.markdown({**report, "changes_vs_previous": changes})
+    assert "## DVM against the previous run" in md and "| sum_first | 32x128 |" in md and "| 10.00 |" in md
+    assert "No DVM time moved" in bench_ops_report.markdown(
+        {**report, "changes_vs_previous": bench_ops_report.compare(report, report)})
+    other = {**previous, "threads": report["threads"] + 1}
+    assert "skipped" in bench_ops_report.compare(other, report)
+
+
+def test_the_previous_json_is_read_and_a_bad_one_ignored(tmp_path, capsys):
+    """main() compares with the JSON it is about to overwrite; an unreadable one is named, not fatal."""
+    path = tmp_path / "ops.json"
+    path.write_text("{not json")
+    assert bench_ops._previous_report(str(path), sys.stdout) is None
+    assert "not comparing with" in capsys.readouterr().out
+    path.write_text(json.dumps({"benchmark": "models"}))
+    assert bench_ops._previous_report(str(path), sys.stdout) is None
+    path.write_text(json.dumps({"benchmark": "ops", "results": []}))
+    assert bench_ops._previous_report(str(path), sys.stdout) == {"benchmark": "ops", "results": []}
+    assert bench_ops._previous_report(str(tmp_path / "absent.json"), sys.stdout) is None

@@ -114,9 +114,58 @@ def markdown(report: dict) -> str:
     lines += ["", f"Budget (DESIGN.md §9): ≤ {lo['budget_us']:g} us; DVM add_one "
               f"{'within' if lo['dvm_within_budget'] else '**MISSES**'} it; DVM / torch eager = "
               f"{lo['dvm_vs_torch']:.2f}."]
+    lines += _changes_lines(report.get("changes_vs_previous"))
     if report["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in report["failures"]]
     return "\n".join(lines)
+
+
+MOVED_FACTOR = 1.5   # a DVM time this many times slower or faster than the previous run's is listed
+
+
+def _dvm_s(row: dict | None) -> float | None:
+    d = row.get("dvm") if row else None
+    return d.get("median_s") if d and d.get("status") == "ok" else None
+
+
+def _copy_s(row: dict) -> float | None:
+    c = row.get("baselines", {}).get("copy", {})
+    return c.get("median_s") if c.get("status") == "ok" else None
+
+
+def compare(previous: dict, report: dict, factor: float = MOVED_FACTOR) -> dict:
+    """The cases whose DVM time moved by `factor` or more since `previous` (an earlier report of the
+    same VM and thread count), each with both runs' copy time (the machine's own speed moves that
+    too). A slowdown nobody looked for shows up here, run after run."""
+    if (previous.get("vm"), previous.get("threads")) != (report["vm"], report["threads"]):
+        return {"previous_date": previous.get("date"), "skipped": "a different VM or thread count"}
+    old = {(r.get("case"), tuple(r.get("shape", ()))): r for r in previous.get("results", [])}
+    moved = []
+    for row in report["results"]:
+        before = old.get((row["case"], tuple(row["shape"])))
+        t0, t1 = _dvm_s(before), _dvm_s(row)
+        if t0 and t1 and max(t1 / t0, t0 / t1) >= factor:
+            moved.append({"case": row["case"], "shape": row["shape"], "before_s": t0, "after_s": t1,
+                          "copy_before_s": _copy_s(before), "copy_after_s": _copy_s(row)})
+    return {"previous_date": previous.get("date"), "factor": factor, "moved": moved}
+
+
+def _changes_lines(changes: dict | None) -> list[str]:
+    if not changes:
+        return []
+    lines = ["", "## DVM against the previous run", "", f"Previous run: {changes['previous_date']}."]
+    if "skipped" in changes:
+        return lines + [f"Not compared: {changes['skipped']}."]
+    if not changes["moved"]:
+        return lines + [f"No DVM time moved by {changes['factor']:g}x or more."]
+    lines += ["", f"DVM times that moved by {changes['factor']:g}x or more (after / before above 1: slower now):", "",
+              "| case | shape | before | after | after / before | copy before → after |",
+              "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for m in changes["moved"]:
+        copy = " → ".join(fmt_time(c) if c else "—" for c in (m["copy_before_s"], m["copy_after_s"]))
+        lines.append(f"| {m['case']} | {_shape_str(m['shape'])} | {fmt_time(m['before_s'])} | "
+                     f"{fmt_time(m['after_s'])} | {m['after_s'] / m['before_s']:.2f} | {copy} |")
+    return lines
 
 
 def plot(report: dict, path: str) -> None:
