@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dvm.config import config
-from dvm.tools import bench_ops, bench_ops_report
+from dvm.tools import bench_common, bench_ops, bench_ops_report
 from dvm.tools.cli import main
 
 
@@ -181,13 +181,14 @@ def test_a_second_run_lists_the_dvm_times_that_moved(quick_run):
 
 
 def test_the_previous_json_is_read_and_a_bad_one_ignored(tmp_path, capsys):
-    """main() compares with the JSON it is about to overwrite; an unreadable one is named, not fatal."""
+    """bench ops compares with the JSON it is about to overwrite (bench_common.read_report); an
+    unreadable one is named, not fatal."""
     path = tmp_path / "ops.json"
     path.write_text("{not json")
-    assert bench_ops._previous_report(str(path), sys.stdout) is None
+    assert bench_common.read_report(str(path), "ops", sys.stdout) is None
     assert "not comparing with" in capsys.readouterr().out
     path.write_text(json.dumps({"benchmark": "models"}))
-    assert bench_ops._previous_report(str(path), sys.stdout) is None
+    assert bench_common.read_report(str(path), "ops", sys.stdout) is None
     path.write_text(json.dumps({"benchmark": "ops", "results": []}))
-    assert bench_ops._previous_report(str(path), sys.stdout) == {"benchmark": "ops", "results": []}
-    assert bench_ops._previous_report(str(tmp_path / "absent.json"), sys.stdout) is None
+    assert bench_common.read_report(str(path), "ops", sys.stdout) == {"benchmark": "ops", "results": []}
+    assert bench_common.read_report(str(tmp_path / "absent.json"), "ops", sys.stdout) is None

@@ -81,6 +81,20 @@ def write_json(path: str, report: dict) -> None:
         f.write("\n")
 
 
+def read_report(path: str | None, benchmark: str, out) -> dict | None:
+    """The JSON report of `benchmark` a previous run left at path (write_json), or None: no path,
+    no file, or another benchmark's. An unreadable file is named on `out`, not fatal."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"not comparing with {path}: {e}", file=out)
+        return None
+    return report if isinstance(report, dict) and report.get("benchmark") == benchmark else None
+
+
 def write_text(path: str, text: str) -> None:
     d = os.path.dirname(path)
     if d:

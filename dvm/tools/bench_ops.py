@@ -38,7 +38,6 @@ with both runs' copy times beside them: a slowdown shows up without anyone looki
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import sys
@@ -50,8 +49,8 @@ import numpy as np
 
 import dvm
 
-from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
-                           set_vm_threads, time_call, vm_extra)
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, read_report,
+                           restore_vm_threads, set_vm_threads, time_call, vm_extra)
 from .bench_encode import chain8
 from .bench_ops_cases import CASE_NAMES, CASES, Case, _torch_forms, add_one
 from .bench_ops_report import LABELS, _shape_str, compare, markdown, plot
@@ -405,19 +404,6 @@ def parse_cases(text: str) -> list[str]:
     return cases
 
 
-def _previous_report(json_path: str | None, out) -> dict | None:
-    """The report a previous run left at json_path (this run overwrites it), or None."""
-    if not json_path or not os.path.exists(json_path):
-        return None
-    try:
-        with open(json_path) as f:
-            previous = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"not comparing with {json_path}: {e}", file=out)
-        return None
-    return previous if isinstance(previous, dict) and previous.get("benchmark") == "ops" else None
-
-
 def main(sizes=None, cases=None, quick: bool = False, repeat: int | None = None, inductor: bool | None = None,
          json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD,
          png_path: str | None = DEFAULT_PNG, threads: int = 2, seed: int = 0, out=None) -> int:
@@ -430,7 +416,7 @@ def main(sizes=None, cases=None, quick: bool = False, repeat: int | None = None,
         repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
     if inductor is None:
         inductor = not quick
-    previous = _previous_report(json_path, out)
+    previous = read_report(json_path, "ops", out)   # the run this one replaces
     report = run(sizes=sizes, cases=cases, repeat=repeat, inductor=inductor,
                  min_total_s=QUICK_MIN_TOTAL_S if quick else MIN_TOTAL_S, threads=threads, seed=seed)
     if previous is not None:
