@@ -396,6 +396,36 @@ def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
         p *= 2
 
 
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_register_tree_keeps_the_bits_of_special_values(op, dtype):
+    """Rows of 16 to 256 lanes reduce in vector registers (cpu_vtree) and wider ones finish there:
+    with +-0, +-inf, NaN and subnormals in every position, the result has the reference tree's
+    bits (max/min: b on ties, so max(-0, +0) depends on the order; NaN propagates)."""
+    from dvm.graph.dtypes import Bank
+    from dvm.vm import reference
+    from dvm.vm.cpu_kernels import RED_NAMES
+    from dvm.vm.cpu_reduce import _tree_p2
+
+    rng = np.random.default_rng(11)
+    code = RED_NAMES.index(op)
+    combine = reference._combine(op, {np.float32: Bank.F32, np.float64: Bank.F64}[dtype])
+    tiny = np.finfo(dtype).smallest_subnormal
+    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, tiny, -tiny], dtype)
+    bits = np.int32 if dtype is np.float32 else np.int64
+    for p in (16, 32, 64, 128, 256, 512, 2048):
+        for _ in range(60):
+            x = rng.choice(pool, p) if rng.random() < 0.5 else np.where(
+                rng.random(p) < 0.1, rng.choice(pool, p), rng.standard_normal(p)).astype(dtype)
+            a, b = np.empty(p, dtype), np.empty(p, dtype)
+            got = np.asarray(_tree_p2(code, x, a, b, p), dtype)
+            want = reference._tree(x[None, :].copy(), combine)[0]
+            if np.isnan(want):
+                assert np.isnan(got), (op, p, x)
+            else:
+                assert got.view(bits) == np.asarray(want, dtype).view(bits), (op, p, x, got, want)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_short_inner_axis_sum_is_adds_with_the_same_bits(n, dtype, monkeypatch):

@@ -42,10 +42,11 @@ from .cpu_bits import OPTS, ptr_f32
 from .cpu_kernels import DT_F32, R_MAX, R_SUM
 from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
-from .cpu_reduce import _accinit, _combine, _copy, _is_pow2, _level_t, _rowred, _tree, _tree_p2
+from .cpu_reduce import _accinit, _combine, _copy, _in_registers, _is_pow2, _level_t, _rowred, _tree, _tree_p2
 from .cpu_rowlevel import _col_uniform
 from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
+from .cpu_vtree import vtree
 
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
  FK_CSQACC) = range(10)
@@ -109,25 +110,29 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
-    part = p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX)
-    q = bn // 8
-    for r in range(nrv):
-        xr = carray(ptr_f32(ra[r]), ncv)
-        if (p2 and ncv == bn) or part:
-            src, p, sa, sb = xr, bn, a, b
-            if part:   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-                first_levels(PART_SUM if op == R_SUM else PART_MAX, a[:q], xr, ncv, bn)
-                src, p, sa, sb = a[:q], q, b[:q], b[q:2 * q]
-            v = _tree_p2(op, src, sa, sb, p)
-        else:
-            _copy(a[:ncv], xr)
+    # one loop per form, the form decided before it (see cpu_reduce._in_registers)
+    if _in_registers(bn, ncv):
+        for r in range(nrv):
+            o[r] = vtree(op, carray(ptr_f32(ra[r]), bn), bn)
+    elif p2 and ncv == bn:
+        for r in range(nrv):
+            o[r] = _tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
+    elif p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX):
+        q = bn // 8   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
+        kind = PART_SUM if op == R_SUM else PART_MAX
+        lvl, la, lb = a[:q], b[:q], b[q:2 * q]
+        for r in range(nrv):
+            first_levels(kind, lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn)
+            o[r] = _tree_p2(op, lvl, la, lb, q)
+    else:
+        for r in range(nrv):
+            _copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
             _accinit(op, a[ncv:bn], np.bool_(True))
             if p2:
-                v = _tree_p2(op, a, b, a, bn)
+                o[r] = _tree_p2(op, a, b, a, bn)
             else:
                 _tree(op, a, bn)
-                v = a[0]
-        o[r] = v
+                o[r] = a[0]
     for r in range(nrv, bm):
         o[r] = o[nrv - 1]
 

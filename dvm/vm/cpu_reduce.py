@@ -16,6 +16,7 @@ from numba import njit
 
 from .cpu_kernels import R_ARGMAX, R_ARGMIN, R_MAX, R_MIN, R_PROD, R_SUM, _fmax, _fmin
 from .cpu_bits import OPTS
+from .cpu_vtree import VTREE_MAX, vtree
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -206,29 +207,6 @@ def _lvl3(op, d, x, q):
 
 
 @njit(inline='always', **OPTS)
-def _t16(op, s):
-    """The last four tree levels over s[:16], unrolled (a loop per level with `op` decided per
-    element cost ~7x more than the 1024-lane levels before it)."""
-    c = _combine
-    t0, t1, t2, t3 = c(op, s[0], s[8]), c(op, s[1], s[9]), c(op, s[2], s[10]), c(op, s[3], s[11])
-    t4, t5, t6, t7 = c(op, s[4], s[12]), c(op, s[5], s[13]), c(op, s[6], s[14]), c(op, s[7], s[15])
-    u0, u1, u2, u3 = c(op, t0, t4), c(op, t1, t5), c(op, t2, t6), c(op, t3, t7)
-    return c(op, c(op, u0, u2), c(op, u1, u3))
-
-
-@njit(**OPTS)
-def _tail16(op, s):
-    """_t16 with `op` a compile-time constant in each branch."""
-    if op == R_SUM:
-        return _t16(R_SUM, s)
-    if op == R_MAX:
-        return _t16(R_MAX, s)
-    if op == R_PROD:
-        return _t16(R_PROD, s)
-    return _t16(R_MIN, s)
-
-
-@njit(inline='always', **OPTS)
 def _stage(op, d, x, p):
     """Up to three tree levels of x[:p] (p > 16) in one pass into d (not x); the width left."""
     if p >= 128:
@@ -250,29 +228,26 @@ def _stage_call(op, d, x, p):
 
 @njit(inline='always', **OPTS)
 def _tree_p2(op, x, a, b, p):
-    """The pairwise-halving tree over x[:p] (p a power of two), levels fused up to three per pass
-    (same order, so bitwise the same result), ping-ponging between scratch rows a and b of p
-    lanes (a must not be x; b may be: x is read by the first pass only). Returns the reduced value.
-    Inlined into the row loops, as straight-line passes between fixed arrays: swapped array
-    variables in a loop and a call per level and per row made it ~4x slower than its loops
-    (1024 lanes: 136 -> 37 ns)."""
+    """The pairwise-halving tree over x[:p] (p a power of two): rows of up to VTREE_MAX lanes in
+    vector registers (cpu_vtree); wider ones first fuse up to three levels a pass (same order, so
+    bitwise the same result) into scratch rows a, then b, of p lanes (a must not be x; b may be:
+    x is read by the first pass only). Returns the reduced value. Inlined into the row loops, as
+    straight-line passes between fixed arrays: swapped array variables in a loop and a call per
+    level and per row made it ~4x slower than its loops (1024 lanes: 136 -> 37 ns)."""
     if p < 16:
         _copy(a[:p], x[:p])
         _tree(op, a, p)
         return a[0]
-    if p == 16:
-        return _tail16(op, x)
-    p = _stage(op, a, x, p)
-    if p > 16:
-        p = _stage(op, b, a, p)
-        if p > 16:   # MAX_BN = 4096 lanes are done after the third pass
-            p = _stage(op, a, b, p)
-            while p > 16:   # wider rows (a program may have up to program.MAX_TILE lanes a row)
-                _copy(b[:p], a[:p])
-                p = _stage_call(op, a, b, p)
-            return _tail16(op, a)
-        return _tail16(op, b)
-    return _tail16(op, a)
+    if p <= VTREE_MAX:
+        return vtree(op, x, p)
+    p = _stage(op, a, x, p)   # three levels, >= 128 lanes a loop (vectorized)
+    if p <= VTREE_MAX:        # every row of up to MAX_BN = 4096 lanes
+        return vtree(op, a, p)
+    p = _stage(op, b, a, p)   # wider rows (a program may have up to program.MAX_TILE lanes a row)
+    while p > VTREE_MAX:
+        _copy(a[:p], b[:p])
+        p = _stage_call(op, b, a, p)
+    return vtree(op, b, p)
 
 
 @njit(**OPTS)
@@ -281,8 +256,20 @@ def _is_pow2(n):
 
 
 @njit(**OPTS)
+def _in_registers(bn, ncv):
+    """Whole rows of bn lanes that cpu_vtree reduces in registers. The row loops decide their
+    form once, before the loop, and run one form per loop: the loop with every form's branches
+    in it ran 2x slower a row (64 lanes, one thread: ~6.5 against ~3 ns)."""
+    return ncv == bn and 16 <= bn <= VTREE_MAX and _is_pow2(bn)
+
+
+@njit(**OPTS)
 def _rfin(op, o, acc, bm, bn, s):
     """Compact result: row r's value in lane r. s: scratch of 2*bn lanes."""
+    if _in_registers(bn, bn):
+        for r in range(bm):
+            o[r] = vtree(op, acc[r * bn:(r + 1) * bn], bn)
+        return
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
@@ -309,22 +296,25 @@ def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
 def _rowred(op, o, x, bm, bn, ncv, s, is_float):
     """Single-tile reduction of x over its valid columns (identity elsewhere); compact result
     (row r's value in lane r). s: scratch of 2*bn lanes."""
+    if _in_registers(bn, ncv):
+        for r in range(bm):
+            o[r] = vtree(op, x[r * bn:(r + 1) * bn], bn)
+        return
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
+    if p2 and ncv == bn:
+        for r in range(bm):
+            o[r] = _tree_p2(op, x[r * bn:(r + 1) * bn], a, b, bn)
+        return
     for r in range(bm):
-        xr = x[r * bn:(r + 1) * bn]
-        if p2 and ncv == bn:
-            v = _tree_p2(op, xr, a, b, bn)
+        _copy(a[:ncv], x[r * bn:r * bn + ncv])
+        _accinit(op, a[ncv:bn], is_float)
+        if p2:
+            o[r] = _tree_p2(op, a, b, a, bn)
         else:
-            _copy(a[:ncv], xr[:ncv])
-            _accinit(op, a[ncv:bn], is_float)
-            if p2:
-                v = _tree_p2(op, a, b, a, bn)
-            else:
-                _tree(op, a, bn)
-                v = a[0]
-        o[r] = v
+            _tree(op, a, bn)
+            o[r] = a[0]
 
 
 @njit(**OPTS)
