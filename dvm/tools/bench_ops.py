@@ -52,6 +52,8 @@ import dvm
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, read_report,
                            restore_vm_threads, set_vm_threads, time_call, vm_extra)
 from .bench_encode import chain8
+from .bench_ops_baselines import (COPY_DELTA, REFERENCE_MAX_NUMEL, Mismatch, baseline_runs, call_on_vm, check,
+                                  copy_pair, inductor_compiled)
 from .bench_ops_cases import CASE_NAMES, CASES, Case, _torch_forms, add_one
 from .bench_ops_report import LABELS, _shape_str, compare, markdown, plot
 
@@ -62,7 +64,6 @@ DEFAULT_REPEAT = 10
 QUICK_REPEAT = 5
 MIN_TOTAL_S = 0.05          # timing per measurement, at least (short calls get more samples)
 QUICK_MIN_TOTAL_S = 0.01
-REFERENCE_MAX_NUMEL = 1 << 17      # the reference VM runs shapes up to 128 K elements
 LAUNCH_BUDGET_US = 10.0
 
 # Shapes (rows, cols) per size class; float32 throughout.
@@ -78,51 +79,6 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     "odd": [(1000, 1001), (4097, 17), (8192, 64), (13, 20011), (7, 65537)],
 }
 SIZE_ORDER = ("small", "medium", "large", "odd")
-
-
-# ---------------------------------------------------------------------------------------------
-COPY_DELTA = 2048   # (dst - src) mod 4096 of the roofline's buffers
-
-
-def _aligned(n: int, offset: int) -> np.ndarray:
-    """n f32 zeros starting `offset` bytes past a 4096-byte boundary."""
-    raw = np.zeros(n + (4096 + offset) // 4, np.float32)
-    skip = (-raw.ctypes.data % 4096 + offset) // 4
-    return raw[skip:skip + n]
-
-
-def copy_pair(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The copy roofline's source (ones) and destination: the best case of a copy. Two buffers
-    allocated one after the other land a multiple of 4096 bytes + 16 apart (glibc's chunk
-    header); a copy between addresses that close modulo 4096 stalls on 4K aliasing (AMD EPYC:
-    256 KiB 7.4 -> 89 us), which would make any kernel look close to the roofline."""
-    src = _aligned(n, 0)
-    src[:] = 1.0
-    return src, _aligned(n, COPY_DELTA)
-
-
-def call_on_vm(kf: dvm.KernelFunction, args, vm: str):
-    """Call kernel `kf` as a user does, with its Program run on the named VM."""
-    return kf(*args, vm=vm)
-
-
-class Mismatch(AssertionError):
-    pass
-
-
-def _check(got, want: np.ndarray, rtol: float, atol: float, who: str, ref: str = "NumPy") -> None:
-    got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise Mismatch(f"{who}: got {got.dtype}{list(got.shape)}, {ref} gives {want.dtype}{list(want.shape)}")
-    try:
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
-    except AssertionError as e:
-        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-        i = np.unravel_index(int(np.nanargmax(err)), err.shape) if err.size else ()
-        raise Mismatch(f"{who} disagrees with {ref} (rtol {rtol:g}, atol {atol:g}): max abs error "
-                       f"{float(np.nanmax(err)):.3g} at {tuple(int(j) for j in i)} "
-                       f"(got {got[i]!r}, {ref} {want[i]!r}); "
-                       f"{str(e).strip().splitlines()[2] if len(str(e).splitlines()) > 2 else ''}") from None
 
 
 def _size_class(shape: tuple) -> str:
@@ -177,7 +133,7 @@ class _Run:
                 t0 = time.perf_counter()
                 got = case.kernel(*arrays)
                 d["first_call_s"] = time.perf_counter() - t0
-                _check(got, want, rtol, atol, f"DVM ({self.vm} VM)", ref)
+                check(got, want, rtol, atol, f"DVM ({self.vm} VM)", ref)
             except Exception as e:   # a mismatch or a crash aborts the case, loudly
                 kind = "mismatch" if isinstance(e, Mismatch) else "error"
                 msg = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
@@ -192,33 +148,8 @@ class _Run:
 
         # The baselines.
         targs = [torch.from_numpy(a) for a in arrays]
-        eager, native = self.torch_forms[case.name]
-        runs: dict[str, tuple[Callable | None, str]] = {}
-        if self.vm != "reference" and numel <= REFERENCE_MAX_NUMEL:
-            runs["reference_vm"] = (lambda: call_on_vm(case.kernel, arrays, "reference"), "")
-        elif self.vm == "reference" and numel <= REFERENCE_MAX_NUMEL:
-            runs["reference_vm"] = (lambda: call_on_vm(case.kernel, arrays, "reference"),
-                                    "the selected VM is the reference VM")
-        else:
-            runs["reference_vm"] = (None, f"skipped: more than {REFERENCE_MAX_NUMEL} elements")
-        runs["numpy"] = (lambda: case.numpy(*arrays), "")
-        runs["torch_eager"] = (lambda: eager(*targs), "")
-        runs["torch_native"] = ((lambda: native(*targs), case.native_name) if native is not None
-                                else (None, "n/a: no native kernel"))
-        if case.numexpr is not None:
-            import numexpr
-            names = ["a", "b"][:case.n_full]
-            local = dict(zip(names, arrays))
-            local.update({k: np.float32(v) for k, v in case.numexpr_consts.items()})
-            expr = case.numexpr
-            runs["numexpr"] = (lambda: numexpr.evaluate(expr, local_dict=local), "")
-        else:
-            runs["numexpr"] = (None, f"n/a: {case.numexpr_note}")
-        for mode in ("static", "dynamic"):
-            if self.inductor:
-                runs[f"inductor_{mode}"] = (lambda mode=mode: self.inductor_fn(case, eager, targs, mode, row), "")
-            else:
-                runs[f"inductor_{mode}"] = (None, "not run (--no-inductor)")
+        runs = baseline_runs(case, arrays, targs, self.torch_forms[case.name], numel, self.vm, self.inductor,
+                             lambda eager, mode: self.inductor_fn(case, eager, targs, mode, row))
         for name, (fn, note) in runs.items():
             b = row["baselines"][name] = {"note": note} if note else {}
             if fn is None:
@@ -228,7 +159,7 @@ class _Run:
                 if name.startswith("inductor_"):
                     fn = fn()   # compiles (timed separately), returns the steady-state callable
                 got = fn()
-                _check(got, want, rtol, atol, LABELS[name], ref)
+                check(got, want, rtol, atol, LABELS[name], ref)
             except Mismatch as e:
                 b.update(status="mismatch", note=str(e))
                 print(f"[dvm bench ops] {tag}: baseline {LABELS[name]} MISMATCH, not timed: {e}",
@@ -267,30 +198,18 @@ class _Run:
 
     # -- Inductor -------------------------------------------------------------------------------
     def inductor_fn(self, case: Case, eager: Callable, targs: list, mode: str, row: dict) -> Callable:
-        """Compile `eager` with Inductor (fresh Dynamo state), time the first call (cold compile)
-        and a recompile after torch._dynamo.reset() (warm caches); return the compiled callable."""
-        import torch
-        import torch._dynamo
-        dynamic = mode == "dynamic"
+        """Inductor's steady-state callable of `eager` (bench_ops_baselines.inductor_compiled); the
+        compile times go into row["inductor_compile_s"], the first one in the process is kept."""
         tag = f"{case.name} {_shape_str(tuple(row['shape']))}"
         self.log(f"{tag}: Inductor {mode}: compiling")
-        torch._dynamo.reset()
-        compiled = torch.compile(eager, dynamic=dynamic, backend="inductor")
-        t0 = time.perf_counter()
-        compiled(*targs)
-        first = time.perf_counter() - t0
-        torch._dynamo.reset()
-        again = torch.compile(eager, dynamic=dynamic, backend="inductor")
-        t0 = time.perf_counter()
-        again(*targs)
-        warm = time.perf_counter() - t0
-        info = {"first_s": first, "warm_s": warm}
+        fn, info = inductor_compiled(eager, targs, mode)
         if self.first_inductor_compile is None:
             info["first_in_process"] = True
-            self.first_inductor_compile = {"case": case.name, "shape": row["shape"], "mode": mode, "seconds": first}
+            self.first_inductor_compile = {"case": case.name, "shape": row["shape"], "mode": mode,
+                                           "seconds": info["first_s"]}
         row["inductor_compile_s"][mode] = info
-        self.log(f"{tag}: Inductor {mode}: compile {first:.2f} s cold, {warm:.2f} s warm")
-        return lambda: again(*targs)
+        self.log(f"{tag}: Inductor {mode}: compile {info['first_s']:.2f} s cold, {info['warm_s']:.2f} s warm")
+        return fn
 
     # -- launch overhead ------------------------------------------------------------------------
     def launch_overhead(self) -> dict:
