@@ -151,41 +151,6 @@ def _tree_arg(op, sv, si, bn):
 
 
 @njit(inline='always', **OPTS)
-def _lvl1(op, d, x, q):
-    """One tree level of width 2q: d[k] = x[k] . x[k+q] (d and x distinct)."""
-    if op == R_SUM:
-        for k in range(q):
-            d[k] = x[k] + x[k + q]
-    elif op == R_PROD:
-        for k in range(q):
-            d[k] = x[k] * x[k + q]
-    elif op == R_MAX:
-        for k in range(q):
-            d[k] = _fmax(x[k], x[k + q])
-    else:
-        for k in range(q):
-            d[k] = _fmin(x[k], x[k + q])
-
-
-@njit(inline='always', **OPTS)
-def _lvl2(op, d, x, q):
-    """Two tree levels of width 4q in one pass, in the tree's order:
-    d[k] = (x[k] . x[k+2q]) . (x[k+q] . x[k+3q])."""
-    if op == R_SUM:
-        for k in range(q):
-            d[k] = (x[k] + x[k + 2 * q]) + (x[k + q] + x[k + 3 * q])
-    elif op == R_PROD:
-        for k in range(q):
-            d[k] = (x[k] * x[k + 2 * q]) * (x[k + q] * x[k + 3 * q])
-    elif op == R_MAX:
-        for k in range(q):
-            d[k] = _fmax(_fmax(x[k], x[k + 2 * q]), _fmax(x[k + q], x[k + 3 * q]))
-    else:
-        for k in range(q):
-            d[k] = _fmin(_fmin(x[k], x[k + 2 * q]), _fmin(x[k + q], x[k + 3 * q]))
-
-
-@njit(inline='always', **OPTS)
 def _lvl3(op, d, x, q):
     """Three tree levels of width 8q in one pass, in the tree's order."""
     if op == R_SUM:
@@ -208,16 +173,9 @@ def _lvl3(op, d, x, q):
 
 @njit(inline='always', **OPTS)
 def _stage(op, d, x, p):
-    """Up to three tree levels of x[:p] (p > 16) in one pass into d (not x); the width left."""
-    if p >= 128:
-        q = p // 8
-        _lvl3(op, d, x, q)
-    elif p >= 64:
-        q = p // 4
-        _lvl2(op, d, x, q)
-    else:
-        q = p // 2
-        _lvl1(op, d, x, q)
+    """Three tree levels of x[:p] (p >= 64) in one pass into d (not x); the width left."""
+    q = p // 8
+    _lvl3(op, d, x, q)
     return q
 
 

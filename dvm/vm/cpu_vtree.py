@@ -14,10 +14,9 @@ loads and adds: a 64-lane row cost ~10 ns; in registers it costs ~2.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
-from .cpu_bits import OPTS
 from .cpu_kernels import R_MAX, R_MIN, R_PROD, R_SUM
 
 CHUNK = 16          # lanes per vector
@@ -39,83 +38,62 @@ def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
     return builder.select(builder.fcmp_ordered("ord", lo, hi), m, builder.fadd(lo, hi))
 
 
-def _vtree_intrinsic(op: int, p: int):
-    """The tree over x[:p] of a contiguous 1-D float or signed integer array x (p in 16..512)."""
-    def impl(typingctx, arr):
-        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
-                and (isinstance(arr.dtype, types.Float)
-                     or isinstance(arr.dtype, types.Integer) and arr.dtype.signed)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            aty = sig.args[0]
-            data = context.make_array(aty)(context, builder, args[0]).data
-            is_float = isinstance(aty.dtype, types.Float)
-            base = builder.bitcast(data, ir.VectorType(context.get_value_type(aty.dtype), CHUNK).as_pointer())
-            align = aty.dtype.bitwidth // 8
-            vs = [builder.load(builder.gep(base, [ir.Constant(ir.IntType(64), i)]), align=align)
-                  for i in range(p // CHUNK)]
-            while len(vs) > 1:   # whole-chunk levels: chunk i . chunk i + m/2
-                h = len(vs) // 2
-                vs = [_combine_ir(builder, op, vs[i], vs[i + h], is_float) for i in range(h)]
-            v, w = vs[0], CHUNK // 2
-            while w >= 1:        # the last levels, inside one vector: lanes [0, w) . [w, 2w)
-                def lanes(lo):
-                    return ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(lo, lo + w)))
-                v = _combine_ir(builder, op, builder.shuffle_vector(v, v, lanes(0)),
-                                builder.shuffle_vector(v, v, lanes(w)), is_float)
-                w //= 2
-            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-        return arr.dtype(arr), codegen
-    impl.__name__ = f"vtree_{op}_{p}"
-    return intrinsic(impl)
+WIDTHS = tuple(CHUNK << k for k in range(VTREE_MAX.bit_length() - CHUNK.bit_length() + 1))   # 16 ... 512
 
 
-_S16, _S32, _S64, _S128, _S256, _S512 = (_vtree_intrinsic(R_SUM, p) for p in (16, 32, 64, 128, 256, 512))
-_P16, _P32, _P64, _P128, _P256, _P512 = (_vtree_intrinsic(R_PROD, p) for p in (16, 32, 64, 128, 256, 512))
-_X16, _X32, _X64, _X128, _X256, _X512 = (_vtree_intrinsic(R_MAX, p) for p in (16, 32, 64, 128, 256, 512))
-_N16, _N32, _N64, _N128, _N256, _N512 = (_vtree_intrinsic(R_MIN, p) for p in (16, 32, 64, 128, 256, 512))
+def _tree_ir(builder: ir.IRBuilder, base, op: int, p: int, align: int, is_float: bool):
+    """The tree over the p lanes at base (a pointer to CHUNK-lane vectors), straight-line."""
+    vs = [builder.load(builder.gep(base, [ir.Constant(ir.IntType(64), i)]), align=align)
+          for i in range(p // CHUNK)]
+    while len(vs) > 1:   # whole-chunk levels: chunk i . chunk i + m/2
+        h = len(vs) // 2
+        vs = [_combine_ir(builder, op, vs[i], vs[i + h], is_float) for i in range(h)]
+    v, w = vs[0], CHUNK // 2
+    while w >= 1:        # the last levels, inside one vector: lanes [0, w) . [w, 2w)
+        def lanes(lo):
+            return ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(lo, lo + w)))
+        v = _combine_ir(builder, op, builder.shuffle_vector(v, v, lanes(0)),
+                        builder.shuffle_vector(v, v, lanes(w)), is_float)
+        w //= 2
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
-@njit(inline='always', **OPTS)   # a call with an array argument per row cost ~10 ns (the work ~2)
-def vtree(op, x, p):
-    """The tree over x[:p], p a power of two in [16, VTREE_MAX]; op one of R_SUM/PROD/MAX/MIN."""
-    if op == R_SUM:
-        if p == 16:
-            return _S16(x)
-        if p == 32:
-            return _S32(x)
-        if p == 64:
-            return _S64(x)
-        if p == 128:
-            return _S128(x)
-        return _S256(x) if p == 256 else _S512(x)
-    if op == R_MAX:
-        if p == 16:
-            return _X16(x)
-        if p == 32:
-            return _X32(x)
-        if p == 64:
-            return _X64(x)
-        if p == 128:
-            return _X128(x)
-        return _X256(x) if p == 256 else _X512(x)
-    if op == R_PROD:
-        if p == 16:
-            return _P16(x)
-        if p == 32:
-            return _P32(x)
-        if p == 64:
-            return _P64(x)
-        if p == 128:
-            return _P128(x)
-        return _P256(x) if p == 256 else _P512(x)
-    if p == 16:
-        return _N16(x)
-    if p == 32:
-        return _N32(x)
-    if p == 64:
-        return _N64(x)
-    if p == 128:
-        return _N128(x)
-    return _N256(x) if p == 256 else _N512(x)
+@intrinsic
+def vtree(typingctx, op, arr, p):
+    """The tree over arr[:p] of a contiguous 1-D float or signed integer array, p a power of two
+    in [16, VTREE_MAX] (another p: VTREE_MAX); op one of R_SUM/PROD/MAX (another op: R_MIN).
+    One straight-line tree per (op, p), chosen by two switches: inlined where op is a constant,
+    LLVM keeps that op's trees only."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and (isinstance(arr.dtype, types.Float)
+                 or isinstance(arr.dtype, types.Integer) and arr.dtype.signed)
+            and isinstance(op, types.Integer) and isinstance(p, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        opv, data, pv = args[0], context.make_array(sig.args[1])(context, builder, args[1]).data, args[2]
+        dtype = sig.args[1].dtype
+        base = builder.bitcast(data, ir.VectorType(context.get_value_type(dtype), CHUNK).as_pointer())
+        fn, results = builder.function, []
+        done = fn.append_basic_block("vtree.done")
+        op_blocks = {o: fn.append_basic_block(f"vtree.op{o}") for o in (R_SUM, R_PROD, R_MAX, R_MIN)}
+        sw = builder.switch(opv, op_blocks[R_MIN])
+        for o in (R_SUM, R_PROD, R_MAX):
+            sw.add_case(ir.Constant(opv.type, o), op_blocks[o])
+        for o, block in op_blocks.items():
+            builder.position_at_end(block)
+            p_blocks = {w: fn.append_basic_block(f"vtree.op{o}.p{w}") for w in WIDTHS}
+            swp = builder.switch(pv, p_blocks[VTREE_MAX])
+            for w in WIDTHS[:-1]:
+                swp.add_case(ir.Constant(pv.type, w), p_blocks[w])
+            for w, pb in p_blocks.items():
+                builder.position_at_end(pb)
+                results.append((_tree_ir(builder, base, o, w, dtype.bitwidth // 8,
+                                         isinstance(dtype, types.Float)), builder.block))
+                builder.branch(done)
+        builder.position_at_end(done)
+        phi = builder.phi(context.get_value_type(dtype))
+        for value, block in results:
+            phi.add_incoming(value, block)
+        return phi
+    return arr.dtype(types.int64, arr, types.int64), codegen
