@@ -454,3 +454,56 @@ def test_short_inner_axis_sum_is_adds_with_the_same_bits(n, dtype, monkeypatch):
     assert got.tobytes() == want.tobytes()
     assert not np.signbit(got[0]).any()   # -0 + -0 sums to +0, as in PyTorch
     assert_same(got, to_torch(x).sum(1))
+
+
+def _row_at_page_end(n: int, dtype):
+    """A writable array of n elements whose last one ends a page; the next page is PROT_NONE
+    (reading past the row faults). Returns the array and the mapping that backs it."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(base + page, page, 0) == 0   # PROT_NONE
+    whole = np.frombuffer(m, dtype, count=page // np.dtype(dtype).itemsize)
+    return whole[whole.size - n:], m
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_cpu_register_tree_of_any_width_is_the_spec_tree_and_reads_only_the_row(dtype):
+    """vtree_n (whole rows of any width up to 512 lanes, cpu_reduce.ROW_MASKED) fills the lanes
+    past the row by masked loads with a pass-through value: the result has the reference tree's
+    bits (-0.0 sums stay -0.0, NaN and ties as the spec's tree), and a row that ends a page
+    followed by an unreadable one is never read past its end."""
+    from numba import njit
+    from dvm.graph.dtypes import Bank
+    from dvm.vm import reference
+    from dvm.vm.cpu_kernels import RED_NAMES
+    from dvm.vm.cpu_vtree import vtree_n
+
+    @njit
+    def tree(code, x, n):
+        return vtree_n(code, x, n)
+
+    rng = np.random.default_rng(5)
+    bank = {np.float32: Bank.F32, np.float64: Bank.F64, np.int64: Bank.I64}[dtype]
+    if dtype is np.int64:
+        pool = np.array([0, 1, -1, 7, -9, np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype)
+    else:
+        tiny = np.finfo(dtype).smallest_subnormal
+        pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, tiny], dtype)
+    bits = {np.float32: np.int32}.get(dtype, np.int64)
+    for op in ("sum", "prod", "max", "min"):
+        code, combine = RED_NAMES.index(op), reference._combine(op, bank)
+        for n in (*range(1, 40), 47, 63, 65, 100, 127, 129, 200, 255, 257, 300, 511, 512):
+            row, mapping = _row_at_page_end(n, dtype)
+            for trial in range(6):
+                row[:] = rng.choice(pool, n) if trial % 2 else np.full(n, pool[trial // 2 % pool.size])
+                with np.errstate(all="ignore"):
+                    want = np.asarray(reference._tree(row[None, :].copy(), combine)[0], dtype)
+                got = np.asarray(tree(code, row, n), dtype)
+                assert got.view(bits) == want.view(bits) or np.isnan(got) and np.isnan(want), (op, n, row, got, want)
+            del row
+            mapping.close()

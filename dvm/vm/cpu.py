@@ -167,29 +167,28 @@ def _run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
             _check(_run_units(d, (d.blob, DECODE, bufs), threads))
 
 
-NARROW_BN = 64   # reducing kernels with tiles at most this wide use column-major registers ...
-ROW_MAJOR_P2_BN = 32   # ... unless BN is a power of two from this width (_transposed)
+ROW_MAJOR_MIN_BN = 8   # reducing kernels with narrower tiles use column-major registers (_transposed)
 
 
 def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
-    narrow (a tree level is then one loop over BM rows instead of a short loop per row) or whose
-    operands are contiguous along the kept axis (a column of the tile is then a contiguous run).
-    The layout is invisible: every lane holds the same value and the tree pairs the same lanes.
-    Argmax/argmin keep the row-major form."""
+    very narrow (a tree level is then one loop over BM rows instead of a short loop per row) or
+    whose operands are contiguous along the kept axis (a column of the tile is then a contiguous
+    run). The layout is invisible: every lane holds the same value and the tree pairs the same
+    lanes. Argmax/argmin keep the row-major form."""
     if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
         return False
     nr = len(kl.row_sizes)
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
     if any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides):
         return True   # contiguous along the kept axis (a sum over axis 0): whatever the width
-    if kl.bn <= NARROW_BN:
-        # a column-major tile of row-major data is loaded by strided reads, ~0.5 ns an element
-        # (8192x64 row sum, one thread: 298 us); whole power-of-two rows from 32 lanes reduce in
-        # place in row-major tiles faster (88 us), shorter or padded rows do not (17 columns:
-        # 216 against 1356 us)
-        return not (kl.bn >= ROW_MAJOR_P2_BN and kl.bn & (kl.bn - 1) == 0)
-    return False
+    # A column-major tile of row-major data is loaded by strided reads (~0.5 ns an element), so
+    # from 8 lanes whole rows reduce faster in row-major tiles, in registers (cpu_vtree.vtree_n
+    # for any width). 70 K elements, one thread, column- against row-major (us): 17 columns:
+    # sum 30 / 12, softmax 76 / 56, LayerNorm 90 / 49, RMSNorm 75 / 27; 63 columns: sum 44 / 7.5,
+    # LayerNorm 145 / 36; 8: sum 28 / 16, softmax 69 / 77, LayerNorm 81 / 70; 4: sum 27 / 27,
+    # softmax 67 / 147, LayerNorm 81 / 138 (/tmp/w/narrow.py in the notes of issue 3).
+    return kl.bn < ROW_MAJOR_MIN_BN
 
 
 class _Desc:

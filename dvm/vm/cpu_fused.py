@@ -42,11 +42,12 @@ from .cpu_bits import OPTS, ptr_f32
 from .cpu_kernels import DT_F32, R_MAX, R_SUM
 from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
-from .cpu_reduce import _accinit, _combine, _copy, _in_registers, _is_pow2, _level_t, _rowred, _tree, _tree_p2
+from .cpu_reduce import (ROW_MASKED, ROW_P2, _accinit, _combine, _copy, _is_pow2, _level_t, _row_form, _rowred, _tree,
+                         _tree_p2)
 from .cpu_rowlevel import _col_uniform
 from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
-from .cpu_vtree import vtree
+from .cpu_vtree import vtree, vtree_n
 
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
  FK_CSQACC) = range(10)
@@ -110,10 +111,14 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = _is_pow2(bn)
-    # one loop per form, the form decided before it (see cpu_reduce._in_registers)
-    if _in_registers(bn, ncv):
+    # one loop per form, the form decided before it (see cpu_reduce._row_form)
+    form = _row_form(bn, ncv)
+    if form == ROW_P2:
         for r in range(nrv):
             o[r] = vtree(op, carray(ptr_f32(ra[r]), bn), bn)
+    elif form == ROW_MASKED:
+        for r in range(nrv):
+            o[r] = vtree_n(op, carray(ptr_f32(ra[r]), bn), bn)
     elif p2 and ncv == bn:
         for r in range(nrv):
             o[r] = _tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)

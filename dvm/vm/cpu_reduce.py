@@ -16,7 +16,7 @@ from numba import njit
 
 from .cpu_kernels import R_ARGMAX, R_ARGMIN, R_MAX, R_MIN, R_PROD, R_SUM, _fmax, _fmin
 from .cpu_bits import OPTS
-from .cpu_vtree import VTREE_MAX, vtree
+from .cpu_vtree import VTREE_MAX, vtree, vtree_n
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -213,20 +213,32 @@ def _is_pow2(n):
     return n > 0 and (n & (n - 1)) == 0
 
 
+ROW_STAGED, ROW_P2, ROW_MASKED = 0, 1, 2   # _row_form
+
+
 @njit(**OPTS)
-def _in_registers(bn, ncv):
-    """Whole rows of bn lanes that cpu_vtree reduces in registers. The row loops decide their
-    form once, before the loop, and run one form per loop: the loop with every form's branches
-    in it ran 2x slower a row (64 lanes, one thread: ~6.5 against ~3 ns)."""
-    return ncv == bn and 16 <= bn <= VTREE_MAX and _is_pow2(bn)
+def _row_form(bn, ncv):
+    """How the row loops reduce rows of bn lanes, ncv valid: whole rows of up to VTREE_MAX lanes
+    in registers (ROW_P2: a power of two from 16, vtree; ROW_MASKED: any other width, vtree_n),
+    else ROW_STAGED (copies, staged passes). The loops decide their form once, before the loop,
+    and run one form per loop: the loop with every form's branches in it ran 2x slower a row
+    (64 lanes, one thread: ~6.5 against ~3 ns)."""
+    if ncv != bn or bn > VTREE_MAX:
+        return ROW_STAGED
+    return ROW_P2 if bn >= 16 and _is_pow2(bn) else ROW_MASKED
 
 
 @njit(**OPTS)
 def _rfin(op, o, acc, bm, bn, s):
     """Compact result: row r's value in lane r. s: scratch of 2*bn lanes."""
-    if _in_registers(bn, bn):
+    form = _row_form(bn, bn)
+    if form == ROW_P2:
         for r in range(bm):
             o[r] = vtree(op, acc[r * bn:(r + 1) * bn], bn)
+        return
+    if form == ROW_MASKED:
+        for r in range(bm):
+            o[r] = vtree_n(op, acc[r * bn:(r + 1) * bn], bn)
         return
     a = s[:bn]
     b = s[bn:2 * bn]
@@ -254,9 +266,14 @@ def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
 def _rowred(op, o, x, bm, bn, ncv, s, is_float):
     """Single-tile reduction of x over its valid columns (identity elsewhere); compact result
     (row r's value in lane r). s: scratch of 2*bn lanes."""
-    if _in_registers(bn, ncv):
+    form = _row_form(bn, ncv)
+    if form == ROW_P2:
         for r in range(bm):
             o[r] = vtree(op, x[r * bn:(r + 1) * bn], bn)
+        return
+    if form == ROW_MASKED:
+        for r in range(bm):
+            o[r] = vtree_n(op, x[r * bn:(r + 1) * bn], bn)
         return
     a = s[:bn]
     b = s[bn:2 * bn]

@@ -7,6 +7,13 @@ that one vector. `vtree(op, x, p)` emits exactly those combines as LLVM vector i
 same operations in the same order as cpu_reduce._tree, so bitwise the same results, with max/min
 as _fmax/_fmin (NaN propagates, b on ties).
 
+`vtree_n(op, x, n)` is the tree over a row of any 1 <= n <= VTREE_MAX lanes. The spec's tree over
+the next power of two leaves the lanes past n out (a lane without a partner keeps its value).
+Here masked loads (lanes past n are never read) fill them with the op's pass-through value,
+which every combine maps to its partner bit for bit: -0.0 for a float sum (+0.0 would turn a
+-0.0 into +0.0), 1 for a product, the lowest / highest value for max / min. A tree over more
+lanes than the next power of two is then the same tree, so rows of 1 to 16 lanes take p = 16.
+
 Why intrinsics: written as loops, a level of 16-64 lanes fell below the trip count LLVM's
 vectorizer needs (16 lanes x 4 interleaved) and ran scalar, and the last levels were scalar
 loads and adds: a 64-lane row cost ~10 ns; in registers it costs ~2.
@@ -22,6 +29,8 @@ from .cpu_kernels import R_MAX, R_MIN, R_PROD, R_SUM
 CHUNK = 16          # lanes per vector
 VTREE_MAX = 512     # the widest row reduced in registers (32 vectors; wider rows: one staged pass
                     # of three levels first, so MAX_BN = 4096 lanes end here after one pass)
+WIDTHS = tuple(CHUNK << k for k in range(VTREE_MAX.bit_length() - CHUNK.bit_length() + 1))   # 16 ... 512
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
 
 
 def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
@@ -38,40 +47,63 @@ def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
     return builder.select(builder.fcmp_ordered("ord", lo, hi), m, builder.fadd(lo, hi))
 
 
-WIDTHS = tuple(CHUNK << k for k in range(VTREE_MAX.bit_length() - CHUNK.bit_length() + 1))   # 16 ... 512
+def _pass_through(op: int, dtype) -> float | int:
+    """The value v with combine(op, x, v) == x bit for bit, for every x of dtype."""
+    if isinstance(dtype, types.Float):
+        return {R_SUM: -0.0, R_PROD: 1.0, R_MAX: float("-inf")}.get(op, float("inf"))
+    top = 1 << (dtype.bitwidth - 1)
+    return {R_SUM: 0, R_PROD: 1, R_MAX: -top}.get(op, top - 1)
 
 
-def _tree_ir(builder: ir.IRBuilder, base, op: int, p: int, align: int, is_float: bool):
+def _chunk(builder: ir.IRBuilder, base, i: int, p: int, n, op: int, dtype, align: int):
+    """Chunk i of a p-lane tree: a plain load, or for a row of n lanes (n an i64 value, None for
+    whole rows; p/2 < n <= p where p > 16) a masked load of its lanes below n."""
+    ptr = builder.gep(base, [ir.Constant(_I64, i)])
+    if n is None or (i + 1) * CHUNK <= p // 2:
+        return builder.load(ptr, align=align)
+    vty = ptr.type.pointee
+    lanes = ir.Constant(ir.VectorType(_I64, CHUNK), [i * CHUNK + k for k in range(CHUNK)])
+    one = builder.insert_element(ir.Constant(ir.VectorType(_I64, 1), ir.Undefined), n, ir.Constant(_I32, 0))
+    n_vec = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, CHUNK), [0] * CHUNK))
+    mask = builder.icmp_signed("<", lanes, n_vec)
+    kind = "f" if isinstance(dtype, types.Float) else "i"
+    name = f"llvm.masked.load.v{CHUNK}{kind}{dtype.bitwidth}.p0"
+    fn = builder.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty]), name=name)
+    fill = ir.Constant(vty, [_pass_through(op, dtype)] * CHUNK)
+    return builder.call(fn, [ptr, ir.Constant(_I32, align), mask, fill])
+
+
+def _tree_ir(builder: ir.IRBuilder, base, op: int, p: int, n, dtype):
     """The tree over the p lanes at base (a pointer to CHUNK-lane vectors), straight-line."""
-    vs = [builder.load(builder.gep(base, [ir.Constant(ir.IntType(64), i)]), align=align)
-          for i in range(p // CHUNK)]
+    is_float = isinstance(dtype, types.Float)
+    vs = [_chunk(builder, base, i, p, n, op, dtype, dtype.bitwidth // 8) for i in range(p // CHUNK)]
     while len(vs) > 1:   # whole-chunk levels: chunk i . chunk i + m/2
         h = len(vs) // 2
         vs = [_combine_ir(builder, op, vs[i], vs[i + h], is_float) for i in range(h)]
     v, w = vs[0], CHUNK // 2
     while w >= 1:        # the last levels, inside one vector: lanes [0, w) . [w, 2w)
         def lanes(lo):
-            return ir.Constant(ir.VectorType(ir.IntType(32), w), list(range(lo, lo + w)))
+            return ir.Constant(ir.VectorType(_I32, w), list(range(lo, lo + w)))
         v = _combine_ir(builder, op, builder.shuffle_vector(v, v, lanes(0)),
                         builder.shuffle_vector(v, v, lanes(w)), is_float)
         w //= 2
-    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-@intrinsic
-def vtree(typingctx, op, arr, p):
-    """The tree over arr[:p] of a contiguous 1-D float or signed integer array, p a power of two
-    in [16, VTREE_MAX] (another p: VTREE_MAX); op one of R_SUM/PROD/MAX (another op: R_MIN).
-    One straight-line tree per (op, p), chosen by two switches: inlined where op is a constant,
-    LLVM keeps that op's trees only."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
-            and (isinstance(arr.dtype, types.Float)
-                 or isinstance(arr.dtype, types.Integer) and arr.dtype.signed)
-            and isinstance(op, types.Integer) and isinstance(p, types.Integer)):
-        return None
+def _typed_row(arr, op, p) -> bool:
+    return (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and (isinstance(arr.dtype, types.Float) or isinstance(arr.dtype, types.Integer) and arr.dtype.signed)
+            and isinstance(op, types.Integer) and isinstance(p, types.Integer))
 
+
+def _codegen(masked: bool):
+    """One straight-line tree per (op, p), chosen by two switches: inlined where op is a constant,
+    LLVM keeps that op's trees only. Whole rows switch on p; masked rows on p = the next power of
+    two of n, at least 16 (a compare chain)."""
     def codegen(context, builder, sig, args):
-        opv, data, pv = args[0], context.make_array(sig.args[1])(context, builder, args[1]).data, args[2]
+        opv, data, width = args[0], context.make_array(sig.args[1])(context, builder, args[1]).data, args[2]
         dtype = sig.args[1].dtype
         base = builder.bitcast(data, ir.VectorType(context.get_value_type(dtype), CHUNK).as_pointer())
         fn, results = builder.function, []
@@ -83,17 +115,41 @@ def vtree(typingctx, op, arr, p):
         for o, block in op_blocks.items():
             builder.position_at_end(block)
             p_blocks = {w: fn.append_basic_block(f"vtree.op{o}.p{w}") for w in WIDTHS}
-            swp = builder.switch(pv, p_blocks[VTREE_MAX])
-            for w in WIDTHS[:-1]:
-                swp.add_case(ir.Constant(pv.type, w), p_blocks[w])
+            if masked:
+                for w in WIDTHS[:-1]:
+                    nxt = fn.append_basic_block(f"vtree.op{o}.gt{w}")
+                    builder.cbranch(builder.icmp_signed("<=", width, ir.Constant(width.type, w)), p_blocks[w], nxt)
+                    builder.position_at_end(nxt)
+                builder.branch(p_blocks[VTREE_MAX])
+            else:
+                swp = builder.switch(width, p_blocks[VTREE_MAX])
+                for w in WIDTHS[:-1]:
+                    swp.add_case(ir.Constant(width.type, w), p_blocks[w])
             for w, pb in p_blocks.items():
                 builder.position_at_end(pb)
-                results.append((_tree_ir(builder, base, o, w, dtype.bitwidth // 8,
-                                         isinstance(dtype, types.Float)), builder.block))
+                results.append((_tree_ir(builder, base, o, w, width if masked else None, dtype), builder.block))
                 builder.branch(done)
         builder.position_at_end(done)
         phi = builder.phi(context.get_value_type(dtype))
         for value, block in results:
             phi.add_incoming(value, block)
         return phi
-    return arr.dtype(types.int64, arr, types.int64), codegen
+    return codegen
+
+
+@intrinsic
+def vtree(typingctx, op, arr, p):
+    """The tree over arr[:p] of a contiguous 1-D float or signed integer array, p a power of two
+    in [16, VTREE_MAX] (another p: VTREE_MAX); op one of R_SUM/PROD/MAX (another op: R_MIN)."""
+    if not _typed_row(arr, op, p):
+        return None
+    return arr.dtype(types.int64, arr, types.int64), _codegen(False)
+
+
+@intrinsic
+def vtree_n(typingctx, op, arr, n):
+    """The tree over arr[:n], 1 <= n <= VTREE_MAX lanes (a larger n: VTREE_MAX), lanes past n
+    left out as the spec's tree leaves them; arr[n:] is never read (it may end at n)."""
+    if not _typed_row(arr, op, n):
+        return None
+    return arr.dtype(types.int64, arr, types.int64), _codegen(True)
