@@ -120,10 +120,18 @@ def test_first_axis_reductions_read_columns_in_place(shape):
         assert _register_layouts(kfn, shape) == [True], (kfn, shape)
 
 
-@pytest.mark.parametrize("shape", [(8192, 64), (300, 32), (1000, 128)])
-def test_whole_power_of_two_rows_reduce_in_row_major_registers(shape):
-    """Rows of 32 or more lanes, a power of two, contiguous: row-major registers (56e367d)."""
+@pytest.mark.parametrize("shape", [(8192, 64), (300, 32), (1000, 128), (4097, 17), (301, 9), (40, 8), (100, 63)])
+def test_rows_from_8_lanes_reduce_in_row_major_registers(shape):
+    """Contiguous rows of 8 or more lanes, any width: row-major registers, the row in vector
+    registers (cpu_vtree; a column-major tile of them loads by strided reads)."""
     assert _register_layouts(sum_last, shape) == [False]
+    assert _register_layouts(softmax, shape) == [False]
+
+
+@pytest.mark.parametrize("shape", [(301, 5), (4097, 7), (64, 2)])
+def test_rows_under_8_lanes_reduce_in_column_major_registers(shape):
+    """Narrower rows: column-major registers (a tree level is one loop over the rows)."""
+    assert _register_layouts(sum_last, shape) == [True]
 
 
 @dvm.kernel

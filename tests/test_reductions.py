@@ -507,3 +507,45 @@ def test_cpu_register_tree_of_any_width_is_the_spec_tree_and_reads_only_the_row(
                 assert got.view(bits) == want.view(bits) or np.isnan(got) and np.isnan(want), (op, n, row, got, want)
             del row
             mapping.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_cpu_register_tree_of_a_padded_row_is_the_spec_tree_and_reads_only_the_row(dtype):
+    """vtree_pad (a partial row of more than half a power-of-two tile, cpu_reduce.ROW_PADDED): the
+    lanes past the row hold the op's identity, as the spec pads them (+0.0 for a float sum, so an all -0.0 row
+    sums to the reference's +0.0), and the row's end is never read past."""
+    from numba import njit
+    from dvm.graph.dtypes import Bank
+    from dvm.graph.ops import reduce_identity
+    from dvm.vm import reference
+    from dvm.vm.cpu_kernels import RED_NAMES
+    from dvm.vm.cpu_vtree import VTREE_MAX, vtree_pad
+
+    @njit
+    def tree(code, x, n, p):
+        return vtree_pad(code, x, n, p)
+
+    rng = np.random.default_rng(6)
+    bank = {np.float32: Bank.F32, np.float64: Bank.F64, np.int64: Bank.I64}[dtype]
+    if dtype is np.int64:
+        pool = np.array([0, 1, -1, 7, np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype)
+    else:
+        pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, np.finfo(dtype).smallest_subnormal], dtype)
+    bits = {np.float32: np.int32}.get(dtype, np.int64)
+    for op in ("sum", "prod", "max", "min"):
+        code, combine = RED_NAMES.index(op), reference._combine(op, bank)
+        ident = np.array(reduce_identity(op, bank), dtype)
+        p = 16
+        while p <= VTREE_MAX:
+            for n in sorted({p // 2 + 1, p - 1, int(rng.integers(p // 2 + 1, p))}):
+                row, mapping = _row_at_page_end(n, dtype)
+                for trial in range(4):
+                    row[:] = rng.choice(pool, n) if trial % 2 else np.full(n, pool[trial // 2])
+                    padded = np.concatenate([row, np.full(p - n, ident)])
+                    with np.errstate(all="ignore"):
+                        want = np.asarray(reference._tree(padded[None, :], combine)[0], dtype)
+                    got = np.asarray(tree(code, row, n, p), dtype)
+                    assert got.view(bits) == want.view(bits) or np.isnan(got) and np.isnan(want), (op, p, n, row)
+                del row
+                mapping.close()
+            p *= 2

@@ -42,12 +42,12 @@ from .cpu_bits import OPTS, ptr_f32
 from .cpu_kernels import DT_F32, R_MAX, R_SUM
 from .cpu_math import exp_into
 from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
-from .cpu_reduce import (ROW_MASKED, ROW_P2, _accinit, _combine, _copy, _is_pow2, _level_t, _row_form, _rowred, _tree,
-                         _tree_p2)
+from .cpu_reduce import (ROW_MASKED, ROW_P2, ROW_PADDED, _accinit, _combine, _copy, _is_pow2, _level_t, _row_form,
+                         _rowred, _tree, _tree_p2)
 from .cpu_rowlevel import _col_uniform
 from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
-from .cpu_vtree import vtree, vtree_n
+from .cpu_vtree import vtree, vtree_n, vtree_pad
 
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
  FK_CSQACC) = range(10)
@@ -119,6 +119,9 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     elif form == ROW_MASKED:
         for r in range(nrv):
             o[r] = vtree_n(op, carray(ptr_f32(ra[r]), bn), bn)
+    elif form == ROW_PADDED:
+        for r in range(nrv):
+            o[r] = vtree_pad(op, carray(ptr_f32(ra[r]), ncv), ncv, bn)
     elif p2 and ncv == bn:
         for r in range(nrv):
             o[r] = _tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)

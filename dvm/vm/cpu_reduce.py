@@ -16,7 +16,7 @@ from numba import njit
 
 from .cpu_kernels import R_ARGMAX, R_ARGMIN, R_MAX, R_MIN, R_PROD, R_SUM, _fmax, _fmin
 from .cpu_bits import OPTS
-from .cpu_vtree import VTREE_MAX, vtree, vtree_n
+from .cpu_vtree import VTREE_MAX, vtree, vtree_n, vtree_pad
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -213,19 +213,23 @@ def _is_pow2(n):
     return n > 0 and (n & (n - 1)) == 0
 
 
-ROW_STAGED, ROW_P2, ROW_MASKED = 0, 1, 2   # _row_form
+ROW_STAGED, ROW_P2, ROW_MASKED, ROW_PADDED = 0, 1, 2, 3   # _row_form
 
 
 @njit(**OPTS)
 def _row_form(bn, ncv):
-    """How the row loops reduce rows of bn lanes, ncv valid: whole rows of up to VTREE_MAX lanes
-    in registers (ROW_P2: a power of two from 16, vtree; ROW_MASKED: any other width, vtree_n),
-    else ROW_STAGED (copies, staged passes). The loops decide their form once, before the loop,
-    and run one form per loop: the loop with every form's branches in it ran 2x slower a row
-    (64 lanes, one thread: ~6.5 against ~3 ns)."""
-    if ncv != bn or bn > VTREE_MAX:
+    """How the row loops reduce rows of bn lanes, ncv valid. In registers, rows of up to
+    VTREE_MAX lanes: ROW_P2 whole rows of a power of two from 16 (vtree), ROW_MASKED whole rows of
+    any other width (vtree_n), ROW_PADDED partial rows of more than half a power of two from 16
+    (vtree_pad: the lanes past ncv the identity, as the spec pads them, a single-tile row's
+    case); else ROW_STAGED (copies, staged passes).
+    The loops decide their form once, before the loop, and run one form per loop: the loop with
+    every form's branches in it ran 2x slower a row (64 lanes, one thread: ~6.5 against ~3 ns)."""
+    if bn > VTREE_MAX:
         return ROW_STAGED
-    return ROW_P2 if bn >= 16 and _is_pow2(bn) else ROW_MASKED
+    if ncv == bn:
+        return ROW_P2 if bn >= 16 and _is_pow2(bn) else ROW_MASKED
+    return ROW_PADDED if bn >= 16 and _is_pow2(bn) and 2 * ncv > bn else ROW_STAGED
 
 
 @njit(**OPTS)
@@ -274,6 +278,10 @@ def _rowred(op, o, x, bm, bn, ncv, s, is_float):
     if form == ROW_MASKED:
         for r in range(bm):
             o[r] = vtree_n(op, x[r * bn:(r + 1) * bn], bn)
+        return
+    if form == ROW_PADDED:
+        for r in range(bm):
+            o[r] = vtree_pad(op, x[r * bn:r * bn + ncv], ncv, bn)
         return
     a = s[:bn]
     b = s[bn:2 * bn]
