@@ -37,7 +37,7 @@ from .cpu_kernels import (BK_B8, BK_F32, BK_F64, BK_I64, DT_BF16, DT_BOOL, DT_F1
 from .cpu_bits import OPTS, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
 from .cpu_mem import (M_BM, M_BN, M_COLS, M_ROWS, M_TL, _direct_addr, _fv, _index, _index_t, _load_compact, _mem,
                       _mem_t, _row_addrs)
-from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
+from .cpu_reduce import (_acc, _acc_arg, _acc_t, _accinit, _rfin_arg, _rfin_t, _rowred, _rowred_arg,
                          _rowred_t)
 from .cpu_fused import _run_fused
 from .cpu_rowlevel import (_bin_rowb, _bin_rowb_to_rows, _bin_rowv, _bins, _cmp_outer, _col_uniform, _expand_sources,
@@ -261,12 +261,12 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
                 _rfin_t(op, D[f1], D[f2], bm, bn)
             else:
                 _rfin_t(op, I[f1], I[f2], bm, bn)
-        elif bank == BK_F32:
-            _rfin(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, sf)
+        elif bank == BK_F32:   # the accumulator's rows are whole: _rowred over bn valid lanes
+            _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, bn, sf, bank == BK_F32)
         elif bank == BK_F64:
-            _rfin(op, D[f1], D[f2], bm, bn, sd)
+            _rowred(op, D[f1], D[f2], bm, bn, bn, sd, bank == BK_F64)
         else:
-            _rfin(op, I[f1], I[f2], bm, bn, si)
+            _rowred(op, I[f1], I[f2], bm, bn, bn, si, bank != BK_I64)
 
 
 @njit(inline='always', **OPTS)
@@ -354,7 +354,7 @@ def _exec(s, e, instrs, dec, peep, meta, dims, optab, consts, addrs, numels, F, 
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
             _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, tl)
             if (g == G_RFIN or g == G_ROWRED) and op != R_ARGMAX and op != R_ARGMIN:
-                mode = 1   # _rfin / _rowred leave compact results
+                mode = 1   # _rowred leaves compact results
         elif g == G_INDEX:
             if tl:
                 _index_t(I[f1], f2, optab, dims, meta, r0, c0, fin)

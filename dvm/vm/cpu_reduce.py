@@ -233,31 +233,6 @@ def _row_form(bn, ncv):
 
 
 @njit(**OPTS)
-def _rfin(op, o, acc, bm, bn, s):
-    """Compact result: row r's value in lane r. s: scratch of 2*bn lanes."""
-    form = _row_form(bn, bn)
-    if form == ROW_P2:
-        for r in range(bm):
-            o[r] = vtree(op, acc[r * bn:(r + 1) * bn], bn)
-        return
-    if form == ROW_MASKED:
-        for r in range(bm):
-            o[r] = vtree_n(op, acc[r * bn:(r + 1) * bn], bn)
-        return
-    a = s[:bn]
-    b = s[bn:2 * bn]
-    p2 = _is_pow2(bn)
-    for r in range(bm):
-        if p2:
-            v = _tree_p2(op, acc[r * bn:(r + 1) * bn], a, b, bn)
-        else:
-            _copy(a, acc[r * bn:(r + 1) * bn])
-            _tree(op, a, bn)
-            v = a[0]
-        o[r] = v   # compact: row r at lane r (cpu_interp expands lazily)
-
-
-@njit(**OPTS)
 def _rfin_arg(op, o, v, ix, bm, bn, sv, si):
     for r in range(bm):
         _copy(sv[:bn], v[r * bn:(r + 1) * bn])

@@ -1,7 +1,7 @@
 """Row-level (compact) registers of the CPU VM.
 
 A reduction result is constant along the row. The VM keeps it compact: row r's value in lane r,
-which is also column 0 of a column-major tile (cpu_reduce's _rfin/_rowred leave it so). Row-level
+which is also column 0 of a column-major tile (cpu_reduce's _rowred leaves it so). Row-level
 arithmetic then runs on BM lanes only (_row_mode below), a full-tile f32 add/sub/mul/div/
 maximum/minimum broadcasts a compact operand on the fly (_bin_rowb), and any other full-tile
 reader first expands it in place (_expand). Row vectors (below) and uniform registers (constants,
