@@ -26,7 +26,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .cpu_kernels import R_MAX, R_MIN, R_PROD, R_SUM
+from ..graph.dtypes import Bank
+from ..graph.ops import reduce_identity
+from .cpu_kernels import R_MAX, R_MIN, R_PROD, R_SUM, RED_NAMES
 
 CHUNK = 16          # lanes per vector
 VTREE_MAX = 512     # the widest row reduced in registers (32 vectors; wider rows: one staged pass
@@ -49,21 +51,20 @@ def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
     return builder.select(builder.fcmp_ordered("ord", lo, hi), m, builder.fadd(lo, hi))
 
 
-def _pass_through(op: int, dtype) -> float | int:
-    """The value v with combine(op, x, v) == x bit for bit, for every x of dtype."""
-    if isinstance(dtype, types.Float):
-        return {R_SUM: -0.0, R_PROD: 1.0, R_MAX: float("-inf")}.get(op, float("inf"))
-    top = 1 << (dtype.bitwidth - 1)
-    return {R_SUM: 0, R_PROD: 1, R_MAX: -top}.get(op, top - 1)
-
-
 WHOLE, EXACT, PADDED = 0, 1, 2   # the rows of vtree, vtree_n and vtree_pad
 
 
 def _identity(op: int, dtype) -> float | int:
-    if op == R_SUM and isinstance(dtype, types.Float):
-        return 0.0
-    return _pass_through(op, dtype)
+    """The op's identity (the op table's), as a partial tile's row is padded."""
+    if isinstance(dtype, types.Float):
+        return float(reduce_identity(RED_NAMES[op], Bank.F64))
+    return int(reduce_identity(RED_NAMES[op], Bank.I64))
+
+
+def _pass_through(op: int, dtype) -> float | int:
+    """The value v with combine(op, x, v) == x bit for bit, for every x of dtype: the identity,
+    except -0.0 for a float sum (+0.0 + -0.0 is +0.0)."""
+    return -0.0 if op == R_SUM and isinstance(dtype, types.Float) else _identity(op, dtype)
 
 
 def _chunk(builder: ir.IRBuilder, base, i: int, p: int, n, op: int, dtype, align: int, mode: int):
@@ -107,7 +108,7 @@ def _tree_ir(builder: ir.IRBuilder, base, op: int, p: int, n, dtype, mode: int):
 
 def _typed_row(arr, op, p) -> bool:
     return (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
-            and (isinstance(arr.dtype, types.Float) or isinstance(arr.dtype, types.Integer) and arr.dtype.signed)
+            and (isinstance(arr.dtype, types.Float) or arr.dtype == types.int64)
             and isinstance(op, types.Integer) and isinstance(p, types.Integer))
 
 
@@ -153,7 +154,7 @@ def _codegen(mode: int):
 
 @intrinsic
 def vtree(typingctx, op, arr, p):
-    """The tree over arr[:p] of a contiguous 1-D float or signed integer array, p a power of two
+    """The tree over arr[:p] of a contiguous 1-D float or int64 array, p a power of two
     in [16, VTREE_MAX] (another p: VTREE_MAX); op one of R_SUM/PROD/MAX (another op: R_MIN)."""
     if not _typed_row(arr, op, p):
         return None
