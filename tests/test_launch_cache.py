@@ -118,6 +118,53 @@ def test_reused_workspaces_under_concurrent_calls(vm):
     assert not bad
 
 
+@dvm.kernel
+def fma3(k, x, y, z):
+    return k.store(k.add(k.mul(k.load(x), k.load(y)), k.load(z)))
+
+
+@dvm.kernel
+def negate(k, x):
+    return k.store(k.neg(k.load(x)))
+
+
+def test_cached_calls_of_one_to_three_inputs_and_several_outputs(vm):
+    """The cached forms: one output with 1, 2 or 3 inputs (the CPU VM's flattened caller),
+    several outputs (a tuple, as on a first call)."""
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x, y, z = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3))
+        np.testing.assert_array_equal(negate(x), -x)
+        np.testing.assert_array_equal(axpy(x, y), _expect_axpy(x, y))
+        np.testing.assert_array_equal(fma3(x, y, z), (x * y + z).astype(np.float32))
+        both = row_softmax_and_sum(x)
+        assert type(both) is tuple and len(both) == 2
+        np.testing.assert_allclose(both[1], x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cpu_vm   # the CPU VM's runner
+def test_a_busy_runner_takes_a_fresh_address_table():
+    """A launch's address table is in use by another thread (its lock is held): the cached call
+    packs the addresses into a table of its own, with the same results."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = Node.make("input", DType.FLOAT32, (n,), index=0)
+    y = Node.make("input", DType.FLOAT32, (n,), index=1)
+    graph = CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y)])
+    a, b = np.arange(8, dtype=np.float32), np.full(8, 0.5, np.float32)
+    launch, _ = graph.launcher({"n": 8}, [a, b], "cpu")
+    call = launch.cached_call(single=True)
+    np.testing.assert_array_equal(call((a, b)), a - b)
+    runner = launch._run_cpu
+    assert runner.lock.acquire(False)
+    try:
+        np.testing.assert_array_equal(call((b, a)), b - a)
+        runner([a.ctypes.data, b.ctypes.data, (out := np.empty(8, np.float32)).ctypes.data])
+        np.testing.assert_array_equal(out, a - b)
+    finally:
+        runner.lock.release()
+    np.testing.assert_array_equal(call((a, a)), np.zeros(8, np.float32))
+
+
 @pytest.mark.cpu_vm   # launches on both VMs
 def test_vm_choice_is_part_of_the_signature(vm):
     x, y = np.full(9, 3.0, np.float32), np.ones(9, np.float32)

@@ -157,3 +157,36 @@ def test_remembered_signatures_are_plain_tuples():
     for _ in range(3):   # a collection untracks a tuple whose items are untracked already: inner first
         gc.collect()
     assert not gc.is_tracked(plain)
+
+
+def test_tensor_check_sees_what_the_signature_keys_on():
+    """The last-call shortcut's check rejects a tensor whose signature differs: dtype, device,
+    sizes, strides, neg bit, type; it accepts other tensors of the same properties."""
+    from dvm.frontend.torch_launch import tensor_check
+    a, b = torch.randn(4, 6), torch.randn(6)
+    same = tensor_check([a, b])
+    assert same(torch.randn(4, 6), torch.randn(6))
+    for other in (a.double(), a.to("meta"), torch.randn(4, 7), a.t().contiguous().t(), torch._neg_view(a),
+                  a.as_subclass(type("Sub", (torch.Tensor,), {}))):
+        assert not same(other, b)
+    assert not same(a, 3.0)
+
+
+def test_last_call_shortcut_never_runs_another_signature(slow_path_calls):
+    """Calls alternating between layouts of one shape with the same sizes: each runs the Launch
+    of its own signature (the shortcut only skips the lookup)."""
+    from dvm.frontend.torch_launch import TensorLauncher
+    from dvm.graph import build
+    from dvm.graph.dtypes import DType
+    from dvm.graph.node import Node
+    from dvm.graph.symbolic import sym
+    ctx, n = build.ShapeContext(), sym("n")
+    x = Node.make("input", DType.FLOAT32, (n, 5), index=0)
+    y = Node.make("input", DType.FLOAT32, (5,), index=1)
+    launcher = TensorLauncher(CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y)]))
+    base, w = torch.randn(5, 5), torch.randn(5)
+    layouts = [base, base.t(), base, torch.randn(5, 10)[:, ::2], base.t(), base]
+    for t in layouts * 2:
+        (got,) = launcher({"n": 5}, [t, w])
+        torch.testing.assert_close(got, t - w, rtol=0, atol=0)
+    assert len(slow_path_calls) == 3, "one NumPy-path launch per signature"

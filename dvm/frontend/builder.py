@@ -198,7 +198,7 @@ class KernelFunction:
             raise TraceError("a kernel function takes the builder `k` as its first parameter")
         self.arg_names = params[1:]
         self._traces: dict = {}
-        self._launches: dict = {}   # call signature -> (Launch.cached_call(), single output); bounded by DVM_CACHE_SIZE
+        self._launches: dict = {}   # call signature -> Launch.cached_call(single output); bounded by DVM_CACHE_SIZE
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -315,23 +315,25 @@ class KernelFunction:
         DVM_VM)."""
         vm = vm or config().vm
         try:   # the hot path: a call signature seen before needs no coercion, tracing or binding
-            key = (tuple([(type(a), a.dtype, a.shape, a.strides) for a in args]), vm, encoder.SINGLE_TILE_COLS)
+            if len(args) == 1:   # (one argument: no list to build)
+                a = args[0]
+                sig = ((type(a), a.dtype, a.shape, a.strides),)
+            else:
+                sig = tuple([(type(a), a.dtype, a.shape, a.strides) for a in args])
+            key = (sig, vm, encoder.SINGLE_TILE_COLS)
             known = self._launches.get(key)
         except (AttributeError, TypeError):   # not arrays (lists, scalars, ...): the general path
             key = known = None
         if known is not None:
-            run, single = known
-            outs = run(args)
-        else:
-            arrays, sig = self._coerce(args)
-            traced = self._traces.get(sig) or self._trace(sig)
-            env = self._bind(traced, arrays)
-            launch, hit = traced.graph.launcher(env, arrays, vm)
-            single = traced.single
-            if key is not None and all(type(a) is np.ndarray for a in args):
-                remember(self._launches, key, (launch.cached_call(), single), self._lock)
-            outs = launch(list(arrays), hit)
-        return outs[0] if single else tuple(outs)
+            return known(args)
+        arrays, sig = self._coerce(args)
+        traced = self._traces.get(sig) or self._trace(sig)
+        env = self._bind(traced, arrays)
+        launch, hit = traced.graph.launcher(env, arrays, vm)
+        if key is not None and all(type(a) is np.ndarray for a in args):
+            remember(self._launches, key, launch.cached_call(traced.single), self._lock)
+        outs = launch(list(arrays), hit)
+        return outs[0] if traced.single else tuple(outs)
 
     def program(self, *args) -> Program:
         """The encoded Program for these arguments (shapes, dtypes and layouts)."""

@@ -158,23 +158,28 @@ class Launch:
         self._ws_lock = threading.Lock() if ws_specs and small else None
         self._run_cpu = None   # the CPU VM bound to this program and these element counts
         if vm == "cpu":
-            from ..vm.cpu import bound_runner
+            from ..vm.cpu_launch import bound_runner
             self._run_cpu = bound_runner(layout, list(numels))
         self._plain = self._run_cpu is not None and not ws_specs and not self._shifted
 
-    def cached_call(self):
+    def cached_call(self, single: bool = False):
         """A function running this launch on arrays of its signature, for a caller's cache (made
-        on request: the torch path never asks). A plain CPU launch (no input copies, workspaces
-        or shifted buffers) gets its layers flattened: ~0.5 us less a call."""
+        on request: the torch path never asks); it returns the output when `single` (one
+        output), else a tuple of the outputs. A plain CPU launch (no input copies, workspaces or shifted
+        buffers) gets its layers flattened: ~0.5 us less a call, ~1.1 us with one output (cpu_launch)."""
         if not (self._plain and not self.copy_slots):
-            return lambda arrays: self(list(arrays))
+            if single:
+                return lambda arrays: self(list(arrays))[0]
+            return lambda arrays: tuple(self(list(arrays)))
         run, bump, outs = self._run_cpu, counters.bump_launch, self._outs
+        if single and hasattr(run, "caller"):   # a chain of small kernels, one output
+            return run.caller(outs[0], bump)
 
-        def call(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        def call(arrays: Sequence[np.ndarray]):
             made = [alloc(shape, dt) for alloc, shape, dt in outs]
             bump(True)
             run([data_ptr(a) for a in arrays] + [data_ptr(o) for o in made])
-            return made
+            return made[0] if single else tuple(made)
         return call
 
     def __call__(self, arrays: list[np.ndarray], cached: bool = True) -> list[np.ndarray]:

@@ -13,12 +13,9 @@ numba's own threading layer is never used.
 from __future__ import annotations
 
 import hashlib
-import struct
-import threading
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Callable
 
-import numba
 import numpy as np
 
 from ..codegen import isa
@@ -322,63 +319,6 @@ def compile_vm() -> None:
 
 
 _EXAMPLE_ARGS = (0, -1, _NO_SCHED, DECODE, _NO_SCHED, _NO_SCHED, False)
-
-
-@lru_cache(maxsize=1)
-def _compiled_entry() -> Callable:
-    """numba's compiled entry of run_units for _EXAMPLE_ARGS' types (call after compile_vm; looked
-    up once): calling it skips the dispatcher's type matching. The dispatcher where numba keeps
-    it elsewhere."""
-    cres = ce.run_units.overloads.get(tuple(numba.typeof(a) for a in _EXAMPLE_ARGS))
-    return cres.entry_point if cres is not None else ce.run_units
-
-
-def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
-    """run_addrs(layout, ·) with its per-launch work done once (the cached launch path): the
-    returned function takes the buffers' addresses (their element counts are `numels`, fixed per
-    launch signature)."""
-    compile_vm()
-    _, descs, _, chain = _prog(layout)
-    if chain is None:
-        return partial(_run_kernel_list, descs, tuple(numels))
-    return _ChainRunner(chain, numels)
-
-
-def _run_kernel_list(descs, numels: tuple, addrs: list[int]) -> None:
-    _run_kernels(descs, np.array(addrs + list(numels), np.int64), None)
-
-
-@lru_cache(maxsize=64)
-def _packer(n: int) -> Callable:
-    return struct.Struct(f"{n}q").pack_into
-
-
-class _ChainRunner:
-    """A chain of small kernels, straight to numba's compiled entry for its argument types
-    (compile_vm), without the dispatcher's type matching of seven arguments; the addresses are
-    packed into a table kept with the runner (one C call), or into a fresh one while another
-    thread runs it (the VM releases the GIL). One object with slots, not a closure: a model keeps
-    one per segment and size, and the garbage collector walks each."""
-    __slots__ = ("entry", "chain", "table", "numels", "pack", "lock")
-
-    def __init__(self, chain: np.ndarray, numels: list[int]):
-        n = len(numels)
-        self.chain, self.numels = chain, tuple(numels)
-        self.table = np.array([0] * n + list(numels), np.int64)   # C-contiguous int64: what the entry unboxes
-        self.entry, self.pack, self.lock = _compiled_entry(), _packer(n), threading.Lock()
-
-    def __call__(self, addrs: list[int]) -> None:
-        if self.lock.acquire(False):
-            try:
-                self.pack(self.table, 0, *addrs)
-                err = self.entry(0, -1, self.chain, DECODE, self.table, _NO_SCHED, False)
-            finally:
-                self.lock.release()
-        else:
-            err = self.entry(0, -1, self.chain, DECODE, np.array(addrs + list(self.numels), np.int64),
-                                    _NO_SCHED, False)
-        if err:
-            _check(err)
 
 
 def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:
