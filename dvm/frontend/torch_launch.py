@@ -32,6 +32,8 @@ except ImportError:  # pragma: no cover - a PyTorch without it
     def _empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype)
 
+_data_ptr = torch.Tensor.data_ptr
+
 try:   # Dynamo's C++ check of tensor properties (its TENSOR_MATCH guards)
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:  # pragma: no cover - a PyTorch without it
@@ -100,22 +102,28 @@ def _untracked_key(key: tuple) -> tuple:
 class _TensorLaunch:
     """A cached Launch on the CPU VM, fed with data pointers (see the module invariant). `same`:
     tensor_check of the tensors it was made for."""
-    __slots__ = ("launch", "outs", "same")
+    __slots__ = ("launch", "outs", "same", "run")
 
     def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor]):
         self.launch = launch
         self.same = tensor_check(tensors)
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
+        # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
+        self.run = None if launch.copy_slots else launch.plain_runner()
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not)."""
+        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
+        if self.run is not None:
+            counters.bump_launch(cached)
+            self.run([*map(_data_ptr, tensors), *map(_data_ptr, outs)])
+            return outs
         if self.launch.copy_slots:
             tensors = list(tensors)
             for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
                 tensors[s] = tensors[s].contiguous()
                 counters.bump("input_copies")
-        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
-        self.launch.run_addresses([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs], cached)
+        self.launch.run_addresses([*map(_data_ptr, tensors), *map(_data_ptr, outs)], cached)
         return outs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -197,6 +197,12 @@ class Launch:
         buffers = [as_buffer(a)[0] for a in arrays] + [o.reshape(-1) for o in outs] + ws
         vm_runner(self.vm)(self.layout, buffers)
         return outs
+
+    def plain_runner(self) -> Callable[[list[int]], None] | None:
+        """The CPU VM bound to this launch when it needs no workspaces and no shifted buffers (a
+        caller whose inputs need no copies may then call it on the inputs' and outputs' data
+        pointers, counting the launch itself); else None (run_addresses)."""
+        return self._run_cpu if self._plain else None
 
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
         """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
