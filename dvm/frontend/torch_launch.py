@@ -113,17 +113,18 @@ class _TensorLaunch:
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not)."""
-        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
-        if self.run is not None:
-            counters.bump_launch(cached)
-            self.run([*map(_data_ptr, tensors), *map(_data_ptr, outs)])
-            return outs
         if self.launch.copy_slots:
             tensors = list(tensors)
             for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
                 tensors[s] = tensors[s].contiguous()
                 counters.bump("input_copies")
-        self.launch.run_addresses([*map(_data_ptr, tensors), *map(_data_ptr, outs)], cached)
+        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
+        addrs = [*map(_data_ptr, tensors), *map(_data_ptr, outs)]
+        if self.run is not None:
+            counters.bump_launch(cached)
+            self.run(addrs)
+        else:
+            self.launch.run_addresses(addrs, cached)
         return outs
 
 

@@ -225,48 +225,42 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
             _acc(op, D[f1], D[f2], bm, bn, ncv)
         else:
             _acc(op, I[f1], I[f2], bm, bn, ncv)
-    elif g == G_ROWRED:
-        if is_arg:
-            if bank == BK_F32:
-                _rowred_arg(op, I[f1], _fv(F, fp, f2), bm, bn, ncv, c0, sf, si2, bank == BK_F32)
-            elif bank == BK_F64:
-                _rowred_arg(op, I[f1], D[f2], bm, bn, ncv, c0, sd, si2, bank == BK_F64)
-            else:
-                _rowred_arg(op, I[f1], I[f2], bm, bn, ncv, c0, si, si2, bank != BK_I64)
-        elif tl:
-            if bank == BK_F32:
-                _rowred_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, bank == BK_F32)
-            elif bank == BK_F64:
-                _rowred_t(op, D[f1], D[f2], bm, bn, ncv, bank == BK_F64)
-            else:
-                _rowred_t(op, I[f1], I[f2], bm, bn, ncv, bank != BK_I64)
-        elif bank == BK_F32:
-            _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, sf, bank == BK_F32)
+    elif is_arg and g == G_ROWRED:
+        if bank == BK_F32:
+            _rowred_arg(op, I[f1], _fv(F, fp, f2), bm, bn, ncv, c0, sf, si2, bank == BK_F32)
         elif bank == BK_F64:
-            _rowred(op, D[f1], D[f2], bm, bn, ncv, sd, bank == BK_F64)
+            _rowred_arg(op, I[f1], D[f2], bm, bn, ncv, c0, sd, si2, bank == BK_F64)
         else:
-            _rowred(op, I[f1], I[f2], bm, bn, ncv, si, bank != BK_I64)
-    else:
-        if is_arg:
-            if bank == BK_F32:
-                _rfin_arg(op, I[f1], _fv(F, fp, f2), I[f3], bm, bn, sf, si2)
-            elif bank == BK_F64:
-                _rfin_arg(op, I[f1], D[f2], I[f3], bm, bn, sd, si2)
-            else:
-                _rfin_arg(op, I[f1], I[f2], I[f3], bm, bn, si, si2)
-        elif tl:
-            if bank == BK_F32:
-                _rfin_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn)
-            elif bank == BK_F64:
-                _rfin_t(op, D[f1], D[f2], bm, bn)
-            else:
-                _rfin_t(op, I[f1], I[f2], bm, bn)
-        elif bank == BK_F32:   # the accumulator's rows are whole: _rowred over bn valid lanes
-            _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, bn, sf, bank == BK_F32)
+            _rowred_arg(op, I[f1], I[f2], bm, bn, ncv, c0, si, si2, bank != BK_I64)
+    elif is_arg:   # G_RFIN
+        if bank == BK_F32:
+            _rfin_arg(op, I[f1], _fv(F, fp, f2), I[f3], bm, bn, sf, si2)
         elif bank == BK_F64:
-            _rowred(op, D[f1], D[f2], bm, bn, bn, sd, bank == BK_F64)
+            _rfin_arg(op, I[f1], D[f2], I[f3], bm, bn, sd, si2)
         else:
-            _rowred(op, I[f1], I[f2], bm, bn, bn, si, bank != BK_I64)
+            _rfin_arg(op, I[f1], I[f2], I[f3], bm, bn, si, si2)
+    elif tl and g == G_ROWRED:
+        if bank == BK_F32:
+            _rowred_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, ncv, bank == BK_F32)
+        elif bank == BK_F64:
+            _rowred_t(op, D[f1], D[f2], bm, bn, ncv, bank == BK_F64)
+        else:
+            _rowred_t(op, I[f1], I[f2], bm, bn, ncv, bank != BK_I64)
+    elif tl:   # G_RFIN
+        if bank == BK_F32:
+            _rfin_t(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn)
+        elif bank == BK_F64:
+            _rfin_t(op, D[f1], D[f2], bm, bn)
+        else:
+            _rfin_t(op, I[f1], I[f2], bm, bn)
+    else:   # the row trees: a tile's ncv valid lanes (G_ROWRED), an accumulator's whole rows (G_RFIN)
+        n = ncv if g == G_ROWRED else bn
+        if bank == BK_F32:
+            _rowred(op, _fv(F, fp, f1), _fv(F, fp, f2), bm, bn, n, sf, bank == BK_F32)
+        elif bank == BK_F64:
+            _rowred(op, D[f1], D[f2], bm, bn, n, sd, bank == BK_F64)
+        else:
+            _rowred(op, I[f1], I[f2], bm, bn, n, si, bank != BK_I64)
 
 
 @njit(inline='always', **OPTS)
