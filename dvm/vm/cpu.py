@@ -27,7 +27,7 @@ from . import cpu_entry as ce
 from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import (cpu_bits, cpu_compile, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_rownorm,
-               cpu_rowpart, cpu_sync, cpu_vtree)
+               cpu_rowpart, cpu_sync, cpu_unbin, cpu_vtree)
 from .cpu_fuse_plan import writes_f
 from .cpu_fused import FUSE_WIDTH
 from .cpu_stream import BANK_CODE as _BANK, StreamPlan, stream_plan
@@ -110,7 +110,7 @@ def _salt_cache() -> None:
     store the entry point lean: cpu_compile.lean_cache)."""
     h = hashlib.sha256()
     for mod in (cpu_bits, cpu_math, ck, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_rowpart, cpu_rownorm, cpu_fused,
-                cpu_sync, cpu_vtree, ci, ce):
+                cpu_sync, cpu_unbin, cpu_vtree, ci, ce):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     salt = h.hexdigest()[:16]

@@ -18,9 +18,10 @@ import numpy as np
 from ..codegen import isa
 from ..graph.dtypes import Bank, DType
 from .cpu_fused import (FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE, FK_ROWNORM,
-                        FK_ROWSOFTMAX, FK_SQSUM, FUSE_WIDTH, NO_SRC)
+                        FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, NO_SRC)
 from .cpu_kernels import EW_NAMES, R_ARGMAX, RED_NAMES
 from .cpu_rownorm import CHAIN_OPS
+from .cpu_unbin import FUSED_BIN, FUSED_UN, NO_LOAD
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # cpu_rownorm replays them on a row's scalars
 
@@ -182,6 +183,30 @@ def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
+def _un_then_bin(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
+    NO_LOAD, swap) for U in FUSED_UN, B in FUSED_BIN, when t is dead after the run and feeds one
+    side of B only (cpu_unbin)."""
+    if not (_is(specs[pc], "ew") and specs[pc].op in FUSED_UN):
+        return None
+    t, x = int(instrs[pc, 1]), int(instrs[pc, 2])
+    k, load = pc + 1, None
+    if k < sec[1] and _is(specs[k], "load"):
+        load = (int(instrs[k, 1]), int(instrs[k, 2]))
+        k += 1
+    if k >= sec[1] or not (_is(specs[k], "ew") and specs[k].op in FUSED_BIN):
+        return None
+    y, a, b = (int(v) for v in instrs[k, 1:4])
+    if (a == t) == (b == t) or y == t:
+        return None
+    z = b if a == t else a
+    if load is not None and (load[0] != z or z == t):
+        return None
+    if not flow.dead_after(t, pc, k + 1, sec):
+        return None
+    return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD, int(a != t)]
+
+
 def _scalar_chain(instrs, specs, flow: _Flow, q: int, sec, full: set[int]) -> int:
     """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
     writes none of them (a norm's chain of compact ops between its sums and its scale)."""
@@ -331,7 +356,7 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
                      or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
-                     or _centered_squares_acc(instrs, specs, flow, pc, sec))
+                     or _centered_squares_acc(instrs, specs, flow, pc, sec) or _un_then_bin(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

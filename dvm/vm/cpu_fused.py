@@ -22,6 +22,8 @@ through are dead after it (checked by the plan), so they are not written.
              load's copy
   FK_CSQACC  sub d, x, m ; mul t, d, d ; acc.sum +a, t        a += (x - m)^2 lane-wise (a LayerNorm's
              variance over the sweeps of long rows; d and t are dead after)
+  FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U and
+             an add, sub or mul B, t dead after (cpu_unbin)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
@@ -47,10 +49,11 @@ from .cpu_reduce import (ROW_MASKED, ROW_P2, ROW_PADDED, _accinit, _combine, _co
 from .cpu_rowlevel import _col_uniform
 from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
+from .cpu_unbin import _run_unbin
 from .cpu_vtree import vtree, vtree_n, vtree_pad
 
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
- FK_CSQACC) = range(10)
+ FK_CSQACC, FK_UNBIN) = range(11)
 SF_ROWS = 6      # sf: BN-lane rows (two for the trees, w, b, two for the row forms) besides its BM lanes
 ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vector cache tags
 FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
@@ -218,6 +221,8 @@ def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, f
         return _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st)
     if meta[M_TL] != 0:
         return 0
+    if kind == FK_UNBIN:
+        return _run_unbin(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, F, fp, aok, r0, c0, st)
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
     if kind == FK_ROWNORM or kind == FK_ROWSOFTMAX:

@@ -1,0 +1,121 @@
+"""FK_UNBIN (cpu_unbin): a math op and the add / sub / mul that consumes it, in one pass. The plan
+finds the runs (with and without a load between the two, the math result on either side) and
+refuses those whose math result is read again; the fused runs give bitwise what the
+instructions give one by one, on 1 and 2 threads, with NaN, infinities, -0.0 and values outside
+exp's one-step range (the out-of-range re-runs) in the data, partial tiles, operands that are
+views (the load then copies: no fusion) and results that reuse their math op's source register
+(refused at run time unless written straight into the output: the instructions run one by one)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dvm
+from dvm.codegen.verifier import verify
+from dvm.vm import cpu, reference
+from dvm.vm.cpu_fused import FK_UNBIN
+from dvm.vm.cpu_unbin import FUSED_BIN, FUSED_UN, NO_LOAD
+
+from test_cpu_fused import _same, _threads, _unfused
+from test_cpu_vm import run_on
+
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
+RNG = np.random.default_rng(5)
+
+
+def _plans(kfn, *args) -> list[list[int]]:
+    layout = verify(kfn.program(*args))
+    return [[int(v) for v in row] for kl in layout.kernels
+            for row in cpu._desc(kl, len(layout.args)).fuse if row[0] == FK_UNBIN]
+
+
+def _pair(u: str, b: str, math_first: bool):
+    """b(u(x), z), or b(z, u(x)). The lowering loads z where b first needs it: between the two
+    instructions in the first form (a run with its load), before the math op in the second."""
+    def kern(k, x, z):
+        t = getattr(k, u)(k.load(x))
+        zv = k.load(z)
+        return k.store(getattr(k, b)(t, zv) if math_first else getattr(k, b)(zv, t))
+    kern.__name__ = f"{b}_{u}_{int(math_first)}"
+    return dvm.kernel(kern)
+
+
+def _reuse(u: str, b: str):
+    """b(u(x * z), x): the result takes the register of x * z, dead after the math op (the
+    allocator's reuse of a dead source; x * z is in a register row, not a buffer): fused only where
+    the result goes straight into the output's tile."""
+    def kern(k, x, z):
+        xv = k.load(x)
+        return k.store(getattr(k, b)(getattr(k, u)(k.mul(xv, k.load(z))), xv))
+    kern.__name__ = f"reuse_{b}_{u}"
+    return dvm.kernel(kern)
+
+
+@dvm.kernel
+def math_live(k, x, z):
+    """exp(x) is stored as well: no fused run."""
+    e = k.exp(k.load(x))
+    return k.store(k.mul(e, k.load(z))), k.store(e)
+
+
+@dvm.kernel
+def square(k, x):
+    """tanh(x)^2: both sides of the mul are the math result: no fused run."""
+    t = k.tanh(k.load(x))
+    return k.store(k.mul(t, t))
+
+
+PAIRS = [_pair(u, b, first) for u in FUSED_UN for b in FUSED_BIN for first in (True, False)]
+REUSES = [_reuse(u, b) for u in FUSED_UN for b in FUSED_BIN]
+
+
+def _data(shape):
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    z = RNG.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::89], flat[7::101], flat[11::103] = np.nan, np.inf, -np.inf, -0.0
+    flat[13::301], flat[17::307] = 95.0, -120.0   # outside exp's one-step range: the re-run
+    z.reshape(-1)[3::113] = np.nan
+    return x, z
+
+
+def test_plan_finds_the_runs():
+    a = np.ones((8, 64), np.float32)
+    (run,) = _plans(_pair("silu", "mul", True), a, a)
+    assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == 0   # load between, t first
+    (run,) = _plans(_pair("exp", "sub", False), a, a)
+    assert run[:2] == [FK_UNBIN, 2] and run[6] == NO_LOAD and run[7] == 1   # z - exp(x): swapped
+    (run,) = _plans(_reuse("tanh", "add"), a, a)
+    assert run[2] == run[5]   # y is x's register
+    assert _plans(math_live, a, a) == [] and _plans(square, a) == []
+    for kfn in PAIRS + REUSES:
+        assert len(_plans(kfn, a, a)) == 1, kfn
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (2, 3, 513), (1, 70001)])
+def test_fused_pairs_match_unfused(shape):
+    x, z = _data(shape)
+    views = [(x, z), (x[..., 1:], z[..., 1:])]   # rows not back to back: loads copy, no in-place z
+    for kfn in PAIRS + REUSES:
+        for a, b in views:
+            with _unfused(kfn, a, b):
+                want = run_on(_threads(1), kfn, a, b)[0]
+            for n in (1, 2):
+                assert _same(run_on(_threads(n), kfn, a, b)[0], want), (kfn, shape, a.strides, n)
+            ref = run_on(reference.run, kfn, a, b)[0]
+            np.testing.assert_allclose(want, ref, rtol=2e-6, atol=1e-6, equal_nan=True, err_msg=str(kfn))
+
+
+def test_bench_chains_fuse_and_match_unfused():
+    """The chains of `dvm bench ops` that contain runs (SiLU*b, tanh(exp(a*b)+a)*b, chain8),
+    fused as the builder calls them, against their instructions one by one."""
+    from dvm.tools.bench_encode import chain8
+    from dvm.tools.bench_ops_cases import silu_mul, tanh_exp
+    x, z = _data((37, 4096))
+    for kfn, args, runs in ((silu_mul, (x, z), 1), (tanh_exp, (x, z), 2), (chain8, (x,), 1)):
+        assert len(_plans(kfn, *args)) == runs
+        with _unfused(kfn, *args):
+            want = run_on(_threads(1), kfn, *args)[0]
+        assert _same(run_on(_threads(2), kfn, *args)[0], want), kfn
+        assert _same(kfn(*args, vm="cpu"), want), kfn   # the builder's cached call
