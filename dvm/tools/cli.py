@@ -5,6 +5,7 @@
     dvm bench encode [--shapes N] [--seed S] [--json PATH] [--quick]
     dvm bench ops [--sizes small,medium,large,odd] [--cases C,..] [--quick] [--repeat N]
                   [--no-inductor | --inductor] [--json PATH] [--md PATH] [--png PATH]
+    dvm bench floor [--shape ROWSxCOLS] [--cases C,..] [--repeat N] [--threads N] [--json PATH] [--md PATH]
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
@@ -99,6 +100,20 @@ def cmd_bench_ops(args) -> int:
     return bench_ops.main(sizes=sizes, cases=cases, quick=args.quick, repeat=args.repeat,
                           inductor=args.inductor, json_path=_path(args.json), md_path=_path(args.md),
                           png_path=_path(args.png), threads=args.threads, seed=args.seed)
+
+
+def cmd_bench_floor(args) -> int:
+    from . import bench_floor
+    try:
+        shape = bench_floor.parse_shape(args.shape)
+        chains = bench_floor.parse_chains(args.cases) if args.cases else bench_floor.CHAINS
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    if not _repeat_threads_ok(args):
+        return EXIT_USAGE
+    return bench_floor.main(shape=shape, chains=chains, threads=args.threads, repeat=args.repeat or 10,
+                            seed=args.seed, json_path=_path(args.json), md_path=_path(args.md))
 
 
 def cmd_bench_models(args) -> int:
@@ -215,6 +230,24 @@ def build_parser() -> argparse.ArgumentParser:
         bo.add_argument(flag, default=default, metavar="PATH",
                         help=f"where to write {what} (default {default}; '-' for none)")
     bo.set_defaults(func=cmd_bench_ops)
+    bf = bsub.add_parser("floor", help="the elementwise chains on the VM vs hand-fused C loops and the copy",
+                         description="Time the elementwise chains of `dvm bench ops` on the CPU VM side by "
+                                     "side with hand-fused C loops of the same chains (the VM's own math; "
+                                     "glibc's vector math under -ffast-math) and the copy roofline: how much "
+                                     "of a chain's distance from the roofline is interpretation and how much "
+                                     "arithmetic. Needs a C compiler with OpenMP for the C columns.")
+    bf.add_argument("--shape", default="4096x4096", metavar="ROWSxCOLS", help="input shape (default 4096x4096)")
+    bf.add_argument("--cases", default=None, metavar="LIST",
+                    help="comma-separated chains (default all: chain8,tanh_exp,silu_mul,bias_gelu)")
+    bf.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help="timed samples per measurement, at least; the median is reported (default 10)")
+    bf.add_argument("--threads", type=int, default=2, metavar="N", help="DVM and OpenMP threads (default 2)")
+    bf.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
+    bf.add_argument("--json", default="bench-results/floor.json", metavar="PATH",
+                    help="where to write the results as JSON (default bench-results/floor.json; '-' for none)")
+    bf.add_argument("--md", default="bench-results/floor.md", metavar="PATH",
+                    help="where to write the markdown table (default bench-results/floor.md; '-' for none)")
+    bf.set_defaults(func=cmd_bench_floor)
     bm = bsub.add_parser("models", help="Hugging Face models over changing sequence lengths: eager, "
                                         "Inductor, DVM",
                          description="Tiny transformers models (random weights, no downloads) over a stream "
