@@ -21,11 +21,10 @@ cpu.py folds this file's hash into the VM's disk-cache key (_salt_cache): editin
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import carray, njit
 
 from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_SUB, OP_TANH
+from .cpu_kernels import OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH
 from .cpu_math import (_EXP1_HALF, _EXP1_MID, EXP1_LO, _exp_one_step, _sigmoid_given, expf, geluf, sigmoidf,
                        tanhf)
 from .cpu_mem import M_BM, M_BN, _direct_addr, _fv
