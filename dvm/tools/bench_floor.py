@@ -37,7 +37,7 @@ BUILDS = {   # name -> (compiler flags, what it is)
     "ours": (["-O3", "-march=native", "-ffp-contract=fast"], "C, the VM's math, fused"),
     "libmvec": (["-O3", "-march=native", "-ffast-math", "-DLIBMVEC"], "C, glibc libmvec, -ffast-math"),
 }
-_ARGTYPES = {"chain8": 1, "tanh_exp": 2, "silu_mul": 2}   # input pointers before n (bias_gelu: rows, cols)
+DEFAULT_REPEAT = 10
 
 
 def say(msg: str) -> None:
@@ -185,7 +185,7 @@ def render(report: dict) -> str:
     return "\n".join(lines + [""] + [f"- result check failed (not timed): {e}" for e in errors])
 
 
-def main(shape: tuple = DEFAULT_SHAPE, chains: tuple = CHAINS, threads: int = 2, repeat: int = 10,
+def main(shape: tuple = DEFAULT_SHAPE, chains: tuple = CHAINS, threads: int = 2, repeat: int = DEFAULT_REPEAT,
          seed: int = 0, json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD) -> int:
     t0 = time.perf_counter()
     old = set_vm_threads(threads)

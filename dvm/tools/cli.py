@@ -112,7 +112,7 @@ def cmd_bench_floor(args) -> int:
         return EXIT_USAGE
     if not _repeat_threads_ok(args):
         return EXIT_USAGE
-    return bench_floor.main(shape=shape, chains=chains, threads=args.threads, repeat=args.repeat or 10,
+    return bench_floor.main(shape=shape, chains=chains, threads=args.threads, repeat=args.repeat or bench_floor.DEFAULT_REPEAT,
                             seed=args.seed, json_path=_path(args.json), md_path=_path(args.md))
 
 
@@ -163,7 +163,7 @@ def cmd_disasm(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench_encode, bench_models, bench_ops
+    from . import bench_encode, bench_floor, bench_models, bench_ops
     p = argparse.ArgumentParser(prog="dvm", description="DVM: a real-time operator compiler "
                                 "(fused kernels encoded to bytecode per instance, run by a VM).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -236,17 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      "glibc's vector math under -ffast-math) and the copy roofline: how much "
                                      "of a chain's distance from the roofline is interpretation and how much "
                                      "arithmetic. Needs a C compiler with OpenMP for the C columns.")
-    bf.add_argument("--shape", default="4096x4096", metavar="ROWSxCOLS", help="input shape (default 4096x4096)")
+    bf.add_argument("--shape", default="x".join(map(str, bench_floor.DEFAULT_SHAPE)), metavar="ROWSxCOLS",
+                    help="input shape (default %(default)s)")
     bf.add_argument("--cases", default=None, metavar="LIST",
-                    help="comma-separated chains (default all: chain8,tanh_exp,silu_mul,bias_gelu)")
+                    help=f"comma-separated chains (default all: {','.join(bench_floor.CHAINS)})")
     bf.add_argument("--repeat", type=int, default=None, metavar="N",
-                    help="timed samples per measurement, at least; the median is reported (default 10)")
+                    help=f"timed samples per measurement, at least; the median is reported "
+                         f"(default {bench_floor.DEFAULT_REPEAT})")
     bf.add_argument("--threads", type=int, default=2, metavar="N", help="DVM and OpenMP threads (default 2)")
     bf.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
-    bf.add_argument("--json", default="bench-results/floor.json", metavar="PATH",
-                    help="where to write the results as JSON (default bench-results/floor.json; '-' for none)")
-    bf.add_argument("--md", default="bench-results/floor.md", metavar="PATH",
-                    help="where to write the markdown table (default bench-results/floor.md; '-' for none)")
+    for flag, default, what in (("--json", bench_floor.DEFAULT_JSON, "the results as JSON"),
+                                ("--md", bench_floor.DEFAULT_MD, "the markdown table")):
+        bf.add_argument(flag, default=default, metavar="PATH",
+                        help=f"where to write {what} (default {default}; '-' for none)")
     bf.set_defaults(func=cmd_bench_floor)
     bm = bsub.add_parser("models", help="Hugging Face models over changing sequence lengths: eager, "
                                         "Inductor, DVM",
