@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-VMS = ("cpu", "reference")
+from .vm.registry import VM_NAMES as VMS
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def test_a_busy_runner_takes_a_fresh_address_table():
     launch, _ = graph.launcher({"n": 8}, [a, b], "cpu")
     call = launch.cached_call(single=True)
     np.testing.assert_array_equal(call((a, b)), a - b)
-    runner = launch._run_cpu
+    runner = launch._bound
     assert runner.lock.acquire(False)
     try:
         np.testing.assert_array_equal(call((b, a)), b - a)

@@ -54,18 +54,22 @@ def test_wide_rows_and_empty_rows_use_sweeps():
 
 def test_wide_rows_of_row_forms_take_one_tile_up_to_max_tile(monkeypatch):
     """Softmax, LayerNorm and RMSNorm of f32 rows wider than SINGLE_TILE_COLS take the single-tile
-    stream up to MAX_TILE lanes (the CPU VM runs them as row forms); f16 data, rows over MAX_TILE
-    and SINGLE_TILE_COLS = 0 keep the sweeps."""
+    stream up to MAX_TILE lanes when encoded for the CPU VM (it runs them as row forms); f16 data,
+    rows over MAX_TILE and SINGLE_TILE_COLS = 0 keep the sweeps, as does a VM without row forms."""
     from dvm.codegen.program import MAX_TILE
     from dvm.frontend.library import layernorm, rmsnorm, softmax
 
     def single(kfn, cols, dtype=np.float32, rows=2):
         x, w = np.ones((rows, cols), dtype), np.ones(cols, dtype)
         args = {softmax: (x,), rmsnorm: (x, w), layernorm: (x, w, w)}[kfn]
-        return "rowred" in dvm.disasm(kfn.program(*args))
+        return "rowred" in dvm.disasm(kfn.program(*args, vm=vm))
+    vm = "cpu"
     for kfn in (softmax, layernorm, rmsnorm):
         assert single(kfn, 65537) and single(kfn, MAX_TILE)
         assert not single(kfn, MAX_TILE + 1, rows=1) and not single(kfn, 65537, np.float16)
+    vm = "reference"
+    assert not single(softmax, 65537) and single(softmax, 100)
+    vm = "cpu"
     monkeypatch.setattr(encoder, "SINGLE_TILE_COLS", 0)
     assert not single(softmax, 65537) and not single(softmax, 100)
 

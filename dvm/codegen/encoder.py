@@ -19,6 +19,7 @@ from ..graph.views import Layout, apply_chain, contiguous_strides
 from .lower import KernelTemplate
 from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, MAX_TILE, OPND_INDEX, VERSION, Program,
                       float_bits)
+from .target import GENERIC, Target
 
 TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 # rows of at least ROW_TILE_MIN_BN columns that fit one tile (softmax, norms) get up to this many
@@ -37,7 +38,7 @@ MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep strea
 # the multi-sweep form set it to 0
 SINGLE_TILE_COLS = 1 << 16
 # wider rows, up to the verifier's MAX_TILE lanes, take the single-tile stream too when the CPU VM
-# runs all of it as row forms (softmax, LayerNorm, RMSNorm of f32 data, cpu_fuse_plan.whole_row_forms):
+# runs all of it as row forms (softmax, LayerNorm, RMSNorm of f32 data: its Target.whole_row_forms):
 # those never hold the tile in registers, they read each row from its buffer once or twice, where
 # the sweeps make a pass per instruction and 4096-lane tile and recompute the row's values per
 # sweep (7x65537 on two threads: softmax 154 -> 99 us, LayerNorm 124 -> 88, RMSNorm 84 -> 51).
@@ -121,7 +122,7 @@ class _Compiled:
         for spec in t.operands:
             base = None if spec.base_shape is None else [_dim_getter(d) for d in spec.base_shape]
             self.opnds.append((spec, base))
-        self.row_forms: bool | None = None   # _takes_single's answer for a stream, once asked
+        self.row_forms: dict[str, bool] = {}   # per target: _takes_single's answer for a stream, once asked
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         self.tail = [*t.prologue] + [w for sw in t.sweeps for w in sw]
         self.consts = [(int(bank), bank in (Bank.F32, Bank.F64), _dim_getter(value) if isinstance(value, SymExpr) else None,
@@ -159,31 +160,31 @@ def _compiled(t: KernelTemplate) -> _Compiled:
     return c
 
 
-def _takes_single(t: KernelTemplate, cols: int) -> bool:
+def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
     if t.single is None or cols <= 0:
         return False
     if cols <= SINGLE_TILE_COLS:
         return True
-    if SINGLE_TILE_COLS <= 0 or cols > WIDE_ROW_COLS:
+    if SINGLE_TILE_COLS <= 0 or cols > WIDE_ROW_COLS or target.whole_row_forms is None:
         return False
     single = _compiled(t.single)
-    if single.row_forms is None:
-        single.row_forms = _whole_row_forms(t.single)
-    return single.row_forms
+    known = single.row_forms.get(target.name)
+    if known is None:
+        known = single.row_forms[target.name] = _whole_row_forms(t.single, target)
+    return known
 
 
-def _whole_row_forms(t: KernelTemplate) -> bool:
-    """Whether the CPU VM runs every instruction of stream t in its row forms. The one place the
-    encoder asks a VM: the answer is the CPU VM's fuse plan (imported here, when a row first
-    exceeds SINGLE_TILE_COLS), which the row forms' run-time checks then apply to f32 operands."""
-    from ..vm.cpu_fuse_plan import whole_row_forms
+def _whole_row_forms(t: KernelTemplate, target: Target) -> bool:
+    """Whether the target's VM runs every instruction of stream t in its row forms (asked when a
+    row first exceeds SINGLE_TILE_COLS); the row forms' run-time checks then apply to f32 operands."""
     if any(spec.dtype != DType.FLOAT32 for spec in t.operands):
         return False
     sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
-    return whole_row_forms(t.instrs, sections)
+    return target.whole_row_forms(t.instrs, sections)
 
 
-def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout]) -> tuple[list[int], _Compiled]:
+def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout],
+                  target: Target = GENERIC) -> tuple[list[int], _Compiled]:
     """The kernel block's words before its instructions, and the stream chosen (whose
     instructions follow): the single-tile stream when every row fits one tile, unless the
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles)."""
@@ -191,7 +192,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     dom = [g(env) for g in c.dom]
     single_stream = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
-    if _takes_single(t, prod(dom[i] for i in c.col_axes)):
+    if _takes_single(t, prod(dom[i] for i in c.col_axes), target):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
         column_major = _column_major(folded[2], folded[4])
@@ -284,8 +285,10 @@ def _fold(dom: list[int], axes: list[int], per_opnd: list) -> tuple[list[int], l
 
 
 def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec], env: Mapping[str, int],
-                   inputs: Sequence[Layout]) -> Program:
-    blocks = [encode_kernel(t, env, inputs) for t in templates]
+                   inputs: Sequence[Layout], target: Target = GENERIC) -> Program:
+    """The Program of these templates for concrete sizes and input layouts, with the choices the
+    ISA leaves open (tiles, streams) made for `target` (the VM that will run it)."""
+    blocks = [encode_kernel(t, env, inputs, target) for t in templates]
     arg_words: list[int] = []
     for a in args:
         numel = 0

@@ -28,6 +28,7 @@ from ..graph.ops import BINARY, OP_TABLE, REDUCTIONS, TERNARY, UNARY
 from ..graph.symbolic import Dim, SymExpr, evaluate, render, sym
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph, remember
+from ..vm import registry
 
 Scalar = (bool, int, float, np.bool_, np.integer, np.floating)
 
@@ -335,13 +336,14 @@ class KernelFunction:
         outs = launch(list(arrays), hit)
         return outs[0] if traced.single else tuple(outs)
 
-    def program(self, *args) -> Program:
-        """The encoded Program for these arguments (shapes, dtypes and layouts)."""
+    def program(self, *args, vm: str | None = None) -> Program:
+        """The encoded Program for these arguments (shapes, dtypes and layouts), as encoded for VM
+        `vm` (default: DVM_VM; VMs may choose other tiles and streams)."""
         from ..runtime.compiled import as_buffer
         arrays, sig = self._coerce(args)
         traced = self._trace(sig)
         env = self._bind(traced, arrays)
-        return traced.graph.program(env, [as_buffer(a)[1] for a in arrays])
+        return traced.graph.program(env, [as_buffer(a)[1] for a in arrays], registry.get(vm or config().vm).target)
 
     def __repr__(self) -> str:
         return f"<dvm.kernel {self.fn.__name__}({', '.join(self.arg_names)}) dynamic={self.dynamic}>"

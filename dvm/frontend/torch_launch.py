@@ -100,7 +100,7 @@ def _untracked_key(key: tuple) -> tuple:
 
 
 class _TensorLaunch:
-    """A cached Launch on the CPU VM, fed with data pointers (see the module invariant). `same`:
+    """A cached Launch on a VM that binds launches (the CPU VM), fed with data pointers (see the module invariant). `same`:
     tensor_check of the tensors it was made for."""
     __slots__ = ("launch", "outs", "same", "run")
 
@@ -156,7 +156,7 @@ class TensorLauncher:
             return fast(tensors)
         arrays = [c(t) for c, t in zip(self.convert, tensors)]
         launch, hit = self.graph.launcher(env, arrays)
-        if launch.vm == "cpu" and not any(0 in t.shape for t in tensors) and \
+        if launch.bound and not any(0 in t.shape for t in tensors) and \
                 not any(launch.deltas[:len(tensors)]):
             fast = _TensorLaunch(launch, tensors)
             remember(self._fast, _untracked_key(key), fast, self._lock)

@@ -13,6 +13,7 @@ from ..codegen import encoder
 from ..codegen.encoder import ArgSpec, NeedsCopy, encode_program
 from ..codegen.lower import lower
 from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
+from ..codegen.target import GENERIC, Target
 from ..config import config
 from ..fusion.partition import partition
 from ..graph.node import Node
@@ -20,6 +21,7 @@ from ..graph.symbolic import evaluate
 from ..graph.views import Layout, contiguous_strides
 from . import buffer_pool, counters, debug
 from ..codegen.verifier import check_buffers, verify
+from ..vm import registry
 from ..vm.buffers import data_ptr
 from .launch import vm_runner
 
@@ -63,9 +65,10 @@ class CompiledGraph:
         counters.bump("kernels_vector", len(self.templates))
         debug.on_compile(self)
 
-    def program(self, env: Mapping[str, int], layouts: Sequence[Layout]) -> Program:
+    def program(self, env: Mapping[str, int], layouts: Sequence[Layout], target: Target = GENERIC) -> Program:
+        """The Program for these sizes and input layouts, encoded for `target` (its VM's choices)."""
         # env order is fixed per graph; the single-tile threshold decides the stream, so it is part of the key
-        key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]), encoder.SINGLE_TILE_COLS)
+        key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]), encoder.SINGLE_TILE_COLS, target.name)
         with self._lock:
             prog = self._programs.get(key)
             if prog is not None:
@@ -73,7 +76,7 @@ class CompiledGraph:
                 counters.bump_cache_hit()
                 return prog
         t0 = time.perf_counter_ns()
-        prog = encode_program(self.templates, self.args, env, layouts)
+        prog = encode_program(self.templates, self.args, env, layouts, target)
         ns = time.perf_counter_ns() - t0
         counters.record_encode(ns)
         debug.on_encode(prog, ns / 1e3)
@@ -109,7 +112,7 @@ class CompiledGraph:
         for _ in range(len(arrays) + 1):
             bufs, layouts = zip(*[as_buffer(a) for a in arrays]) if arrays else ((), ())
             try:
-                prog = self.program(env, layouts)
+                prog = self.program(env, layouts, registry.get(vm).target)
                 break
             except NeedsCopy as e:  # a view chain the input's strides cannot express
                 arrays[e.slot] = np.ascontiguousarray(arrays[e.slot])
@@ -139,8 +142,9 @@ class Launch:
     strides of the input arrays. Invariant: built from buffers that passed check_buffers; a later
     call with the same signature has inputs of the same dtypes and extents (as_buffer derives the
     buffers from shape and strides alone) and fresh outputs, so the check holds for it too. Calls
-    skip binding, encoding, verification and buffer checks; the CPU VM gets addresses directly."""
-    __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_run_cpu",
+    skip binding, encoding, verification and buffer checks; a VM that binds launches (VM.bind)
+    gets addresses directly."""
+    __slots__ = ("layout", "copy_slots", "out_specs", "ws_specs", "vm", "deltas", "numels", "_bound",
                  "_shifted", "_plain", "_outs", "_ws_keep", "_ws_addrs", "_ws_lock")
 
     def __init__(self, layout, copy_slots, out_specs, ws_specs, vm, deltas, numels):
@@ -156,11 +160,9 @@ class Launch:
         small = sum(n * np.dtype(dt).itemsize for n, dt in ws_specs) < buffer_pool.MIN_BYTES
         self._ws_keep = self._ws_addrs = None
         self._ws_lock = threading.Lock() if ws_specs and small else None
-        self._run_cpu = None   # the CPU VM bound to this program and these element counts
-        if vm == "cpu":
-            from ..vm.cpu_launch import bound_runner
-            self._run_cpu = bound_runner(layout, list(numels))
-        self._plain = self._run_cpu is not None and not ws_specs and not self._shifted
+        # the VM bound to this program and these element counts (None: it runs on buffer objects)
+        self._bound = registry.get(vm).bind(layout, list(numels))
+        self._plain = self._bound is not None and not ws_specs and not self._shifted
 
     def cached_call(self, single: bool = False):
         """A function running this launch on arrays of its signature, for a caller's cache (made
@@ -172,7 +174,7 @@ class Launch:
             if single:
                 return lambda arrays: self(list(arrays))[0]
             return lambda arrays: tuple(self(list(arrays)))
-        run, bump, outs = self._run_cpu, counters.bump_launch, self._outs
+        run, bump, outs = self._bound, counters.bump_launch, self._outs
         if single and hasattr(run, "caller"):   # a chain of small kernels, one output
             return run.caller(outs[0], bump)
 
@@ -190,7 +192,7 @@ class Launch:
             arrays[s] = np.ascontiguousarray(arrays[s])
             counters.bump("input_copies")
         outs = [alloc(shape, dt) for alloc, shape, dt in self._outs]
-        if self.vm == "cpu":
+        if self._bound is not None:
             self.run_addresses([data_ptr(a) for a in arrays + outs], cached)
             return outs
         ws = self._workspaces()
@@ -199,18 +201,23 @@ class Launch:
         vm_runner(self.vm)(self.layout, buffers)
         return outs
 
+    @property
+    def bound(self) -> bool:
+        """Whether the VM runs this launch on addresses (run_addresses)."""
+        return self._bound is not None
+
     def plain_runner(self) -> Callable[[list[int]], None] | None:
-        """The CPU VM bound to this launch when it needs no workspaces and no shifted buffers (a
+        """The VM bound to this launch when it needs no workspaces and no shifted buffers (a
         caller whose inputs need no copies may then call it on the inputs' and outputs' data
         pointers, counting the launch itself); else None (run_addresses)."""
-        return self._run_cpu if self._plain else None
+        return self._bound if self._plain else None
 
     def run_addresses(self, addrs: list[int], cached: bool) -> None:
-        """The CPU VM on inputs and outputs given by data pointer (the caller keeps them alive);
+        """The bound VM on inputs and outputs given by data pointer (the caller keeps them alive);
         workspaces are added here."""
         if self._plain:   # no workspaces, no shifted buffers: the common case
             counters.bump_launch(cached)
-            self._run_cpu(addrs)
+            self._bound(addrs)
             return
         lock = self._ws_lock
         if lock is not None and lock.acquire(False):
@@ -229,7 +236,7 @@ class Launch:
         if self._shifted:
             addrs = [a + d for a, d in zip(addrs, self.deltas)]
         counters.bump_launch(cached)
-        self._run_cpu(addrs)
+        self._bound(addrs)
 
     def _workspaces(self) -> list[np.ndarray]:
         return [buffer_pool.empty((n,), dt) for n, dt in self.ws_specs] if self.ws_specs else []

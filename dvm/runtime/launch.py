@@ -8,18 +8,13 @@ import numpy as np
 from ..codegen.program import Program
 from ..codegen.verifier import check_buffers, verify
 from ..config import config
+from ..vm import registry
 from . import counters
 
 
 def vm_runner(name: str | None = None):
-    name = name or config().vm
-    if name == "cpu":
-        from ..vm.cpu import run
-        return run
-    if name == "reference":
-        from ..vm.reference import run
-        return run
-    raise ValueError(f"unknown VM {name!r}")
+    """The `run` of VM `name` (default: DVM_VM)."""
+    return registry.get(name or config().vm).run
 
 
 def execute(program: Program, buffers: Sequence[np.ndarray], vm: str | None = None,

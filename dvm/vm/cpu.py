@@ -28,7 +28,9 @@ from . import cpu_interp as ci
 from . import cpu_kernels as ck
 from . import (cpu_bits, cpu_compile, cpu_fused, cpu_math, cpu_mem, cpu_moves, cpu_reduce, cpu_rowlevel, cpu_rownorm,
                cpu_rowpart, cpu_sync, cpu_unbin, cpu_vtree)
-from .cpu_fuse_plan import writes_f
+from .contract import VM
+from .cpu_fuse_plan import whole_row_forms, writes_f
+from ..codegen.target import Target
 from .cpu_fused import FUSE_WIDTH
 from .cpu_stream import BANK_CODE as _BANK, StreamPlan, stream_plan
 from .cpu_threads import Workers
@@ -332,3 +334,29 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
         _check(ce.run_units(0, -1, pd[3], DECODE, bufs, _NO_SCHED, False))
     else:
         _run_kernels(pd[1], bufs, threads)
+
+
+class CpuVM(VM):
+    """The numba CPU VM under the VM contract."""
+    name = "cpu"
+
+    @property
+    def target(self) -> Target:
+        return _TARGET
+
+    def warm_up(self) -> None:
+        compile_vm()
+
+    def handles(self, spec: isa.InstrSpec) -> bool:
+        return handled(spec)
+
+    def run(self, layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
+        run(layout, buffers, threads)
+
+    def bind(self, layout: ProgramLayout, numels) -> Callable[[list[int]], None]:
+        from .cpu_launch import bound_runner
+        return bound_runner(layout, list(numels))
+
+
+_TARGET = Target("cpu", whole_row_forms=whole_row_forms)
+VM_INSTANCE = CpuVM()

@@ -21,6 +21,7 @@ from ..codegen import isa
 from ..codegen.program import KernelLayout, ProgramLayout
 from ..graph.dtypes import Bank, DType
 from ..graph.ops import OP_TABLE, reduce_identity
+from .contract import VM
 
 _I32 = np.iinfo(np.int32)
 _I64 = np.iinfo(np.int64)
@@ -258,3 +259,14 @@ class _Kernel:
             return
         acc = self.get(spec.bank, f[1])
         self.put(spec.bank, f[0], _tree(acc, _combine(spec.op, spec.bank))[:, None])
+
+
+class ReferenceVM(VM):
+    """The reference VM under the VM contract: runs buffer objects only (no bound launches)."""
+    name = "reference"
+
+    def run(self, layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
+        run(layout, buffers)
+
+
+VM_INSTANCE = ReferenceVM()

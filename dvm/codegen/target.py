@@ -1,0 +1,26 @@
+"""What a VM asks of the Programs encoded for it. codegen/ never imports a VM: the runtime hands the
+encoder the Target of the VM that will run the Program (vm.contract.VM.target).
+
+A Target changes only choices the ISA leaves open (tile sizes, which stream of a kernel to take),
+never semantics: every VM runs every valid Program with the same results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+# (instruction words [n, WORDS], sections [(start, end), ...]) -> whether the VM runs every
+# instruction of that stream in its row forms (whole rows read from their buffers, never held in
+# tile registers); the encoder then takes the single-tile stream for rows wider than a tile
+RowFormsHook = Callable[[np.ndarray, Sequence[tuple[int, int]]], bool]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                                  # the VM's name (part of the Program cache key)
+    whole_row_forms: RowFormsHook | None = None
+
+
+GENERIC = Target("generic")   # no VM-specific choices: the encoder's defaults
