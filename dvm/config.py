@@ -8,7 +8,7 @@ DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results 
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
-                   0: sleep at once; vm/cpu_sync)
+                   0: sleep at once; vm/cpu/jit/sync)
 """
 from __future__ import annotations
 

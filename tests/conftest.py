@@ -23,23 +23,32 @@ def vm(request, monkeypatch):
     running the same assertions on both."""
     monkeypatch.setenv("DVM_VM", request.param)
     dvm_config.reload()
+    if request.param == "cpu" or request.node.get_closest_marker("cpu_vm") is not None:
+        _whole_cpu_vm()
     yield request.param
     monkeypatch.undo()
     dvm_config.reload()
 
 
+def _whole_cpu_vm():
+    """The CPU VM with its fast paths loaded (on a cold cache they compile in the background;
+    tests of the generic paths take them out themselves: helpers.generic_paths)."""
+    from dvm.vm import cpu
+    cpu.warm_up(wait_fast=True)
+
+
 # On a cold numba cache the CPU VM's compile takes most of a run (~13 min on 2 cores). Under
 # pytest-xdist the controller starts it in a background process at once, and every test runs
 # its reference-VM case before any CPU-VM case: the workers test on the reference VM while the
-# VM compiles, and each worker's first CPU-VM test waits for that compile (dvm.vm.cpu_compile's
-# lock) instead of compiling the same code itself.
+# VM compiles, and each worker's first CPU-VM test waits for that compile (the pieces'
+# locks, dvm/vm/cpu/host/cache.py) instead of compiling the same code itself.
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_vm: runs the CPU VM whatever its `vm` parameter (a module that "
                             "compares the VMs itself, or runs once on the default VM); ordered with the "
                             "CPU-VM cases, after the compile")
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
-    config._dvm_compile = subprocess.Popen([sys.executable, "-c", "from dvm.vm import cpu; cpu.compile_vm()"])
+    config._dvm_compile = subprocess.Popen([sys.executable, "-c", "from dvm.vm import cpu; cpu.warm_up(wait_fast=True)"])
 
 
 def pytest_unconfigure(config):

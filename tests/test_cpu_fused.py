@@ -17,9 +17,10 @@ from dvm.codegen import isa
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.vm import cpu, reference
+from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.tools.bench_ops_cases import sum_first
-from dvm.vm.cpu_fuse_plan import fuse_plan
-from dvm.vm.cpu_fused import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
+from dvm.vm.cpu.host.fuse_plan import fuse_plan
+from dvm.vm.cpu.abi import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
                               FK_SQSUM, FK_UNBIN)
 
 from test_cpu_vm import run_on
@@ -126,7 +127,7 @@ SOFTMAXES = [softmax, softmax_div, softmax_lse]
 
 def _kinds(kfn, *args) -> set[int]:
     layout = verify(kfn.program(*args))
-    return {int(kind) for kl in layout.kernels for kind in cpu._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
+    return {int(kind) for kl in layout.kernels for kind in cpu_desc._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
 
 
 def _f32(*shape):
@@ -197,12 +198,12 @@ def test_plans_are_shared_per_instruction_stream():
     """Layouts of one kernel at different shapes share the stream-derived plan (cpu_stream); a
     different operand dtype (the in-place plan needs an f32 store) gets its own, and no
     descriptor can write into a shared plan."""
-    descs = [cpu._desc(kl, len(lay.args)) for lay in (verify(layernorm.program(_f32(r, 1001), _f32(1001), _f32(1001)))
+    descs = [cpu_desc._desc(kl, len(lay.args)) for lay in (verify(layernorm.program(_f32(r, 1001), _f32(1001), _f32(1001)))
                                                        for r in (3, 17, 64)) for kl in lay.kernels]
     assert len({id(d.fuse) for d in descs}) == 1 and len({id(d.peep) for d in descs}) == 1
     assert {d.n_units for d in descs} != {descs[0].n_units}   # the shape-dependent parts are not shared
     assert not (descs[0].fuse.flags.writeable or descs[0].peep.flags.writeable or descs[0].rio.flags.writeable)
-    peeps = [cpu._desc(lay.kernels[0], len(lay.args)).peep
+    peeps = [cpu_desc._desc(lay.kernels[0], len(lay.args)).peep
              for lay in (verify(add_half.program(np.ones(64, dt))) for dt in (np.float32, np.float16))]
     assert (peeps[0] >= 0).any() and not (peeps[1] >= 0).any()
     with pytest.raises(ValueError):
@@ -215,9 +216,9 @@ def test_descriptor_from_the_stream_template_is_the_packed_descriptor():
     lays = [verify(layernorm.program(_f32(r, c), _f32(c), _f32(c))) for r, c in ((3, 1001), (17, 1001), (64, 77))]
     lays += [verify(add_half.program(np.ones(n, np.float32))) for n in (64, 5000, 70000)]
     for lay in lays:
-        argsz, descs, _, _ = cpu._prog(lay)
+        argsz, descs, _, _ = cpu_desc.prog_desc(lay)
         for d in descs:
-            assert np.array_equal(d.blob, cpu._pack(d, argsz))
+            assert np.array_equal(d.blob, cpu_desc._pack(d, argsz))
     assert lays[0].kernels[0].stream is lays[1].kernels[0].stream
     assert lays[0].kernels[0].stream.derived["cpu_blob"] is lays[1].kernels[0].stream.derived["cpu_blob"]
 
@@ -233,12 +234,12 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
 def _unfused(kfn, *args):
     """The kernel's instructions run one by one (its fuse plan emptied while inside)."""
     layout = verify(kfn.program(*args))
-    argsz, descs, outs, chain = cpu._prog(layout)
+    argsz, descs, outs, chain = cpu_desc.prog_desc(layout)
     saved = [(d, d.fuse, d.blob) for d in descs]
     for d in descs:
         d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (cpu_stream)
-        d.blob = cpu._pack(d, argsz)
-    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, cpu._chain(descs)))
+        d.blob = cpu_desc._pack(d, argsz)
+    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, cpu_desc._chain(descs)))
     try:
         yield
     finally:

@@ -13,6 +13,7 @@ from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.codegen.verifier import verify
 from dvm.tools.bench_ops_cases import max_first, sum_first, sum_last
 from dvm.vm import cpu, reference
+from dvm.vm.cpu.host import desc as cpu_desc
 
 from test_cpu_vm import run_on
 
@@ -107,7 +108,7 @@ def test_thread_count_does_not_change_results(case, shape):
 def _register_layouts(kfn, shape) -> list[bool]:
     """Per kernel of kfn's Program on a float32 array of `shape`: column-major registers?"""
     prog = kfn.program(np.zeros(shape, np.float32))
-    return [d.transposed for d in cpu._prog(verify(prog))[1]]
+    return [d.transposed for d in cpu_desc.prog_desc(verify(prog))[1]]
 
 
 @pytest.mark.parametrize("shape", [(256, 1024), (1000, 1001), (2048, 2048), (4097, 17), (8192, 64), (32, 128)])
@@ -201,7 +202,7 @@ def test_raw_copies_at_every_relative_offset(dtype, n):
 def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
     from numba import njit
 
-    from dvm.vm.cpu_moves import _move_bytes
+    from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
 
     @njit
     def move(dst, src, nbytes):
@@ -386,9 +387,9 @@ def test_small_kernels_run_as_one_chain(shape):
     x = RNG.standard_normal(shape).astype(np.float32)
     d = RNG.integers(1, 5, shape[0]).astype(np.int64)
     layout = dvm.verify(stacked.program(x, d))
-    _, descs, _, chain = cpu._prog(layout)
+    _, descs, _, chain = cpu_desc.prog_desc(layout)
     assert len(descs) >= 2
-    assert (chain is not None) == (max(d.work for d in descs) < cpu.PARALLEL_MIN_ELEMS)
+    assert (chain is not None) == (max(d.work for d in descs) < cpu_desc.PARALLEL_MIN_ELEMS)
     _bitwise_as_reference(stacked, x, d, why=(shape,))
     d[-1] = 0
     with pytest.raises(ZeroDivisionError):

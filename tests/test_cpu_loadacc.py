@@ -10,7 +10,7 @@ import dvm
 from dvm.codegen import encoder
 from dvm.frontend.library import layernorm
 from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
-from dvm.vm.cpu_fused import FK_CSQACC, FK_LOADACC
+from dvm.vm.cpu.abi import FK_CSQACC, FK_LOADACC
 
 from test_cpu_fused import _kinds
 from test_cpu_layouts import RNG, _bitwise_as_reference

@@ -13,8 +13,9 @@ import pytest
 import dvm
 from dvm.codegen.verifier import verify
 from dvm.vm import cpu, reference
-from dvm.vm.cpu_fused import FK_UNBIN
-from dvm.vm.cpu_unbin import FUSED_BIN, FUSED_UN, NO_LOAD
+from dvm.vm.cpu.host import desc as cpu_desc
+from dvm.vm.cpu.abi import FK_UNBIN
+from dvm.vm.cpu.abi import FUSED_BIN, FUSED_UN, NO_LOAD
 
 from test_cpu_fused import _same, _threads, _unfused
 from test_cpu_vm import run_on
@@ -27,7 +28,7 @@ RNG = np.random.default_rng(5)
 def _plans(kfn, *args) -> list[list[int]]:
     layout = verify(kfn.program(*args))
     return [[int(v) for v in row] for kl in layout.kernels
-            for row in cpu._desc(kl, len(layout.args)).fuse if row[0] == FK_UNBIN]
+            for row in cpu_desc._desc(kl, len(layout.args)).fuse if row[0] == FK_UNBIN]
 
 
 def _pair(u: str, b: str, math_first: bool):

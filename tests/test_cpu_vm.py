@@ -22,7 +22,9 @@ from dvm.graph.dtypes import DType
 from dvm.graph.ops import BINARY, UNARY
 from dvm.runtime.compiled import as_buffer
 from dvm import config as dvm_config
-from dvm.vm import cpu, cpu_sync, reference
+from dvm.vm import cpu, reference
+from dvm.vm.cpu import abi as cpu_sync
+from dvm.vm.cpu.host import run as cpu_run
 
 from helpers import DTYPES, FLOATS, INTS, NP_DTYPE, dvm_call, random_values, to_torch
 
@@ -363,7 +365,7 @@ def spin_us(monkeypatch):
 def _wait_all(state: int, seconds: float = 5.0) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if all(mb[cpu_sync.MB_STATE] == state for mb in cpu._WORKERS.mbox):
+        if all(mb[cpu_sync.MB_STATE] == state for mb in cpu_run._WORKERS.mbox):
             return True
         time.sleep(0.005)
     return False
@@ -378,11 +380,11 @@ def test_spinning_workers_take_posted_jobs(spin_us):
     two = functools.partial(cpu.run, threads=2)
     spin_us(200_000)
     run_on(two, softmax, x)   # a sleeping worker: queued; then it spins
-    taken = sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu._WORKERS.mbox)
+    taken = sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox)
     for _ in range(20):
         got = run_on(two, softmax, x)
         assert got[0].tobytes() == want[0].tobytes()
-    assert sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu._WORKERS.mbox) > taken
+    assert sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox) > taken
     a = np.arange(1 << 17, dtype=np.int64)
     b = np.ones(1 << 17, dtype=np.int64)
     b[-5] = 0   # in the last units: the worker may be the one that runs them

@@ -16,8 +16,8 @@ def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
     from dvm.codegen.program import MAX_TILE
     from dvm.graph.dtypes import Bank
     from dvm.vm import reference
-    from dvm.vm.cpu_kernels import RED_NAMES
-    from dvm.vm.cpu_reduce import _tree_p2
+    from dvm.vm.cpu.abi import RED_NAMES
+    from dvm.vm.cpu.jit.rowtree import tree_p2 as _tree_p2
 
     rng = np.random.default_rng(7)
     code = RED_NAMES.index(op)
@@ -48,8 +48,8 @@ def test_cpu_register_tree_keeps_the_bits_of_special_values(op, dtype):
     bits (max/min: b on ties, so max(-0, +0) depends on the order; NaN propagates)."""
     from dvm.graph.dtypes import Bank
     from dvm.vm import reference
-    from dvm.vm.cpu_kernels import RED_NAMES
-    from dvm.vm.cpu_reduce import _tree_p2
+    from dvm.vm.cpu.abi import RED_NAMES
+    from dvm.vm.cpu.jit.rowtree import tree_p2 as _tree_p2
 
     rng = np.random.default_rng(11)
     code = RED_NAMES.index(op)
@@ -94,8 +94,8 @@ def test_cpu_register_tree_of_any_width_is_the_spec_tree_and_reads_only_the_row(
     from numba import njit
     from dvm.graph.dtypes import Bank
     from dvm.vm import reference
-    from dvm.vm.cpu_kernels import RED_NAMES
-    from dvm.vm.cpu_vtree import vtree_n
+    from dvm.vm.cpu.abi import RED_NAMES
+    from dvm.vm.cpu.jit.vtree import vtree_n
 
     @njit
     def tree(code, x, n):
@@ -132,8 +132,8 @@ def test_cpu_register_tree_of_a_padded_row_is_the_spec_tree_and_reads_only_the_r
     from dvm.graph.dtypes import Bank
     from dvm.graph.ops import reduce_identity
     from dvm.vm import reference
-    from dvm.vm.cpu_kernels import RED_NAMES
-    from dvm.vm.cpu_vtree import VTREE_MAX, vtree_pad
+    from dvm.vm.cpu.abi import RED_NAMES
+    from dvm.vm.cpu.jit.vtree import VTREE_MAX, vtree_pad
 
     @njit
     def tree(code, x, n, p):

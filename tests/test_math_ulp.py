@@ -117,7 +117,7 @@ def test_one_step_exp_paths_are_bitwise_the_full_range_functions(op):
     out-of-range lane in nearly every tile."""
     from numba import njit
 
-    from dvm.vm.cpu_math import EXP1_HI, EXP1_LO, exp_into, expf, sigmoid_into, sigmoidf
+    from dvm.vm.cpu.jit.mathf import EXP1_HI, EXP1_LO, exp_into, expf, sigmoid_into, sigmoidf
 
     @njit
     def one_step(o, a):
@@ -154,7 +154,7 @@ def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
     """A span holding an argument above SINCOS_BIG redoes those lanes in float64 libm (found by
     an OR over the span); every other lane keeps the polynomial's bits, with or without such a
     neighbour in its tile."""
-    from dvm.vm.cpu_math import SINCOS_BIG
+    from dvm.vm.cpu.jit.mathf import SINCOS_BIG
 
     kern = _kernel(op)
     rng = np.random.default_rng(11)

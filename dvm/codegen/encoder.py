@@ -50,7 +50,7 @@ WIDE_ROW_COLS = MAX_TILE
 # is then one contiguous run of the operand, which the CPU VM reads in place), or, for a larger
 # reduction, a block of them: up to COLUMN_MAJOR_BLOCKS blocks of about COLUMN_MAJOR_MIN_BM rows
 # or more and COLUMN_MAJOR_BLOCK_ELEMS elements or more (rows x reduced length), the work units
-# the CPU VM's threads share (a tile column is then a contiguous run; cpu_fused FK_LOADACC reads
+# the CPU VM's threads share (a tile column is then a contiguous run; the CPU VM's FK_LOADACC reads
 # it in place; shorter runs cost more per element: 1000x1001 sum over axis 0, two threads: 79 us
 # whole, 68 in blocks of 336 rows, 55 in blocks of 512); longer kept axes get row blocks of
 # COLUMN_MAJOR_BM rows

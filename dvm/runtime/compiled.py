@@ -169,7 +169,7 @@ class Launch:
         on request: the torch path never asks); it returns the output when `single` (one
         output), else a tuple of the outputs. A plain CPU launch (no input copies, workspaces or
         shifted buffers) gets its layers flattened: ~0.5 us less a call, ~1.1 us with one output
-        (cpu_launch)."""
+        (vm/cpu/host/launch)."""
         if not (self._plain and not self.copy_slots):
             if single:
                 return lambda arrays: self(list(arrays))[0]

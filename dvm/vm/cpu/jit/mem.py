@@ -1,7 +1,7 @@
-"""Memory access of the CPU VM: addressing, tile loads and stores with dtype conversion, index
-tiles, and the in-place (aliasing) checks. Compiled by numba (inlined into cpu_entry.run_units).
+"""Memory access of the CPU VM: tile loads and stores with dtype conversion, loads of row-level
+values, index tiles; the PC_MEM piece.
 
-Two register layouts (cpu.py picks one per kernel; results are identical):
+Two register layouts (host/desc picks one per kernel; results are identical):
   row-major     lane (r, k) at r*BN + k  (_mem, _index)
   column-major  lane (r, k) at k*BM + r  (_mem_t, _index_t): a column of a tile is BM rows
                 apart in memory, contiguous when the kept axis is the operand's innermost one.
@@ -9,116 +9,17 @@ Edge tiles use clamped indices: lanes outside the domain copy the last valid row
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import carray, njit
 
-from .cpu_kernels import DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64
-from .cpu_bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u8, ptr_u16
-from .cpu_moves import _move_rows, _move_run, _raw_copy, _repeat_row
+from ..abi import (DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, ERR_UNHANDLED, FR_C0, FR_FIN, FR_R0,
+                   MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL,
+                   OPTAB_FIXED)
+from . import frame as fm
+from .addr import elem_offset, freg, row_bases
+from .bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u16, ptr_u8
+from .moves import move_rows, move_run, raw_copy, repeat_row
 
-# meta layout (built by cpu.py)
-M_NR, M_NC, M_BM, M_BN, M_ROWS, M_COLS, M_NF, M_ND, M_NI, M_NB, M_NSW, M_PRO_S, M_PRO_E, M_TL, M_SW = range(15)
-
-
-@njit(**OPTS)
-def _addr(j, idx, optab, dims, d0, d1):
-    """Address contribution of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
-    off = np.int64(0)
-    rem = idx
-    for d in range(d1 - 1, d0 - 1, -1):
-        size = max(dims[d], 1)
-        off += (rem % size) * optab[j, 4 + d]
-        rem //= size
-    return off
-
-
-@njit(inline='always', **OPTS)
-def _row_bases(o, j, optab, dims, r0, n, nr):
-    """o[i] = address contribution of rows r0 + i (i < n) over the nr row dims: an odometer on
-    the innermost one, with one _addr (divisions) per wrap instead of one per row."""
-    zero = r0 * 0
-    dl = max(dims[nr - 1], 1)
-    sl = optab[j, 4 + nr - 1]
-    t = r0 % dl
-    b = _addr(j, r0, optab, dims, zero, nr)
-    for i in range(n):
-        if i > 0:
-            t += 1
-            if t == dl:
-                t = zero
-                b = _addr(j, r0 + i, optab, dims, zero, nr)
-            else:
-                b += sl
-        o[i] = b
-
-
-@njit(**OPTS)
-def _direct_addr(j, optab, dims, meta, addrs, r0, c0):
-    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements in the
-    register layout (a full tile; row-major: unit column stride, rows back to back; column-major:
-    unit row stride, columns back to back), else 0. Such a tile is read in place by a load
-    (the register aliases the buffer) or written in place by the op feeding a store."""
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    if meta[M_TL] != 0:   # column-major: contiguous rows, columns exactly BM apart
-        if optab[j, 2] != DT_F32 or nc != 1 or nr != 1 or optab[j, 4] != 1:
-            return 0
-        if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS] or (bn > 1 and optab[j, 5] != bm):
-            return 0
-        return addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0 + c0 * optab[j, 5])
-    if optab[j, 2] != DT_F32 or nc != 1 or optab[j, 4 + nr] != 1:
-        return 0
-    if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
-        return 0
-    if bm > 1:   # the tile's rows must lie back to back: row strides of a row-major block
-        step = bn
-        for d in range(nr - 1, -1, -1):
-            if dims[d] != 1 and optab[j, 4 + d] != step:
-                return 0
-            step *= dims[d]
-    base = optab[j, 3] + _addr(j, r0, optab, dims, nr - nr, nr) + c0
-    return addrs[optab[j, 1]] + 4 * base
-
-
-@njit(inline='always', **OPTS)
-def _row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
-    """o[r] = the address of lane c0 of row r0 + r of operand j (r < nrows), when j is an f32
-    operand of row-major tiles with one unit-stride column dim, whatever its row strides; False
-    otherwise. For writing rows straight into a buffer where _direct_addr cannot (a partial tile,
-    or rows not back to back)."""
-    nr = meta[M_NR]
-    if meta[M_TL] != 0 or optab[j, 2] != DT_F32 or meta[M_NC] != 1 or optab[j, 4 + nr] != 1:
-        return False
-    _row_bases(o, j, optab, dims, r0, nrows, nr)
-    base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + c0)
-    for r in range(nrows):
-        o[r] = base + 4 * o[r]
-    return True
-
-
-@njit(inline='always', **OPTS)
-def _fv(F, fp, k):
-    """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
-    p = fp[k]
-    if p == 0:
-        return F[k]
-    return carray(ptr_f32(p), F.shape[1])
-
-
-@njit(**OPTS)
-def _alias_ok(addrs, numels, argsz, argst):
-    """In-place tiles only when no stored argument overlaps any other argument."""
-    n = addrs.shape[0]
-    for a in range(n):
-        if argst[a] == 2:
-            return False
-        if argst[a] == 0:
-            continue
-        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
-        for b in range(n):
-            if b != a and hi > lo and numels[b] > 0:
-                if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
-                    return False
-    return True
+_S = OPTAB_FIXED
 
 
 @njit(inline='always', **OPTS)
@@ -196,7 +97,7 @@ def _store_row(buf, x, cv, start, stride, n, ix, general):
 
 
 @njit(**OPTS)
-def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
+def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
     """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j.
     one_row: load row 0 only (an operand whose rows are all the same in this tile: see
     cpu_rowlevel._tile_row_uniform)."""
@@ -208,25 +109,25 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
     zero = off * 0
     # column addressing for this tile: a single column dim is start + k*stride, else general
     general = (not fin) and nc > 1
-    stride = 0 if (fin or nc == 0) else optab[j, 4 + nr]
+    stride = 0 if (fin or nc == 0) else optab[j, _S + nr]
     if general:
         for k in range(ncv):
-            ix[k] = _addr(j, c0 + k, optab, dims, nr, nr + nc)
+            ix[k] = elem_offset(j, c0 + k, optab, dims, nr, nr + nc)
     rb = ix[2 * bn:2 * bn + nrv]   # row bases (ix[:2*bn] holds the general column indices)
     if nr > 0:
-        _row_bases(rb, j, optab, dims, r0, nrv, nr)
+        row_bases(rb, j, optab, dims, r0, nrv, nr)
     else:
         rb[:] = zero
-    raw = _raw_copy(reg, buf, cv, stride, general)
+    raw = raw_copy(reg, buf, cv, stride, general)
     if raw and ncv == bn:
-        _move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
+        move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
         nrv_loop = 0
     else:
         nrv_loop = nrv
     for i in range(nrv_loop):
         base = off + rb[i]
         if raw:
-            _move_run(is_store, reg, buf, i * bn, base + c0, ncv)
+            move_run(is_store, reg, buf, i * bn, base + c0, ncv)
         else:
             if general:
                 for k in range(ncv):
@@ -246,7 +147,7 @@ def _mem(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row)
             for k in range(bn - ncv):
                 tail[k] = v
     if not is_store and not one_row:   # clamped rows copy the last valid row
-        _repeat_row(reg, nrv - 1, bm, bn)
+        repeat_row(reg, nrv - 1, bm, bn)
 
 
 @njit(inline='always', **OPTS)
@@ -276,7 +177,7 @@ def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
     nrv = max(min(bm, meta[M_ROWS] - r0), 1)
     rb = ix[2 * bn:2 * bn + nrv]
     if nr > 0:
-        _row_bases(rb, j, optab, dims, r0, nrv, nr)
+        row_bases(rb, j, optab, dims, r0, nrv, nr)
     else:
         rb[:] = 0
     a, n, at, dt = addrs[optab[j, 1]], numels[optab[j, 1]], optab[j, 3], optab[j, 2]
@@ -303,10 +204,10 @@ def _index(o, j, optab, dims, meta, r0, c0, fin):
     rows, cols = meta[M_ROWS], meta[M_COLS]
     for i in range(bm):
         r = min(r0 + i, rows - 1)
-        base = optab[j, 3] + _addr(j, r, optab, dims, nr - nr, nr)
+        base = optab[j, 3] + elem_offset(j, r, optab, dims, nr - nr, nr)
         for k in range(bn):
             c = 0 if fin else min(c0 + k, cols - 1)
-            o[i * bn + k] = base + _addr(j, c, optab, dims, nr, nr + nc)
+            o[i * bn + k] = base + elem_offset(j, c, optab, dims, nr, nr + nc)
 
 
 
@@ -322,37 +223,37 @@ def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
     off = optab[j, 3]
     zero = off * 0
     general = nr > 1
-    stride = optab[j, 4 + nr - 1] if nr == 1 else zero
+    stride = optab[j, _S + nr - 1] if nr == 1 else zero
     # several row dims, the innermost of unit stride: a column is runs of that dim's length, each
     # run addressed once (run q: lanes ix[q] .. ix[q + 1], its base at ix[bm + 1 + q])
-    runs = general and _raw_copy(reg, buf, cv, optab[j, 4 + nr - 1], False)
+    runs = general and raw_copy(reg, buf, cv, optab[j, _S + nr - 1], False)
     dl = max(dims[nr - 1], 1)
     nrun = zero
     if runs:
         i = zero
         while i < nrv:
-            ix[bm + 1 + nrun] = _addr(j, r0 + i, optab, dims, zero, nr)
+            ix[bm + 1 + nrun] = elem_offset(j, r0 + i, optab, dims, zero, nr)
             ix[nrun] = i
             nrun += 1
             i += min(dl - (r0 + i) % dl, nrv - i)
         ix[nrun] = nrv
     elif general:
-        _row_bases(ix, j, optab, dims, r0, nrv, nr)
+        row_bases(ix, j, optab, dims, r0, nrv, nr)
     rbase = zero if general else r0 * stride
     ixs = ix[bm:bm + nrv]
-    raw = _raw_copy(reg, buf, cv, stride, general)
+    raw = raw_copy(reg, buf, cv, stride, general)
     for k in range(ncv):
         col = reg[k * bm:(k + 1) * bm]
-        cbase = off + (zero if fin else _addr(j, c0 + k, optab, dims, nr, nr + nc))
+        cbase = off + (zero if fin else elem_offset(j, c0 + k, optab, dims, nr, nr + nc))
         if runs:
             for q in range(nrun):
-                _move_run(is_store, reg, buf, k * bm + ix[q], cbase + ix[bm + 1 + q], ix[q + 1] - ix[q])
+                move_run(is_store, reg, buf, k * bm + ix[q], cbase + ix[bm + 1 + q], ix[q + 1] - ix[q])
         else:
             if general:
                 for i in range(nrv):
                     ixs[i] = cbase + ix[i]
             if raw:
-                _move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
+                move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
             elif is_store:
                 _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
             else:
@@ -376,7 +277,74 @@ def _index_t(o, j, optab, dims, meta, r0, c0, fin):
     rows, cols = meta[M_ROWS], meta[M_COLS]
     for k in range(bn):
         c = 0 if fin else min(c0 + k, cols - 1)
-        cb = optab[j, 3] + _addr(j, c, optab, dims, nr, nr + nc)
+        cb = optab[j, 3] + elem_offset(j, c, optab, dims, nr, nr + nc)
         for i in range(bm):
             r = min(r0 + i, rows - 1)
-            o[k * bm + i] = cb + _addr(j, r, optab, dims, nr - nr, nr)
+            o[k * bm + i] = cb + elem_offset(j, r, optab, dims, nr - nr, nr)
+
+
+@njit(**OPTS)
+def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact, one_row):
+    """compact: a finalize store of a compact register (row r at lane r: column 0 of a
+    column-major tile, whatever the kernel's layout). one_row: a row-vector load (row 0 only)."""
+    if meta[M_TL] != 0 or compact:
+        _mem_t(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
+    else:
+        mem_tile(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
+
+
+@njit(**OPTS)
+def memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, r0, c0, fin, ix, compact, one_row):
+    """Load operand j into register d (of its dtype's bank), or store d into it. The core has
+    already tried the in-place load of a contiguous f32 tile (addr.direct_addr)."""
+    arg, dt = optab[j, 1], optab[j, 2]
+    a, n = addrs[arg], numels[arg]
+    if dt == DT_F32:
+        _mem_any(is_store, freg(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact, one_row)
+    elif dt == DT_F16 or dt == DT_BF16:
+        _mem_any(is_store, freg(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                 compact, one_row)
+    elif dt == DT_F64:
+        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 one_row)
+    elif dt == DT_I64:
+        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 one_row)
+    elif dt == DT_I32:
+        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 one_row)
+    elif dt == DT_BOOL:
+        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
+                 one_row)
+    else:
+        return ERR_UNHANDLED
+    return 0
+
+
+MEM_COMPACT_FLAG = 1   # PC_MEM's b: bit 0 a finalize store of a compact register, bit 1 a row-0 load
+MEM_ONE_ROW_FLAG = 2
+
+
+def mem_piece(fra, pc, what, flags):
+    """PC_MEM: instruction pc's load (MEM_LOAD), store (MEM_STORE, MEM_STOREROW: column 0 of the
+    valid rows, addressed like a finalize store), load of a column-uniform operand into a compact
+    register (MEM_COMPACT) or index tile (MEM_INDEX). Returns an abi.ERR_* code."""
+    fr = fm.frame(fra)
+    ins = fm.instrs(fr)
+    d, j = ins[pc, 1], ins[pc, 2]
+    optab, dims, meta = fm.optab(fr), fm.dims(fr), fm.meta(fr)
+    r0, c0, fin = fr[FR_R0], fr[FR_C0], fr[FR_FIN] != 0
+    if what == MEM_INDEX:
+        if meta[M_TL] != 0:
+            _index_t(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
+        else:
+            _index(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
+        return 0
+    if what == MEM_COMPACT:
+        ok = _load_compact(d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr), fm.bank_d(fr),
+                           fm.bank_i(fr), fm.bank_b(fr), r0, fm.ix(fr))
+        return 0 if ok else ERR_UNHANDLED
+    return memop(what != MEM_LOAD, d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr),
+                 fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), r0, c0, fin or what == MEM_STOREROW,
+                 fm.ix(fr), (flags & MEM_COMPACT_FLAG) != 0, (flags & MEM_ONE_ROW_FLAG) != 0)

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen import isa
-from ..graph.dtypes import Bank, DType
-from .cpu_fused import (FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE, FK_ROWNORM,
-                        FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, NO_SRC)
-from .cpu_kernels import EW_NAMES, R_ARGMAX, RED_NAMES
-from .cpu_rownorm import CHAIN_OPS
-from .cpu_unbin import FUSED_BIN, FUSED_UN, NO_LOAD
+from ....codegen import isa
+from ....graph.dtypes import Bank, DType
+from ..abi import (CHAIN_OPS, EW_NAMES, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE,
+                   FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN, FUSED_UN, NO_LOAD, NO_SRC,
+                   R_ARGMAX, RED_NAMES, WRITES_F_DEST)
+from .decode import writes_f
 
-SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # cpu_rownorm replays them on a row's scalars
+SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
 
 def _f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
@@ -296,13 +295,6 @@ def _row_softmax(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
 
 
-def writes_f(spec: isa.InstrSpec) -> int:
-    """1: field f1 is an f32 register the instruction writes; 2: one it reads and writes."""
-    if not spec.fields or spec.fields[0].bank != Bank.F32:
-        return 0
-    return {"d": 1, "m": 2}.get(spec.fields[0].role, 0)
-
-
 def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
     """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
     cast) may write its result straight into that store's tile: the store is then skipped. Only when
@@ -316,7 +308,7 @@ def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, sections: list[tup
     for s, e in sections:
         for pc in range(s, e - 1):
             sp, nx = specs[pc], specs[pc + 1]
-            if sp.group not in ("ew", "cast") or writes_f(sp) != 1:
+            if sp.group not in ("ew", "cast") or writes_f(sp) != WRITES_F_DEST:
                 continue
             r = int(instrs[pc, 1])
             if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:

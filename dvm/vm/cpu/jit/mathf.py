@@ -2,9 +2,7 @@
 sin, cos), written so that LLVM vectorizes the loops that call it: range reduction and
 polynomials in straight-line code (selects, no calls). NaN, +-inf and -0.0 follow PyTorch.
 Measured errors vs a float64 reference: tests/test_math_ulp.py (table in BENCHMARKS.md) and
-dvm/vm/cpu_probe.py (`ulp` mode). exp_into / sigmoid_into run a whole span (see there).
-
-cpu.py folds this file's hash into the VM's disk-cache key (_salt_cache): editing it recompiles.
+dvm/tools/cpu_probe.py (`ulp` mode). exp_into / sigmoid_into run a whole span (see there).
 """
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .cpu_bits import OPTS, bits_f32, f32_bits, fmaf
+from .bits import OPTS, bits_f32, f32_bits, fmaf
 
 # polynomial kernels: let LLVM fuse a*b+c into FMA (never nnan/ninf/reassoc: IEEE specials stay exact)
 MOPTS = dict(OPTS, fastmath={"contract"})
@@ -79,7 +77,7 @@ _SHIFT = f32(12582912.0)   # 1.5 * 2**23: x + _SHIFT rounds x to an integer held
 # exp's one-step scaling is exact (and bitwise equal to expf) for x in this range: n <= 127, and
 # n >= -125 keeps the result normal for any polynomial value in [2**-0.5, 2**0.5].
 EXP1_LO, EXP1_HI = f32(-86.5), f32(88.0)
-_EXP1_MID, _EXP1_HALF = (EXP1_HI + EXP1_LO) / f32(2), (EXP1_HI - EXP1_LO) / f32(2)   # exact: 0.75, 87.25
+EXP1_MID, EXP1_HALF = (EXP1_HI + EXP1_LO) / f32(2), (EXP1_HI - EXP1_LO) / f32(2)   # exact: 0.75, 87.25
 
 
 @njit(**MOPTS)
@@ -103,7 +101,7 @@ def expf(x):
 
 
 @njit(**MOPTS)
-def _exp_one_step(x):
+def exp_one_step(x):
     """expf(x) bitwise for x in [EXP1_LO, EXP1_HI]; anything outside (NaN too) is garbage."""
     t, p = _exp_parts(x)
     return _scale_exp_bits(p, t)
@@ -120,9 +118,9 @@ def exp_into(o, a, n):
     outside = False
     for k in range(n):
         v = a[k]
-        o[k] = _exp_one_step(v)
+        o[k] = exp_one_step(v)
         # one compare (NaN fails it): a lane count here made the loop 2x slower, two compares 1.3x
-        outside |= not (abs(v - _EXP1_MID) <= _EXP1_HALF)
+        outside |= not (abs(v - EXP1_MID) <= EXP1_HALF)
     if outside:
         for k in range(n):
             o[k] = expf(a[k])
@@ -275,7 +273,7 @@ def tanhf(x):
 
 
 @njit(**MOPTS)
-def _sigmoid_given(x, e):
+def sigmoid_given(x, e):
     """sigmoid(x) from e = exp(-|x|)."""
     d = _ONE + e
     return _ONE / d if x >= 0 else e / d
@@ -283,7 +281,7 @@ def _sigmoid_given(x, e):
 
 @njit(**MOPTS)
 def sigmoidf(x):
-    return _sigmoid_given(x, expf(-abs(x)))
+    return sigmoid_given(x, expf(-abs(x)))
 
 
 @njit(inline="always", **OPTS)
@@ -295,12 +293,12 @@ def sigmoid_into(o, a, n, times_x):
     if times_x:
         for k in range(n):
             x = a[k]
-            o[k] = x * _sigmoid_given(x, _exp_one_step(-abs(x)))
+            o[k] = x * sigmoid_given(x, exp_one_step(-abs(x)))
             outside |= not (abs(x) <= -EXP1_LO)
     else:
         for k in range(n):
             x = a[k]
-            o[k] = _sigmoid_given(x, _exp_one_step(-abs(x)))
+            o[k] = sigmoid_given(x, exp_one_step(-abs(x)))
             outside |= not (abs(x) <= -EXP1_LO)
     if outside and times_x:
         for k in range(n):

@@ -1,6 +1,6 @@
 """Measurements for the CPU VM (not a test). Usage:
 
-    python -m dvm.vm.cpu_probe [ulp] [speed] [tiles] [startup]
+    python -m dvm.tools.cpu_probe [ulp] [speed] [tiles] [startup]
 
 ulp      max / mean ULP error of the f32 math ops vs a float64 reference (rounded to f32)
 speed    tanh(exp(a*b)+a)*b on 16M f32, row softmax 4096x1024, vs NumPy / torch eager; copy bandwidth

@@ -1,6 +1,7 @@
-"""FK_UNBIN: a float32 math op and the add, sub or mul that consumes it, in one pass of the CPU VM.
+"""FK_UNBIN, the PC_FUSED_UNBIN piece: a float32 math op and the add, sub or mul that consumes it, in
+one pass of the CPU VM.
 
-    un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)      y = B(U(x), z)   (cpu_fuse_plan)
+    un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)      y = B(U(x), z)   (host/fuse_plan)
 
 U is exp, sigmoid, SiLU, tanh or GELU; t is dead after the run (the plan checked), so it is never
 written, and z is a full tile: a register, or the operand the run's load would read in place
@@ -10,28 +11,24 @@ L2), every element now goes through both in registers while the next ones stream
 at 16 M f32, two threads: ~1.5x faster, see docs/DECISIONS.md).
 
 Bitwise the same as the two instructions: each lane gets U's value (the same functions as
-cpu_kernels._un_f32, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
-f32, then one f32 add, sub or mul, compiled without FMA contraction (OPTS). A y that would share
+jit/kernels' f32 math, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
+f32, then jit/ops' f32 add, sub or mul, compiled without FMA contraction (OPTS). A y that would share
 its memory with x or z (the register allocator gives a result the register of a source that
 dies there, when the result is not written straight into the output) leaves the run to the two
 instructions: a loop whose output may alias an input does not vectorize, and copying x through
 scratch first measured no faster than the two passes.
-
-cpu.py folds this file's hash into the VM's disk-cache key (_salt_cache): editing it recompiles.
 """
 from __future__ import annotations
 
 from numba import carray, njit
 
-from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH
-from .cpu_math import (_EXP1_HALF, _EXP1_MID, EXP1_LO, _exp_one_step, _sigmoid_given, expf, geluf, sigmoidf,
-                       tanhf)
-from .cpu_mem import M_BM, M_BN, _direct_addr, _fv
-
-FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # U: the math ops a run may start with
-FUSED_BIN = ("add", "sub", "mul")                      # B
-NO_LOAD = -1       # the run's z is a register (no load between U and B)
+from ...abi import (DEC_OP, FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_TL, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL,
+                    OP_SIGMOID, OP_SILU, OP_TANH, RS_FULL)
+from .. import frame as fm
+from .. import ops
+from ..addr import direct_addr, freg
+from ..bits import OPTS, ptr_f32
+from ..mathf import EXP1_HALF, EXP1_LO, EXP1_MID, exp_one_step, expf, geluf, sigmoid_given, sigmoidf, tanhf
 
 
 @njit(inline='always', **OPTS)
@@ -39,9 +36,9 @@ def _bin3(bop, swap, v, w):
     """B(v, w), or B(w, v) when swap: selects, so the loop that calls it still vectorizes."""
     a = w if swap else v
     b = v if swap else w
-    s = a - b
-    p = a * b
-    q = a + b
+    s = ops.sub(a, b)
+    p = ops.mul(a, b)
+    q = ops.add(a, b)
     return p if bop == OP_MUL else (q if bop == OP_ADD else s)
 
 
@@ -53,8 +50,8 @@ def _un_bin(uop, bop, swap, o, x, z):
         outside = False
         for k in range(n):
             v = x[k]
-            o[k] = _bin3(bop, swap, _exp_one_step(v), z[k])
-            outside |= not (abs(v - _EXP1_MID) <= _EXP1_HALF)
+            o[k] = _bin3(bop, swap, exp_one_step(v), z[k])
+            outside |= not (abs(v - EXP1_MID) <= EXP1_HALF)
         if outside:
             for k in range(n):
                 o[k] = _bin3(bop, swap, expf(x[k]), z[k])
@@ -62,7 +59,7 @@ def _un_bin(uop, bop, swap, o, x, z):
         outside = False
         for k in range(n):
             v = x[k]
-            o[k] = _bin3(bop, swap, v * _sigmoid_given(v, _exp_one_step(-abs(v))), z[k])
+            o[k] = _bin3(bop, swap, v * sigmoid_given(v, exp_one_step(-abs(v))), z[k])
             outside |= not (abs(v) <= -EXP1_LO)
         if outside:
             for k in range(n):
@@ -71,7 +68,7 @@ def _un_bin(uop, bop, swap, o, x, z):
         outside = False
         for k in range(n):
             v = x[k]
-            o[k] = _bin3(bop, swap, _sigmoid_given(v, _exp_one_step(-abs(v))), z[k])
+            o[k] = _bin3(bop, swap, sigmoid_given(v, exp_one_step(-abs(v))), z[k])
             outside |= not (abs(v) <= -EXP1_LO)
         if outside:
             for k in range(n):
@@ -87,36 +84,42 @@ def _un_bin(uop, bop, swap, o, x, z):
     return True
 
 
-@njit(inline='always', **OPTS)
-def _run_unbin(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, F, fp, aok, r0, c0, st):
+def fused_unbin_piece(fra, pc, unused_a, unused_b):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap), o: the load's operand or NO_LOAD. Returns the
     instructions done (the store after the run too when y is written straight into its tile),
     0 when x or z is not a full tile here, the load's tile is not one contiguous run, or y
     would be written over x or z (a loop whose output may alias an input does not vectorize:
     the two instructions are faster then)."""
+    fr = fm.frame(fra)
+    fz, meta, st, F, fp = fm.fuse(fr), fm.meta(fr), fm.states(fr), fm.bank_f(fr), fm.fptr(fr)
+    if meta[M_TL] != 0:
+        return 0
+    optab, dims, addrs, peep = fm.optab(fr), fm.dims(fr), fm.addrs(fr), fm.peep(fr)
+    r0, c0, aok = fr[FR_R0], fr[FR_C0], fr[FR_AOK] != 0
+    instrs, dec = fm.instrs(fr), fm.decode(fr)
     n, x, t, z, y, j, swap = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6], fz[pc, 7] != 0
-    if st[0, x] != 0 or (j == NO_LOAD and st[0, z] != 0):
+    if st[0, x] != RS_FULL or (j == NO_LOAD and st[0, z] != RS_FULL):
         return 0
     pz = 0
     if j != NO_LOAD:
-        pz = _direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok else 0
+        pz = direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok else 0
         if pz == 0:
             return 0
     last = pc + n - 1
     js = peep[last]   # >= 0: y is read by nothing but the store after the run
-    po = _direct_addr(js, optab, dims, meta, addrs, r0, c0) if aok and js >= 0 else 0
+    po = direct_addr(js, optab, dims, meta, addrs, r0, c0) if aok and js >= 0 else 0
     lanes = meta[M_BM] * meta[M_BN]
-    xv = _fv(F, fp, x)
-    zv = carray(ptr_f32(pz), lanes) if pz != 0 else _fv(F, fp, z)
+    xv = freg(F, fp, x)
+    zv = carray(ptr_f32(pz), lanes) if pz != 0 else freg(F, fp, z)
     out = po if po != 0 else F[y].ctypes.data
     if out == xv.ctypes.data or out == zv.ctypes.data:
         return 0
     fp[t] = 0   # t is dead after the run: left as a full tile, never written
-    st[0, t] = 0
+    st[0, t] = RS_FULL
     if pz != 0:   # z as the load leaves it (y below, if it is z's register)
         fp[z] = pz
-        st[0, z] = 0
+        st[0, z] = RS_FULL
     fp[y] = po
-    st[0, y] = 0
-    _un_bin(dec[instrs[pc, 0], 1], dec[instrs[last, 0], 1], swap, _fv(F, fp, y)[:lanes], xv[:lanes], zv[:lanes])
+    st[0, y] = RS_FULL
+    _un_bin(dec[instrs[pc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], swap, freg(F, fp, y)[:lanes], xv[:lanes], zv[:lanes])
     return n + 1 if po != 0 else n

@@ -17,7 +17,7 @@ so exactly one side wins each race:
 
 A worker that took a job after its units were all claimed finds nothing left to run (units are
 claimed from the job's atomic counter), so a late worker costs nothing; the launching thread
-keeps the job's arrays alive until it posts that worker's next job (cpu_threads.Workers).
+keeps the job's arrays alive until it posts that worker's next job (host/threads.Workers).
 """
 from __future__ import annotations
 
@@ -25,13 +25,9 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .cpu_bits import OPTS, ptr_i64
-
-SLEEPING, SPINNING, POSTED, TAKEN = 0, 1, 2, 3
-MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN = range(10)
-MB_WIDTH = 16
-# sched (one per parallel launch): next unit, units done, error, chunk, then the mailboxes to post
-S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
+from ..abi import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_WIDTH, POSTED,
+                   S_NPOST, S_POST, SLEEPING, SPINNING, TAKEN)
+from .bits import OPTS, ptr_i64
 
 
 def _i64_ptr(builder, addr):
@@ -39,7 +35,7 @@ def _i64_ptr(builder, addr):
 
 
 @intrinsic
-def _atomic_add(typingctx, addr, val):
+def atomic_add(typingctx, addr, val):
     """*(int64*)addr += val atomically (sequentially consistent); returns the old value."""
     if not (isinstance(addr, types.Integer) and isinstance(val, types.Integer)):
         return None
@@ -50,7 +46,7 @@ def _atomic_add(typingctx, addr, val):
 
 
 @intrinsic
-def _atomic_load(typingctx, addr):
+def atomic_load(typingctx, addr):
     """*(int64*)addr, read atomically (acquire): no cache-line write, unlike an RMW of 0."""
     if not isinstance(addr, types.Integer):
         return None
@@ -61,7 +57,7 @@ def _atomic_load(typingctx, addr):
 
 
 @intrinsic
-def _atomic_store(typingctx, addr, val):
+def atomic_store(typingctx, addr, val):
     """*(int64*)addr = val (release: every earlier write is visible first)."""
     if not (isinstance(addr, types.Integer) and isinstance(val, types.Integer)):
         return None
@@ -73,7 +69,7 @@ def _atomic_store(typingctx, addr, val):
 
 
 @intrinsic
-def _cas(typingctx, addr, old, new):
+def cas(typingctx, addr, old, new):
     """If *(int64*)addr == old, set it to new (sequentially consistent); True if it did."""
     if not all(isinstance(t, types.Integer) for t in (addr, old, new)):
         return None
@@ -85,9 +81,9 @@ def _cas(typingctx, addr, old, new):
 
 
 @intrinsic
-def _tsc(typingctx):
+def tsc(typingctx):
     """The CPU's time-stamp counter (x86 rdtsc: a constant rate on CPUs with constant_tsc, as this
-    machine's; calibrated against perf_counter by cpu_threads._tsc_per_us)."""
+    machine's; calibrated against perf_counter by host/threads._tsc_per_us)."""
     def codegen(context, builder, sig, args):
         fn = builder.module.declare_intrinsic("llvm.x86.rdtsc", (), ir.FunctionType(ir.IntType(64), ()))
         return builder.call(fn, ())
@@ -95,7 +91,7 @@ def _tsc(typingctx):
 
 
 @intrinsic
-def _pause(typingctx):
+def pause(typingctx):
     """The spin-wait hint (x86 `pause`): yields the core's pipeline to its sibling while waiting."""
     def codegen(context, builder, sig, args):
         fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", (), ir.FunctionType(ir.VoidType(), ()))
@@ -106,29 +102,29 @@ def _pause(typingctx):
 
 @njit(cache=True, **OPTS)
 def tsc_now():
-    """The time-stamp counter, for calibrating spin times (cpu_threads._tsc_per_us)."""
-    return _tsc()
+    """The time-stamp counter, for calibrating spin times (host/threads._tsc_per_us)."""
+    return tsc()
 
 
-@njit(inline='always', **OPTS)
-def _await_post(mb, ticks):
+@njit(**OPTS)
+def await_post(mb, ticks):
     """Spin on the mailbox at address mb for up to `ticks` TSC ticks: True with the job taken
     (state TAKEN), or False with the worker gone to sleep (state SLEEPING)."""
-    t0 = _tsc()
+    t0 = tsc()
     while True:
-        s = _atomic_load(mb)
+        s = atomic_load(mb)
         if s == POSTED:
-            if _cas(mb, POSTED, TAKEN):
+            if cas(mb, POSTED, TAKEN):
                 return True
-        elif _tsc() - t0 >= ticks:
-            if _cas(mb, SPINNING, SLEEPING):
+        elif tsc() - t0 >= ticks:
+            if cas(mb, SPINNING, SLEEPING):
                 return False
-        _pause()
+        pause()
 
 
-@njit(inline='always', **OPTS)
-def _post_all(sched, blob, bufs, u0, u1):
-    """Hand units [u0, u1) of the job (blob, bufs, sched: raw views, see cpu_entry.run_units) to
+@njit(**OPTS)
+def post_all(sched, blob, bufs, u0, u1):
+    """Hand units [u0, u1) of the job (blob, bufs, sched: raw views, see jit/entry.run_units) to
     the spinning workers whose mailboxes sched lists: the job's fields first, then the state (a
     compare-and-swap, which orders the field stores before it). A worker that went to sleep
     meanwhile is not posted to and does not help. Only the launching thread writes a listed
@@ -141,12 +137,12 @@ def _post_all(sched, blob, bufs, u0, u1):
             m[MB_BUFS], m[MB_BUFS_N] = bufs.ctypes.data, bufs.shape[0]
             m[MB_SCHED], m[MB_SCHED_N] = sched.ctypes.data, sched.shape[0]
             m[MB_U0], m[MB_U1] = u0, u1
-            _cas(mb, SPINNING, POSTED)
+            cas(mb, SPINNING, POSTED)
 
 
-@njit(inline='always', **OPTS)
-def _retract_all(sched):
+@njit(**OPTS)
+def retract_all(sched):
     """After the launch: withdraw the job from workers that never took it."""
     if sched.shape[0] > S_POST:
         for k in range(sched[S_NPOST]):
-            _cas(sched[S_POST + k], POSTED, SPINNING)
+            cas(sched[S_POST + k], POSTED, SPINNING)

@@ -4,8 +4,8 @@ The spec's tree (docs/DECISIONS.md) over p lanes, p a power of two, combines lan
 k + p/2, then k with k + p/4, ... down to one lane. Over whole 16-lane chunks that is chunk i with
 chunk i + m/2 (m chunks), until one chunk is left; the last four levels (8, 4, 2, 1) are halves of
 that one vector. `vtree(op, x, p)` emits exactly those combines as LLVM vector instructions: the
-same operations in the same order as cpu_reduce._tree, so bitwise the same results, with max/min
-as _fmax/_fmin (NaN propagates, b on ties).
+same operations in the same order as jit/reduce.tree, so bitwise the same results, with max/min
+as ops.fmax/fmin (NaN propagates, b on ties).
 
 `vtree_n(op, x, n)` is the tree over a row of any 1 <= n <= VTREE_MAX lanes. The spec's tree over
 the next power of two leaves the lanes past n out (a lane without a partner keeps its value).
@@ -26,9 +26,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..graph.dtypes import Bank
-from ..graph.ops import reduce_identity
-from .cpu_kernels import R_MAX, R_MIN, R_PROD, R_SUM, RED_NAMES
+from ....graph.dtypes import Bank
+from ....graph.ops import reduce_identity
+from ..abi import R_MAX, R_MIN, R_PROD, R_SUM, RED_NAMES
 
 CHUNK = 16          # lanes per vector
 VTREE_MAX = 512     # the widest row reduced in registers (32 vectors; wider rows: one staged pass
@@ -38,7 +38,7 @@ _I32, _I64 = ir.IntType(32), ir.IntType(64)
 
 
 def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
-    """cpu_reduce._combine on vectors."""
+    """reduce.combine on vectors."""
     if op == R_SUM:
         return builder.fadd(lo, hi) if is_float else builder.add(lo, hi)
     if op == R_PROD:
@@ -46,7 +46,7 @@ def _combine_ir(builder: ir.IRBuilder, op: int, lo, hi, is_float: bool):
     cmp = ">" if op == R_MAX else "<"
     if not is_float:   # a if a > b else b (ties: the same value)
         return builder.select(builder.icmp_signed(cmp, lo, hi), lo, hi)
-    # _fmax / _fmin: max(b, a) (b on ties) where both are ordered, else a + b (the NaN)
+    # ops.fmax / ops.fmin: max(b, a) (b on ties) where both are ordered, else a + b (the NaN)
     m = builder.select(builder.fcmp_ordered(cmp, lo, hi), lo, hi)
     return builder.select(builder.fcmp_ordered("ord", lo, hi), m, builder.fadd(lo, hi))
 

@@ -1,119 +1,85 @@
-"""Compile the CPU VM once per machine, not once per process.
+"""The CPU VM's disk cache: one numba cache entry per piece (host/pieces), keyed by the content of the
+files the piece is compiled from, and stored lean.
 
-The VM is one numba entry point (cpu_entry.run_units) cached on disk. A cold cache costs a long
-compile (~15 min on this project's 2-core machine); processes that start together on it (pytest
-workers, data-loader workers, one process per rank) would each compile the same code. `ensure`
-makes the first use in every process take an exclusive lock on a file beside numba's cache: the
-first process compiles and writes the cache; the others wait, then load it (0.3 s). Where the
-lock cannot be taken (no fcntl, a read-only cache directory) each process compiles on its own, as
-numba does by default. A compile (a cache miss) and a wait of more than WAIT_NOTICE_S for
-another process's lock are said on stderr: the one-time compile is minutes of silence otherwise.
+Key: numba keys a cached function by its source file's modification time and size, and only its
+own file. A piece's code comes from several modules (jit/ops, jit/mathf, ...), so each piece's
+cache is stamped instead with a hash of the sources of every module it imports, transitively
+(host/pieces.source_hash): editing a module recompiles exactly the pieces built from it, and a
+fresh checkout of the same sources finds its cache valid.
 
-`lean_cache` stores the entry point without the LLVM bitcode numba keeps beside the machine code
-(see _symbols_only): parsing it was most of the time a cached VM took to load. Its load skips
-numba's refresh of every typing and lowering registry where the machine code's undefined symbols
-all resolve without it (_LeanCache.load_overload): that refresh was most of what remained.
+Lean: the cache stores the machine code without the LLVM bitcode numba keeps beside it
+(_symbols_only): pieces are only ever called by address, never linked into other numba
+functions, and parsing the bitcode was most of a cached load. Its load skips numba's refresh of
+every typing and lowering registry where the machine code's undefined symbols all resolve
+without it (_LeanCache.load_overload): that refresh was most of what remained.
+
+Machine-wide lock: `piece_lock` takes an exclusive lock on a file beside a piece's cache, so that
+processes starting together on a cold cache (pytest workers, DDP ranks, the background compile)
+compile each piece once; where it cannot be taken (no fcntl, a read-only cache directory), each
+process compiles on its own, as numba does.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
-import threading
-import time
 import warnings
 
-import numba
 import numpy as np
-from numba.core import event
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
-_LOCK_NAME = "dvm-vm-compile.lock"
-_thread_lock = threading.Lock()
-done = False   # set once ensure() has compiled or loaded the VM in this process (read per launch)
-WAIT_NOTICE_S = 2.0   # a wait for the lock longer than this is said (loading the cache takes < 1 s)
+
+def install(cache_owner, stamp: str) -> FunctionCache | None:
+    """Give `cache_owner` (a numba Dispatcher or CFunc, called only by address or from Python) a
+    lean disk cache whose entries are valid for source hash `stamp`. None where numba's internals
+    differ from what this expects (the default cache then stays)."""
+    try:
+        cache = _LeanCache(cache_owner.py_func if hasattr(cache_owner, "py_func") else cache_owner._pyfunc)
+        cache._cache_file._source_stamp = ("dvm-piece", stamp)
+    except (AttributeError, TypeError):  # pragma: no cover - numba internals changed
+        return None
+    cache_owner._cache = cache
+    return cache
 
 
-def ensure(dispatcher, example_args: tuple) -> None:
-    """Compile (or load from the disk cache) `dispatcher` for the types of example_args, once per
-    process, under the machine-wide lock."""
-    global done
-    if done:
-        return
-    with _thread_lock:
-        if done:
-            return
-        sig = tuple(numba.typeof(a) for a in example_args)
-        fd = _lock_file(dispatcher)
-        try:
-            with event.install_listener("numba:compile", _CompileNotice(dispatcher)):
-                dispatcher.compile(sig)
-        finally:
-            if fd is not None:
-                os.close(fd)   # closing the descriptor releases the lock
-        done = True
+def cache_dir(cache: FunctionCache) -> str:
+    return cache._cache_path
 
 
-def _lock_file(dispatcher) -> int | None:
-    """A descriptor holding the exclusive lock on the file beside the dispatcher's disk cache
-    (blocks while another process holds it), or None."""
+@contextlib.contextmanager
+def piece_lock(cache: FunctionCache | None, name: str):
+    """An exclusive machine-wide lock for compiling piece `name` (blocks while another process
+    holds it); no lock where none can be taken."""
+    fd = None
     try:
         import fcntl
-        path = os.path.join(dispatcher._cache._cache_path, _LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, AttributeError, OSError):
-        return None
-    deadline = time.monotonic() + WAIT_NOTICE_S
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
-        _say(f"waiting for another process that is compiling the CPU VM (lock: {path}) ...")
+        os.makedirs(cache_dir(cache), exist_ok=True)
+        fd = os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _say(message: str) -> None:
-    print(f"dvm: {message}", file=sys.stderr, flush=True)
-
-
-class _CompileNotice(event.Listener):
-    """Says on stderr when numba starts compiling `dispatcher` itself (a cache miss) and how
-    long that took; a load from the disk cache says nothing."""
-
-    def __init__(self, dispatcher) -> None:
-        self.dispatcher = dispatcher
-        self.t0: float | None = None
-
-    def on_start(self, ev) -> None:
-        if self.t0 is None and ev.data.get("dispatcher") is self.dispatcher:
-            self.t0 = time.perf_counter()
-            _say("compiling the CPU VM with numba, once per machine: 7-15 minutes on 2 cores "
-                 "(later processes load it from the disk cache in well under a second) ...")
-
-    def on_end(self, ev) -> None:
-        if self.t0 is not None and ev.data.get("dispatcher") is self.dispatcher:
-            where = getattr(getattr(self.dispatcher, "_cache", None), "_cache_path", "numba's cache")
-            _say(f"CPU VM compiled in {time.perf_counter() - self.t0:.0f} s; cached in {where}")
-
-
-def lean_cache(dispatcher) -> None:
-    """Give `dispatcher` (an entry point called only from Python) a disk cache that stores its
-    library's linking module as symbols only (_symbols_only). Where numba's internals differ
-    from what this expects, the default cache stays."""
+    except (ImportError, AttributeError, OSError):
+        if fd is not None:
+            os.close(fd)
+        fd = None
     try:
-        cache = dispatcher._cache
-        if isinstance(cache, FunctionCache) and not isinstance(cache, _LeanCache):
-            dispatcher._cache = _LeanCache(dispatcher.py_func)
-    except (AttributeError, TypeError):  # pragma: no cover - numba internals changed
-        pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)   # closing the descriptor releases the lock
+
+
+def locked_now(cache: FunctionCache | None, name: str) -> bool:
+    """Whether another process holds piece `name`'s lock (it is compiling it)."""
+    try:
+        import fcntl
+        fd = os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, AttributeError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 class _LeanImpl(CompileResultCacheImpl):

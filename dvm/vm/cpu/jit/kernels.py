@@ -1,112 +1,64 @@
-"""Tile kernels of the CPU VM: loads/stores with dtype conversion, casts, elementwise ops,
-reductions. Every function works on whole tiles (1-D register rows of BM*BN lanes) with one
-loop per op, so the per-instruction dispatch costs nanoseconds per tile and each loop vectorizes.
-
-Op ids below are this module's own numbering (frozen into the numba disk cache); cpu.py maps the
-ISA table onto them at import time, so a renumbered ISA never meets a stale cache.
+"""Elementwise tile kernels of the CPU VM: the PC_EW_* pieces (one per register bank) and PC_CAST.
+Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
+registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
+each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf for the f32 math).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from .cpu_bits import OPTS, bf2f, f2bf, f2h, f64_to_f16_f32, h2f
-from .cpu_math import (SINCOS_BIG, erff, exp2f, exp_into, expm1f, gelu_tanhf, geluf, log1pf, log2f, logf,
-                       sigmoid_into, sincosf, tanhf)
+from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_KIND, DEC_OP, DEC_SRC, DT_BF16, DT_F16, DT_I32,
+                   ERR_UNHANDLED, ERR_ZERODIV, K_BIN, K_CLAMP, K_CMP, K_PRED, K_UN, K_WHERE, OP_ABS, OP_ADD, OP_BAND,
+                   OP_BOR, OP_BXOR, OP_CEIL, OP_COS, OP_DIV, OP_EQ, OP_ERF, OP_EXP, OP_EXP2, OP_EXPM1, OP_FLOOR,
+                   OP_FLOORDIV, OP_GE, OP_GELU, OP_GELU_TANH, OP_GT, OP_ISFINITE, OP_ISINF, OP_ISNAN, OP_LAND, OP_LE,
+                   OP_LNOT, OP_LOG, OP_LOG1P, OP_LOG2, OP_LOR, OP_LT, OP_LXOR, OP_MAX, OP_MIN, OP_MUL, OP_NE, OP_NEG,
+                   OP_POW, OP_RECIP, OP_RELU, OP_REM, OP_ROUND, OP_RSQRT, OP_SIGMOID, OP_SIGN, OP_SILU, OP_SIN,
+                   OP_SQRT, OP_SUB, OP_TANH, OP_TRUNC)
+from . import frame as fm
+from . import ops
+from .addr import freg
+from .bits import OPTS, bf2f, f2bf, f2h, f64_to_f16_f32, h2f
+from .mathf import (SINCOS_BIG, erff, exp2f, exp_into, expm1f, gelu_tanhf, geluf, log1pf, log2f, logf, sigmoid_into,
+                    sincosf, tanhf)
 
-# banks / dtype codes (checked against dvm.graph.dtypes in cpu.py)
-BK_F32, BK_F64, BK_I64, BK_B8 = 0, 1, 2, 3
-DT_BOOL, DT_I32, DT_I64, DT_F16, DT_BF16, DT_F32, DT_F64 = 0, 1, 2, 3, 4, 5, 6
-
-# elementwise ops (this module's numbering)
-EW_NAMES = ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
-            "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "relu",
-            "floor", "ceil", "round", "trunc", "sign", "logical_not", "isnan", "isinf", "isfinite",
-            "add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum",
-            "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-            "bitwise_and", "bitwise_or", "bitwise_xor", "where", "clamp")
-(OP_NEG, OP_ABS, OP_EXP, OP_EXP2, OP_EXPM1, OP_LOG, OP_LOG2, OP_LOG1P, OP_SQRT, OP_RSQRT,
- OP_RECIP, OP_SIN, OP_COS, OP_TANH, OP_SIGMOID, OP_ERF, OP_GELU, OP_GELU_TANH, OP_SILU, OP_RELU,
- OP_FLOOR, OP_CEIL, OP_ROUND, OP_TRUNC, OP_SIGN, OP_LNOT, OP_ISNAN, OP_ISINF, OP_ISFINITE,
- OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_REM, OP_POW, OP_MAX, OP_MIN,
- OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_LAND, OP_LOR, OP_LXOR,
- OP_BAND, OP_BOR, OP_BXOR, OP_WHERE, OP_CLAMP) = range(len(EW_NAMES))
-RED_NAMES = ("sum", "prod", "max", "min", "argmax", "argmin")
-R_SUM, R_PROD, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN = range(len(RED_NAMES))
-
-# what each elementwise handler implements, per bank (the ISA coverage test reads these)
-_FMATH = {"neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
-          "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "relu", "floor", "ceil",
-          "round", "trunc", "sign"}
-HANDLED = {
-    ("un", BK_F32): _FMATH, ("un", BK_F64): _FMATH, ("un", BK_I64): {"neg", "abs", "relu", "sign"},
-    ("un", BK_B8): {"logical_not"},
-    ("pred", BK_F32): {"isnan", "isinf", "isfinite"}, ("pred", BK_F64): {"isnan", "isinf", "isfinite"},
-    ("bin", BK_F32): {"add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum"},
-    ("bin", BK_F64): {"add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum"},
-    ("bin", BK_I64): {"add", "sub", "mul", "floor_divide", "remainder", "pow", "maximum", "minimum",
-                      "bitwise_and", "bitwise_or", "bitwise_xor"},
-    ("bin", BK_B8): {"logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"},
-    ("cmp", BK_F32): {"eq", "ne", "lt", "le", "gt", "ge"}, ("cmp", BK_F64): {"eq", "ne", "lt", "le", "gt", "ge"},
-    ("cmp", BK_I64): {"eq", "ne", "lt", "le", "gt", "ge"},
-    ("where", BK_F32): {"where"}, ("where", BK_F64): {"where"}, ("where", BK_I64): {"where"},
-    ("where", BK_B8): {"where"},
-    ("clamp", BK_F32): {"clamp"}, ("clamp", BK_F64): {"clamp"}, ("clamp", BK_I64): {"clamp"},
-}
-REDUCTIONS_HANDLED = {BK_F32: set(RED_NAMES), BK_F64: set(RED_NAMES), BK_I64: set(RED_NAMES)}
-
-ERR_UNHANDLED, ERR_ZERODIV = 1, 2
-# instruction groups / elementwise kinds of the interpreter (cpu.py maps the ISA onto them)
-G_LOAD, G_STORE, G_CONST, G_INDEX, G_CAST, G_EW, G_ACCINIT, G_ACC, G_RFIN, G_ROWRED, G_STOREROW = range(11)
-K_UN, K_PRED, K_BIN, K_CMP, K_WHERE, K_CLAMP = range(6)
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
-_I64_MIN = np.int64(-2 ** 63)
 
 
 # --- elementwise: float banks ------------------------------------------------------------------
+_NEG, _ABS, _SQRT, _RSQRT, _RECIP, _RELU, _FLOOR, _CEIL, _RINT, _TRUNC, _SIGN = (
+    ops.loop1(f) for f in (ops.neg, ops.absolute, ops.sqrt, ops.rsqrt, ops.reciprocal, ops.relu, ops.floor,
+                           ops.ceil, ops.rint, ops.trunc, ops.sign))
+
+
 @njit(**OPTS)
 def _un_common(op, o, a):
-    """Ops whose float32 result is exactly the rounded float64 result; generic over f32/f64."""
-    n = o.shape[0]
+    """The float unary ops whose result is the correctly rounded one (jit/ops), f32 or f64."""
     if op == OP_NEG:
-        for i in range(n):
-            o[i] = -a[i]
+        _NEG(o, a)
     elif op == OP_ABS:
-        for i in range(n):
-            o[i] = abs(a[i])
+        _ABS(o, a)
     elif op == OP_SQRT:
-        for i in range(n):
-            o[i] = np.sqrt(a[i])
+        _SQRT(o, a)
     elif op == OP_RSQRT:
-        for i in range(n):
-            o[i] = 1.0 / np.sqrt(np.float64(a[i]))
-    elif op == OP_RECIP:   # (float32: _un_f32)
-        for i in range(n):
-            o[i] = 1.0 / np.float64(a[i])
+        _RSQRT(o, a)
+    elif op == OP_RECIP:
+        _RECIP(o, a)
     elif op == OP_RELU:
-        for i in range(n):
-            x = a[i]
-            o[i] = 0.0 if x < 0 else x
+        _RELU(o, a)
     elif op == OP_FLOOR:
-        for i in range(n):
-            o[i] = np.floor(a[i])
+        _FLOOR(o, a)
     elif op == OP_CEIL:
-        for i in range(n):
-            o[i] = np.ceil(a[i])
+        _CEIL(o, a)
     elif op == OP_ROUND:
-        for i in range(n):
-            o[i] = np.rint(a[i])
+        _RINT(o, a)
     elif op == OP_TRUNC:
-        for i in range(n):
-            o[i] = np.trunc(a[i])
+        _TRUNC(o, a)
     elif op == OP_SIGN:
-        for i in range(n):
-            x = a[i]
-            o[i] = 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
+        _SIGN(o, a)
     else:
         return False
     return True
@@ -126,12 +78,8 @@ def _sincos_huge(x, big):
 
 
 @njit(**OPTS)
-def _un_f32(op, o, a):
+def un_f32(op, o, a):
     n = o.shape[0]
-    if op == OP_RECIP:   # float32 division: the float64 quotient rounded once, bit for bit
-        for i in range(n):
-            o[i] = np.float32(1.0) / a[i]
-        return True
     if _un_common(op, o, a):
         return True
     if op == OP_EXP:
@@ -258,39 +206,6 @@ def _pred(op, o, a):
     return True
 
 
-def _fmax(a, b):
-    """np.maximum of two scalars: NaN propagates, b on ties (+-0). numba only."""
-    raise NotImplementedError
-
-
-def _fmin(a, b):
-    """np.minimum of two scalars: NaN propagates, b on ties (+-0). numba only."""
-    raise NotImplementedError
-
-
-# The float forms are max/min plus one NaN select: `a if (a > b or a != a) else b` did not
-# vectorize in place (lo[j] = f(lo[j], hi[j]), the reductions' combine) for AVX2, 7x slower a
-# tile. Integers keep the plain select (int64 max has no AVX2 instruction; the select is faster).
-@overload(_fmax)
-def _fmax_impl(a, b):
-    if isinstance(a, types.Float) or isinstance(b, types.Float):
-        def fmax_float(a, b):
-            m = max(b, a)
-            return m if (a == a) & (b == b) else a + b
-        return fmax_float
-    return lambda a, b: a if a > b else b
-
-
-@overload(_fmin)
-def _fmin_impl(a, b):
-    if isinstance(a, types.Float) or isinstance(b, types.Float):
-        def fmin_float(a, b):
-            m = min(b, a)
-            return m if (a == a) & (b == b) else a + b
-        return fmin_float
-    return lambda a, b: a if a < b else b
-
-
 @njit(**OPTS)
 def _floordiv64(a, b):
     if b == 0:
@@ -316,35 +231,33 @@ def _rem64(a, b):
 
 
 @njit(**OPTS)
+def _floordiv(a, b):
+    return _floordiv64(np.float64(a), np.float64(b))
+
+
+@njit(**OPTS)
+def _rem(a, b):
+    return _rem64(np.float64(a), np.float64(b))
+
+
+@njit(**OPTS)
+def _pow(a, b):
+    return np.power(np.float64(a), np.float64(b))
+
+
+_FLOORDIV, _REM, _POW = ops.loop2(_floordiv), ops.loop2(_rem), ops.loop2(_pow)
+
+
+@njit(**OPTS)
 def _bin_float(op, o, a, b):
-    n = o.shape[0]
-    if op == OP_ADD:
-        for i in range(n):
-            o[i] = a[i] + b[i]
-    elif op == OP_SUB:
-        for i in range(n):
-            o[i] = a[i] - b[i]
-    elif op == OP_MUL:
-        for i in range(n):
-            o[i] = a[i] * b[i]
-    elif op == OP_DIV:
-        for i in range(n):
-            o[i] = a[i] / b[i]
-    elif op == OP_MAX:
-        for i in range(n):
-            o[i] = _fmax(a[i], b[i])
-    elif op == OP_MIN:
-        for i in range(n):
-            o[i] = _fmin(a[i], b[i])
-    elif op == OP_FLOORDIV:
-        for i in range(n):
-            o[i] = _floordiv64(np.float64(a[i]), np.float64(b[i]))
+    if op == OP_FLOORDIV:
+        _FLOORDIV(o, a, b)
     elif op == OP_REM:
-        for i in range(n):
-            o[i] = _rem64(np.float64(a[i]), np.float64(b[i]))
+        _REM(o, a, b)
     elif op == OP_POW:
-        for i in range(n):
-            o[i] = np.power(np.float64(a[i]), np.float64(b[i]))
+        _POW(o, a, b)
+    elif op == OP_ADD or op == OP_SUB or op == OP_MUL or op == OP_DIV or op == OP_MAX or op == OP_MIN:
+        ops.bin_tile(op, o, a, b, False)
     else:
         return False
     return True
@@ -397,21 +310,8 @@ def _ipow(a, b):
 def _bin_i64(op, o, a, b):
     """Returns 0, ERR_UNHANDLED or ERR_ZERODIV."""
     n = o.shape[0]
-    if op == OP_ADD:
-        for i in range(n):
-            o[i] = a[i] + b[i]
-    elif op == OP_SUB:
-        for i in range(n):
-            o[i] = a[i] - b[i]
-    elif op == OP_MUL:
-        for i in range(n):
-            o[i] = a[i] * b[i]
-    elif op == OP_MAX:
-        for i in range(n):
-            o[i] = max(a[i], b[i])
-    elif op == OP_MIN:
-        for i in range(n):
-            o[i] = min(a[i], b[i])
+    if op == OP_ADD or op == OP_SUB or op == OP_MUL or op == OP_MAX or op == OP_MIN:
+        ops.bin_tile(op, o, a, b, False)
     elif op == OP_BAND:
         for i in range(n):
             o[i] = a[i] & b[i]
@@ -469,28 +369,10 @@ def _bin_b8(op, o, a, b):
 
 @njit(**OPTS)
 def _cmp(op, o, a, b):
-    n = o.shape[0]
-    if op == OP_EQ:
-        for i in range(n):
-            o[i] = a[i] == b[i]
-    elif op == OP_NE:
-        for i in range(n):
-            o[i] = a[i] != b[i]
-    elif op == OP_LT:
-        for i in range(n):
-            o[i] = a[i] < b[i]
-    elif op == OP_LE:
-        for i in range(n):
-            o[i] = a[i] <= b[i]
-    elif op == OP_GT:
-        for i in range(n):
-            o[i] = a[i] > b[i]
-    elif op == OP_GE:
-        for i in range(n):
-            o[i] = a[i] >= b[i]
-    else:
-        return False
-    return True
+    if op == OP_EQ or op == OP_NE or op == OP_LT or op == OP_LE or op == OP_GT or op == OP_GE:
+        ops.cmp_tile(op, o, a, b)
+        return True
+    return False
 
 
 @njit(**OPTS)
@@ -502,7 +384,7 @@ def _where(o, c, a, b):
 @njit(**OPTS)
 def _clamp(o, x, lo, hi):
     for i in range(o.shape[0]):
-        o[i] = _fmin(_fmax(x[i], lo[i]), hi[i])
+        o[i] = ops.fmin(ops.fmax(x[i], lo[i]), hi[i])
 
 
 # --- casts -------------------------------------------------------------------------------------
@@ -553,3 +435,152 @@ def _cast_to_b8(o, a):
 def _cast_to_f64(o, a):
     for i in range(o.shape[0]):
         o[i] = np.float64(a[i])
+
+
+@njit(**OPTS)
+def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp, n):
+    if dst == BK_F32:
+        o = freg(F, fp, d)[:n]
+        if src == BK_F32:
+            _cast_to_f32(o, freg(F, fp, s)[:n], t, src)
+        elif src == BK_F64:
+            _cast_to_f32(o, D[s][:n], t, src)
+        elif src == BK_I64:
+            _cast_to_f32(o, I[s][:n], t, src)
+        else:
+            _cast_to_f32(o, B[s][:n], t, src)
+    elif dst == BK_I64:
+        o = I[d][:n]
+        if src == BK_F32:
+            _cast_to_int(o, freg(F, fp, s)[:n], t, True)
+        elif src == BK_F64:
+            _cast_to_int(o, D[s][:n], t, True)
+        elif src == BK_I64:
+            _cast_to_int(o, I[s][:n], t, False)
+        else:
+            _cast_to_int(o, B[s][:n], t, False)
+    elif dst == BK_F64:
+        o = D[d][:n]
+        if src == BK_F32:
+            _cast_to_f64(o, freg(F, fp, s)[:n])
+        elif src == BK_F64:
+            _cast_to_f64(o, D[s][:n])
+        elif src == BK_I64:
+            _cast_to_f64(o, I[s][:n])
+        else:
+            _cast_to_f64(o, B[s][:n])
+    else:
+        o = B[d][:n]
+        if src == BK_F32:
+            _cast_to_b8(o, freg(F, fp, s)[:n])
+        elif src == BK_F64:
+            _cast_to_b8(o, D[s][:n])
+        elif src == BK_I64:
+            _cast_to_b8(o, I[s][:n])
+        else:
+            _cast_to_b8(o, B[s][:n])
+
+
+# --- the pieces: instruction pc on the first n lanes of its registers (all of them, or BM for
+# compact registers); each returns an abi.ERR_* code -------------------------------------------------
+def ew_f32_piece(fra, pc, n, unused):
+    """PC_EW_F32: an elementwise instruction of the f32 bank (its f32 registers may alias buffers)."""
+    fr = fm.frame(fra)
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
+    f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
+    F, fp = fm.bank_f(fr), fm.fptr(fr)
+    if kind == K_UN:
+        ok = un_f32(op, freg(F, fp, f1)[:n], freg(F, fp, f2)[:n])
+    elif kind == K_PRED:
+        ok = _pred(op, fm.bank_b(fr)[f1][:n], freg(F, fp, f2)[:n])
+    elif kind == K_BIN:
+        ok = _bin_float(op, freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
+    elif kind == K_CMP:
+        ok = _cmp(op, fm.bank_b(fr)[f1][:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
+    elif kind == K_WHERE:
+        _where(freg(F, fp, f1)[:n], fm.bank_b(fr)[f2][:n], freg(F, fp, f3)[:n], freg(F, fp, f4)[:n])
+        ok = True
+    elif kind == K_CLAMP:
+        _clamp(freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n], freg(F, fp, f4)[:n])
+        ok = True
+    else:
+        ok = False
+    return 0 if ok else ERR_UNHANDLED
+
+
+def ew_f64_piece(fra, pc, n, unused):
+    """PC_EW_F64: an elementwise instruction of the f64 bank."""
+    fr = fm.frame(fra)
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
+    f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
+    D = fm.bank_d(fr)
+    if kind == K_UN:
+        ok = _un_f64(op, D[f1][:n], D[f2][:n])
+    elif kind == K_PRED:
+        ok = _pred(op, fm.bank_b(fr)[f1][:n], D[f2][:n])
+    elif kind == K_BIN:
+        ok = _bin_float(op, D[f1][:n], D[f2][:n], D[f3][:n])
+    elif kind == K_CMP:
+        ok = _cmp(op, fm.bank_b(fr)[f1][:n], D[f2][:n], D[f3][:n])
+    elif kind == K_WHERE:
+        _where(D[f1][:n], fm.bank_b(fr)[f2][:n], D[f3][:n], D[f4][:n])
+        ok = True
+    elif kind == K_CLAMP:
+        _clamp(D[f1][:n], D[f2][:n], D[f3][:n], D[f4][:n])
+        ok = True
+    else:
+        ok = False
+    return 0 if ok else ERR_UNHANDLED
+
+
+def ew_i64_piece(fra, pc, n, unused):
+    """PC_EW_I64: an elementwise instruction of the i64 bank (integer division by zero: ERR_ZERODIV)."""
+    fr = fm.frame(fra)
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
+    f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
+    I = fm.bank_i(fr)
+    if kind == K_UN:
+        return 0 if _un_i64(op, I[f1][:n], I[f2][:n]) else ERR_UNHANDLED
+    if kind == K_BIN:
+        return _bin_i64(op, I[f1][:n], I[f2][:n], I[f3][:n])
+    if kind == K_CMP:
+        return 0 if _cmp(op, fm.bank_b(fr)[f1][:n], I[f2][:n], I[f3][:n]) else ERR_UNHANDLED
+    if kind == K_WHERE:
+        _where(I[f1][:n], fm.bank_b(fr)[f2][:n], I[f3][:n], I[f4][:n])
+        return 0
+    if kind == K_CLAMP:
+        _clamp(I[f1][:n], I[f2][:n], I[f3][:n], I[f4][:n])
+        return 0
+    return ERR_UNHANDLED
+
+
+def ew_b8_piece(fra, pc, n, unused):
+    """PC_EW_B8: an elementwise instruction of the bool bank."""
+    fr = fm.frame(fra)
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
+    f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
+    B = fm.bank_b(fr)
+    if kind == K_UN:
+        ok = _un_b8(op, B[f1][:n], B[f2][:n])
+    elif kind == K_BIN:
+        ok = _bin_b8(op, B[f1][:n], B[f2][:n], B[f3][:n])
+    elif kind == K_WHERE:
+        _where(B[f1][:n], B[f2][:n], B[f3][:n], B[f4][:n])
+        ok = True
+    else:
+        ok = False
+    return 0 if ok else ERR_UNHANDLED
+
+
+def cast_piece(fra, pc, n, unused):
+    """PC_CAST: instruction pc's conversion between banks (t: the stored dtype it rounds to)."""
+    fr = fm.frame(fra)
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    opc = ins[pc, 0]
+    _cast_dispatch(dec[opc, DEC_SRC], dec[opc, DEC_BANK], ins[pc, 3], ins[pc, 1], ins[pc, 2], fm.bank_f(fr),
+                   fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), n)
+    return 0

@@ -1,6 +1,7 @@
-"""dvm.vm.cpu_compile: processes that start together on a cold numba cache compile once; the lean
-cache stores the machine code without numba's linking module; a compile and a long wait are said
-on stderr."""
+"""The CPU VM in pieces (dvm/vm/cpu/host/pieces.py, cache.py): each piece's disk cache is keyed by
+the sources it is built from, processes that start together compile a piece once (its lock), the
+lean cache stores machine code without numba's linking module, and the VM runs every program on
+its generic paths alone (the fast pieces out of the table) with the results it has with them."""
 import os
 import subprocess
 import sys
@@ -8,9 +9,12 @@ import textwrap
 import time
 
 import numba
+import numpy as np
 import pytest
 
-from dvm.vm import cpu_compile
+from dvm.vm.cpu import abi
+from dvm.vm.cpu.host import cache as cpu_cache
+from dvm.vm.cpu.host import pieces
 
 
 @pytest.fixture(autouse=True)
@@ -19,70 +23,92 @@ def vm():
     return None
 
 
+def test_every_table_slot_has_one_piece_and_the_core_is_complete_without_fast_pieces():
+    slots = sorted(p.slot for p in pieces.PIECES if p.slot != pieces.PYTHON)
+    assert slots == list(range(abi.N_PIECES))
+    core = {p.slot for p in pieces.PIECES if p.tier == pieces.CORE}
+    # the fast pieces are optional: the core calls each only where its table word is set
+    assert {abi.PC_ROWTREE, abi.PC_FUSED_TILE, abi.PC_FUSED_UNBIN, abi.PC_FUSED_ROWS}.isdisjoint(core)
+
+
+def test_a_piece_is_keyed_by_the_modules_it_is_built_from():
+    """Editing a module recompiles the pieces whose sources import it, and only those."""
+    closure = {p.name: set(pieces._closure(p.module)) for p in pieces.PIECES}
+    rows = "dvm.vm.cpu.jit.fused.rows"
+    assert {n for n, mods in closure.items() if rows in mods} == {"fused_rows"}
+    assert {n for n, mods in closure.items() if "dvm.vm.cpu.jit.kernels" in mods} == {
+        "ew_f32", "ew_f64", "ew_i64", "ew_b8", "cast"}
+    assert all("dvm.vm.cpu.abi" in mods for n, mods in closure.items() if n != "tsc")
+    assert all(not m.startswith("dvm.vm.cpu.host") for mods in closure.values() for m in mods)
+    stamps = {p.name: pieces.source_hash(p) for p in pieces.PIECES}
+    assert len(set(stamps.values())) == len(stamps)   # pieces of one module differ by name
+
+
 _MODULE = textwrap.dedent("""
     from numba import njit
 
-    @njit(cache=True)
+    @njit
     def plus_one(x):
         return x + 1
 """)
 
 _WAITER = textwrap.dedent("""
     import sys
+    import numba
     sys.path.insert(0, sys.argv[1])
     import tiny_vm
-    from dvm.vm import cpu_compile
+    from dvm.vm.cpu.host import cache
+    c = cache.install(tiny_vm.plus_one, "stamp-1")
     print("waiting", flush=True)
-    cpu_compile.ensure(tiny_vm.plus_one, (1,))
+    with cache.piece_lock(c, "tiny"):
+        tiny_vm.plus_one.compile((numba.int64,))
     st = tiny_vm.plus_one.stats
     print(sum(st.cache_hits.values()), sum(st.cache_misses.values()), tiny_vm.plus_one(41), flush=True)
 """)
 
 
-def test_a_second_process_waits_and_loads_the_cache(tmp_path):
+def test_a_second_process_waits_for_the_lock_and_loads_the_piece(tmp_path):
     (tmp_path / "tiny_vm.py").write_text(_MODULE)
     sys.path.insert(0, str(tmp_path))
     try:
         import tiny_vm
-        fd = cpu_compile._lock_file(tiny_vm.plus_one)   # this process holds the lock
-        assert fd is not None
+        c = cpu_cache.install(tiny_vm.plus_one, "stamp-1")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-        waiter = subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
-        assert waiter.stdout.readline().strip() == "waiting"
-        tiny_vm.plus_one.compile((numba.int64,))   # compiled and cached while the other one waits
-        time.sleep(cpu_compile.WAIT_NOTICE_S + 0.5)   # a wait long enough to be said
-        os.close(fd)
+        with cpu_cache.piece_lock(c, "tiny"):   # this process compiles the piece
+            waiter = subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env)
+            assert waiter.stdout.readline().strip() == "waiting"
+            time.sleep(0.5)
+            assert cpu_cache.locked_now(c, "tiny")
+            tiny_vm.plus_one.compile((numba.int64,))   # compiled and cached while the other one waits
         out, err = waiter.communicate(timeout=120)
         assert waiter.returncode == 0, err
         hits, misses, value = map(int, out.split())
         assert (hits, misses, value) == (1, 0, 42)   # loaded from the cache, not compiled again
-        assert "waiting for another process that is compiling the CPU VM" in err
-        assert "compiling the CPU VM with numba" not in err   # a load from the cache says nothing
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("tiny_vm", None)
 
 
-def test_ensure_is_once_per_process_and_falls_back_without_a_lock(tmp_path, monkeypatch, capsys):
-    (tmp_path / "tiny_vm2.py").write_text(_MODULE)
+def test_a_cache_entry_of_other_sources_is_not_loaded(tmp_path, monkeypatch):
+    """The stamp (the piece's source hash) decides: another stamp compiles anew."""
+    (tmp_path / "tiny_vm3.py").write_text(_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    import tiny_vm2
-    monkeypatch.setattr(cpu_compile, "done", False)
-    monkeypatch.setattr(cpu_compile, "_lock_file", lambda dispatcher: None)   # e.g. a read-only cache
-    cpu_compile.ensure(tiny_vm2.plus_one, (1,))
-    assert cpu_compile.done and len(tiny_vm2.plus_one.signatures) == 1
-    err = capsys.readouterr().err   # a compile (not a cache load) is said, start and end
-    assert "compiling the CPU VM with numba" in err and "CPU VM compiled in" in err
-    cpu_compile.ensure(tiny_vm2.plus_one, (1.0,))   # a no-op once ready
-    assert len(tiny_vm2.plus_one.signatures) == 1
-    sys.modules.pop("tiny_vm2", None)
+    import tiny_vm3
+    cpu_cache.install(tiny_vm3.plus_one, "stamp-a")
+    tiny_vm3.plus_one.compile((numba.int64,))
+    fresh = numba.njit(tiny_vm3.plus_one.py_func)
+    c = cpu_cache.install(fresh, "stamp-a")
+    assert c.load_overload((numba.int64,), fresh.targetctx) is not None
+    c = cpu_cache.install(fresh, "stamp-b")
+    assert c.load_overload((numba.int64,), fresh.targetctx) is None
+    sys.modules.pop("tiny_vm3", None)
 
 
 _LEAN_MODULE = textwrap.dedent("""
     import numpy as np
     from numba import njit
-    from dvm.vm import cpu_compile
+    from dvm.vm.cpu.host import cache
 
     @njit
     def _scaled(a, s):
@@ -93,7 +119,7 @@ _LEAN_MODULE = textwrap.dedent("""
         return _scaled(a, s).sum()
 
     if LEAN:
-        cpu_compile.lean_cache(entry)
+        cache.install(entry, "lean-test")
 """)
 
 _LEAN_LOADER = textwrap.dedent("""
@@ -127,7 +153,7 @@ def _lean_module_runs(folder, name: str, lean: bool, script: str = _LEAN_LOADER,
 
 
 def test_lean_cache_stores_machine_code_without_the_linking_module(tmp_path):
-    """lean_cache: the cached library keeps its machine code and the names it defines, not numba's
+    """cache.install: the cached library keeps its machine code and the names it defines, not numba's
     bitcode copy for linking; a new process loads it (a cache hit) and computes the same."""
     sizes = {}
     for lean in (False, True):
@@ -154,7 +180,7 @@ def test_symbols_only_defines_the_same_names():
           ret i32 1
         }
     """))
-    lean = cpu_compile._symbols_only(full)
+    lean = cpu_cache._symbols_only(full)
 
     def defined(mod):
         return ({f.name for f in mod.functions if not f.is_declaration},
@@ -187,7 +213,7 @@ def test_lean_cache_refreshes_where_a_symbol_is_unresolved(tmp_path, monkeypatch
     calls = []
     refresh = ctx.refresh
     monkeypatch.setattr(ctx, "refresh", lambda: (calls.append(1), refresh())[1])
-    monkeypatch.setattr(cpu_compile, "_links_resolved", lambda payload: False)
+    monkeypatch.setattr(cpu_cache, "_links_resolved", lambda payload: False)
     import numpy as np
     assert lean_unres.entry(np.arange(4, dtype=np.float32), np.float32(2)) == 16.0
     assert sum(lean_unres.entry.stats.cache_hits.values()) == 1 and calls   # refreshed (numba re-enters it)
@@ -219,12 +245,12 @@ def test_undefined_symbols_of_an_object_and_whether_they_resolve():
         }
     """))
     if obj[:4] != b"\x7fELF":   # pragma: no cover - not an ELF platform: the loader refreshes
-        assert cpu_compile._undefined_symbols(obj) is None
+        assert cpu_cache._undefined_symbols(obj) is None
         return
-    assert sorted(cpu_compile._undefined_symbols(obj)) == ["cos", "dvm_test_no_such_symbol", "ext"]
-    assert not cpu_compile._links_resolved([("lib", "object", (obj, b""))])
+    assert sorted(cpu_cache._undefined_symbols(obj)) == ["cos", "dvm_test_no_such_symbol", "ext"]
+    assert not cpu_cache._links_resolved([("lib", "object", (obj, b""))])
     resolved = _object_code("declare double @cos(double)\n"
                             "define double @g(double %x) {\n  %y = call double @cos(double %x)\n  ret double %y\n}\n")
-    assert cpu_compile._links_resolved([("lib", "object", (resolved, b""))])
-    assert cpu_compile._undefined_symbols(b"MZ not an ELF object") is None
-    assert not cpu_compile._links_resolved([("lib", "bitcode", b"")])
+    assert cpu_cache._links_resolved([("lib", "object", (resolved, b""))])
+    assert cpu_cache._undefined_symbols(b"MZ not an ELF object") is None
+    assert not cpu_cache._links_resolved([("lib", "bitcode", b"")])

@@ -11,36 +11,28 @@ import threading
 from functools import lru_cache, partial
 from typing import Callable
 
-import numba
 import numpy as np
 
-from . import cpu_entry as ce
-from .buffers import data_ptr
-from .cpu import _EXAMPLE_ARGS, _NO_SCHED, DECODE, _check, _prog, _run_kernels, compile_vm
-from ..codegen.program import ProgramLayout
-
-
-@lru_cache(maxsize=1)
-def _compiled_entry() -> Callable:
-    """numba's compiled entry of run_units for _EXAMPLE_ARGS' types (call after compile_vm; looked
-    up once): calling it skips the dispatcher's type matching. The dispatcher where numba keeps
-    it elsewhere."""
-    cres = ce.run_units.overloads.get(tuple(numba.typeof(a) for a in _EXAMPLE_ARGS))
-    return cres.entry_point if cres is not None else ce.run_units
+from ....codegen.program import ProgramLayout
+from ...buffers import data_ptr
+from . import startup
+from .desc import prog_desc
+from .pieces import TABLE
+from .run import NO_SCHED, check, run_kernels
 
 
 def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
-    """cpu.run_addrs(layout, ·) with its per-launch work done once: the returned function takes
+    """run.run_addrs(layout, ·) with its per-launch work done once: the returned function takes
     the buffers' addresses (their element counts are `numels`, fixed per launch signature)."""
-    compile_vm()
-    _, descs, _, chain = _prog(layout)
+    startup.ensure_core()
+    _, descs, _, chain = prog_desc(layout)
     if chain is None:
         return partial(_run_kernel_list, descs, tuple(numels))
     return _ChainRunner(chain, numels)
 
 
 def _run_kernel_list(descs, numels: tuple, addrs: list[int]) -> None:
-    _run_kernels(descs, np.array(addrs + list(numels), np.int64), None)
+    run_kernels(descs, np.array(addrs + list(numels), np.int64), None)
 
 
 @lru_cache(maxsize=64)
@@ -50,7 +42,7 @@ def _packer(n: int) -> Callable:
 
 class _ChainRunner:
     """A chain of small kernels, straight to numba's compiled entry for its argument types
-    (compile_vm), without the dispatcher's type matching of seven arguments; the addresses are
+    (host/startup.ENTRY), without the dispatcher's type matching of seven arguments; the addresses are
     packed into a table kept with the runner (one C call), or into a fresh one while another
     thread runs it (the VM releases the GIL). One object with slots, not a closure: a model keeps
     one per segment and size, and the garbage collector walks each."""
@@ -60,23 +52,23 @@ class _ChainRunner:
         n = len(numels)
         self.chain, self.numels = chain, tuple(numels)
         self.table = np.array([0] * n + list(numels), np.int64)   # C-contiguous int64: what the entry unboxes
-        self.entry, self.pack, self.lock = _compiled_entry(), _packer(n), threading.Lock()
+        self.entry, self.pack, self.lock = startup.ENTRY, _packer(n), threading.Lock()
 
     def __call__(self, addrs: list[int]) -> None:
         if self.lock.acquire(False):
             try:
                 self.pack(self.table, 0, *addrs)
-                err = self.entry(0, -1, self.chain, DECODE, self.table, _NO_SCHED, False)
+                err = self.entry(0, -1, self.chain, TABLE, self.table, NO_SCHED, False)
             finally:
                 self.lock.release()
         else:
             err = self._fresh(*addrs)
         if err:
-            _check(err)
+            check(err)
 
     def _fresh(self, *addrs: int) -> int:
         """A run with its own address table (another thread holds the runner's)."""
-        return self.entry(0, -1, self.chain, DECODE, np.array([*addrs, *self.numels], np.int64), _NO_SCHED, False)
+        return self.entry(0, -1, self.chain, TABLE, np.array([*addrs, *self.numels], np.int64), NO_SCHED, False)
 
     def caller(self, out: tuple, on_launch: Callable[[bool], None]) -> Callable:
         """A function (input arrays) -> output running this chain on the inputs and a fresh
@@ -99,12 +91,12 @@ class _ChainRunner:
                         pack(table, 0, ptr(arrays[0]), ptr(arrays[1]), ptr(o))
                     else:
                         pack(table, 0, *[ptr(a) for a in arrays], ptr(o))
-                    err = entry(0, -1, chain, DECODE, table, _NO_SCHED, False)
+                    err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
                 finally:
                     lock.release()
             else:
                 err = fresh(*[ptr(a) for a in arrays], ptr(o))
             if err:
-                _check(err)
+                check(err)
             return o
         return call

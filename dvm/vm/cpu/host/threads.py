@@ -1,6 +1,6 @@
 """The CPU VM's worker threads: persistent daemon threads that share a big kernel's work units
-with the launching thread (cpu._run_units), fed through a queue when asleep and through their
-mailboxes (cpu_sync) while they spin after a job. numba's threading layer is never started: its
+with the launching thread (host/run._run_units), fed through a queue when asleep and through their
+mailboxes (jit/sync) while they spin after a job. numba's threading layer is never started: its
 spinning OpenMP threads slow PyTorch in the same process 10-40x."""
 from __future__ import annotations
 
@@ -11,28 +11,28 @@ import traceback
 
 import numpy as np
 
-from ..config import config
-from . import cpu_entry as ce
-from . import cpu_sync
+from ....config import config
+from .. import abi
+from . import startup
+from .pieces import TABLE
 
-assert (cpu_sync.S_CHUNK, cpu_sync.S_NPOST, cpu_sync.S_POST) == (3, 4, 5)   # sched, as _run builds it
+assert (abi.S_CHUNK, abi.S_NPOST, abi.S_POST) == (3, 4, 5)   # sched, as _run builds it
 CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
 
 
 class Workers:
     """Persistent daemon threads. A sleeping worker is fed through one C-level SimpleQueue
     (cheaper per launch than ThreadPoolExecutor's futures); after each job it spins on its
-    mailbox for DVM_SPIN_US, where the next launch hands it a job through memory (cpu_sync). The
+    mailbox for DVM_SPIN_US, where the next launch hands it a job through memory (jit/sync). The
     compiled code releases the GIL and reports its errors through the job's sched, never by
     raising."""
 
-    def __init__(self, dec: np.ndarray) -> None:
-        self.dec = dec                      # the decode table (cpu.DECODE), for the spin call
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.count = 0
         self.lock = threading.Lock()
         self.post_lock = threading.Lock()   # one launching thread posts to the mailboxes at a time
-        self.mbox: list[np.ndarray] = []   # per worker: its mailbox (cpu_sync)
+        self.mbox: list[np.ndarray] = []   # per worker: its mailbox (jit/sync)
         self.mbox_addr: list[int] = []     # per worker: its mailbox's address
         self.keep: list = []                # per worker: the arrays of the job last posted to it
         self.tsc_per_us = 0.0
@@ -58,53 +58,53 @@ class Workers:
                 fn(*args)
                 ticks = int(config().spin_us * self.tsc_per_us)
                 if ticks > 0:
-                    row[cpu_sync.MB_STATE] = cpu_sync.SPINNING   # only this worker leaves SLEEPING
-                    ce.run_units(ce.WORKER, ticks, row, self.dec, row, row, False)
+                    row[abi.MB_STATE] = abi.SPINNING   # only this worker leaves SLEEPING
+                    startup.ENTRY(abi.WORKER, ticks, row, TABLE, row, row, False)
             except BaseException:  # pragma: no cover - e.g. MemoryError: shown, the worker survives
                 traceback.print_exc()
 
     def submit(self, fn, args: tuple) -> None:
         self.jobs.put((fn, args))
 
-    def launch(self, d, args: tuple, helpers: int) -> int:
-        """Run the units of kernel d (cpu._Desc) on this thread and `helpers` workers; args: its
-        (blob, dec, bufs). Returns the VM's error code."""
+    def launch(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int) -> int:
+        """Run the units of kernel d (host/desc) on this thread and `helpers` workers. Returns the
+        VM's error code."""
         if not self.post_lock.acquire(blocking=False):   # another thread is launching: queue only
-            return self._run(d, args, helpers, [])
+            return self._run(d, blob, bufs, helpers, [])
         try:
-            spinning = [k for k in range(helpers) if self.mbox[k][cpu_sync.MB_STATE] == cpu_sync.SPINNING]
-            return self._run(d, args, helpers, spinning)
+            spinning = [k for k in range(helpers) if self.mbox[k][abi.MB_STATE] == abi.SPINNING]
+            return self._run(d, blob, bufs, helpers, spinning)
         finally:
             self.post_lock.release()
 
-    def _run(self, d, args: tuple, helpers: int, spinning: list) -> int:
+    def _run(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int, spinning: list) -> int:
         """The compiled caller writes the job's fields into the listed mailboxes and posts them
-        (cpu_sync._post_all): in Python, each `.ctypes.data` costs ~0.8 us."""
-        S = cpu_sync
+        (jit/sync.post_all): in Python, each `.ctypes.data` costs ~0.8 us."""
         chunk = max(1, d.n_units // ((helpers + 1) * CHUNKS_PER_THREAD))
         sched = np.array([0, 0, 0, chunk, len(spinning)] + [self.mbox_addr[k] for k in spinning], np.int64)
-        blob, dec, bufs = args
         for k in spinning:
             self.keep[k] = (blob, bufs, sched)   # alive until this mailbox's next post
+        entry = startup.ENTRY
         for _ in range(helpers - len(spinning)):   # sleeping (or busy) workers: through the queue
-            self.submit(ce.run_units, (0, d.n_units, blob, dec, bufs, sched, False))
-        err = ce.run_units(0, d.n_units, blob, dec, bufs, sched, True)
-        return max(err, int(sched[S.S_ERR]))
+            self.submit(entry, (0, d.n_units, blob, TABLE, bufs, sched, False))
+        err = entry(0, d.n_units, blob, TABLE, bufs, sched, True)
+        return max(err, int(sched[abi.S_ERR]))
 
 
 def _mailbox() -> np.ndarray:
     """A worker's mailbox: MB_WIDTH int64 words alone in their 64-byte cache lines."""
-    raw = np.zeros(2 * cpu_sync.MB_WIDTH, np.int64)
+    raw = np.zeros(2 * abi.MB_WIDTH, np.int64)
     skip = (-raw.ctypes.data % 64) // 8
-    return raw[skip:skip + cpu_sync.MB_WIDTH]
+    return raw[skip:skip + abi.MB_WIDTH]
 
 
 def _tsc_per_us() -> float:
     """Time-stamp counter ticks per microsecond, measured over ~2 ms of busy waiting."""
-    cpu_sync.tsc_now()   # loaded (or compiled) before timing
-    t0, c0 = time.perf_counter(), cpu_sync.tsc_now()
+    tsc_now = startup.tsc_now()
+    tsc_now()   # loaded (or compiled) before timing
+    t0, c0 = time.perf_counter(), tsc_now()
     t1 = t0
     while t1 - t0 < 0.002:
         t1 = time.perf_counter()
-    c1 = cpu_sync.tsc_now()
+    c1 = tsc_now()
     return max((c1 - c0) / max((t1 - t0) * 1e6, 1e-9), 1.0)

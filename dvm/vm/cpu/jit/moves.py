@@ -1,7 +1,7 @@
 """Raw byte moves of the CPU VM's tiles: whole rows with a vectorized byte loop (short rows of the
 common head widths with a constant size: LLVM's memmove, inlined as vector moves), back-to-back
-rows as one run, and the repetition of a tile row by doubling block copies. Compiled by numba
-(inlined into cpu_entry.run_units, like cpu_mem, which uses them).
+rows as one run, and the repetition of a tile row by doubling block copies (compiled into the
+pieces that use them: jit/mem, jit/rowlevel).
 
 Not libc's memmove for long runs: from ~4 KB it uses `rep movsb`, which on this project's AMD
 hosts runs 10-15x slower when the destination is 16 bytes past the source modulo 4096 (16 KB:
@@ -15,12 +15,12 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .cpu_kernels import DT_BF16, DT_F16
-from .cpu_bits import OPTS, ptr_u8
+from ..abi import DT_BF16, DT_F16
+from .bits import OPTS, ptr_u8
 
 
 @intrinsic
-def _move(typingctx, dst, src, nbytes):
+def move(typingctx, dst, src, nbytes):
     """memmove(dst, src, nbytes) on raw addresses (LLVM's intrinsic: a few cycles for a short
     row, where a generic element loop pays ~20 cycles of trip-count and alias checks per row)."""
     if not all(isinstance(a, types.Integer) for a in (dst, src, nbytes)):
@@ -36,14 +36,14 @@ def _move(typingctx, dst, src, nbytes):
 
 
 @njit(inline='always', **OPTS)
-def _raw_copy(reg, buf, cv, stride, general):
+def raw_copy(reg, buf, cv, stride, general):
     """Rows of reg and buf are byte-identical runs: unit stride, same element type (equal sizes
-    and no f16/bf16 conversion means the same type: see cpu_interp._memop)."""
+    and no f16/bf16 conversion means the same type: see mem.memop)."""
     return (not general) and stride == 1 and cv != DT_F16 and cv != DT_BF16 and reg.itemsize == buf.itemsize
 
 
 @njit(inline='always', **OPTS)
-def _copy_bytes(dst, src, nbytes):
+def copy_bytes(dst, src, nbytes):
     """dst[:nbytes] = src[:nbytes] for runs that do not overlap, by a loop LLVM vectorizes. The
     XOR with a zero it cannot prove zero keeps it from turning the loop back into memmove."""
     z = np.uint8(nbytes >> 62)
@@ -53,35 +53,35 @@ def _copy_bytes(dst, src, nbytes):
 
 
 @njit(inline='always', **OPTS)
-def _move_bytes(dst, src, nbytes):
+def move_bytes(dst, src, nbytes):
     """memmove. The common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
     size, which LLVM inlines as a few vector moves instead of a libc call; other runs that do not
-    overlap take _copy_bytes (see the module's note), overlapping ones libc's memmove."""
+    overlap take copy_bytes (see the module's note), overlapping ones libc's memmove."""
     if nbytes == 128:
-        _move(dst, src, 128)
+        move(dst, src, 128)
     elif nbytes == 256:
-        _move(dst, src, 256)
+        move(dst, src, 256)
     elif nbytes == 64:
-        _move(dst, src, 64)
+        move(dst, src, 64)
     elif dst - src >= nbytes or src - dst >= nbytes:
-        _copy_bytes(dst, src, nbytes)
+        copy_bytes(dst, src, nbytes)
     else:
-        _move(dst, src, nbytes)
+        move(dst, src, nbytes)
 
 
 @njit(inline='always', **OPTS)
-def _move_run(is_store, reg, buf, lane, at, n):
-    """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (_raw_copy holds)."""
+def move_run(is_store, reg, buf, lane, at, n):
+    """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (raw_copy holds)."""
     isz = buf.itemsize
     p, q = reg.ctypes.data + lane * isz, buf.ctypes.data + at * isz
     if is_store:
-        _move_bytes(q, p, n * isz)
+        move_bytes(q, p, n * isz)
     else:
-        _move_bytes(p, q, n * isz)
+        move_bytes(p, q, n * isz)
 
 
 @njit(inline='always', **OPTS)
-def _move_rows(is_store, reg, buf, at, rb, nrv, bn):
+def move_rows(is_store, reg, buf, at, rb, nrv, bn):
     """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
     in a contiguous inner row dim) move as one run, like their register rows."""
     i = 0
@@ -89,12 +89,12 @@ def _move_rows(is_store, reg, buf, at, rb, nrv, bn):
         k = i + 1
         while k < nrv and rb[k] == rb[k - 1] + bn:
             k += 1
-        _move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
+        move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
         i = k
 
 
 @njit(**OPTS)
-def _repeat_row(reg, r, bm, bn):
+def repeat_row(reg, r, bm, bn):
     """Rows r+1 .. bm-1 of a row-major tile become copies of row r, by doubling block copies
     (rows r .. r+m-1 already hold row r; about log2(bm - r) moves instead of one per row)."""
     row = bn * reg.itemsize
@@ -102,5 +102,5 @@ def _repeat_row(reg, r, bm, bn):
     m = 1
     while r + m < bm:
         k = min(m, bm - r - m)
-        _move(at + m * row, at, k * row)
+        move(at + m * row, at, k * row)
         m += k

@@ -1,5 +1,5 @@
-"""Norms and softmax one row at a time (cpu_fused's FK_ROWNORM and FK_ROWSOFTMAX, planned by
-cpu_fuse_plan._row_norm and _row_softmax), and the row vectors of the fused runs.
+"""Norms and softmax one row at a time: the PC_FUSED_ROWS piece (FK_ROWNORM and FK_ROWSOFTMAX,
+planned by host/fuse_plan._row_norm and _row_softmax).
 
 The tile form of a LayerNorm makes 4-5 passes over its BM x BN tile (64 KB at 16x1024 f32: L2,
 not L1): the load's copy, the row sum, the centered squares (their tile written), the scale and
@@ -23,7 +23,7 @@ The softmax row form reads the row from the buffer once and keeps exp(x - m) in 
 Each row takes the same f32 operations in the same order as the instructions (the reductions'
 trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of the tile form.
 Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
-(f32 operands, unit column stride: cpu_mem._row_addrs) and BN is a power of two >= 128 holding
+(f32 operands, unit column stride: addr.row_addrs) and BN is a power of two >= 128 holding
 the whole row, less than twice its length; otherwise they return 0 and the instructions run
 (with their own fused runs).
 """
@@ -32,64 +32,25 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from .cpu_bits import OPTS, ptr_f32, ptr_u16
-from .cpu_kernels import (DT_BF16, DT_F16, DT_F32, K_BIN, OP_ADD, OP_DIV, OP_EXP, OP_MUL, OP_RECIP, OP_RSQRT,
-                          OP_SQRT, OP_SUB, R_MAX, R_SUM, _un_f32)
-from .cpu_mem import M_BM, M_BN, M_COLS, M_ROWS, _mem, _row_addrs
-from .cpu_rowlevel import _row_uniform
-from .cpu_reduce import _is_pow2, _tree_p2
-from .cpu_rowpart import PART_SQSUM, first_levels, levels_inline, part_fits
-
-ST_CACHE = 4     # st[ST_CACHE, 2k], st[ST_CACHE, 2k + 1]: pc + 1 and c0 of the row vector in slot k
-NO_SRC = -1      # FK_APPLY (and FK_ROWNORM) without a bias stage
-
-
-@njit(inline='always', **OPTS)
-def _sq8(v, k, q):
-    """Three tree levels (cpu_reduce._stage's order) of the squares of v[k + j*q], j < 8."""
-    return ((((v[k] * v[k]) + (v[k + 4 * q] * v[k + 4 * q]))
-             + ((v[k + 2 * q] * v[k + 2 * q]) + (v[k + 6 * q] * v[k + 6 * q])))
-            + (((v[k + q] * v[k + q]) + (v[k + 5 * q] * v[k + 5 * q]))
-               + ((v[k + 3 * q] * v[k + 3 * q]) + (v[k + 7 * q] * v[k + 7 * q]))))
-
-
-@njit(inline='always', **OPTS)
-def _sq_level(lvl, v, q, ncv, bn, pad):
-    """lvl[k] = the first three tree levels of v's squares (_sq8); lanes past ncv count as +0.0,
-    the sum's identity, as _rowred pads. A partial row of a tile narrower than cpu_rowpart takes
-    is first copied into pad (bn lanes) and padded with zeros: a per-lane select on the index
-    (`v[i]^2 if i < ncv else 0`) did not vectorize (16x1024 tile with 1001 valid columns: 9.0
-    against 1.3 us)."""
-    if ncv == bn:
-        for k in range(q):
-            lvl[k] = _sq8(v, k, q)
-    elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
-        first_levels(PART_SQSUM, lvl, v, ncv, bn)
-    else:
-        for k in range(ncv):
-            pad[k] = v[k]
-        for k in range(ncv, bn):
-            pad[k] = np.float32(0.0)
-        for k in range(q):
-            lvl[k] = _sq8(pad, k, q)
-
-
-@njit(inline='always', **OPTS)
-def _apply_row(orow, xr, sv, w, b, n, bias):
-    """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
-    if bias:
-        for k in range(n):
-            orow[k] = ((xr[k] * sv) * w[k]) + b[k]
-    else:
-        for k in range(n):
-            orow[k] = (xr[k] * sv) * w[k]
+from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS, M_ROWS, NO_SRC, OP_DIV,
+                    OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM, RS_COMPACT, RS_FULL, RS_UNIFORM,
+                    RS_UNIFORM_ALL)
+from .. import frame as fm
+from .. import ops
+from ..addr import row_addrs, row_uniform
+from ..bits import OPTS, ptr_f32
+from ..mathf import exp_into
+from ..reduce import is_pow2
+from ..rowtree import tree_p2
+from .common import apply_row, cached_row
+from .rowpart import levels_csqsum, levels_max, levels_sum
 
 
 @njit(inline='always', **OPTS)
 def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
-    """_apply_row of xr - mv when centered (the centering sub recomputed: the same bits)."""
+    """apply_row of xr - mv when centered (the centering sub recomputed: the same bits)."""
     if not centered:
-        _apply_row(orow, xr, sv, w, b, n, bias)
+        apply_row(orow, xr, sv, w, b, n, bias)
     elif bias:
         for k in range(n):
             orow[k] = (((xr[k] - mv) * sv) * w[k]) + b[k]
@@ -105,26 +66,16 @@ def _center(drow, xr, mv, n):
         drow[k] = xr[k] - mv
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _scalar_op(op, a, b):
-    """One lane of cpu_kernels' f32 _bin_float / _un_common for the chain ops (the same
-    expressions, so the same bits)."""
-    if op == OP_ADD:
-        return a + b
-    if op == OP_SUB:
-        return a - b
-    if op == OP_MUL:
-        return a * b
-    if op == OP_DIV:
-        return a / b
+    """One lane of a chain op (abi.CHAIN_OPS), as jit/ops defines it."""
     if op == OP_SQRT:
-        return np.sqrt(a)
+        return ops.sqrt(a)
     if op == OP_RSQRT:
-        return np.float32(1.0 / np.sqrt(np.float64(a)))
-    return np.float32(1.0 / np.float64(a))   # OP_RECIP (the plan admits nothing else)
-
-
-CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)
+        return ops.rsqrt(a)
+    if op == OP_RECIP:
+        return ops.reciprocal(a)
+    return ops.binary(op, a, b)
 
 
 @njit(inline='always', **OPTS)
@@ -140,12 +91,12 @@ def _internal(reg, instrs, r1, r2, q0, q1):
 
 @njit(**OPTS)
 def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
-    """Every chain op is one _scalar_op does, and every source the run does not write is compact
-    (1) or uniform (2, 4) now."""
+    """Every chain op is one _scalar_op does, and every source the run does not write is compact or
+    uniform now."""
     for q in range(qa0, qb1):
         if qa1 <= q < qb0:
             continue
-        op, kind = dec[instrs[q, 0], 1], dec[instrs[q, 0], 4]
+        op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
         ok = False
         for c in CHAIN_OPS:
             ok = ok or op == c
@@ -155,7 +106,7 @@ def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
             reg = instrs[q, 2 + f]
             if not (_internal(reg, instrs, r1, r2, qa0, qa1) or _internal(reg, instrs, r1, r2, qb0, qb1)):
                 s = st[0, reg]
-                if s != 1 and s != 2 and s != 4:
+                if s != RS_COMPACT and s != RS_UNIFORM and s != RS_UNIFORM_ALL:
                     return False
     return True
 
@@ -166,13 +117,13 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
     inlined: inlined into the row loop it made a LayerNorm row 1.3-1.7x slower (standalone, one
     thread, 128 to 1024 columns: 169 -> 102 and 255 -> 200 ns), LLVM's code for the loop worse."""
     for q in range(q0, q1):
-        op, kind = dec[instrs[q, 0], 1], dec[instrs[q, 0], 4]
+        op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
         ra = instrs[q, 2]
-        a = F[ra][r] if st[0, ra] == 1 else F[ra][0]
+        a = F[ra][r] if st[0, ra] == RS_COMPACT else F[ra][0]
         b = a
         if kind == K_BIN:
             rb = instrs[q, 3]
-            b = F[rb][r] if st[0, rb] == 1 else F[rb][0]
+            b = F[rb][r] if st[0, rb] == RS_COMPACT else F[rb][0]
         F[instrs[q, 1]][r] = _scalar_op(op, a, b)
 
 
@@ -181,7 +132,7 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
                w, b, bias, ta):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
     bn: a power of two >= 128 below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
-    read where it is (its trees' first levels by cpu_rowpart, which pads as the tile form's trees
+    read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy (a LayerNorm row's loops, one thread, standalone: 1024 columns 228 ->
     200 ns, 1001: 267 -> 224, 512: 170 -> 143, 200: 166 -> 129). An RMSNorm's squares are
@@ -196,12 +147,12 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         xr = carray(ptr_f32(rx[r]), ncv)
         mv = z
         if centered:
-            levels_inline(lvl, xr, ncv, bn, 0, z)
-            F[s1][r] = _tree_p2(R_SUM, lvl, la, lb, q)
+            levels_sum(lvl, xr, ncv, bn, z)
+            F[s1][r] = tree_p2(R_SUM, lvl, la, lb, q)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
             mv = F[m][r]
-        levels_inline(lvl, xr, ncv, bn, 2, mv)
-        F[s2][r] = _tree_p2(R_SUM, lvl, la, lb, q)
+        levels_csqsum(lvl, xr, ncv, bn, mv)
+        F[s2][r] = tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, qb0, qb1, F, st, r)
         _apply_row_c(carray(ptr_f32(ry[r]), ncv), xr, mv, centered, F[rs][r], w, b, ncv, bias)
 
@@ -218,14 +169,13 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
-        levels_inline(lvl, xr, ncv, bn, -1, z)
-        mv = _tree_p2(R_MAX, lvl, la, lb, q)
+        levels_max(lvl, xr, ncv, bn, z)
+        mv = tree_p2(R_MAX, lvl, la, lb, q)
         _center(arow, xr, mv, ncv)
         F[m][r] = mv
-        # the interpreter's compiled f32 exp (a lane's value never depends on the others)
-        _un_f32(np.int64(OP_EXP), erow[:ncv], arow[:ncv])
-        levels_inline(lvl, erow, ncv, bn, 0, z)
-        F[s][r] = _tree_p2(R_SUM, lvl, la, lb, q)
+        exp_into(erow, arow, ncv)   # the exp instruction's loop (jit/kernels: exp_into)
+        levels_sum(lvl, erow, ncv, bn, z)
+        F[s][r] = tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)
@@ -238,56 +188,14 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
 
 
 @njit(inline='always', **OPTS)
-def _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
-    """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
-    are all the same (_row_uniform), or read from register -2 - src when that register is a row
-    vector now. False if neither."""
-    if src >= 0:
-        if not _row_uniform(src, optab, meta):
-            return False
-        arg, dt = optab[src, 1], optab[src, 2]
-        a, n = addrs[arg], numels[arg]
-        if dt == DT_F32:
-            _mem(np.bool_(False), dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0,
-                 np.bool_(False), ix, np.bool_(True))   # typed flags: cpu_interp's compiled _mem
-        elif dt == DT_F16 or dt == DT_BF16:
-            _mem(np.bool_(False), dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0,
-                 np.bool_(False), ix, np.bool_(True))
-        else:
-            return False
-        return True
-    reg = -2 - src
-    if st[0, reg] != 3:
-        return False
-    dst[:] = F[reg][:dst.shape[0]]
-    return True
-
-
-@njit(inline='always', **OPTS)
-def _cached_row(dst, slot, src, pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
-    """_row_vector into dst unless dst already holds it: the same run (pc) loaded it from a buffer
-    at the same c0 in this launch. Tagged only when aok: no output overlaps the buffer."""
-    k = 2 * slot
-    if src >= 0 and st[ST_CACHE, k] == pc + 1 and st[ST_CACHE, k + 1] == c0:
-        return True
-    st[ST_CACHE, k] = 0
-    if not _row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
-        return False
-    if src >= 0 and aok:
-        st[ST_CACHE, k] = pc + 1
-        st[ST_CACHE, k + 1] = c0
-    return True
-
-
-@njit(inline='always', **OPTS)
 def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
     """The address of row vector operand src's row when the row forms may read it where it is
     (an f32 operand, row-uniform, unit column stride: only its first ncv lanes are read), else 0.
     Copying it into the scratch cache instead cost a launch ~10 us per 70000-lane weight, as much
     as a LayerNorm of one such row on one thread. The caller's tile is aok (no output overlaps it)."""
-    if src < 0 or optab[src, 2] != DT_F32 or not _row_uniform(src, optab, meta):
+    if src < 0 or optab[src, 2] != DT_F32 or not row_uniform(src, optab, meta):
         return 0
-    if not _row_addrs(ix[:1], src, optab, dims, meta, addrs, r0, 0, 1):
+    if not row_addrs(ix[:1], src, optab, dims, meta, addrs, r0, 0, 1):
         return 0
     return ix[0]
 
@@ -295,23 +203,23 @@ def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
 @njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
     """The tile's rows are whole, BN is a power of two >= 128 (the fused trees' width) and less
-    than twice the row (cpu_rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the
+    than twice the row (fused/rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the
     row's next power of two)."""
     bn, cols = meta[M_BN], meta[M_COLS]
-    return aok and cols <= bn < 2 * cols and bn >= 128 and _is_pow2(bn)
+    return aok and cols <= bn < 2 * cols and bn >= 128 and is_pow2(bn)
 
 
 @njit(inline='always', **OPTS)
 def _bracket(fp, st, instrs, pc, n, state):
     """Every f32 register the run writes (the instructions before its store): dead after the run
-    (the plan checked), so they only need consistent states: compact (1) while the run keeps row
-    r's scalars in lane r, a full tile (0) after it."""
+    (the plan checked), so they only need consistent states: compact while the run keeps row r's
+    scalars in lane r, a full tile after it."""
     for q in range(pc, pc + n - 1):
         fp[instrs[q, 1]] = 0
         st[0, instrs[q, 1]] = state
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
     """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
     scale's FK_APPLY run, rs, w's and b's sources as FK_APPLY's): the whole norm row by row, its
@@ -333,26 +241,26 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
     pw = _in_place_row(fz[pc, 6], optab, dims, meta, addrs, r0, ix)
     if pw != 0:
         w = carray(ptr_f32(pw), min(bn, meta[M_COLS]))
-    elif not _cached_row(w, 0, fz[pc, 6], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+    elif not cached_row(w, 0, fz[pc, 6], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
         return 0
     pb = _in_place_row(fz[pc, 7], optab, dims, meta, addrs, r0, ix) if bias else 0
     if pb != 0:
         b = carray(ptr_f32(pb), min(bn, meta[M_COLS]))
-    elif bias and not _cached_row(b, 1, fz[pc, 7], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
+    elif bias and not cached_row(b, 1, fz[pc, 7], apc, F, st, optab, dims, meta, addrs, numels, r0, 0, ix, aok):
         return 0
     nrows = min(bm, meta[M_ROWS] - r0)
     rx, ry = ix[:bm], ix[bm:2 * bm]   # after the row vectors: their loads use ix
-    if not (_row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
-            and _row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+    if not (row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
+            and row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
         return 0
-    _bracket(fp, st, instrs, pc, n, 1)
+    _bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
                qb0, apc, rs, w, b, bias, sf[:bn])
-    _bracket(fp, st, instrs, pc, n, 0)
+    _bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st):
     """FK_ROWSOFTMAX = (kind, n, x's operand, pc of the final mul or div, r): the whole softmax
     row by row, its output rows written into the store's buffer. 0 when it cannot take the tile."""
@@ -365,12 +273,30 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
         return 0
     nrows = min(bm, meta[M_ROWS] - r0)
     rx, ry = ix[:bm], ix[bm:2 * bm]
-    if not (_row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
-            and _row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+    if not (row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
+            and row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
         return 0
-    _bracket(fp, st, instrs, pc, n, 1)
+    _bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
-                  dec[instrs[fpc, 0], 1] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
+                  dec[instrs[fpc, 0], DEC_OP] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
                   sf[4 * bn + bm:5 * bn + bm])
-    _bracket(fp, st, instrs, pc, n, 0)
+    _bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
+
+
+def fused_rows_piece(fra, pc, unused_a, unused_b):
+    """PC_FUSED_ROWS: the FK_ROWNORM or FK_ROWSOFTMAX run at pc over the tile at the frame's r0
+    (its first column tile only); returns the instructions it did, 0 when it cannot take the
+    tile (the instructions then run one by one)."""
+    fr = fm.frame(fra)
+    fz, meta = fm.fuse(fr), fm.meta(fr)
+    if fr[FR_C0] != 0:
+        return 0
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    aok, r0 = fr[FR_AOK] != 0, fr[FR_R0]
+    F, fp, ix, sf, st = fm.bank_f(fr), fm.fptr(fr), fm.ix(fr), fm.sf(fr), fm.states(fr)
+    if fz[pc, 0] == FK_ROWNORM:
+        return _run_rownorm(pc, fz, ins, dec, meta, fm.dims(fr), fm.optab(fr), fm.addrs(fr), fm.numels(fr), F,
+                            fp, aok, r0, ix, sf, st)
+    return _run_rowsoftmax(pc, fz, ins, dec, meta, fm.dims(fr), fm.optab(fr), fm.addrs(fr), F, fp, aok, r0, ix,
+                           sf, st)

@@ -4,8 +4,6 @@ that call them:
 - bit casts (float32 <-> int, float64 <-> int64), a fused multiply-add and address -> typed
   pointer, as numba intrinsics;
 - float16 / bfloat16 <-> float32 conversions by bit manipulation (round to nearest even).
-
-cpu.py folds this file's hash into the VM's disk-cache key (_salt_cache): editing it recompiles.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Fused instruction runs of the CPU VM: a few instructions executed in one pass over the tile.
+"""Fused instruction runs of the CPU VM (the PC_FUSED_TILE piece): a few instructions executed in
+one pass over the tile.
 
 A full-tile f32 op costs one pass that stores 16 KB (at BM*BN = 4096 lanes) and is bound by the
 core's store rate, so a normalisation's 7-9 passes per tile, not its arithmetic, set its speed.
-cpu_fuse_plan.py finds these runs in a kernel once (statically); `_run_fused` executes one when
+host/fuse_plan.py finds these runs in a kernel once (statically); fused_tile_piece executes one when
 the registers are in the expected states at run time, else the instructions run one by one.
 Each run does the same f32 operations in the same order as its instructions (the tree order of
 the reduction included), so results are bitwise identical; registers the run would only pass
@@ -23,7 +24,7 @@ through are dead after it (checked by the plan), so they are not written.
   FK_CSQACC  sub d, x, m ; mul t, d, d ; acc.sum +a, t        a += (x - m)^2 lane-wise (a LayerNorm's
              variance over the sweeps of long rows; d and t are dead after)
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U and
-             an add, sub or mul B, t dead after (cpu_unbin)
+             an add, sub or mul B, t dead after (jit/fused/unbin: PC_FUSED_UNBIN)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
@@ -40,23 +41,18 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from .cpu_bits import OPTS, ptr_f32
-from .cpu_kernels import DT_F32, R_MAX, R_SUM
-from .cpu_math import exp_into
-from .cpu_mem import M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, _direct_addr, _fv, _row_addrs
-from .cpu_reduce import (ROW_MASKED, ROW_P2, ROW_PADDED, _accinit, _combine, _copy, _is_pow2, _level_t, _row_form,
-                         _rowred, _tree, _tree_p2)
-from .cpu_rowlevel import _col_uniform
-from .cpu_rowpart import PART_MAX, PART_SUM, first_levels, part_fits
-from .cpu_rownorm import NO_SRC, ST_CACHE, _apply_row, _cached_row, _run_rownorm, _run_rowsoftmax, _sq_level
-from .cpu_unbin import _run_unbin
-from .cpu_vtree import vtree, vtree_n, vtree_pad
-
-(FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
- FK_CSQACC, FK_UNBIN) = range(11)
-SF_ROWS = 6      # sf: BN-lane rows (two for the trees, w, b, two for the row forms) besides its BM lanes
-ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vector cache tags
-FUSE_WIDTH = 8   # fuse[pc]: kind, instructions covered, then the kind's fields (cpu_fuse_plan)
+from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_SQSUM, FR_AOK, FR_C0, FR_R0,
+                    M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, RS_COMPACT, RS_FULL, R_MAX,
+                    R_SUM)
+from .. import frame as fm
+from ..addr import col_uniform, direct_addr, freg, row_addrs
+from ..bits import OPTS, ptr_f32
+from ..mathf import exp_into
+from ..reduce import accinit, combine, copy, is_pow2, level, tree
+from ..rowtree import ROW_MASKED, ROW_P2, ROW_PADDED, row_form, rowred, tree_p2
+from ..vtree import vtree, vtree_n, vtree_pad
+from .common import apply_row, cached_row, sq_level
+from .rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 
 
 @njit(**OPTS)
@@ -79,10 +75,10 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
             dr = dout[r * bn:(r + 1) * bn]
             for k in range(bn):
                 dr[k] = xr[k] - mv
-            _sq_level(lvl, dr, q, ncv, bn, pad)
+            sq_level(lvl, dr, q, ncv, bn, pad)
         else:
-            _sq_level(lvl, xr, q, ncv, bn, pad)
-        o[r] = _tree_p2(R_SUM, lvl, ta, tb, q)
+            sq_level(lvl, xr, q, ncv, bn, pad)
+        o[r] = tree_p2(R_SUM, lvl, ta, tb, q)
 
 
 @njit(**OPTS)
@@ -101,7 +97,7 @@ def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
         exp_into(er, a, bn)
     # typed, not literal, arguments: the same compiled _rowred as cpu_interp's float32 call (a
     # literal op and flag compiled a second specialised copy, ~34 s of the VM's compile)
-    _rowred(np.int64(R_SUM), o, e, bm, bn, ncv, s, np.bool_(True))
+    rowred(np.int64(R_SUM), o, e, bm, bn, ncv, s, np.bool_(True))
 
 
 @njit(**OPTS)
@@ -113,9 +109,9 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
     fills with copies of the last valid row, get its result."""
     a = s[:bn]
     b = s[bn:2 * bn]
-    p2 = _is_pow2(bn)
+    p2 = is_pow2(bn)
     # one loop per form, the form decided before it (see cpu_reduce._row_form)
-    form = _row_form(bn, ncv)
+    form = row_form(bn, ncv)
     if form == ROW_P2:
         for r in range(nrv):
             o[r] = vtree(op, carray(ptr_f32(ra[r]), bn), bn)
@@ -127,22 +123,22 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
             o[r] = vtree_pad(op, carray(ptr_f32(ra[r]), ncv), ncv, bn)
     elif p2 and ncv == bn:
         for r in range(nrv):
-            o[r] = _tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
+            o[r] = tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
     elif p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX):
         q = bn // 8   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
         kind = PART_SUM if op == R_SUM else PART_MAX
         lvl, la, lb = a[:q], b[:q], b[q:2 * q]
         for r in range(nrv):
             first_levels(kind, lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn)
-            o[r] = _tree_p2(op, lvl, la, lb, q)
+            o[r] = tree_p2(op, lvl, la, lb, q)
     else:
         for r in range(nrv):
-            _copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
-            _accinit(op, a[ncv:bn], np.bool_(True))
+            copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
+            accinit(op, a[ncv:bn], np.bool_(True))
             if p2:
-                o[r] = _tree_p2(op, a, b, a, bn)
+                o[r] = tree_p2(op, a, b, a, bn)
             else:
-                _tree(op, a, bn)
+                tree(op, a, bn)
                 o[r] = a[0]
     for r in range(nrv, bm):
         o[r] = o[nrv - 1]
@@ -152,7 +148,7 @@ def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
 def _apply_rows(o, x, s, w, b, bm, bn, bias):
     """o = ((x * s[r]) * w) + b per row r (without `+ b` unless bias)."""
     for r in range(bm):
-        _apply_row(o[r * bn:(r + 1) * bn], x[r * bn:(r + 1) * bn], s[r], w, b, bn, bias)
+        apply_row(o[r * bn:(r + 1) * bn], x[r * bn:(r + 1) * bn], s[r], w, b, bn, bias)
 
 
 @njit(**OPTS)
@@ -160,10 +156,10 @@ def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
     """_apply_rows straight into a buffer: row r's ncv valid lanes at address ra[r] (the store
     it replaces, for tiles _direct_addr cannot alias: partial, or rows not back to back)."""
     for r in range(nrows):
-        _apply_row(carray(ptr_f32(ra[r]), ncv), x[r * bn:r * bn + ncv], s[r], w, b, ncv, bias)
+        apply_row(carray(ptr_f32(ra[r]), ncv), x[r * bn:r * bn + ncv], s[r], w, b, ncv, bias)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
     """FK_LOADACC = (kind, 2, o, x, a, op): the load's tile combined into a from the buffer, for an
     f32 operand with one column dim: row by row (row-major tiles, unit column stride: _row_addrs)
@@ -172,32 +168,32 @@ def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
     them; the load's clamped rows (copies of the last valid row) are combined too, so a ends as
     the two instructions leave it. 0 when it cannot take the tile."""
     j, x, a, op = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5]
-    if optab[j, 2] != DT_F32 or _col_uniform(j, optab, meta) or st[0, a] != 0 or fp[a] != 0:
+    if optab[j, 2] != DT_F32 or col_uniform(j, optab, meta) or st[0, a] != RS_FULL or fp[a] != 0:
         return 0
     bm, bn = meta[M_BM], meta[M_BN]
     nrv = min(bm, meta[M_ROWS] - r0)
     ncv = min(bn, meta[M_COLS] - c0)
     acc = F[a]
     if meta[M_TL] == 0:
-        if not _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrv):
+        if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrv):
             return 0
         for r in range(bm):
-            _level_t(op, acc[r * bn:r * bn + ncv], carray(ptr_f32(ix[min(r, nrv - 1)]), ncv))
+            level(op, acc[r * bn:r * bn + ncv], carray(ptr_f32(ix[min(r, nrv - 1)]), ncv))
     else:
-        if meta[M_NR] != 1 or meta[M_NC] != 1 or optab[j, 4] != 1:
+        if meta[M_NR] != 1 or meta[M_NC] != 1 or optab[j, OPTAB_FIXED] != 1:
             return 0
         base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0)
-        if optab[j, 5] == bm and nrv == bm:   # the columns back to back: one flat combine
-            _level_t(op, acc[:ncv * bm], carray(ptr_f32(base + 4 * c0 * bm), ncv * bm))
+        if optab[j, OPTAB_FIXED + 1] == bm and nrv == bm:   # the columns back to back: one flat combine
+            level(op, acc[:ncv * bm], carray(ptr_f32(base + 4 * c0 * bm), ncv * bm))
             ncv = 0
         for k in range(ncv):
-            col = carray(ptr_f32(base + 4 * (c0 + k) * optab[j, 5]), nrv)
-            _level_t(op, acc[k * bm:k * bm + nrv], col)
+            col = carray(ptr_f32(base + 4 * (c0 + k) * optab[j, OPTAB_FIXED + 1]), nrv)
+            level(op, acc[k * bm:k * bm + nrv], col)
             v = col[nrv - 1]
             for i in range(k * bm + nrv, (k + 1) * bm):
-                acc[i] = _combine(op, acc[i], v)
+                acc[i] = combine(op, acc[i], v)
     fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
-    st[0, x] = 0
+    st[0, x] = RS_FULL
     return 2
 
 
@@ -209,109 +205,105 @@ def _csq_acc(acc, x, mv):
         acc[k] = acc[k] + d * d
 
 
-@njit(inline='always', **OPTS)
-def _run_fused(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, numels, F, fp, aok, r0, c0, fin, ix, sf, st):
-    """Run the fused instructions starting at pc when their registers are in the expected states;
-    returns how many instructions it did (a trailing store written in place included), 0 if it
-    did nothing. st[0, reg]: the f32 register states (cpu_rowlevel)."""
+def fused_tile_piece(fra, pc, unused_a, unused_b):
+    """PC_FUSED_TILE: the fused run at pc (any kind but FK_UNBIN and the row forms) on the frame's
+    tile when its registers are in the expected states; returns how many instructions it did (a
+    trailing store written in place included), 0 if it did nothing. st[0, reg]: the f32 register
+    states (abi.RS_*)."""
+    fr = fm.frame(fra)
+    fz, meta = fm.fuse(fr), fm.meta(fr)
     kind = fz[pc, 0]
-    if kind == FK_NONE or fin:
-        return 0
+    r0, c0, aok = fr[FR_R0], fr[FR_C0], fr[FR_AOK] != 0
+    F, fp, st, ix = fm.bank_f(fr), fm.fptr(fr), fm.states(fr), fm.ix(fr)
+    optab, dims, addrs = fm.optab(fr), fm.dims(fr), fm.addrs(fr)
     if kind == FK_LOADACC:
         return _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st)
     if meta[M_TL] != 0:
         return 0
-    if kind == FK_UNBIN:
-        return _run_unbin(pc, fz, instrs, dec, peep, meta, dims, optab, addrs, F, fp, aok, r0, c0, st)
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
-    if kind == FK_ROWNORM or kind == FK_ROWSOFTMAX:
-        if c0 != 0:
-            return 0
-        if kind == FK_ROWNORM:
-            return _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st)
-        return _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st)
+    sf = fm.sf(fr)
     if kind == FK_CSQACC:   # the valid columns of every row, as _acc combines them
         x, m, a, d, t = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
-        if st[0, x] != 0 or st[0, m] != 1 or st[0, a] != 0 or fp[a] != 0:
+        if st[0, x] != RS_FULL or st[0, m] != RS_COMPACT or st[0, a] != RS_FULL or fp[a] != 0:
             return 0
         ncv = min(bn, meta[M_COLS] - c0)
-        xv, mv, acc = _fv(F, fp, x), _fv(F, fp, m), F[a]
+        xv, mv, acc = freg(F, fp, x), freg(F, fp, m), F[a]
         for r in range(bm):
             _csq_acc(acc[r * bn:r * bn + ncv], xv[r * bn:r * bn + ncv], mv[r])
         fp[d] = 0   # d and t are dead after the run (the plan checked): left as full tiles
-        st[0, d] = 0
+        st[0, d] = RS_FULL
         fp[t] = 0
-        st[0, t] = 0
+        st[0, t] = RS_FULL
         return n
     if kind == FK_APPLY:
         x, s, y = fz[pc, 2], fz[pc, 3], fz[pc, 6]
-        if st[0, x] == 1 and st[0, s] == 0:   # mul is commutative: x is the full operand
+        if st[0, x] == RS_COMPACT and st[0, s] == RS_FULL:   # mul is commutative: x is the full operand
             x, s = s, x
-        if st[0, x] != 0 or st[0, s] != 1:
+        if st[0, x] != RS_FULL or st[0, s] != RS_COMPACT:
             return 0
         w, b = sf[2 * bn + bm:3 * bn + bm], sf[3 * bn + bm:4 * bn + bm]
         bias = fz[pc, 5] != NO_SRC
-        if not _cached_row(w, 0, fz[pc, 4], pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix, aok):
+        if not cached_row(w, 0, fz[pc, 4], pc, F, st, optab, dims, meta, addrs, fm.numels(fr), r0, c0, ix, aok):
             return 0
-        if bias and not _cached_row(b, 1, fz[pc, 5], pc, F, st, optab, dims, meta, addrs, numels, r0, c0, ix,
+        if bias and not cached_row(b, 1, fz[pc, 5], pc, F, st, optab, dims, meta, addrs, fm.numels(fr), r0, c0, ix,
                                     aok):
             return 0
         last = pc + n - 1
-        j = peep[last]   # >= 0: y is read by nothing but the store after the run
-        p = _direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok and j >= 0 else 0
+        j = fm.peep(fr)[last]   # >= 0: y is read by nothing but the store after the run
+        p = direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok and j >= 0 else 0
         nrows = min(bm, meta[M_ROWS] - r0)
-        rows = p == 0 and aok and j >= 0 and _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows)
+        rows = p == 0 and aok and j >= 0 and row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows)
         if y == x and p == 0 and not rows and fp[x] == 0:   # in place: the loop would not vectorize
             return 0
         sv = sf[2 * bn:2 * bn + bm]   # a copy: y may be s's register
-        sv[:] = _fv(F, fp, s)[:bm]
-        xv = _fv(F, fp, x)
+        sv[:] = freg(F, fp, s)[:bm]
+        xv = freg(F, fp, x)
         fp[y] = p
-        st[0, y] = 0
+        st[0, y] = RS_FULL
         if rows:
             _apply_to_rows(ix, xv, sv, w, b, nrows, min(bn, meta[M_COLS] - c0), bn, bias)
         else:
-            _apply_rows(_fv(F, fp, y), xv, sv, w, b, bm, bn, bias)
+            _apply_rows(freg(F, fp, y), xv, sv, w, b, bm, bn, bias)
         return n + 1 if p != 0 or rows else n
     if kind == FK_LOADRED:   # rows of an f32 operand with unit column stride (_row_addrs)
         j, x, r = fz[pc, 2], fz[pc, 3], fz[pc, 4]
         nrows = min(bm, meta[M_ROWS] - r0)
-        if not _row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
+        if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
             return 0
         _rowred_rows(fz[pc, 5], F[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), sf)
         fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
-        st[0, x] = 0
+        st[0, x] = RS_FULL
         fp[r] = 0
-        st[0, r] = 1
+        st[0, r] = RS_COMPACT
         return n
     x = fz[pc, 2]
-    if st[0, x] != 0 or bn < 128 or not _is_pow2(bn):
+    if st[0, x] != RS_FULL or bn < 128 or not is_pow2(bn):
         return 0
     ncv = min(bn, meta[M_COLS] - c0)
     if kind == FK_EXPSUM:
         m, e, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
-        if st[0, m] != 1:
+        if st[0, m] != RS_COMPACT:
             return 0
-        xv = _fv(F, fp, x)
+        xv = freg(F, fp, x)
         fp[e] = 0
-        st[0, e] = 0
+        st[0, e] = RS_FULL
         _expsum_rows(F[r], xv, F[m], F[e], bm, bn, ncv, sf)
         fp[r] = 0
     elif kind == FK_SQSUM:
         r = fz[pc, 3]
-        xv = _fv(F, fp, x)
+        xv = freg(F, fp, x)
         fp[r] = 0
         _sqsum_rows(F[r], xv, xv, xv, bm, bn, ncv, sf, np.bool_(False))   # typed: one compiled copy
     else:
         m, d, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
-        if st[0, m] != 1:
+        if st[0, m] != RS_COMPACT:
             return 0
-        xv = _fv(F, fp, x)
-        mv = _fv(F, fp, m)
+        xv = freg(F, fp, x)
+        mv = freg(F, fp, m)
         fp[d] = 0
-        st[0, d] = 0
+        st[0, d] = RS_FULL
         _sqsum_rows(F[r], xv, mv, F[d], bm, bn, ncv, sf, np.bool_(True))
         fp[r] = 0
-    st[0, r] = 1
+    st[0, r] = RS_COMPACT
     return n

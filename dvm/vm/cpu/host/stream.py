@@ -14,20 +14,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..codegen import isa
-from ..codegen.program import KernelLayout
-from ..graph.dtypes import Bank
-from . import cpu_kernels as ck
-from .cpu_fuse_plan import fuse_plan, in_place_plan
-
-BANK_CODE = {Bank.F32: ck.BK_F32, Bank.F64: ck.BK_F64, Bank.I64: ck.BK_I64, Bank.B8: ck.BK_B8}
+from ....codegen import isa
+from ....codegen.program import KernelLayout
+from .decode import BANK_CODE
+from .fuse_plan import fuse_plan, in_place_plan
 
 
 class StreamPlan(NamedTuple):
     instrs: np.ndarray   # [n_instr, isa.WORDS]
     rio: np.ndarray      # _reg_io
-    peep: np.ndarray     # cpu_fuse_plan.in_place_plan
-    fuse: np.ndarray     # cpu_fuse_plan.fuse_plan
+    peep: np.ndarray     # fuse_plan.in_place_plan
+    fuse: np.ndarray     # fuse_plan.fuse_plan
     argst: np.ndarray    # per argument: 1 stored by the kernel, 2 stored and loaded, else 0
     reduces: bool        # has a reduction and no argmax/argmin (column-major registers allowed)
 

@@ -1,0 +1,147 @@
+"""The CPU VM's kernel descriptors: what the compiled code gets for a kernel of a verified Program,
+built once per layout (instance) from parts computed once per instruction stream (host/stream),
+packed into one int64 array per kernel (abi.P_*) so that a launch passes a few arrays to the
+compiled code instead of thirteen (numba's per-argument dispatch cost dominates small launches).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....codegen.program import ARG_IN, KernelLayout, ProgramLayout
+from ....graph.dtypes import DType
+from .. import abi
+from .stream import StreamPlan, stream_plan
+
+PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
+
+
+ROW_MAJOR_MIN_BN = 8   # reducing kernels with narrower tiles use column-major registers (_transposed)
+
+
+def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
+    """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
+    very narrow (a tree level is then one loop over BM rows instead of a short loop per row) or
+    whose operands are contiguous along the kept axis (a column of the tile is then a contiguous
+    run). The layout is invisible: every lane holds the same value and the tree pairs the same
+    lanes. Argmax/argmin keep the row-major form."""
+    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
+        return False
+    nr = len(kl.row_sizes)
+    strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
+    if any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides):
+        return True   # contiguous along the kept axis (a sum over axis 0): whatever the width
+    # A column-major tile of row-major data is loaded by strided reads (~0.5 ns an element), so
+    # from 8 lanes whole rows reduce faster in row-major tiles, in registers (jit/vtree.vtree_n
+    # for any width). 70 K elements, one thread, column- against row-major (us): 17 columns:
+    # sum 30 / 12, softmax 76 / 56, LayerNorm 90 / 49, RMSNorm 75 / 27; 63 columns: sum 44 / 7.5,
+    # LayerNorm 145 / 36; 8: sum 28 / 16, softmax 69 / 77, LayerNorm 81 / 70; 4: sum 27 / 27,
+    # softmax 67 / 147, LayerNorm 81 / 138 (/tmp/w/narrow.py in the notes of issue 3).
+    return kl.bn < ROW_MAJOR_MIN_BN
+
+
+class _Desc:
+    __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
+                 "blob", "transposed", "rio", "fuse")
+
+    def __init__(self, kl: KernelLayout, n_args: int):
+        nr, nc = len(kl.row_sizes), len(kl.col_sizes)
+        rows, cols = kl.rows, kl.cols
+        plan = stream_plan(kl, n_args)
+        self.instrs, self.rio, self.peep, self.fuse, self.argst = plan[:5]
+        self.transposed = _transposed(kl, plan)
+        meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue, int(self.transposed)]
+        assert len(meta) == abi.M_SW
+        for sw in kl.sweeps:
+            meta += [*sw.init, *sw.body, *sw.fin]
+        self.meta = np.array(meta, np.int64)
+        self.dims = np.array(list(kl.row_sizes) + list(kl.col_sizes) + [0], np.int64)
+        n_opnd = len(kl.opnd_kind)
+        optab = np.zeros((n_opnd, 4 + nr + nc), np.int64)
+        if n_opnd:
+            optab[:, 0], optab[:, 1], optab[:, 2] = kl.opnd_kind, kl.opnd_arg, kl.opnd_dtype
+            optab[:, 3] = kl.opnd_offset
+            optab[:, 4:] = kl.opnd_strides.reshape(n_opnd, nr + nc)
+        self.optab = optab
+        self.consts = np.array(kl.const_bits, np.int64).reshape(-1).copy()
+        sw0 = kl.sweeps[0]
+        self.tile_par = (len(kl.sweeps) == 1 and sw0.init[0] == sw0.init[1] and sw0.fin[0] == sw0.fin[1])
+        n_rb = -(-rows // kl.bm)
+        n_ct = -(-cols // kl.bn)
+        self.n_units = n_rb * n_ct if self.tile_par else n_rb
+        self.work = rows * max(cols, 1) * len(kl.sweeps)
+        self.blob = None   # set by _prog (needs the program's element sizes)
+
+
+def _desc(kl: KernelLayout, n_args: int) -> _Desc:
+    d = kl.__dict__.get("_cpu_desc")
+    if d is None:
+        d = _Desc(kl, n_args)
+        object.__setattr__(kl, "_cpu_desc", d)   # cache on the (immutable) layout
+    return d
+
+
+def _pack(d: _Desc, argsz: np.ndarray) -> np.ndarray:
+    """The descriptor as one int64 array (layout: abi.P_*)."""
+    segs = [d.instrs, d.peep, d.meta, d.dims, d.optab, d.consts, argsz, d.argst, d.rio, d.fuse]
+    assert len(segs) == abi.N_SEGS and d.instrs.shape[1] == abi.INSTR_WIDTH and d.rio.shape[1] == abi.RIO_WIDTH
+    assert d.fuse.shape[1] == abi.FUSE_WIDTH
+    head = np.zeros(abi.P_HEADER, np.int64)
+    head[0] = d.tile_par
+    head[-1] = d.optab.shape[1]
+    head[abi.H_UNITS] = d.n_units
+    at = abi.P_HEADER
+    for k, seg in enumerate(segs):
+        head[1 + 2 * k], head[2 + 2 * k] = at, seg.size
+        at += seg.size
+    head[abi.H_LEN] = at
+    return np.concatenate([head] + [np.ascontiguousarray(seg, np.int64).reshape(-1) for seg in segs])
+
+
+_INSTANCE_SEGS = (2, 3, 4, 5)   # _pack's segments that differ between instances of one stream
+
+
+def _blob(d: _Desc, kl: KernelLayout, argsz: np.ndarray) -> np.ndarray:
+    """_pack(d, argsz), from a template packed once per verified stream: the instance's
+    segments (meta, dims, operand table, constants) and work-unit count are written into a copy.
+    Every other word follows from the stream's key (codegen.verifier: instructions, sections,
+    operand arguments and dtypes, argument dtypes, the dims per operand), so it is the same."""
+    derived = kl.stream.derived
+    template = derived.get("cpu_blob")
+    if template is None:
+        blob = _pack(d, argsz)
+        derived["cpu_blob"] = template = blob.copy()
+        template.flags.writeable = False
+        return blob
+    blob = template.copy()
+    for k, seg in zip(_INSTANCE_SEGS, (d.meta, d.dims, d.optab, d.consts)):
+        at, size = int(blob[1 + 2 * k]), int(blob[2 + 2 * k])
+        if seg.size != size:   # cannot happen for one stream key; never patch a wrong layout
+            raise AssertionError(f"CPU VM descriptor segment {k}: {seg.size} words, the template has {size}")
+        blob[at:at + size] = seg.reshape(-1)
+    blob[abi.H_UNITS] = d.n_units
+    return blob
+
+
+def _chain(descs) -> np.ndarray | None:
+    """The packed kernels back to back when every one is below the threading threshold: the
+    whole launch is then one call of the compiled code (jit/entry.run_units with u1 < 0)."""
+    if descs and all(d.work < PARALLEL_MIN_ELEMS for d in descs):
+        return np.concatenate([d.blob for d in descs])
+    return None
+
+
+def prog_desc(layout: ProgramLayout) -> tuple:
+    """(argument element sizes, kernel descriptors, output arguments, the chained blob of a launch
+    of small kernels or None), once per layout."""
+    pd = layout.__dict__.get("_cpu_prog")
+    if pd is None:
+        n_args = len(layout.args)
+        argsz = np.array([DType(a.dtype).np_dtype.itemsize for a in layout.args], np.int64)
+        descs = tuple(_desc(kl, n_args) for kl in layout.kernels)
+        for d, kl in zip(descs, layout.kernels):
+            if d.blob is None:
+                d.blob = _blob(d, kl, argsz)
+        outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
+        pd = (argsz, descs, outs, _chain(descs))
+        object.__setattr__(layout, "_cpu_prog", pd)
+    return pd

@@ -1,0 +1,244 @@
+"""The CPU VM in pieces: what is compiled separately, the VM table through which the core calls the
+pieces, and getting each piece compiled or loaded once per machine.
+
+The core (jit/entry.run_units with jit/interp) decodes instructions and calls a piece per
+instruction through the VM table: abi.N_PIECES addresses, then the decode table. A piece is a C
+function compiled and cached on its own, so compile cost adds up instead of multiplying, and
+editing a module recompiles only the pieces built from it (host/cache: each cache entry is stamped
+with the hash of its piece's sources).
+
+Tiers: the CORE pieces run every program (generic loops); the FAST pieces are optional fast paths
+(row trees in vector registers, fused runs, row forms) that compute the same results, bit for bit.
+A cold process compiles what is missing of the core first (in parallel processes), starts running
+programs, and compiles the fast pieces in a background process; each fast piece's address is
+written into the table when it is ready (a word store: a launch in flight sees the old or the new
+address, either gives the same results).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numba
+import numpy as np
+from numba.core import sigutils
+from numba.core.ccallback import CFunc
+from numba.core.compiler_lock import global_compiler_lock
+
+from .. import abi
+from . import cache
+from .decode import DECODE
+
+CORE, FAST = 0, 1
+PIECE_SIG = sigutils.normalize_signature("int64(int64, int64, int64, int64)")   # (args, return type)
+_PKG = "dvm.vm.cpu.jit"
+
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    slot: int      # abi.PC_*, or PYTHON: a function Python calls (a numba dispatcher, `py_sig` its types)
+    module: str
+    function: str
+    tier: int
+    py_sig: tuple = ()
+
+
+PYTHON = -1
+_ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
+                numba.boolean)
+PIECES = (
+    Piece("core", PYTHON, f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES),
+    Piece("tsc", PYTHON, f"{_PKG}.sync", "tsc_now", CORE),
+    Piece("ew_f32", abi.PC_EW_F32, f"{_PKG}.kernels", "ew_f32_piece", CORE),
+    Piece("ew_f64", abi.PC_EW_F64, f"{_PKG}.kernels", "ew_f64_piece", CORE),
+    Piece("ew_i64", abi.PC_EW_I64, f"{_PKG}.kernels", "ew_i64_piece", CORE),
+    Piece("ew_b8", abi.PC_EW_B8, f"{_PKG}.kernels", "ew_b8_piece", CORE),
+    Piece("cast", abi.PC_CAST, f"{_PKG}.kernels", "cast_piece", CORE),
+    Piece("mem", abi.PC_MEM, f"{_PKG}.mem", "mem_piece", CORE),
+    Piece("rowlevel", abi.PC_ROWLEVEL, f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
+    Piece("reduce", abi.PC_REDUCE, f"{_PKG}.reduce", "reduce_piece", CORE),
+    Piece("rowtree", abi.PC_ROWTREE, f"{_PKG}.rowtree", "rowtree_piece", FAST),
+    Piece("fused_tile", abi.PC_FUSED_TILE, f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
+    Piece("fused_unbin", abi.PC_FUSED_UNBIN, f"{_PKG}.fused.unbin", "fused_unbin_piece", FAST),
+    Piece("fused_rows", abi.PC_FUSED_ROWS, f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
+)
+BY_NAME = {p.name: p for p in PIECES}
+assert sorted(p.slot for p in PIECES if p.slot != PYTHON) == list(range(abi.N_PIECES))
+
+# The VM table every launch passes to the core: one array for the life of the process (worker
+# threads keep a reference to it), whose piece words are written as pieces load.
+TABLE = np.zeros(abi.N_PIECES + DECODE.size, np.int64)
+TABLE[abi.N_PIECES:] = DECODE.reshape(-1)
+
+
+# --- what a piece is compiled from ----------------------------------------------------------------
+def _imports(module: str) -> list[str]:
+    """The dvm modules `module` imports (statically, from its source)."""
+    spec = importlib.util.find_spec(module)
+    with open(spec.origin, "rb") as f:
+        tree = ast.parse(f.read())
+    package = module if spec.submodule_search_locations else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [n for n in names if n.startswith("dvm.") and _is_module(n)]
+    return out
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+@lru_cache(maxsize=None)
+def _closure(module: str) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen[m] = None
+        todo += _imports(m)
+    return tuple(sorted(seen))
+
+
+@lru_cache(maxsize=None)
+def source_hash(piece: Piece) -> str:
+    """A hash of the sources of every module the piece's module imports, transitively, and of the
+    piece's name and function: its disk-cache stamp."""
+    h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}".encode())
+    for m in _closure(piece.module):
+        with open(importlib.util.find_spec(m).origin, "rb") as f:
+            h.update(m.encode() + b"\0" + f.read())
+    return h.hexdigest()[:24]
+
+
+# --- one piece's compiled form ----------------------------------------------------------------------
+class _Loaded:
+    """A piece's numba object with its lean, stamped disk cache."""
+
+    def __init__(self, piece: Piece):
+        self.piece = piece
+        fn = getattr(importlib.import_module(piece.module), piece.function)
+        if piece.slot == PYTHON:
+            self.obj, self.sig = fn, piece.py_sig
+        else:
+            self.obj = CFunc(fn, PIECE_SIG, locals={}, options=dict(nogil=True, error_model="numpy"))
+            self.sig = self.obj._sig
+        self.cache = cache.install(self.obj, source_hash(piece))
+        self.address = 0       # a C piece's address, once loaded
+        self.entry = None      # a Python-called piece's compiled entry point, once loaded
+
+    @property
+    def ready(self) -> bool:
+        return self.address != 0 or self.entry is not None
+
+    def try_load(self) -> bool:
+        """Load the piece from the disk cache if it is there (never compiles)."""
+        with global_compiler_lock:
+            return self._try_load()
+
+    def _try_load(self) -> bool:
+        if self.ready:
+            return True
+        if self.cache is None:
+            return False
+        if self.piece.slot == PYTHON:
+            cres = self.cache.load_overload(self.sig, self.obj.targetctx)
+            if cres is None:
+                return False
+            self.obj.add_overload(cres)
+            self.entry = cres.entry_point
+            return True
+        target = self.obj._targetdescr.target_context
+        cres = self.cache.load_overload(self.sig, target)
+        if cres is None:
+            return False
+        self._bind(cres)
+        return True
+
+    def compile(self) -> None:
+        """Compile the piece (under its machine-wide lock, unless another process did meanwhile)
+        and save it to the disk cache."""
+        with cache.piece_lock(self.cache, self.piece.name), global_compiler_lock:
+            if self._try_load():
+                return
+            if self.piece.slot == PYTHON:
+                self.obj.compile(self.sig)
+                self.entry = self.obj.overloads[tuple(self.sig)].entry_point
+            else:
+                cres = self.obj._compile_uncached()
+                if self.cache is not None:
+                    self.cache.save_overload(self.sig, cres)
+                self._bind(cres)
+
+    def _bind(self, cres) -> None:
+        self.obj._library = cres.library
+        self.obj._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
+        self.obj._wrapper_address = cres.library.get_pointer_to_function(self.obj._wrapper_name)
+        self.address = self.obj._wrapper_address
+
+    def locked_elsewhere(self) -> bool:
+        return cache.locked_now(self.cache, self.piece.name)
+
+
+_LOADED: dict[str, _Loaded] = {}
+
+
+def loaded(name: str) -> _Loaded:
+    obj = _LOADED.get(name)
+    if obj is None:
+        obj = _LOADED[name] = _Loaded(BY_NAME[name])
+    return obj
+
+
+def install(name: str) -> None:
+    """Write loaded piece `name`'s address into the VM table."""
+    p = loaded(name)
+    if p.piece.slot != PYTHON:
+        TABLE[p.piece.slot] = p.address
+
+
+def uninstall_fast() -> None:
+    """Take every FAST piece out of the table (the generic paths run): for tests comparing them."""
+    for p in PIECES:
+        if p.tier == FAST:
+            TABLE[p.slot] = 0
+
+
+def compile_in_this_process(names: list[str]) -> None:
+    """Compile (or load) pieces here: the body of the build processes (host/build)."""
+    for n in names:
+        loaded(n).compile()
+
+
+def say(message: str) -> None:
+    print(f"dvm: {message}", file=sys.stderr, flush=True)
+
+
+def cache_location() -> str:
+    return cache.cache_dir(loaded("core").cache) if loaded("core").cache is not None else "numba's cache"
+
+
+def worker_count() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+                      4))

@@ -1,0 +1,84 @@
+"""Running a verified Program on the CPU VM: buffers or addresses in, the compiled core called once
+per launch of small kernels, or once per kernel with the big ones' work units shared between the
+calling thread and DVM_NUM_THREADS - 1 persistent workers (host/threads; numba's own threading
+layer is never used: its spinning OpenMP threads slow PyTorch in the same process 10-40x).
+
+Work units are row blocks (each runs all sweeps of its rows, so reductions never cross threads and
+results do not depend on the thread count), or, for kernels with one sweep and no init/fin,
+single tiles.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....codegen.program import ProgramLayout
+from ....config import config
+from ...buffers import data_ptr
+from .. import abi
+from .desc import PARALLEL_MIN_ELEMS, prog_desc
+from .pieces import TABLE
+from . import startup
+from .threads import Workers
+
+NO_SCHED = np.zeros(0, np.int64)
+_WORKERS = Workers()
+
+
+def check(err: int) -> None:
+    """Raise for an error code of the compiled code."""
+    if err == abi.ERR_ZERODIV:
+        raise ZeroDivisionError("integer division or remainder by zero")
+    if err != abi.ERR_OK:
+        raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
+
+
+def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> int:
+    """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
+    DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they wake
+    up (a sleeping worker's handoff costs 14-60 us on this machine; a spinning one's ~0.1 us, see
+    jit/sync), claiming chunks of units from an atomic counter, so a late worker costs nothing."""
+    nthreads = 1
+    if d.work >= PARALLEL_MIN_ELEMS:
+        nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
+    if nthreads == 1:
+        return startup.ENTRY(0, d.n_units, blob, TABLE, bufs, NO_SCHED, False)
+    _WORKERS.ensure(nthreads - 1)
+    return _WORKERS.launch(d, blob, bufs, nthreads - 1)
+
+
+def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
+    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
+    for d in descs:
+        if d.n_units:
+            check(_run_units(d, d.blob, bufs, threads))
+
+
+def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
+    """Execute a verified program (see codegen.verifier.verify / check_buffers)."""
+    outs = prog_desc(layout)[2]
+    bufs = buffers
+    copied = ()
+    for b in buffers:
+        if not b.flags.c_contiguous:
+            bufs = [np.ascontiguousarray(x) for x in buffers]
+            copied = [a for a in outs if not buffers[a].flags.c_contiguous]
+            break
+    try:
+        run_addrs(layout, np.array([data_ptr(b) for b in bufs] + [b.shape[0] for b in bufs], np.int64), threads)
+    finally:
+        for a in copied:
+            buffers[a][...] = bufs[a]
+    _ = bufs  # keep the (possibly copied) buffers alive until the VM has finished
+
+
+def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = None) -> None:
+    """Execute a verified program on buffers given by base address and element count (`bufs`: the
+    n addresses, then the n counts, int64). The caller keeps the buffers alive and guarantees
+    they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
+    if startup.ENTRY is None:   # a module attribute: ~15 ns a launch
+        startup.ensure_core()
+    pd = prog_desc(layout)
+    if pd[3] is not None:   # small kernels only: one call runs them all, in order
+        check(startup.ENTRY(0, -1, pd[3], TABLE, bufs, NO_SCHED, False))
+    else:
+        run_kernels(pd[1], bufs, threads)

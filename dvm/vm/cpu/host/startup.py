@@ -1,0 +1,126 @@
+"""Getting the CPU VM's pieces (host/pieces) into a process: never blocking a first call on more
+than the core's compile, and compiling each piece once per machine.
+
+ensure_core: loads the CORE pieces from the disk cache; on a cold machine compiles the missing
+ones in parallel build processes (host/build, one per core up to four), under per-piece locks
+(processes that start together compile each piece once), and says on stderr what it waits for.
+Then the FAST pieces: loaded at once where cached, else compiled by a background build process at
+low priority while programs run on the generic paths; a watcher thread writes each one's address
+into the VM table when the build is done, and says so on stderr.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from . import pieces
+from .pieces import CORE, FAST, PIECES, install, loaded, say
+
+ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ensure_core has run
+_lock = threading.Lock()
+_fast_ready = threading.Event()
+_fast_thread: threading.Thread | None = None
+
+
+def ensure_core() -> None:
+    """Load or compile the CORE pieces (once per process; blocks on a cold machine), then start
+    getting the FAST pieces."""
+    global ENTRY
+    if ENTRY is not None:
+        return
+    with _lock:
+        if ENTRY is not None:
+            return
+        names = [p.name for p in PIECES if p.tier == CORE]
+        missing = [n for n in names if not loaded(n).try_load()]
+        if missing:
+            t0 = time.perf_counter()
+            say(f"compiling the CPU VM's core ({len(missing)} of {len(names)} pieces) with numba, once per "
+                f"machine: about a minute on 2 cores ...")
+            _build(missing, background=False).wait_all()
+            _load_or_compile(missing)
+            say(f"CPU VM core compiled in {time.perf_counter() - t0:.0f} s; cached in {pieces.cache_location()}")
+        for n in names:
+            install(n)
+        _start_fast()
+        ENTRY = loaded("core").entry
+
+
+def tsc_now():
+    """The compiled jit/sync.tsc_now."""
+    ensure_core()
+    return loaded("tsc").entry
+
+
+def wait_fast(timeout: float | None = None) -> bool:
+    """Block until the FAST pieces are in the VM table (benchmarks measure the whole VM); False
+    if `timeout` seconds passed first."""
+    ensure_core()
+    return _fast_ready.wait(timeout)
+
+
+def fast_ready() -> bool:
+    return _fast_ready.is_set()
+
+
+def _start_fast() -> None:
+    global _fast_thread
+    names = [p.name for p in PIECES if p.tier == FAST]
+    missing = [n for n in names if not loaded(n).try_load()]
+    for n in names:
+        if n not in missing:
+            install(n)
+    if not missing:
+        _fast_ready.set()
+        return
+    build = _build(missing, background=True)
+    say(f"compiling the CPU VM's fast paths ({len(missing)} pieces) in the background (pid "
+        f"{', '.join(str(p.pid) for p in build.procs)}); programs run meanwhile, with the same results")
+    _fast_thread = threading.Thread(target=_finish_fast, args=(build, missing), name="dvm-cpu-fast", daemon=True)
+    _fast_thread.start()
+
+
+def _finish_fast(build: "_Build", missing: list[str]) -> None:
+    t0 = time.perf_counter()
+    build.wait_all()
+    _load_or_compile(missing)
+    for n in missing:
+        install(n)
+    _fast_ready.set()
+    say(f"CPU VM fast paths ready ({time.perf_counter() - t0:.0f} s after start-up)")
+
+
+def _load_or_compile(names: list[str]) -> None:
+    """Load pieces a build process compiled; compile here any it could not (it failed or died)."""
+    for n in names:
+        if not loaded(n).try_load():
+            loaded(n).compile()
+
+
+class _Build:
+    """Build processes compiling pieces into the disk cache (host/build), the pieces split between
+    them round-robin in PIECES order."""
+
+    def __init__(self, names: list[str], background: bool):
+        n = min(pieces.worker_count(), len(names))
+        groups = [names[k::n] for k in range(n)]
+        cmd = [sys.executable, "-m", "dvm.vm.cpu.host.build"] + (["--background"] if background else [])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [_project_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        self.procs = [subprocess.Popen(cmd + g, env=env, stdin=subprocess.DEVNULL) for g in groups]
+
+    def wait_all(self) -> None:
+        for p in self.procs:
+            p.wait()
+
+
+def _build(names: list[str], background: bool) -> _Build:
+    return _Build(names, background)
+
+
+def _project_root() -> str:
+    import dvm
+    return os.path.dirname(os.path.dirname(os.path.abspath(dvm.__file__)))

@@ -1,0 +1,162 @@
+"""Operand addressing of the CPU VM (compiled code shared by the core and the pieces): element
+addresses over folded dims, the tiles that may be read or written in place, the rows of a tile in
+a buffer, and what an operand's strides say about its rows (uniform along a row, the same for
+every row). optab row j: kind, arg, dtype, offset, then one stride per dim (rows, then columns).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from ..abi import DT_F32, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, OPTAB_FIXED
+from .bits import OPTS, ptr_f32
+
+_S = OPTAB_FIXED   # optab column of operand j's stride along dim 0
+
+
+@njit(**OPTS)
+def elem_offset(j, idx, optab, dims, d0, d1):
+    """Element offset of flat index `idx` over dims[d0:d1] (row-major) for operand j."""
+    off = np.int64(0)
+    rem = idx
+    for d in range(d1 - 1, d0 - 1, -1):
+        size = max(dims[d], 1)
+        off += (rem % size) * optab[j, _S + d]
+        rem //= size
+    return off
+
+
+@njit(**OPTS)
+def row_bases(o, j, optab, dims, r0, n, nr):
+    """o[i] = element offset of rows r0 + i (i < n) over the nr row dims: an odometer on the
+    innermost one, with one elem_offset (divisions) per wrap instead of one per row."""
+    zero = r0 * 0
+    dl = max(dims[nr - 1], 1)
+    sl = optab[j, _S + nr - 1]
+    t = r0 % dl
+    b = elem_offset(j, r0, optab, dims, zero, nr)
+    for i in range(n):
+        if i > 0:
+            t += 1
+            if t == dl:
+                t = zero
+                b = elem_offset(j, r0 + i, optab, dims, zero, nr)
+            else:
+                b += sl
+        o[i] = b
+
+
+@njit(**OPTS)
+def direct_addr(j, optab, dims, meta, addrs, r0, c0):
+    """Address of operand j's tile when it is one contiguous f32 run of BM*BN elements in the
+    register layout (a full tile; row-major: unit column stride, rows back to back; column-major:
+    unit row stride, columns back to back), else 0. Such a tile is read in place by a load
+    (the register aliases the buffer) or written in place by the op feeding a store."""
+    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
+    if meta[M_TL] != 0:   # column-major: contiguous rows, columns exactly BM apart
+        if optab[j, 2] != DT_F32 or nc != 1 or nr != 1 or optab[j, _S] != 1:
+            return 0
+        if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS] or (bn > 1 and optab[j, _S + 1] != bm):
+            return 0
+        return addrs[optab[j, 1]] + 4 * (optab[j, 3] + r0 + c0 * optab[j, _S + 1])
+    if optab[j, 2] != DT_F32 or nc != 1 or optab[j, _S + nr] != 1:
+        return 0
+    if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
+        return 0
+    if bm > 1:   # the tile's rows must lie back to back: row strides of a row-major block
+        step = bn
+        for d in range(nr - 1, -1, -1):
+            if dims[d] != 1 and optab[j, _S + d] != step:
+                return 0
+            step *= dims[d]
+    base = optab[j, 3] + elem_offset(j, r0, optab, dims, nr - nr, nr) + c0
+    return addrs[optab[j, 1]] + 4 * base
+
+
+@njit(**OPTS)
+def row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
+    """o[r] = the address of lane c0 of row r0 + r of operand j (r < nrows), when j is an f32
+    operand of row-major tiles with one unit-stride column dim, whatever its row strides; False
+    otherwise. For writing rows straight into a buffer where direct_addr cannot (a partial tile,
+    or rows not back to back)."""
+    nr = meta[M_NR]
+    if meta[M_TL] != 0 or optab[j, 2] != DT_F32 or meta[M_NC] != 1 or optab[j, _S + nr] != 1:
+        return False
+    row_bases(o, j, optab, dims, r0, nrows, nr)
+    base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + c0)
+    for r in range(nrows):
+        o[r] = base + 4 * o[r]
+    return True
+
+
+@njit(**OPTS)
+def freg(F, fp, k):
+    """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
+    p = fp[k]
+    if p == 0:
+        return F[k]
+    return carray(ptr_f32(p), F.shape[1])
+
+
+@njit(**OPTS)
+def alias_ok(addrs, numels, argsz, argst):
+    """In-place tiles only when no stored argument overlaps any other argument."""
+    n = addrs.shape[0]
+    for a in range(n):
+        if argst[a] == 2:
+            return False
+        if argst[a] == 0:
+            continue
+        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
+        for b in range(n):
+            if b != a and hi > lo and numels[b] > 0:
+                if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
+                    return False
+    return True
+
+
+@njit(**OPTS)
+def row_uniform(j, optab, meta):
+    """Operand j reads the same elements in every row of a row-major tile (all its row strides
+    are 0: a weight or bias broadcast over the rows), for the row vectors of the row forms and
+    FK_APPLY. A tile of one row (BM = 1) qualifies when it holds the whole row (the single-tile
+    rows of 8193-65536 columns, whose row forms need it), not as a column tile of a sweep, whose
+    row vector would be loaded again for every tile (slower there than the loads it replaces)."""
+    if meta[M_TL] != 0 or (meta[M_BM] < 2 and meta[M_COLS] > meta[M_BN]):
+        return False
+    for d in range(meta[M_NR]):
+        if optab[j, _S + d] != 0:
+            return False
+    return True
+
+
+@njit(**OPTS)
+def tile_row_uniform(j, optab, dims, meta, r0):
+    """row_uniform for the tile at row r0 alone: every row dim along which operand j moves keeps
+    one index over the tile's valid rows (an attention mask's per-batch row vector, in a tile
+    inside one batch). Row r's index along dim d is (r // inner_d) % size_d with inner_d the
+    product of the sizes after d; r // inner_d never decreases with r, so it is one value over
+    the rows iff it is at the first and the last."""
+    if meta[M_TL] != 0 or meta[M_BM] < 2:
+        return False
+    last = min(r0 + meta[M_BM], meta[M_ROWS]) - 1
+    inner = r0 * 0 + 1
+    for d in range(meta[M_NR] - 1, -1, -1):
+        size = max(dims[d], 1)
+        if optab[j, _S + d] != 0 and size > 1 and r0 // inner != last // inner:
+            return False
+        inner *= size
+    return True
+
+
+@njit(**OPTS)
+def col_uniform(j, optab, meta):
+    """Operand j reads one element per row (all its column strides are 0: a per-row value
+    broadcast along the row, such as a position in an attention mask, or a 0-d tensor such as an
+    epsilon that dynamic=True made a tensor input)."""
+    nr, nc = meta[M_NR], meta[M_NC]
+    first = nr if nc > 0 else 0   # no column dims: only a 0-d value counts (every row the same)
+    for d in range(first, nr + nc):
+        if optab[j, _S + d] != 0:
+            return False
+    return True

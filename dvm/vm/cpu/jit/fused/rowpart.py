@@ -1,0 +1,123 @@
+"""The first three tree levels of a partial row, read where it is (no padded copy).
+
+A single-tile reduction pads a row of ncv valid lanes to its power-of-two width bn with the
+reduction's identity, then runs the pairwise-halving tree (rowtree.tree_p2; the spec's
+order). Its first pass (_lvl3) combines lanes k + j*q, j < 8, q = bn / 8, into lane k. Lane
+k + j*q is valid exactly when j < nv(k): nv = J + 1 for k < ncv - J*q, else J (J = ncv // q).
+The functions here compute that pass from the valid lanes alone, with the identity written in
+place of the others: the same operations in the same order, so the same bits (an added +0.0
+still turns -0.0 into +0.0, as the padded lane does). They save the padded copy and the reads
+of padding: a 3072-column row in a 4096-lane tile read 4096 + 3072 * 2 lanes per tree, now 3072
+(a tree of that row, standalone: 168 -> 115 ns; 5000 columns in 8192 lanes: 418 -> 101 ns).
+
+bn / 2 < ncv (a single-tile row: bn is the next power of two), so J >= 4 and nv is 4 to 8. Each
+(kind, nv) gets its own loop, made at import time (the kind's lane term and combine, jit/ops):
+a loop whose terms or lane count are decided per lane does not vectorize.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from .. import ops
+from ..bits import OPTS, ptr_f32
+
+PART_SUM, PART_SQSUM, PART_CSQSUM, PART_MAX = 0, 1, 2, 3   # the kinds: sums of x, x*x, (x - m)^2; maxes
+PART_MIN_BN = 2048   # narrower rows keep the padded copy (as fast at 1024 lanes, ~20 ns a tree faster
+                     # below: two short segments per row)
+_Z = np.float32(0.0)         # the sum's identity
+_NINF = np.float32(-np.inf)  # the max's identity
+
+
+@njit(**OPTS)
+def _x(v, m):
+    return v
+
+
+@njit(**OPTS)
+def _sq(v, m):
+    return ops.mul(v, v)
+
+
+@njit(**OPTS)
+def _csq(v, m):
+    c = ops.sub(v, m)
+    return ops.mul(c, c)
+
+
+def _level_loop(term, combine, ident, nv):
+    """d[k] = the first tree pass over lanes k + j*q: combine over term(lane j) for j < nv, the
+    identity for the padded lanes j >= nv (lanes 0-3 are always valid: nv >= 4). The views x_j
+    are of lanes k + j*q, indexed by k alone (k + j*q indices kept numba's negative-index
+    wraparound: gathers, ~3x slower); a view of padding is never read."""
+    @njit(**OPTS)
+    def loop(d, base, q, m):
+        n = d.shape[0]
+        x0, x1, x2, x3 = (carray(ptr_f32(base), n), carray(ptr_f32(base + 4 * q), n),
+                          carray(ptr_f32(base + 8 * q), n), carray(ptr_f32(base + 12 * q), n))
+        x4, x5, x6, x7 = (carray(ptr_f32(base + 16 * q), n), carray(ptr_f32(base + 20 * q), n),
+                          carray(ptr_f32(base + 24 * q), n), carray(ptr_f32(base + 28 * q), n))
+        for k in range(n):
+            t4 = term(x4[k], m) if 4 < nv else ident
+            t5 = term(x5[k], m) if 5 < nv else ident
+            t6 = term(x6[k], m) if 6 < nv else ident
+            t7 = term(x7[k], m) if 7 < nv else ident
+            d[k] = combine(combine(combine(term(x0[k], m), t4), combine(term(x2[k], m), t6)),
+                           combine(combine(term(x1[k], m), t5), combine(term(x3[k], m), t7)))
+    return loop
+
+
+def _levels_of(term, combine, ident):
+    """first_levels for one kind: the rows' two segments (nv + 1 valid lanes below rem, nv above)."""
+    l4, l5, l6, l7, l8 = (_level_loop(term, combine, ident, nv) for nv in (4, 5, 6, 7, 8))
+
+    @njit(**OPTS)
+    def segment(d, base, q, nv, m):
+        if nv == 8:
+            l8(d, base, q, m)
+        elif nv == 7:
+            l7(d, base, q, m)
+        elif nv == 6:
+            l6(d, base, q, m)
+        elif nv == 5:
+            l5(d, base, q, m)
+        else:
+            l4(d, base, q, m)
+
+    @njit(**OPTS)
+    def levels(d, x, ncv, bn, m):
+        q = bn // 8
+        j = ncv // q
+        rem = ncv - j * q
+        base, dbase = x.ctypes.data, d.ctypes.data
+        if rem > 0:
+            segment(carray(ptr_f32(dbase), rem), base, q, j + 1, m)
+        if q > rem:
+            segment(carray(ptr_f32(dbase + 4 * rem), q - rem), base + 4 * rem, q, j, m)
+    return levels
+
+
+levels_sum = _levels_of(_x, ops.add, _Z)
+levels_sqsum = _levels_of(_sq, ops.add, _Z)
+levels_csqsum = _levels_of(_csq, ops.add, _Z)
+levels_max = _levels_of(_x, ops.maximum, _NINF)
+
+
+@njit(**OPTS)
+def part_fits(ncv, bn):
+    """The partial-row pass applies: bn a power of two >= PART_MIN_BN and bn / 2 < ncv < bn."""
+    return bn >= PART_MIN_BN and 2 * ncv > bn and ncv < bn
+
+
+@njit(**OPTS)
+def first_levels(kind, d, x, ncv, bn):
+    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_MAX),
+    reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power of two >= 16 (part_fits adds
+    the widths where it beats a padded copy for a lone tree). Continue with rowtree.tree_p2 over
+    d. The row forms call the kind's own function (levels_*) directly."""
+    if kind == PART_SUM:
+        levels_sum(d, x, ncv, bn, _Z)
+    elif kind == PART_SQSUM:
+        levels_sqsum(d, x, ncv, bn, _Z)
+    else:
+        levels_max(d, x, ncv, bn, _Z)
