@@ -118,10 +118,11 @@ S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
 # The VM table (host/pieces.vm_table) is one int64 array: N_PIECES piece addresses (0: not loaded;
 # the core then takes the generic path), then the decode table (DEC_WIDTH words per opcode).
 # Every piece is a C function int64(frame, pc, a, b); what a and b mean is the piece's own.
-(PC_EW_F32, PC_EW_F64, PC_EW_I64, PC_EW_B8, PC_CAST, PC_MEM, PC_ROWLEVEL, PC_REDUCE,
- PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_FUSED_ROWS) = range(12)
-N_PIECES = 12
-MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM's `a`
+(PC_EW_F32, PC_EW_F64, PC_EW_I64, PC_EW_B8, PC_CAST, PC_MEM, PC_MEM_T, PC_ROWLEVEL, PC_REDUCE,
+ PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_FUSED_ROWS) = range(13)
+N_PIECES = 13
+ROWS_AT = -1   # PC_ROWTREE's pc for a fused run's call (its arguments in the frame's FR_ARGS)
+MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM's and PC_MEM_T's `a`
 
 # The frame: a kernel run's views and state as one int64 array, built once per kernel run by the
 # core (jit/entry) and read by every piece (jit/frame): addresses with their sizes, then the state
@@ -129,5 +130,6 @@ MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM'
 (FR_TAB, FR_INSTRS, FR_NINSTR, FR_DEC, FR_NDEC, FR_PEEP, FR_META, FR_NMETA, FR_DIMS, FR_NDIMS, FR_OPTAB,
  FR_NOPND, FR_OPW, FR_CONSTS, FR_NCONST, FR_ADDRS, FR_NUMELS, FR_NARGS, FR_ARGSZ, FR_ARGST, FR_RIO, FR_FZ,
  FR_F, FR_D, FR_I, FR_B, FR_NF, FR_ND, FR_NI, FR_NB, FR_T, FR_FP, FR_NFP, FR_IX, FR_NIX, FR_SF, FR_NSF,
- FR_SD, FR_NSD, FR_SI, FR_NSI, FR_SI2, FR_NSI2, FR_ST, FR_R0, FR_C0, FR_FIN, FR_AOK) = range(48)
-FRAME_WORDS = 48
+ FR_SD, FR_NSD, FR_SI, FR_NSI, FR_SI2, FR_NSI2, FR_ST, FR_R0, FR_C0, FR_FIN, FR_AOK, FR_ARGS) = range(49)
+N_ARGS = 8         # FR_ARGS .. FR_ARGS + N_ARGS: a call's arguments from one piece to another
+FRAME_WORDS = FR_ARGS + N_ARGS

@@ -62,6 +62,7 @@ PIECES = (
     Piece("ew_b8", abi.PC_EW_B8, f"{_PKG}.kernels", "ew_b8_piece", CORE),
     Piece("cast", abi.PC_CAST, f"{_PKG}.kernels", "cast_piece", CORE),
     Piece("mem", abi.PC_MEM, f"{_PKG}.mem", "mem_piece", CORE),
+    Piece("mem_t", abi.PC_MEM_T, f"{_PKG}.mem_t", "mem_t_piece", CORE),
     Piece("rowlevel", abi.PC_ROWLEVEL, f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
     Piece("reduce", abi.PC_REDUCE, f"{_PKG}.reduce", "reduce_piece", CORE),
     Piece("rowtree", abi.PC_ROWTREE, f"{_PKG}.rowtree", "rowtree_piece", FAST),

@@ -29,18 +29,18 @@ from numba import carray, njit
 from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
                    ERR_UNHANDLED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_UNBIN, FR_AOK, FR_C0, FR_FIN, FR_R0,
                    G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
-                   G_STOREROW, K_BIN, K_CMP, M_BM, M_BN, M_ROWS, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE,
+                   G_STOREROW, K_BIN, K_CMP, M_BM, M_BN, M_ROWS, M_TL, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE,
                    MEM_STOREROW, MODE_CMP_OUTER, MODE_COMPACT, MODE_CONST, MODE_EXPAND, MODE_FULL, MODE_ROWB,
                    MODE_ROWLOAD, MODE_ROWV, MODE_UNIFORM, OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB,
-                   PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_MEM, PC_REDUCE,
+                   PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_MEM, PC_MEM_T, PC_REDUCE,
                    PC_ROWLEVEL, R_ARGMAX, R_ARGMIN, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL,
                    WRITES_F_DEST, WRITES_F_RMW)
 from .addr import col_uniform, direct_addr, row_addrs, tile_row_uniform
 from .bits import OPTS, ptr_f32
 from .frame import call_piece
 
-ROWB_SWAP, ROWB_ROWS = 1, 2            # PC_ROWLEVEL's flags (jit/rowlevel)
-MEM_COMPACT_FLAG, MEM_ONE_ROW_FLAG = 1, 2   # PC_MEM's flags (jit/mem)
+ROWB_SWAP, ROWB_ROWS = 1, 2   # PC_ROWLEVEL's flags (jit/rowlevel)
+MEM_ONE_ROW_FLAG = 2          # PC_MEM's flag (jit/mem)
 
 
 @njit(**OPTS)
@@ -145,6 +145,7 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
     returns an abi.ERR_* code. fra/fr: the frame's address and view; tab: the piece addresses."""
     fr[FR_R0], fr[FR_C0], fr[FR_FIN], fr[FR_AOK] = r0, c0, fin, aok
     bm, bn = meta[M_BM], meta[M_BN]
+    tl = meta[M_TL] != 0
     skip = s - 1
     for pc in range(s, e):
         if pc <= skip:   # done by a fused run, or a store written in place by the previous instruction
@@ -201,8 +202,8 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
                 fp[f1] = p
             else:
                 what = MEM_LOAD if g == G_LOAD else (MEM_STORE if g == G_STORE else MEM_STOREROW)
-                flags = (MEM_COMPACT_FLAG if mode == MODE_COMPACT else 0) | (MEM_ONE_ROW_FLAG if one_row else 0)
-                err = call_piece(tab[PC_MEM], fra, pc, what, flags)
+                slot = PC_MEM_T if tl or mode == MODE_COMPACT else PC_MEM   # a compact store: column 0
+                err = call_piece(tab[slot], fra, pc, what, MEM_ONE_ROW_FLAG if one_row else 0)
             if one_row and (bank != BK_F32 or fp[f1] == 0):
                 mode = MODE_ROWLOAD
         elif g == G_CAST:
@@ -212,7 +213,7 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
             if (g == G_RFIN or g == G_ROWRED) and op != R_ARGMAX and op != R_ARGMIN:
                 mode = MODE_COMPACT   # the row trees leave compact results
         elif g == G_INDEX:
-            err = call_piece(tab[PC_MEM], fra, pc, MEM_INDEX, 0)
+            err = call_piece(tab[PC_MEM_T if tl else PC_MEM], fra, pc, MEM_INDEX, 0)
         elif g == G_CONST:
             _const(bank, f1, instrs[pc, 2], consts, F, D, I, B, bm)
             mode = MODE_CONST

@@ -9,10 +9,11 @@ Edge tiles use clamped indices: lanes outside the domain copy the last valid row
 """
 from __future__ import annotations
 
-from numba import carray, njit
+from numba import carray, njit, types
+from numba.extending import overload
 
 from ..abi import (DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, ERR_UNHANDLED, FR_C0, FR_FIN, FR_R0,
-                   MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL,
+                   MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS,
                    OPTAB_FIXED)
 from . import frame as fm
 from .addr import elem_offset, freg, row_bases
@@ -22,16 +23,48 @@ from .moves import move_rows, move_run, raw_copy, repeat_row
 _S = OPTAB_FIXED
 
 
-@njit(inline='always', **OPTS)
-def _load_row(o, buf, cv, start, stride, n, ix, general):
-    """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted."""
-    plain = cv != DT_F16 and cv != DT_BF16
+def load_row(o, buf, cv, start, stride, n, ix, general):
+    """o[:n] = buf[start + k*stride] (or buf[ix[k]] when general), converted from the stored dtype
+    cv. numba only: one implementation per buffer type (_load_plain, _load_half), so a
+    specialisation compiles the conversions its buffers can hold and no others."""
+    raise NotImplementedError
+
+
+def store_row(buf, x, cv, start, stride, n, ix, general):
+    """buf[start + k*stride] (or buf[ix[k]] when general) = x[:n], converted to cv. numba only."""
+    raise NotImplementedError
+
+
+@overload(load_row)
+def _load_row_impl(o, buf, cv, start, stride, n, ix, general):
+    return _load_half if buf.dtype == types.uint16 else _load_plain
+
+
+@overload(store_row)
+def _store_row_impl(buf, x, cv, start, stride, n, ix, general):
+    return _store_half if buf.dtype == types.uint16 else _store_plain
+
+
+def _load_plain(o, buf, cv, start, stride, n, ix, general):
     if not general and stride == 1:
         src = buf[start:start + n]
-        if plain:
-            for k in range(n):
-                o[k] = src[k]
-        elif cv == DT_F16:
+        for k in range(n):
+            o[k] = src[k]
+    elif not general and stride == 0:
+        o[:n] = buf[start]
+    elif not general:   # strided: index directly (vectorizes as a gather)
+        for k in range(n):
+            o[k] = buf[start + k * stride]
+    else:
+        for k in range(n):
+            o[k] = buf[ix[k]]
+
+
+def _load_half(o, buf, cv, start, stride, n, ix, general):
+    """f16 or bf16 (cv) stored as uint16 bits."""
+    if not general and stride == 1:
+        src = buf[start:start + n]
+        if cv == DT_F16:
             for k in range(n):
                 o[k] = h2f(src[k])
         else:
@@ -39,24 +72,12 @@ def _load_row(o, buf, cv, start, stride, n, ix, general):
                 o[k] = bf2f(src[k])
         return
     if not general and stride == 0:
-        if plain:
-            o[:n] = buf[start]
-        elif cv == DT_F16:
-            o[:n] = h2f(buf[start])
-        else:
-            o[:n] = bf2f(buf[start])
-        return
-    if not general and plain:   # strided: index directly (vectorizes as a gather)
-        for k in range(n):
-            o[k] = buf[start + k * stride]
+        o[:n] = h2f(buf[start]) if cv == DT_F16 else bf2f(buf[start])
         return
     if not general:
         for k in range(n):
             ix[k] = start + k * stride
-    if plain:
-        for k in range(n):
-            o[k] = buf[ix[k]]
-    elif cv == DT_F16:
+    if cv == DT_F16:
         for k in range(n):
             o[k] = h2f(buf[ix[k]])
     else:
@@ -64,31 +85,33 @@ def _load_row(o, buf, cv, start, stride, n, ix, general):
             o[k] = bf2f(buf[ix[k]])
 
 
-@njit(inline='always', **OPTS)
-def _store_row(buf, x, cv, start, stride, n, ix, general):
+def _store_plain(buf, x, cv, start, stride, n, ix, general):
     if not general and stride == 1:
         dst = buf[start:start + n]
-        if (cv != DT_F16 and cv != DT_BF16):
-            for k in range(n):
-                dst[k] = x[k]
-        elif cv == DT_F16:
+        for k in range(n):
+            dst[k] = x[k]
+    elif not general:
+        for k in range(n):
+            buf[start + k * stride] = x[k]
+    else:
+        for k in range(n):
+            buf[ix[k]] = x[k]
+
+
+def _store_half(buf, x, cv, start, stride, n, ix, general):
+    if not general and stride == 1:
+        dst = buf[start:start + n]
+        if cv == DT_F16:
             for k in range(n):
                 dst[k] = f2h(x[k])
         else:
             for k in range(n):
                 dst[k] = f2bf(x[k])
         return
-    if not general and cv != DT_F16 and cv != DT_BF16:
-        for k in range(n):
-            buf[start + k * stride] = x[k]
-        return
     if not general:
         for k in range(n):
             ix[k] = start + k * stride
-    if (cv != DT_F16 and cv != DT_BF16):
-        for k in range(n):
-            buf[ix[k]] = x[k]
-    elif cv == DT_F16:
+    if cv == DT_F16:
         for k in range(n):
             buf[ix[k]] = f2h(x[k])
     else:
@@ -138,9 +161,9 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
                 start = base + c0 * stride
                 ixs = ix[:ncv]
             if is_store:
-                _store_row(buf, reg[i * bn:(i + 1) * bn], cv, start, stride, ncv, ixs, general)
+                store_row(buf, reg[i * bn:(i + 1) * bn], cv, start, stride, ncv, ixs, general)
             else:
-                _load_row(reg[i * bn:(i + 1) * bn], buf, cv, start, stride, ncv, ixs, general)
+                load_row(reg[i * bn:(i + 1) * bn], buf, cv, start, stride, ncv, ixs, general)
         if not is_store and ncv < bn:   # clamped columns copy the last valid column
             v = reg[i * bn + ncv - 1]
             tail = reg[i * bn + ncv:(i + 1) * bn]   # (indexed from 0: the loop vectorizes)
@@ -150,7 +173,7 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
         repeat_row(reg, nrv - 1, bm, bn)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _rows_into(o, buf, cv, at, rb, nrv, bm):
     """o[i] = buf[at + rb[i]] (converted) for the valid rows; later lanes repeat the last one."""
     if cv == DT_F16:
@@ -212,139 +235,55 @@ def _index(o, j, optab, dims, meta, r0, c0, fin):
 
 
 
-@njit(**OPTS)
-def _mem_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix):
-    """_mem for column-major tiles: column k of the tile is reg[k*bm:(k+1)*bm]. ix: 2*(bm+bn) lanes.
-    Rows are addressed as start + i*stride when there is one row dim, else through ix[:nrv]."""
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    rows, cols = meta[M_ROWS], meta[M_COLS]
-    nrv = min(bm, rows - r0)
-    ncv = 1 if fin else min(bn, cols - c0)
-    off = optab[j, 3]
-    zero = off * 0
-    general = nr > 1
-    stride = optab[j, _S + nr - 1] if nr == 1 else zero
-    # several row dims, the innermost of unit stride: a column is runs of that dim's length, each
-    # run addressed once (run q: lanes ix[q] .. ix[q + 1], its base at ix[bm + 1 + q])
-    runs = general and raw_copy(reg, buf, cv, optab[j, _S + nr - 1], False)
-    dl = max(dims[nr - 1], 1)
-    nrun = zero
-    if runs:
-        i = zero
-        while i < nrv:
-            ix[bm + 1 + nrun] = elem_offset(j, r0 + i, optab, dims, zero, nr)
-            ix[nrun] = i
-            nrun += 1
-            i += min(dl - (r0 + i) % dl, nrv - i)
-        ix[nrun] = nrv
-    elif general:
-        row_bases(ix, j, optab, dims, r0, nrv, nr)
-    rbase = zero if general else r0 * stride
-    ixs = ix[bm:bm + nrv]
-    raw = raw_copy(reg, buf, cv, stride, general)
-    for k in range(ncv):
-        col = reg[k * bm:(k + 1) * bm]
-        cbase = off + (zero if fin else elem_offset(j, c0 + k, optab, dims, nr, nr + nc))
-        if runs:
-            for q in range(nrun):
-                move_run(is_store, reg, buf, k * bm + ix[q], cbase + ix[bm + 1 + q], ix[q + 1] - ix[q])
+def memop_of(tile_fn):
+    """memop(is_store, d, j, ...) for one register layout (tile_fn: mem_tile or mem_t.mem_tile_t):
+    load operand j into register d of its dtype's bank, or store d into it. The core has already
+    tried the in-place load of a contiguous f32 tile (addr.direct_addr)."""
+    @njit(**OPTS)
+    def memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, r0, c0, fin, ix, one_row):
+        arg, dt = optab[j, 1], optab[j, 2]
+        a, n = addrs[arg], numels[arg]
+        if dt == DT_F32:
+            tile_fn(is_store, freg(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                    one_row)
+        elif dt == DT_F16 or dt == DT_BF16:
+            tile_fn(is_store, freg(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
+                    one_row)
+        elif dt == DT_F64:
+            tile_fn(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
+        elif dt == DT_I64:
+            tile_fn(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
+        elif dt == DT_I32:
+            tile_fn(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
+        elif dt == DT_BOOL:
+            tile_fn(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
         else:
-            if general:
-                for i in range(nrv):
-                    ixs[i] = cbase + ix[i]
-            if raw:
-                move_run(is_store, reg, buf, k * bm, cbase + rbase, nrv)
-            elif is_store:
-                _store_row(buf, col, cv, cbase + rbase, stride, nrv, ixs, general)
-            else:
-                _load_row(col, buf, cv, cbase + rbase, stride, nrv, ixs, general)
-        if not is_store and nrv < bm:   # clamped rows copy the last valid row
-            v = col[nrv - 1]
-            tail = col[nrv:]
-            for i in range(bm - nrv):
-                tail[i] = v
-    if not is_store:   # clamped columns (and a fin load's broadcast) copy the last valid column
-        last = reg[(ncv - 1) * bm:ncv * bm]
-        for k in range(ncv, bn):
-            dst = reg[k * bm:(k + 1) * bm]
-            for i in range(bm):
-                dst[i] = last[i]
+            return ERR_UNHANDLED
+        return 0
+    return memop
 
 
-@njit(**OPTS)
-def _index_t(o, j, optab, dims, meta, r0, c0, fin):
-    nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
-    rows, cols = meta[M_ROWS], meta[M_COLS]
-    for k in range(bn):
-        c = 0 if fin else min(c0 + k, cols - 1)
-        cb = optab[j, 3] + elem_offset(j, c, optab, dims, nr, nr + nc)
-        for i in range(bm):
-            r = min(r0 + i, rows - 1)
-            o[k * bm + i] = cb + elem_offset(j, r, optab, dims, nr - nr, nr)
-
-
-@njit(**OPTS)
-def _mem_any(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, compact, one_row):
-    """compact: a finalize store of a compact register (row r at lane r: column 0 of a
-    column-major tile, whatever the kernel's layout). one_row: a row-vector load (row 0 only)."""
-    if meta[M_TL] != 0 or compact:
-        _mem_t(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix)
-    else:
-        mem_tile(is_store, reg, buf, dt, j, optab, dims, meta, r0, c0, fin, ix, one_row)
-
-
-@njit(**OPTS)
-def memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, r0, c0, fin, ix, compact, one_row):
-    """Load operand j into register d (of its dtype's bank), or store d into it. The core has
-    already tried the in-place load of a contiguous f32 tile (addr.direct_addr)."""
-    arg, dt = optab[j, 1], optab[j, 2]
-    a, n = addrs[arg], numels[arg]
-    if dt == DT_F32:
-        _mem_any(is_store, freg(F, fp, d), carray(ptr_f32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
-                 compact, one_row)
-    elif dt == DT_F16 or dt == DT_BF16:
-        _mem_any(is_store, freg(F, fp, d), carray(ptr_u16(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix,
-                 compact, one_row)
-    elif dt == DT_F64:
-        _mem_any(is_store, D[d], carray(ptr_f64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 one_row)
-    elif dt == DT_I64:
-        _mem_any(is_store, I[d], carray(ptr_i64(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 one_row)
-    elif dt == DT_I32:
-        _mem_any(is_store, I[d], carray(ptr_i32(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 one_row)
-    elif dt == DT_BOOL:
-        _mem_any(is_store, B[d], carray(ptr_u8(a), n), dt, j, optab, dims, meta, r0, c0, fin, ix, compact,
-                 one_row)
-    else:
-        return ERR_UNHANDLED
-    return 0
-
-
-MEM_COMPACT_FLAG = 1   # PC_MEM's b: bit 0 a finalize store of a compact register, bit 1 a row-0 load
-MEM_ONE_ROW_FLAG = 2
+_memop = memop_of(mem_tile)
+MEM_ONE_ROW_FLAG = 2   # PC_MEM's b: bit 1 a load of row 0 only (a row vector)
 
 
 def mem_piece(fra, pc, what, flags):
-    """PC_MEM: instruction pc's load (MEM_LOAD), store (MEM_STORE, MEM_STOREROW: column 0 of the
-    valid rows, addressed like a finalize store), load of a column-uniform operand into a compact
-    register (MEM_COMPACT) or index tile (MEM_INDEX). Returns an abi.ERR_* code."""
+    """PC_MEM, row-major tiles: instruction pc's load (MEM_LOAD), store (MEM_STORE, MEM_STOREROW:
+    column 0 of the valid rows, addressed like a finalize store), load of a column-uniform operand
+    into a compact register (MEM_COMPACT; either layout) or index tile (MEM_INDEX). Returns an
+    abi.ERR_* code."""
     fr = fm.frame(fra)
     ins = fm.instrs(fr)
     d, j = ins[pc, 1], ins[pc, 2]
     optab, dims, meta = fm.optab(fr), fm.dims(fr), fm.meta(fr)
     r0, c0, fin = fr[FR_R0], fr[FR_C0], fr[FR_FIN] != 0
     if what == MEM_INDEX:
-        if meta[M_TL] != 0:
-            _index_t(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
-        else:
-            _index(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
+        _index(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
         return 0
     if what == MEM_COMPACT:
         ok = _load_compact(d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr), fm.bank_d(fr),
                            fm.bank_i(fr), fm.bank_b(fr), r0, fm.ix(fr))
         return 0 if ok else ERR_UNHANDLED
-    return memop(what != MEM_LOAD, d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr),
-                 fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), r0, c0, fin or what == MEM_STOREROW,
-                 fm.ix(fr), (flags & MEM_COMPACT_FLAG) != 0, (flags & MEM_ONE_ROW_FLAG) != 0)
+    return _memop(what != MEM_LOAD, d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr),
+                  fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), r0, c0, fin or what == MEM_STOREROW,
+                  fm.ix(fr), (flags & MEM_ONE_ROW_FLAG) != 0)

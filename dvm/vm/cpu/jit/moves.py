@@ -35,14 +35,14 @@ def move(typingctx, dst, src, nbytes):
     return types.none(dst, src, nbytes), codegen
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def raw_copy(reg, buf, cv, stride, general):
     """Rows of reg and buf are byte-identical runs: unit stride, same element type (equal sizes
     and no f16/bf16 conversion means the same type: see mem.memop)."""
     return (not general) and stride == 1 and cv != DT_F16 and cv != DT_BF16 and reg.itemsize == buf.itemsize
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def copy_bytes(dst, src, nbytes):
     """dst[:nbytes] = src[:nbytes] for runs that do not overlap, by a loop LLVM vectorizes. The
     XOR with a zero it cannot prove zero keeps it from turning the loop back into memmove."""
@@ -52,7 +52,7 @@ def copy_bytes(dst, src, nbytes):
         d[i] = s[i] ^ z
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def move_bytes(dst, src, nbytes):
     """memmove. The common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
     size, which LLVM inlines as a few vector moves instead of a libc call; other runs that do not
@@ -69,7 +69,7 @@ def move_bytes(dst, src, nbytes):
         move(dst, src, nbytes)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def move_run(is_store, reg, buf, lane, at, n):
     """buf[at:at + n] -> reg[lane:lane + n], or back when storing, byte for byte (raw_copy holds)."""
     isz = buf.itemsize
@@ -80,7 +80,7 @@ def move_run(is_store, reg, buf, lane, at, n):
         move_bytes(p, q, n * isz)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def move_rows(is_store, reg, buf, at, rb, nrv, bn):
     """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
     in a contiguous inner row dim) move as one run, like their register rows."""

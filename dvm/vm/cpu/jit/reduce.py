@@ -38,19 +38,19 @@ def combine(op, a, b):
     return ops.minimum(a, b)
 
 
-@njit(inline='always', **OPTS)   # (called per row)
+@njit(**OPTS)
 def fill(o, v):
     for i in range(o.shape[0]):
         o[i] = v
 
 
-@njit(inline='always', **OPTS)   # a call per row costs more than a short row's work
+@njit(**OPTS)
 def copy(o, a):
     for i in range(o.shape[0]):
         o[i] = a[i]
 
 
-@njit(inline='always', **OPTS)   # a call per row costs more than a short row's work
+@njit(**OPTS)
 def accinit(op, o, is_float):
     if op == R_SUM:
         v = 0.0
@@ -177,7 +177,7 @@ def _acc_t(op, acc, x, bm, ncv):
     _acc(op, acc[:n], x[:n], 1, n, n)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def level(op, lo, hi):
     """lo[j] = lo[j] . hi[j] lane-wise (lo and hi do not overlap): one tree level over whole
     columns, and _acc's combine."""
@@ -327,8 +327,8 @@ def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, s
 
 
 def reduce_piece(fra, pc, unused_a, unused_b):
-    """PC_REDUCE: instruction pc (accinit, acc, rfin, rowred). The row trees of row-major tiles go
-    to PC_ROWTREE when it is loaded (it takes every such tree); the staged loops otherwise."""
+    """PC_REDUCE: instruction pc (accinit, acc, rfin, rowred). The row trees of f32 row-major tiles
+    go to PC_ROWTREE when it is loaded (it takes every such tree); the staged loops otherwise."""
     fr = fm.frame(fra)
     ins, dec, meta = fm.instrs(fr), fm.decode(fr), fm.meta(fr)
     opc = ins[pc, 0]
@@ -336,7 +336,8 @@ def reduce_piece(fra, pc, unused_a, unused_b):
     bm, bn, tl = meta[M_BM], meta[M_BN], meta[M_TL] != 0
     c0 = fr[FR_C0]
     ncv = 1 if fr[FR_FIN] != 0 else min(bn, meta[M_COLS] - c0)
-    row_tree = g != G_ACCINIT and g != G_ACC and not tl and op != R_ARGMAX and op != R_ARGMIN
+    row_tree = (g != G_ACCINIT and g != G_ACC and not tl and op != R_ARGMAX and op != R_ARGMIN
+                and bank == BK_F32)
     rowtree = fm.table(fr)[PC_ROWTREE]
     if row_tree and rowtree != 0:
         return fm.call_piece(rowtree, fra, pc, ncv if g == G_ROWRED else bn, 0)

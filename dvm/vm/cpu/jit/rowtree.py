@@ -1,16 +1,19 @@
-"""The row trees of row-major tiles in vector registers (the PC_ROWTREE piece), and the tree of a
-power-of-two row that the fused runs inline (tree_p2). Bitwise the staged loops of jit/reduce:
-the same combines in the same order (the spec's pairwise-halving tree, docs/DECISIONS.md).
+"""The row trees of f32 row-major tiles in vector registers (the PC_ROWTREE piece), and the tree
+of a power-of-two row (tree_p2; per reduction: tree_p2_sum, tree_p2_max, for the fused runs).
+Bitwise the staged loops of jit/reduce: the same combines in the same order (the spec's pairwise-
+halving tree, docs/DECISIONS.md). f64 and i64 rows take the staged loops.
 """
 from __future__ import annotations
 
-from numba import njit
+import numpy as np
+from numba import carray, njit
 
-from ..abi import BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_OP, M_BM, M_BN, R_MAX, R_PROD, R_SUM
+from ..abi import DEC_OP, FR_ARGS, M_BM, M_BN, R_MAX, R_PROD, R_SUM, ROWS_AT
 from . import frame as fm
 from . import ops
 from .addr import freg
-from .bits import OPTS
+from .bits import OPTS, ptr_f32, ptr_i64
+from .fused.rowpart import levels_max, levels_sum, part_fits
 from .reduce import accinit, copy, is_pow2, tree
 from .vtree import VTREE_MAX, vtree, vtree_n, vtree_pad
 
@@ -79,6 +82,26 @@ def tree_p2(op, x, a, b, p):
     return vtree(op, b, p)
 
 
+def _tree_p2_of(op):
+    """tree_p2 for one reduction op (a constant: only its trees are compiled), called per row by
+    the fused runs."""
+    @njit(**OPTS)
+    def tree_p2_op(x, a, b, p):
+        return tree_p2(op, x, a, b, p)
+    return tree_p2_op
+
+
+tree_p2_sum = _tree_p2_of(R_SUM)
+tree_p2_max = _tree_p2_of(R_MAX)
+
+
+@njit(**OPTS)
+def _tree_p2_call(op, x, a, b, p):
+    """tree_p2 as one compiled function (its trees once), for the rows rowred_at's register
+    forms do not take: wide or partial rows, where a call per row costs nothing measurable."""
+    return tree_p2(op, x, a, b, p)
+
+
 ROW_STAGED, ROW_P2, ROW_MASKED, ROW_PADDED = 0, 1, 2, 3   # row_form
 
 
@@ -99,55 +122,69 @@ def row_form(bn, ncv):
 
 
 @njit(**OPTS)
-def rowred(op, o, x, bm, bn, ncv, s, is_float):
-    """Single-tile reduction of x over its valid columns (identity elsewhere); compact result
-    (row r's value in lane r). s: scratch of 2*bn lanes."""
-    form = row_form(bn, ncv)
-    if form == ROW_P2:
-        for r in range(bm):
-            o[r] = vtree(op, x[r * bn:(r + 1) * bn], bn)
-        return
-    if form == ROW_MASKED:
-        for r in range(bm):
-            o[r] = vtree_n(op, x[r * bn:(r + 1) * bn], bn)
-        return
-    if form == ROW_PADDED:
-        for r in range(bm):
-            o[r] = vtree_pad(op, x[r * bn:r * bn + ncv], ncv, bn)
-        return
+def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
+    """The single-tile reduction of f32 rows read where they are: row r's ncv valid lanes at
+    address ra[r] (r < nrv), padded with the identity to bn lanes as the spec pads them; compact
+    result (row r's value in lane r of o). The rows from nrv to bm (a load's copies of the last
+    valid row) get its result. s: scratch of 2*bn lanes. The form is decided once, before the
+    row loop (row_form)."""
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = is_pow2(bn)
-    if p2 and ncv == bn:
-        for r in range(bm):
-            o[r] = tree_p2(op, x[r * bn:(r + 1) * bn], a, b, bn)
-        return
-    for r in range(bm):
-        copy(a[:ncv], x[r * bn:r * bn + ncv])
-        accinit(op, a[ncv:bn], is_float)
-        if p2:
-            o[r] = tree_p2(op, a, b, a, bn)
-        else:
-            tree(op, a, bn)
-            o[r] = a[0]
+    form = row_form(bn, ncv)
+    if form == ROW_P2:
+        for r in range(nrv):
+            o[r] = vtree(op, carray(ptr_f32(ra[r]), bn), bn)
+    elif form == ROW_MASKED:
+        for r in range(nrv):
+            o[r] = vtree_n(op, carray(ptr_f32(ra[r]), bn), bn)
+    elif form == ROW_PADDED:
+        for r in range(nrv):
+            o[r] = vtree_pad(op, carray(ptr_f32(ra[r]), ncv), ncv, bn)
+    elif p2 and ncv == bn:
+        for r in range(nrv):
+            o[r] = _tree_p2_call(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
+    elif p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX):
+        q = bn // 8   # the padded row's first tree levels, from its valid lanes (fused/rowpart)
+        lvl, la, lb = a[:q], b[:q], b[q:2 * q]
+        z = np.float32(0.0)
+        for r in range(nrv):
+            if op == R_SUM:
+                levels_sum(lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn, z)
+            else:
+                levels_max(lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn, z)
+            o[r] = _tree_p2_call(op, lvl, la, lb, q)
+    else:
+        for r in range(nrv):
+            copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
+            accinit(op, a[ncv:bn], np.bool_(True))
+            if p2:
+                o[r] = _tree_p2_call(op, a, b, a, bn)
+            else:
+                tree(op, a, bn)
+                o[r] = a[0]
+    for r in range(nrv, bm):
+        o[r] = o[nrv - 1]
 
 
 def rowtree_piece(fra, pc, n, unused):
-    """PC_ROWTREE: the row trees of instruction pc (a non-arg rowred over n = the tile's valid
-    lanes, or rfin over n = BN) of a row-major tile, any bank; compact result."""
+    """PC_ROWTREE, f32 rows in vector registers: the row trees of instruction pc (a non-arg
+    rowred over n = the tile's valid lanes, or rfin over n = BN) of a row-major tile; or, with
+    pc == ROWS_AT, rowred_at on the frame's FR_ARGS (op, address of o, of the row addresses, nrv,
+    ncv, address of 2*BN lanes of scratch), for a fused run. Compact results."""
     fr = fm.frame(fra)
-    ins, dec, meta = fm.instrs(fr), fm.decode(fr), fm.meta(fr)
-    opc = ins[pc, 0]
-    op, bank = dec[opc, DEC_OP], dec[opc, DEC_BANK]
-    f1, f2 = ins[pc, 1], ins[pc, 2]
+    meta = fm.meta(fr)
     bm, bn = meta[M_BM], meta[M_BN]
-    if bank == BK_F32:
-        F, fp = fm.bank_f(fr), fm.fptr(fr)
-        rowred(op, freg(F, fp, f1), freg(F, fp, f2), bm, bn, n, fm.sf(fr), bank == BK_F32)
-    elif bank == BK_F64:
-        D = fm.bank_d(fr)
-        rowred(op, D[f1], D[f2], bm, bn, n, fm.sd(fr), bank == BK_F64)
-    else:
-        I = fm.bank_i(fr)
-        rowred(op, I[f1], I[f2], bm, bn, n, fm.si(fr), bank != BK_I64)
+    if pc == ROWS_AT:
+        op, o, ra, nrv, ncv, s = (fr[FR_ARGS], fr[FR_ARGS + 1], fr[FR_ARGS + 2], fr[FR_ARGS + 3],
+                                  fr[FR_ARGS + 4], fr[FR_ARGS + 5])
+        rowred_at(op, carray(ptr_f32(o), bm), carray(ptr_i64(ra), nrv), nrv, bm, bn, ncv,
+                  carray(ptr_f32(s), 2 * bn))
+        return 0
+    ins, dec = fm.instrs(fr), fm.decode(fr)
+    F, fp, ra = fm.bank_f(fr), fm.fptr(fr), fm.ix(fr)
+    x = freg(F, fp, ins[pc, 2]).ctypes.data
+    for r in range(bm):
+        ra[r] = x + 4 * r * bn
+    rowred_at(dec[ins[pc, 0], DEC_OP], freg(F, fp, ins[pc, 1]), ra, bm, bm, bn, n, fm.sf(fr))
     return 0

@@ -11,7 +11,7 @@ from ...abi import DT_BF16, DT_F16, DT_F32, RS_ROWVEC, ST_CACHE
 from ..addr import row_uniform
 from ..bits import OPTS, ptr_f32, ptr_u16
 from ..mem import mem_tile
-from .rowpart import PART_SQSUM, first_levels, part_fits
+from .rowpart import levels_sqsum, part_fits
 
 
 @njit(inline='always', **OPTS)
@@ -34,7 +34,7 @@ def sq_level(lvl, v, q, ncv, bn, pad):
         for k in range(q):
             lvl[k] = sq8(v, k, q)
     elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
-        first_levels(PART_SQSUM, lvl, v, ncv, bn)
+        levels_sqsum(lvl, v, ncv, bn, np.float32(0.0))
     else:
         for k in range(ncv):
             pad[k] = v[k]

@@ -22,7 +22,6 @@ from numba import carray, njit
 from .. import ops
 from ..bits import OPTS, ptr_f32
 
-PART_SUM, PART_SQSUM, PART_CSQSUM, PART_MAX = 0, 1, 2, 3   # the kinds: sums of x, x*x, (x - m)^2; maxes
 PART_MIN_BN = 2048   # narrower rows keep the padded copy (as fast at 1024 lanes, ~20 ns a tree faster
                      # below: two short segments per row)
 _Z = np.float32(0.0)         # the sum's identity
@@ -68,7 +67,7 @@ def _level_loop(term, combine, ident, nv):
 
 
 def _levels_of(term, combine, ident):
-    """first_levels for one kind: the rows' two segments (nv + 1 valid lanes below rem, nv above)."""
+    """The first tree pass of one kind over a row: its two segments' two segments (nv + 1 valid lanes below rem, nv above)."""
     l4, l5, l6, l7, l8 = (_level_loop(term, combine, ident, nv) for nv in (4, 5, 6, 7, 8))
 
     @njit(**OPTS)
@@ -107,17 +106,3 @@ levels_max = _levels_of(_x, ops.maximum, _NINF)
 def part_fits(ncv, bn):
     """The partial-row pass applies: bn a power of two >= PART_MIN_BN and bn / 2 < ncv < bn."""
     return bn >= PART_MIN_BN and 2 * ncv > bn and ncv < bn
-
-
-@njit(**OPTS)
-def first_levels(kind, d, x, ncv, bn):
-    """d[:bn // 8] = the padded row's first tree pass (PART_SUM, PART_SQSUM: of x*x, PART_MAX),
-    reading x[:ncv] only. Requires bn / 2 < ncv <= bn, bn a power of two >= 16 (part_fits adds
-    the widths where it beats a padded copy for a lone tree). Continue with rowtree.tree_p2 over
-    d. The row forms call the kind's own function (levels_*) directly."""
-    if kind == PART_SUM:
-        levels_sum(d, x, ncv, bn, _Z)
-    elif kind == PART_SQSUM:
-        levels_sqsum(d, x, ncv, bn, _Z)
-    else:
-        levels_max(d, x, ncv, bn, _Z)

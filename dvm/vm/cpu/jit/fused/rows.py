@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS, M_ROWS, NO_SRC, OP_DIV,
-                    OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM, RS_COMPACT, RS_FULL, RS_UNIFORM,
+from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS,
+                    M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, RS_COMPACT, RS_FULL, RS_UNIFORM,
                     RS_UNIFORM_ALL)
 from .. import frame as fm
 from .. import ops
@@ -41,7 +41,7 @@ from ..addr import row_addrs, row_uniform
 from ..bits import OPTS, ptr_f32
 from ..mathf import exp_into
 from ..reduce import is_pow2
-from ..rowtree import tree_p2
+from ..rowtree import tree_p2_max, tree_p2_sum
 from .common import apply_row, cached_row
 from .rowpart import levels_csqsum, levels_max, levels_sum
 
@@ -148,11 +148,11 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
-            F[s1][r] = tree_p2(R_SUM, lvl, la, lb, q)
+            F[s1][r] = tree_p2_sum(lvl, la, lb, q)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
             mv = F[m][r]
         levels_csqsum(lvl, xr, ncv, bn, mv)
-        F[s2][r] = tree_p2(R_SUM, lvl, la, lb, q)
+        F[s2][r] = tree_p2_sum(lvl, la, lb, q)
         _chain_row(instrs, dec, qb0, qb1, F, st, r)
         _apply_row_c(carray(ptr_f32(ry[r]), ncv), xr, mv, centered, F[rs][r], w, b, ncv, bias)
 
@@ -170,12 +170,12 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         levels_max(lvl, xr, ncv, bn, z)
-        mv = tree_p2(R_MAX, lvl, la, lb, q)
+        mv = tree_p2_max(lvl, la, lb, q)
         _center(arow, xr, mv, ncv)
         F[m][r] = mv
         exp_into(erow, arow, ncv)   # the exp instruction's loop (jit/kernels: exp_into)
         levels_sum(lvl, erow, ncv, bn, z)
-        F[s][r] = tree_p2(R_SUM, lvl, la, lb, q)
+        F[s][r] = tree_p2_sum(lvl, la, lb, q)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)

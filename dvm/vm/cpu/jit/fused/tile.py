@@ -41,18 +41,18 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_SQSUM, FR_AOK, FR_C0, FR_R0,
-                    M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, RS_COMPACT, RS_FULL, R_MAX,
-                    R_SUM)
+from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0,
+                    FR_R0, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, PC_ROWTREE, ROWS_AT,
+                    RS_COMPACT, RS_FULL, R_SUM)
 from .. import frame as fm
+from .. import ops
 from ..addr import col_uniform, direct_addr, freg, row_addrs
 from ..bits import OPTS, ptr_f32
 from ..mathf import exp_into
-from ..reduce import accinit, combine, copy, is_pow2, level, tree
-from ..rowtree import ROW_MASKED, ROW_P2, ROW_PADDED, row_form, rowred, tree_p2
-from ..vtree import vtree, vtree_n, vtree_pad
+from ..reduce import combine, is_pow2, level
+from ..frame import call_piece
+from ..rowtree import tree_p2_sum
 from .common import apply_row, cached_row, sq_level
-from .rowpart import PART_MAX, PART_SUM, first_levels, part_fits
 
 
 @njit(**OPTS)
@@ -78,70 +78,31 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
             sq_level(lvl, dr, q, ncv, bn, pad)
         else:
             sq_level(lvl, xr, q, ncv, bn, pad)
-        o[r] = tree_p2(R_SUM, lvl, ta, tb, q)
+        o[r] = tree_p2_sum(lvl, ta, tb, q)
 
 
 @njit(**OPTS)
-def _expsum_rows(o, x, m, e, bm, bn, ncv, s):
-    """e = exp(x - m[r]) on every lane of row r (one pass for the sub and the exp), then
-    o = the rows' sums (_rowred). x - m goes through scratch row s[:bn]: e is often x's register,
-    and a loop whose output may alias its input does not vectorize (a scalar exp made a 1000x1001
-    softmax 3x slower)."""
+def _expsum_rows(x, m, e, bm, bn, s):
+    """e = exp(x - m[r]) on every lane of row r (one pass for the sub and the exp). x - m goes
+    through scratch row s[:bn]: e is often x's register, and a loop whose output may alias its
+    input does not vectorize (a scalar exp made a 1000x1001 softmax 3x slower)."""
     a = s[:bn]
     for r in range(bm):
         mv = m[r]
         xr = x[r * bn:(r + 1) * bn]
         er = e[r * bn:(r + 1) * bn]
         for k in range(bn):
-            a[k] = xr[k] - mv
+            a[k] = ops.sub(xr[k], mv)
         exp_into(er, a, bn)
-    # typed, not literal, arguments: the same compiled _rowred as cpu_interp's float32 call (a
-    # literal op and flag compiled a second specialised copy, ~34 s of the VM's compile)
-    rowred(np.int64(R_SUM), o, e, bm, bn, ncv, s, np.bool_(True))
 
 
 @njit(**OPTS)
-def _rowred_rows(op, o, ra, nrv, bm, bn, ncv, s):
-    """_rowred of the f32 tile a load would make, reading its rows where they are: row r's ncv
-    valid lanes at address ra[r] (r < nrv). The same operations in the same order as the load
-    (clamped lanes and rows) followed by _rowred, so bitwise the same: a partial row is copied
-    into scratch and padded with the identity, as _rowred does; the rows past nrv, which the load
-    fills with copies of the last valid row, get its result."""
-    a = s[:bn]
-    b = s[bn:2 * bn]
-    p2 = is_pow2(bn)
-    # one loop per form, the form decided before it (see cpu_reduce._row_form)
-    form = row_form(bn, ncv)
-    if form == ROW_P2:
-        for r in range(nrv):
-            o[r] = vtree(op, carray(ptr_f32(ra[r]), bn), bn)
-    elif form == ROW_MASKED:
-        for r in range(nrv):
-            o[r] = vtree_n(op, carray(ptr_f32(ra[r]), bn), bn)
-    elif form == ROW_PADDED:
-        for r in range(nrv):
-            o[r] = vtree_pad(op, carray(ptr_f32(ra[r]), ncv), ncv, bn)
-    elif p2 and ncv == bn:
-        for r in range(nrv):
-            o[r] = tree_p2(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
-    elif p2 and part_fits(ncv, bn) and (op == R_SUM or op == R_MAX):
-        q = bn // 8   # the padded row's first tree levels, from its valid lanes (cpu_rowpart)
-        kind = PART_SUM if op == R_SUM else PART_MAX
-        lvl, la, lb = a[:q], b[:q], b[q:2 * q]
-        for r in range(nrv):
-            first_levels(kind, lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn)
-            o[r] = tree_p2(op, lvl, la, lb, q)
-    else:
-        for r in range(nrv):
-            copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
-            accinit(op, a[ncv:bn], np.bool_(True))
-            if p2:
-                o[r] = tree_p2(op, a, b, a, bn)
-            else:
-                tree(op, a, bn)
-                o[r] = a[0]
-    for r in range(nrv, bm):
-        o[r] = o[nrv - 1]
+def _rows_reduce(fra, fr, rowtree, op, o, ra, nrv, ncv, s):
+    """rowtree.rowred_at through the PC_ROWTREE piece (address rowtree): o = the reductions of the
+    nrv f32 rows at addresses ra[:nrv] (ncv valid lanes each) of a BN-lane tile."""
+    fr[FR_ARGS], fr[FR_ARGS + 1], fr[FR_ARGS + 2] = op, o.ctypes.data, ra.ctypes.data
+    fr[FR_ARGS + 3], fr[FR_ARGS + 4], fr[FR_ARGS + 5] = nrv, ncv, s.ctypes.data
+    call_piece(rowtree, fra, ROWS_AT, 0, 0)
 
 
 @njit(**OPTS)
@@ -266,12 +227,13 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
         else:
             _apply_rows(freg(F, fp, y), xv, sv, w, b, bm, bn, bias)
         return n + 1 if p != 0 or rows else n
-    if kind == FK_LOADRED:   # rows of an f32 operand with unit column stride (_row_addrs)
+    rowtree = fm.table(fr)[PC_ROWTREE]
+    if kind == FK_LOADRED:   # rows of an f32 operand with unit column stride (row_addrs), read in place
         j, x, r = fz[pc, 2], fz[pc, 3], fz[pc, 4]
         nrows = min(bm, meta[M_ROWS] - r0)
-        if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
+        if rowtree == 0 or not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
             return 0
-        _rowred_rows(fz[pc, 5], F[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), sf)
+        _rows_reduce(fra, fr, rowtree, fz[pc, 5], F[r], ix, nrows, min(bn, meta[M_COLS] - c0), sf)
         fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
         st[0, x] = RS_FULL
         fp[r] = 0
@@ -283,12 +245,16 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
     ncv = min(bn, meta[M_COLS] - c0)
     if kind == FK_EXPSUM:
         m, e, r = fz[pc, 3], fz[pc, 4], fz[pc, 6]
-        if st[0, m] != RS_COMPACT:
+        if st[0, m] != RS_COMPACT or rowtree == 0:
             return 0
         xv = freg(F, fp, x)
         fp[e] = 0
         st[0, e] = RS_FULL
-        _expsum_rows(F[r], xv, F[m], F[e], bm, bn, ncv, sf)
+        ev = F[e]
+        _expsum_rows(xv, F[m], ev, bm, bn, sf)
+        for row in range(bm):
+            ix[row] = ev.ctypes.data + 4 * row * bn
+        _rows_reduce(fra, fr, rowtree, R_SUM, F[r], ix, bm, ncv, sf)
         fp[r] = 0
     elif kind == FK_SQSUM:
         r = fz[pc, 3]
