@@ -123,7 +123,7 @@ def _store_half(buf, x, cv, start, stride, n, ix, general):
 def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
     """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j.
     one_row: load row 0 only (an operand whose rows are all the same in this tile: see
-    cpu_rowlevel._tile_row_uniform)."""
+    addr.tile_row_uniform)."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
     nrv = 1 if one_row else min(bm, rows - r0)
@@ -194,7 +194,7 @@ def _rows_into(o, buf, cv, at, rb, nrv, bm):
 @njit(**OPTS)
 def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
     """Row r's element of a column-uniform operand j into lane r of register d (a compact
-    register: row-level arithmetic then stays on BM lanes, see cpu_rowlevel). An f32 register
+    register: row-level arithmetic then stays on BM lanes, see jit/rowlevel). An f32 register
     must be in its bank row (fp[d] == 0: _exec points a written register back)."""
     nr, bm, bn = meta[M_NR], meta[M_BM], meta[M_BN]
     nrv = max(min(bm, meta[M_ROWS] - r0), 1)

@@ -62,7 +62,7 @@ def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
 # Row vectors: a load whose rows are all the same (a weight or bias broadcast over the rows of a
 # row-major tile) fills row 0 only; an f32 binary op applies that row to every row of the other
 # operand (_bin_rowv), a comparison with a compact register pairs them (_cmp_outer), any other
-# reader expands it first (cpu_moves._repeat_row).
+# reader expands it first (moves.repeat_row).
 @njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""

@@ -8,32 +8,36 @@ import numpy as np
 from numba import carray, njit
 
 from ...abi import DT_BF16, DT_F16, DT_F32, RS_ROWVEC, ST_CACHE
+from .. import ops
 from ..addr import row_uniform
 from ..bits import OPTS, ptr_f32, ptr_u16
 from ..mem import mem_tile
 from .rowpart import levels_sqsum, part_fits
 
 
+@njit(**OPTS)
+def _sq(v):
+    return ops.mul(v, v)
+
+
 @njit(inline='always', **OPTS)
 def sq8(v, k, q):
-    """Three tree levels (cpu_reduce._stage's order) of the squares of v[k + j*q], j < 8."""
-    return ((((v[k] * v[k]) + (v[k + 4 * q] * v[k + 4 * q]))
-             + ((v[k + 2 * q] * v[k + 2 * q]) + (v[k + 6 * q] * v[k + 6 * q])))
-            + (((v[k + q] * v[k + q]) + (v[k + 5 * q] * v[k + 5 * q]))
-               + ((v[k + 3 * q] * v[k + 3 * q]) + (v[k + 7 * q] * v[k + 7 * q]))))
+    """Three tree levels (rowtree._stage's order) of the squares of v[k + j*q], j < 8."""
+    return ops.add(ops.add(ops.add(_sq(v[k]), _sq(v[k + 4 * q])), ops.add(_sq(v[k + 2 * q]), _sq(v[k + 6 * q]))),
+                   ops.add(ops.add(_sq(v[k + q]), _sq(v[k + 5 * q])), ops.add(_sq(v[k + 3 * q]), _sq(v[k + 7 * q]))))
 
 
 @njit(inline='always', **OPTS)
 def sq_level(lvl, v, q, ncv, bn, pad):
     """lvl[k] = the first three tree levels of v's squares (sq8); lanes past ncv count as +0.0,
-    the sum's identity, as _rowred pads. A partial row of a tile narrower than cpu_rowpart takes
+    the sum's identity, as the reductions pad. A partial row of a tile narrower than fused/rowpart takes
     is first copied into pad (bn lanes) and padded with zeros: a per-lane select on the index
     (`v[i]^2 if i < ncv else 0`) did not vectorize (16x1024 tile with 1001 valid columns: 9.0
     against 1.3 us)."""
     if ncv == bn:
         for k in range(q):
             lvl[k] = sq8(v, k, q)
-    elif part_fits(ncv, bn):   # from the valid lanes alone (cpu_rowpart)
+    elif part_fits(ncv, bn):   # from the valid lanes alone (fused/rowpart)
         levels_sqsum(lvl, v, ncv, bn, np.float32(0.0))
     else:
         for k in range(ncv):
@@ -49,16 +53,16 @@ def apply_row(orow, xr, sv, w, b, n, bias):
     """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
     if bias:
         for k in range(n):
-            orow[k] = ((xr[k] * sv) * w[k]) + b[k]
+            orow[k] = ops.add(ops.mul(ops.mul(xr[k], sv), w[k]), b[k])
     else:
         for k in range(n):
-            orow[k] = (xr[k] * sv) * w[k]
+            orow[k] = ops.mul(ops.mul(xr[k], sv), w[k])
 
 
 @njit(inline='always', **OPTS)
 def row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
     """Row 0 of a row vector into dst (bn lanes): loaded from operand `src` (>= 0) when its rows
-    are all the same (_row_uniform), or read from register -2 - src when that register is a row
+    are all the same (addr.row_uniform), or read from register -2 - src when that register is a row
     vector now. False if neither."""
     if src >= 0:
         if not row_uniform(src, optab, meta):
@@ -67,7 +71,7 @@ def row_vector(dst, src, F, st, optab, dims, meta, addrs, numels, r0, c0, ix):
         a, n = addrs[arg], numels[arg]
         if dt == DT_F32:
             mem_tile(np.bool_(False), dst, carray(ptr_f32(a), n), dt, src, optab, dims, meta, r0, c0,
-                 np.bool_(False), ix, np.bool_(True))   # typed flags: cpu_interp's compiled _mem
+                 np.bool_(False), ix, np.bool_(True))
         elif dt == DT_F16 or dt == DT_BF16:
             mem_tile(np.bool_(False), dst, carray(ptr_u16(a), n), dt, src, optab, dims, meta, r0, c0,
                  np.bool_(False), ix, np.bool_(True))

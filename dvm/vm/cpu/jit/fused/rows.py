@@ -53,17 +53,17 @@ def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
         apply_row(orow, xr, sv, w, b, n, bias)
     elif bias:
         for k in range(n):
-            orow[k] = (((xr[k] - mv) * sv) * w[k]) + b[k]
+            orow[k] = ops.add(ops.mul(ops.mul(ops.sub(xr[k], mv), sv), w[k]), b[k])
     else:
         for k in range(n):
-            orow[k] = ((xr[k] - mv) * sv) * w[k]
+            orow[k] = ops.mul(ops.mul(ops.sub(xr[k], mv), sv), w[k])
 
 
 @njit(inline='always', **OPTS)
 def _center(drow, xr, mv, n):
     """drow[:n] = xr[:n] - mv (drow does not overlap xr: the loop vectorizes)."""
     for k in range(n):
-        drow[k] = xr[k] - mv
+        drow[k] = ops.sub(xr[k], mv)
 
 
 @njit(**OPTS)
@@ -162,7 +162,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
     then y = e * r (e / r when div). The trees' first levels read the row and erow where they
-    are (cpu_rowpart, as _norm_rows; a partial row's padded copy cost more: one thread, 300
+    are (fused/rowpart, as _norm_rows; a partial row's padded copy cost more: one thread, 300
     columns 262 -> 202 ns a row, 1001: 391 -> 361)."""
     q = bn // 8
     lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
@@ -181,10 +181,10 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
         orow = carray(ptr_f32(ry[r]), ncv)
         if div:
             for k in range(ncv):
-                orow[k] = erow[k] / rv
+                orow[k] = ops.div(erow[k], rv)
         else:
             for k in range(ncv):
-                orow[k] = erow[k] * rv
+                orow[k] = ops.mul(erow[k], rv)
 
 
 @njit(inline='always', **OPTS)

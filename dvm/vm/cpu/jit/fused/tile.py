@@ -26,7 +26,7 @@ through are dead after it (checked by the plan), so they are not written.
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U and
              an add, sub or mul B, t dead after (jit/fused/unbin: PC_FUSED_UNBIN)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
-             row at a time (cpu_rownorm); the runs inside keep their own plan entries, for the
+             row at a time (jit/fused/rows: PC_FUSED_ROWS); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
 
 x full, m and s compact, row-major tiles of BN >= 128 lanes (a power of two for the sums; FK_LOADRED,
@@ -74,7 +74,7 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
             mv = m[r]
             dr = dout[r * bn:(r + 1) * bn]
             for k in range(bn):
-                dr[k] = xr[k] - mv
+                dr[k] = ops.sub(xr[k], mv)
             sq_level(lvl, dr, q, ncv, bn, pad)
         else:
             sq_level(lvl, xr, q, ncv, bn, pad)
@@ -162,8 +162,8 @@ def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
 def _csq_acc(acc, x, mv):
     """acc += (x - mv)^2, lane-wise (the sub's, the mul's and the acc's f32 roundings)."""
     for k in range(acc.shape[0]):
-        d = x[k] - mv
-        acc[k] = acc[k] + d * d
+        d = ops.sub(x[k], mv)
+        acc[k] = ops.add(acc[k], ops.mul(d, d))
 
 
 def fused_tile_piece(fra, pc, unused_a, unused_b):
