@@ -2,6 +2,8 @@
 special-value generators and the one comparison used everywhere."""
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import pytest
 import numpy as np
@@ -295,3 +297,18 @@ def run_ew(name: str, *arrays):
     scope = {"body": body}
     exec(src, scope)  # noqa: S102 - a kernel needs one named parameter per array argument
     return dvm.kernel(scope["kern"])(*tensors)
+
+
+@contextlib.contextmanager
+def generic_paths():
+    """The CPU VM with its FAST pieces out of the VM table: every instruction on the generic
+    paths (the core and the CORE pieces), as a process runs while the fast paths still compile."""
+    from dvm.vm import cpu
+    from dvm.vm.cpu.host import pieces
+    cpu.warm_up(wait_fast=True)
+    saved = pieces.TABLE[:pieces.abi.N_PIECES].copy()
+    pieces.uninstall_fast()
+    try:
+        yield
+    finally:
+        pieces.TABLE[:pieces.abi.N_PIECES] = saved

@@ -219,6 +219,13 @@ def install(name: str) -> None:
         TABLE[p.piece.slot] = p.address
 
 
+def install_all_loaded() -> None:
+    """Write every loaded piece's address into the VM table."""
+    for name, p in _LOADED.items():
+        if p.ready:
+            install(name)
+
+
 def uninstall_fast() -> None:
     """Take every FAST piece out of the table (the generic paths run): for tests comparing them."""
     for p in PIECES:

@@ -18,7 +18,7 @@ from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_KIND, DEC_OP, DEC_SRC, 
                    OP_POW, OP_RECIP, OP_RELU, OP_REM, OP_ROUND, OP_RSQRT, OP_SIGMOID, OP_SIGN, OP_SILU, OP_SIN,
                    OP_SQRT, OP_SUB, OP_TANH, OP_TRUNC)
 from . import frame as fm
-from . import ops
+from . import loops, ops
 from .addr import freg
 from .bits import OPTS, bf2f, f2bf, f2h, f64_to_f16_f32, h2f
 from .mathf import (SINCOS_BIG, erff, exp2f, exp_into, expm1f, gelu_tanhf, geluf, log1pf, log2f, logf, sigmoid_into,
@@ -30,7 +30,7 @@ _SQRT_2_OVER_PI = 0.79788456080286535588
 
 # --- elementwise: float banks ------------------------------------------------------------------
 _NEG, _ABS, _SQRT, _RSQRT, _RECIP, _RELU, _FLOOR, _CEIL, _RINT, _TRUNC, _SIGN = (
-    ops.loop1(f) for f in (ops.neg, ops.absolute, ops.sqrt, ops.rsqrt, ops.reciprocal, ops.relu, ops.floor,
+    loops.loop1(f) for f in (ops.neg, ops.absolute, ops.sqrt, ops.rsqrt, ops.reciprocal, ops.relu, ops.floor,
                            ops.ceil, ops.rint, ops.trunc, ops.sign))
 
 
@@ -245,7 +245,7 @@ def _pow(a, b):
     return np.power(np.float64(a), np.float64(b))
 
 
-_FLOORDIV, _REM, _POW = ops.loop2(_floordiv), ops.loop2(_rem), ops.loop2(_pow)
+_FLOORDIV, _REM, _POW = loops.loop2(_floordiv), loops.loop2(_rem), loops.loop2(_pow)
 
 
 @njit(**OPTS)
@@ -257,7 +257,7 @@ def _bin_float(op, o, a, b):
     elif op == OP_POW:
         _POW(o, a, b)
     elif op == OP_ADD or op == OP_SUB or op == OP_MUL or op == OP_DIV or op == OP_MAX or op == OP_MIN:
-        ops.bin_tile(op, o, a, b, False)
+        loops.bin_tile(op, o, a, b, False)
     else:
         return False
     return True
@@ -311,7 +311,7 @@ def _bin_i64(op, o, a, b):
     """Returns 0, ERR_UNHANDLED or ERR_ZERODIV."""
     n = o.shape[0]
     if op == OP_ADD or op == OP_SUB or op == OP_MUL or op == OP_MAX or op == OP_MIN:
-        ops.bin_tile(op, o, a, b, False)
+        loops.bin_tile(op, o, a, b, False)
     elif op == OP_BAND:
         for i in range(n):
             o[i] = a[i] & b[i]
@@ -370,7 +370,7 @@ def _bin_b8(op, o, a, b):
 @njit(**OPTS)
 def _cmp(op, o, a, b):
     if op == OP_EQ or op == OP_NE or op == OP_LT or op == OP_LE or op == OP_GT or op == OP_GE:
-        ops.cmp_tile(op, o, a, b)
+        loops.cmp_tile(op, o, a, b)
         return True
     return False
 

@@ -1,11 +1,7 @@
-"""The scalar semantics of the CPU VM's ops, each written once: every tile loop, fused run and row
-form calls these (directly or through the loop templates at the bottom), so a fast path computes
-the same f32 operations as the generic path, bit for bit.
-
-Binary ops come in a plain and a swapped form (`swap`: the compact or uniform operand is the
-left one); the loop templates are instantiated per op function (numba compiles one loop per
-function passed in), so each op gets its own loop, which LLVM vectorizes: one loop that selects
-the op per lane did not (13-20x slower a tile).
+"""The scalar semantics of the CPU VM's ops, each written once: every tile loop (jit/loops), fused
+run and row form calls these, so a fast path computes the same f32 operations as the generic
+path, bit for bit. Binary ops come in a plain and a swapped form (`_sw`: the compact or uniform
+operand is the left one).
 """
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ..abi import OP_ADD, OP_DIV, OP_EQ, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MUL, OP_NE, OP_SUB
+from ..abi import OP_ADD, OP_DIV, OP_MAX, OP_MUL, OP_SUB
 from .bits import OPTS
 
 
@@ -228,120 +224,3 @@ def trunc(x):
 @njit(**OPTS)
 def sign(x):
     return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
-
-
-# --- loops: one loop per op function (made at import time: each loop calls its op directly, so
-# LLVM inlines and vectorizes it; an op passed as an argument would make the code uncacheable) ---
-def loop1(f):
-    """A loop o[i] = f(a[i])."""
-    @njit(**OPTS)
-    def loop(o, a):
-        for i in range(o.shape[0]):
-            o[i] = f(a[i])
-    return loop
-
-
-def loop2(f):
-    """A loop o[i] = f(a[i], b[i])."""
-    @njit(**OPTS)
-    def loop(o, a, b):
-        for i in range(o.shape[0]):
-            o[i] = f(a[i], b[i])
-    return loop
-
-
-def loop2s(f):
-    """A loop o[i] = f(a[i], v) for a scalar v."""
-    @njit(**OPTS)
-    def loop(o, a, v):
-        for i in range(o.shape[0]):
-            o[i] = f(a[i], v)
-    return loop
-
-
-def loop_s2(f):
-    """A loop o[i] = f(v, b[i]) for a scalar v."""
-    @njit(**OPTS)
-    def loop(o, v, b):
-        for i in range(o.shape[0]):
-            o[i] = f(v, b[i])
-    return loop
-
-
-_ADD, _SUB, _MUL, _DIV, _MAX, _MIN = (loop2(f) for f in (add, sub, mul, div, maximum, minimum))
-_ADD_SW, _SUB_SW, _MUL_SW, _DIV_SW, _MAX_SW, _MIN_SW = (loop2(f) for f in (add_sw, sub_sw, mul_sw, div_sw,
-                                                                           maximum_sw, minimum_sw))
-_ADD_S, _SUB_S, _MUL_S, _DIV_S, _MAX_S, _MIN_S = (loop2s(f) for f in (add, sub, mul, div, maximum, minimum))
-_ADD_S_SW, _SUB_S_SW, _MUL_S_SW, _DIV_S_SW, _MAX_S_SW, _MIN_S_SW = (loop2s(f) for f in (add_sw, sub_sw, mul_sw,
-                                                                                       div_sw, maximum_sw,
-                                                                                       minimum_sw))
-_EQ, _NE, _LT, _LE, _GT, _GE = (loop2(f) for f in (eq, ne, lt, le, gt, ge))
-_EQ_S, _NE_S, _LT_S, _LE_S, _GT_S, _GE_S = (loop_s2(f) for f in (eq, ne, lt, le, gt, ge))
-
-
-@njit(**OPTS)
-def bin_tile(op, o, a, b, swap):
-    """o = a . b lane-wise (b . a when swap) for the add, sub, mul, div, maximum, minimum."""
-    if op == OP_ADD:
-        _ADD_SW(o, a, b) if swap else _ADD(o, a, b)
-    elif op == OP_MUL:
-        _MUL_SW(o, a, b) if swap else _MUL(o, a, b)
-    elif op == OP_SUB:
-        _SUB_SW(o, a, b) if swap else _SUB(o, a, b)
-    elif op == OP_DIV:
-        _DIV_SW(o, a, b) if swap else _DIV(o, a, b)
-    elif op == OP_MAX:
-        _MAX_SW(o, a, b) if swap else _MAX(o, a, b)
-    else:
-        _MIN_SW(o, a, b) if swap else _MIN(o, a, b)
-
-
-@njit(**OPTS)
-def bin_scalar(op, o, a, v, swap):
-    """o = a . v (v . a when swap) for a scalar v: bin_tile's ops."""
-    if op == OP_ADD:
-        _ADD_S_SW(o, a, v) if swap else _ADD_S(o, a, v)
-    elif op == OP_MUL:
-        _MUL_S_SW(o, a, v) if swap else _MUL_S(o, a, v)
-    elif op == OP_SUB:
-        _SUB_S_SW(o, a, v) if swap else _SUB_S(o, a, v)
-    elif op == OP_DIV:
-        _DIV_S_SW(o, a, v) if swap else _DIV_S(o, a, v)
-    elif op == OP_MAX:
-        _MAX_S_SW(o, a, v) if swap else _MAX_S(o, a, v)
-    else:
-        _MIN_S_SW(o, a, v) if swap else _MIN_S(o, a, v)
-
-
-@njit(**OPTS)
-def cmp_tile(op, o, a, b):
-    """o = a . b lane-wise for the comparisons."""
-    if op == OP_EQ:
-        _EQ(o, a, b)
-    elif op == OP_NE:
-        _NE(o, a, b)
-    elif op == OP_LT:
-        _LT(o, a, b)
-    elif op == OP_LE:
-        _LE(o, a, b)
-    elif op == OP_GT:
-        _GT(o, a, b)
-    else:
-        _GE(o, a, b)
-
-
-@njit(**OPTS)
-def cmp_scalar_first(op, o, v, b):
-    """o = v . b lane-wise for a scalar v, the comparisons."""
-    if op == OP_EQ:
-        _EQ_S(o, v, b)
-    elif op == OP_NE:
-        _NE_S(o, v, b)
-    elif op == OP_LT:
-        _LT_S(o, v, b)
-    elif op == OP_LE:
-        _LE_S(o, v, b)
-    elif op == OP_GT:
-        _GT_S(o, v, b)
-    else:
-        _GE_S(o, v, b)

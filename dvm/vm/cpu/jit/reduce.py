@@ -38,19 +38,19 @@ def combine(op, a, b):
     return ops.minimum(a, b)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # called per row: a call costs more than a short row's work
 def fill(o, v):
     for i in range(o.shape[0]):
         o[i] = v
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # called per row
 def copy(o, a):
     for i in range(o.shape[0]):
         o[i] = a[i]
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # called per row
 def accinit(op, o, is_float):
     if op == R_SUM:
         v = 0.0
@@ -177,7 +177,7 @@ def _acc_t(op, acc, x, bm, ncv):
     _acc(op, acc[:n], x[:n], 1, n, n)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # called per row (partial tiles) and per tree level
 def level(op, lo, hi):
     """lo[j] = lo[j] . hi[j] lane-wise (lo and hi do not overlap): one tree level over whole
     columns, and _acc's combine."""

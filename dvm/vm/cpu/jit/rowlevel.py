@@ -10,15 +10,15 @@ the same values (jit/ops).
 """
 from __future__ import annotations
 
-from numba import carray, njit
+from numba import njit
 
 from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_OP, FR_C0, FR_FIN, FR_R0, MODE_CMP_OUTER, MODE_EXPAND,
                    MODE_ROWB, MODE_UNIFORM, M_BM, M_BN, M_COLS, M_ROWS, M_TL, OP_GE, OP_GT, OP_LE, OP_LT, RS_COMPACT,
                    RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL)
 from . import frame as fm
-from . import ops
+from . import loops
 from .addr import freg
-from .bits import OPTS, ptr_f32
+from .bits import OPTS
 from .moves import repeat_row
 from .reduce import bcast_t, fill
 
@@ -36,27 +36,23 @@ def _expand(o, bm, bn, tl):
 @njit(**OPTS)
 def _bins(op, o, a, v, swap):
     """A full tile and a uniform register (v: its value)."""
-    ops.bin_scalar(op, o, a, v, swap)
+    loops.bin_scalar(op, o, a, v, swap)
 
 
 @njit(**OPTS)
 def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
     """o = a . b (b . a when swap) for a full tile a and a compact register b."""
-    if tl:
-        bv = b[:bm]
-        for k in range(bn):
-            ops.bin_tile(op, o[k * bm:(k + 1) * bm], a[k * bm:(k + 1) * bm], bv, swap)
+    if tl:   # column k of the tile: its bm rows against the compact column
+        loops.bin_vec(op, o, a, b[:bm], bn, bm, swap)
     else:
-        for r in range(bm):
-            ops.bin_scalar(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], b[r], swap)
+        loops.bin_rows(op, o, a, b, bm, bn, bn, swap)
 
 
 @njit(**OPTS)
 def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
     """_bin_rowb (row-major tiles) straight into a buffer: row r's ncv valid lanes at address
     ra[r] (the store it replaces, for tiles addr.direct_addr cannot alias)."""
-    for r in range(nrows):
-        ops.bin_scalar(op, carray(ptr_f32(ra[r]), ncv), a[r * bn:r * bn + ncv], b[r], swap)
+    loops.bin_rows_at(op, ra, a, b, nrows, bn, ncv, swap)
 
 
 # Row vectors: a load whose rows are all the same (a weight or bias broadcast over the rows of a
@@ -66,9 +62,7 @@ def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
 @njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""
-    bv = b[:bn]
-    for r in range(bm):
-        ops.bin_tile(op, o[r * bn:(r + 1) * bn], a[r * bn:(r + 1) * bn], bv, swap)
+    loops.bin_vec(op, o, a, b[:bn], bm, bn, swap)
 
 
 @njit(**OPTS)
@@ -78,9 +72,7 @@ def _cmp_outer(op, o, c, v, bm, bn, swap):
     if swap:
         op = OP_GT if op == OP_LT else OP_GE if op == OP_LE else OP_LT if op == OP_GT else \
             OP_LE if op == OP_GE else op
-    vr = v[:bn]
-    for r in range(bm):
-        ops.cmp_scalar_first(op, o[r * bn:(r + 1) * bn], c[r], vr)
+    loops.cmp_outer(op, o, c, v[:bn], bm, bn)
 
 
 @njit(**OPTS)
