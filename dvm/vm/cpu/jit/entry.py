@@ -26,7 +26,7 @@ from .interp import exec_tile
 from .sync import atomic_add, atomic_load, atomic_store, await_post, post_all, retract_all
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site; a call would pass every view's fields
 def _exec_units(u0, u1, tile_par, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, addrs, numels,
                 argsz, argst, rio, fz, sched, F, D, I, B, fp, ix, st):
     """Run work units [u0, u1): row blocks, or (row block, column tile) pairs when tile_par.

@@ -138,7 +138,7 @@ def _const(g_bank, f1, f2, consts, F, D, I, B, bm):
         B[f1][:bm] = 1 if bits != 0 else 0
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site (jit/entry); a call would pass every view's fields per tile
 def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, addrs, F, D, I, B, fp, aok,
               r0, c0, fin, ix, rio, st, fz):
     """Run instructions [s, e) on the tile at (r0, c0) (fin: a finalize section, one column);
