@@ -121,6 +121,7 @@ S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
 (PC_EW_F32, PC_EW_F64, PC_EW_I64, PC_EW_B8, PC_CAST, PC_MEM, PC_MEM_T, PC_ROWLEVEL, PC_REDUCE,
  PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_FUSED_ROWS) = range(13)
 N_PIECES = 13
+FUSED_RUN = -1  # a piece's `a` when the core calls it for the fused run at pc (fuse[pc])
 ROWS_AT = -1   # PC_ROWTREE's pc for a fused run's call (its arguments in the frame's FR_ARGS)
 MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM's and PC_MEM_T's `a`
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
+from ..abi import (FK_LOADRED, FUSED_RUN, PC_ROWTREE, BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
                    ERR_UNHANDLED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_UNBIN, FR_AOK, FR_C0, FR_FIN, FR_R0,
                    G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
                    G_STOREROW, K_BIN, K_CMP, M_BM, M_BN, M_ROWS, M_TL, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE,
@@ -117,6 +117,8 @@ def _needs_expand(pc, instrs, rio, st):
 
 @njit(**OPTS)
 def _fused_slot(kind):
+    if kind == FK_LOADRED:
+        return PC_ROWTREE
     if kind == FK_UNBIN:
         return PC_FUSED_UNBIN
     if kind == FK_ROWNORM or kind == FK_ROWSOFTMAX:
@@ -154,7 +156,7 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
         if kind_f != FK_NONE and not fin:
             piece = tab[_fused_slot(kind_f)]
             if piece != 0:   # not loaded yet: the instructions run one by one (the same results)
-                done = call_piece(piece, fra, pc, 0, 0)
+                done = call_piece(piece, fra, pc, FUSED_RUN, 0)
                 if done > 0:
                     skip = pc + done - 1
                     continue

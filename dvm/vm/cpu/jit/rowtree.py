@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ..abi import DEC_OP, FR_ARGS, M_BM, M_BN, R_MAX, R_PROD, R_SUM, ROWS_AT
+from ..abi import (DEC_OP, FR_ARGS, FR_C0, FR_R0, FUSED_RUN, M_BM, M_BN, M_COLS, M_ROWS, R_MAX, R_PROD, R_SUM,
+                   ROWS_AT, RS_COMPACT, RS_FULL)
 from . import frame as fm
 from . import ops
-from .addr import freg
+from .addr import freg, row_addrs
 from .bits import OPTS, ptr_f32, ptr_i64
 from .fused.rowpart import levels_max, levels_sum, part_fits
 from .reduce import accinit, copy, is_pow2, tree
@@ -167,14 +168,35 @@ def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
         o[r] = o[nrv - 1]
 
 
+def _loadred(fr, pc, bm, bn, meta):
+    """FK_LOADRED = (kind, 2, o, x, r, op) at pc: `load x, o ; rowred.op r, x` on the rows of f32
+    operand o read where they are (unit column stride: addr.row_addrs), without the load's copy;
+    the instructions done, 0 where the rows cannot be addressed (they then run one by one)."""
+    fz, ix, st, fp = fm.fuse(fr), fm.ix(fr), fm.states(fr), fm.fptr(fr)
+    j, x, r = fz[pc, 2], fz[pc, 3], fz[pc, 4]
+    r0, c0 = fr[FR_R0], fr[FR_C0]
+    nrows = min(bm, meta[M_ROWS] - r0)
+    if not row_addrs(ix, j, fm.optab(fr), fm.dims(fr), meta, fm.addrs(fr), r0, c0, nrows):
+        return 0
+    rowred_at(fz[pc, 5], fm.bank_f(fr)[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), fm.sf(fr))
+    fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
+    st[0, x] = RS_FULL
+    fp[r] = 0
+    st[0, r] = RS_COMPACT
+    return fz[pc, 1]
+
+
 def rowtree_piece(fra, pc, n, unused):
     """PC_ROWTREE, f32 rows in vector registers: the row trees of instruction pc (a non-arg
-    rowred over n = the tile's valid lanes, or rfin over n = BN) of a row-major tile; or, with
+    rowred over n = the tile's valid lanes, or rfin over n = BN) of a row-major tile; with
+    n == FUSED_RUN the FK_LOADRED run at pc (the core calls fused runs with a = FUSED_RUN); with
     pc == ROWS_AT, rowred_at on the frame's FR_ARGS (op, address of o, of the row addresses, nrv,
-    ncv, address of 2*BN lanes of scratch), for a fused run. Compact results."""
+    ncv, address of 2*BN lanes of scratch), for another fused run. Compact results."""
     fr = fm.frame(fra)
     meta = fm.meta(fr)
     bm, bn = meta[M_BM], meta[M_BN]
+    if n == FUSED_RUN:
+        return _loadred(fr, pc, bm, bn, meta)
     if pc == ROWS_AT:
         op, o, ra, nrv, ncv, s = (fr[FR_ARGS], fr[FR_ARGS + 1], fr[FR_ARGS + 2], fr[FR_ARGS + 3],
                                   fr[FR_ARGS + 4], fr[FR_ARGS + 5])

@@ -16,7 +16,7 @@ through are dead after it (checked by the plan), so they are not written.
              y = ((x * s) * w) + b for a compact s and row vectors w, b (a norm's scale and affine);
              mul and add are commutative, so their operands may come in either order
   FK_LOADRED load x, o ; rowred.op r, x                       r = sum/prod/max/min of each row of
-             operand o, read in place: no tile copy (a partial tile's load copies every row)
+             operand o, read in place: no tile copy (jit/rowtree: PC_ROWTREE)
   FK_LOADACC load x, o ; acc.op +a, x                         a = a op x, lane-wise, for a
              tile read from operand o's rows (row-major) or columns (column-major: contiguous
              runs at any distance, as in a sum over axis 0 split into row blocks) without the
@@ -41,8 +41,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0,
-                    FR_R0, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, PC_ROWTREE, ROWS_AT,
+from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0, FR_R0,
+                    M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, PC_ROWTREE, ROWS_AT,
                     RS_COMPACT, RS_FULL, R_SUM)
 from .. import frame as fm
 from .. import ops
@@ -228,17 +228,6 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
             _apply_rows(freg(F, fp, y), xv, sv, w, b, bm, bn, bias)
         return n + 1 if p != 0 or rows else n
     rowtree = fm.table(fr)[PC_ROWTREE]
-    if kind == FK_LOADRED:   # rows of an f32 operand with unit column stride (row_addrs), read in place
-        j, x, r = fz[pc, 2], fz[pc, 3], fz[pc, 4]
-        nrows = min(bm, meta[M_ROWS] - r0)
-        if rowtree == 0 or not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
-            return 0
-        _rows_reduce(fra, fr, rowtree, fz[pc, 5], F[r], ix, nrows, min(bn, meta[M_COLS] - c0), sf)
-        fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
-        st[0, x] = RS_FULL
-        fp[r] = 0
-        st[0, r] = RS_COMPACT
-        return n
     x = fz[pc, 2]
     if st[0, x] != RS_FULL or bn < 128 or not is_pow2(bn):
         return 0
