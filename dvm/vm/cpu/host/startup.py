@@ -23,6 +23,7 @@ ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ens
 _lock = threading.Lock()
 _fast_ready = threading.Event()
 _fast_thread: threading.Thread | None = None
+_fast_error: str | None = None   # the first fast piece that failed to build, if one did
 
 
 def ensure_core() -> None:
@@ -57,9 +58,12 @@ def tsc_now():
 
 def wait_fast(timeout: float | None = None) -> bool:
     """Block until the FAST pieces are in the VM table (benchmarks measure the whole VM); False
-    if `timeout` seconds passed first."""
+    if `timeout` seconds passed first. Raises RuntimeError if one failed to build."""
     ensure_core()
-    return _fast_ready.wait(timeout)
+    done = _fast_ready.wait(timeout)
+    if _fast_error is not None:
+        raise RuntimeError(f"a fast piece of the CPU VM failed to build: {_fast_error}")
+    return done
 
 
 def fast_ready() -> bool:
@@ -84,11 +88,18 @@ def _start_fast() -> None:
 
 
 def _finish_fast(build: "_Build", missing: list[str]) -> None:
+    """The watcher thread: each fast piece into the table once built. A piece that fails to build
+    is said on stderr and stays out (its generic path runs: the same results)."""
+    global _fast_error
     t0 = time.perf_counter()
     build.wait_all()
-    _load_or_compile(missing)
     for n in missing:
-        install(n)
+        try:
+            _load_or_compile([n])
+            install(n)
+        except Exception as e:   # a bug in a fast piece must not stop the process: said, left out
+            _fast_error = f"{n}: {type(e).__name__}: {e}"
+            say(f"the CPU VM's fast piece {_fast_error.splitlines()[0]}; it stays out, its generic path runs")
     _fast_ready.set()
     say(f"CPU VM fast paths ready ({time.perf_counter() - t0:.0f} s after start-up)")
 
