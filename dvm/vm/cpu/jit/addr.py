@@ -89,7 +89,7 @@ def row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # a view, per instruction
 def freg(F, fp, k):
     """F register k: its bank row, or the buffer slice it aliases (fp[k] = address, 0 = none)."""
     p = fp[k]

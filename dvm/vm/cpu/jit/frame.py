@@ -35,133 +35,133 @@ def call_piece(typingctx, addr, frame, pc, a, b):
     return types.int64(addr, frame, pc, a, b), codegen
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # views: inlined where they are used (no call per view)
 def frame(addr):
     return carray(ptr_i64(addr), FRAME_WORDS)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def table(fr):
     """The piece addresses of the VM table (0: not loaded)."""
     return carray(ptr_i64(fr[FR_TAB]), N_PIECES)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def instrs(fr):
     return carray(ptr_i64(fr[FR_INSTRS]), (fr[FR_NINSTR], INSTR_WIDTH))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def decode(fr):
     return carray(ptr_i64(fr[FR_DEC]), (fr[FR_NDEC], DEC_WIDTH))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def peep(fr):
     return carray(ptr_i64(fr[FR_PEEP]), fr[FR_NINSTR])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def meta(fr):
     return carray(ptr_i64(fr[FR_META]), fr[FR_NMETA])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def dims(fr):
     return carray(ptr_i64(fr[FR_DIMS]), fr[FR_NDIMS])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def optab(fr):
     return carray(ptr_i64(fr[FR_OPTAB]), (fr[FR_NOPND], fr[FR_OPW]))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def consts(fr):
     return carray(ptr_i64(fr[FR_CONSTS]), fr[FR_NCONST])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def addrs(fr):
     return carray(ptr_i64(fr[FR_ADDRS]), fr[FR_NARGS])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def numels(fr):
     return carray(ptr_i64(fr[FR_NUMELS]), fr[FR_NARGS])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def argsz(fr):
     return carray(ptr_i64(fr[FR_ARGSZ]), fr[FR_NARGS])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def argst(fr):
     return carray(ptr_i64(fr[FR_ARGST]), fr[FR_NARGS])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def rio(fr):
     return carray(ptr_i64(fr[FR_RIO]), (fr[FR_NINSTR], RIO_WIDTH))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def fuse(fr):
     return carray(ptr_i64(fr[FR_FZ]), (fr[FR_NINSTR], FUSE_WIDTH))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def bank_f(fr):
     return carray(ptr_f32(fr[FR_F]), (fr[FR_NF], fr[FR_T]))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def bank_d(fr):
     return carray(ptr_f64(fr[FR_D]), (fr[FR_ND], fr[FR_T]))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def bank_i(fr):
     return carray(ptr_i64(fr[FR_I]), (fr[FR_NI], fr[FR_T]))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def bank_b(fr):
     return carray(ptr_u8(fr[FR_B]), (fr[FR_NB], fr[FR_T]))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def fptr(fr):
     """fp[k]: the address f32 register k aliases (0: its bank row)."""
     return carray(ptr_i64(fr[FR_FP]), fr[FR_NFP])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def ix(fr):
     return carray(ptr_i64(fr[FR_IX]), fr[FR_NIX])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def sf(fr):
     return carray(ptr_f32(fr[FR_SF]), fr[FR_NSF])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def sd(fr):
     return carray(ptr_f64(fr[FR_SD]), fr[FR_NSD])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def si(fr):
     return carray(ptr_i64(fr[FR_SI]), fr[FR_NSI])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def si2(fr):
     return carray(ptr_i64(fr[FR_SI2]), fr[FR_NSI2])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def states(fr):
     return carray(ptr_i64(fr[FR_ST]), (ST_ROWS, MAX_REGS))
