@@ -239,7 +239,7 @@ def memop_of(tile_fn):
     """memop(is_store, d, j, ...) for one register layout (tile_fn: mem_tile or mem_t.mem_tile_t):
     load operand j into register d of its dtype's bank, or store d into it. The core has already
     tried the in-place load of a contiguous f32 tile (addr.direct_addr)."""
-    @njit(**OPTS)
+    @njit(inline='always', **OPTS)   # one call site a piece: no call passing the views' fields
     def memop(is_store, d, j, optab, dims, meta, addrs, numels, F, D, I, B, fp, r0, c0, fin, ix, one_row):
         arg, dt = optab[j, 1], optab[j, 2]
         a, n = addrs[arg], numels[arg]

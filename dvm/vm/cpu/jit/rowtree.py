@@ -168,7 +168,7 @@ def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
         o[r] = o[nrv - 1]
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site
 def _loadred(fr, pc, bm, bn, meta):
     """FK_LOADRED = (kind, 2, o, x, r, op) at pc: `load x, o ; rowred.op r, x` on the rows of f32
     operand o read where they are (unit column stride: addr.row_addrs), without the load's copy;
