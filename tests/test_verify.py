@@ -17,7 +17,6 @@ import dvm  # noqa: E402
 import dvm.runtime.compiled as compiled_mod  # noqa: E402
 from dvm.codegen.program import Program, float_bits  # noqa: E402
 from dvm.frontend import torch_segment  # noqa: E402
-from dvm.tools import verify_train  # noqa: E402
 from dvm.tools.verify import session  # noqa: E402
 from dvm.tools.cli import main as cli  # noqa: E402
 
@@ -136,13 +135,16 @@ def test_dvm_verify_environment_variable(tmp_path):
     assert report["summary"]["kernels"] == 1 and report["summary"]["passed"]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2_moe"])
-def test_every_kernel_of_a_tiny_model_passes(name):
-    """Forward and backward of the small training models (tools/verify_train), f32 and bf16."""
-    for dtype in (torch.float32, torch.bfloat16):
-        torch._dynamo.reset()
-        model = verify_train.build(name, 0, "small").to(dtype)
-        ids = verify_train.batch_ids(0, 0, verify_train.SIZES["small"][2])
-        report = dvm.verify(lambda i: model(i, labels=i).loss.backward(), ids, repro_dir=None,
-                            label=f"{name} {dtype}")
-        assert len(report.rows) >= 10 and report.passed, report.markdown()
+def test_dvm_verify_model_command(tmp_path, capsys):
+    """`dvm verify --model`: a bf16 forward of the tiny Llama (the training tests verify every
+    kernel of forward and backward in f32 and bf16 autocast)."""
+    out = tmp_path / "v.json"
+    rc = cli(["verify", "--model", "llama", "--dtypes", "bfloat16", "--lengths", "9", "--batch", "1",
+              "--no-backward", "--json", str(out), "--md", "-", "--repro-dir", str(tmp_path / "r")])
+    report = json.loads(out.read_text())
+    assert rc == 0, report["failures"]
+    (run,) = report["runs"]
+    assert run["model"] == "llama" and run["dtype"] == "bfloat16" and run["summary"]["passed"]
+    assert run["summary"]["kernels"] >= 5
+    text = capsys.readouterr().out
+    assert "| llama | bfloat16 |" in text and "### llama, bfloat16" in text

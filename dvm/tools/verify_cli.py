@@ -3,7 +3,8 @@
     dvm verify [--model NAME[,NAME]] [--dtypes float32,bfloat16] [--lengths 17,40,64] [--batch B]
                [--seed S] [--no-backward] [--repro-dir DIR] [--json PATH] [--md PATH]
     dvm verify train [--models llama,qwen2_moe] [--steps N] [--precisions f32,bf16] [--size bench|small]
-                     [--optimizer sgd|adamw] [--seed S] [--json PATH] [--md PATH] [--png PATH]
+                     [--optimizer sgd|adamw] [--seed S] [--verify-kernels] [--repro-dir DIR]
+                     [--json PATH] [--md PATH] [--png PATH]
     dvm verify ddp [--models llama] [--steps N] [--precisions f32] [--size small|bench] [--seed S]
     dvm verify opinfo [--full | --samples N] [--dtypes float32,bfloat16,float16] [--ops OP,..]
     dvm repro FILE.npz [--vm cpu,reference]
@@ -63,7 +64,8 @@ def cmd_verify_train(args) -> int:
         _err("--steps must be at least 1")
         return EXIT_USAGE
     return verify_train.main(models=models, steps=args.steps, precisions=precisions, seed=args.seed, size=args.size,
-                             optimizer=args.optimizer, json_path=_path(args.json), md_path=_path(args.md),
+                             optimizer=args.optimizer, verify_kernels=args.verify_kernels,
+                             repro_dir=_path(args.repro_dir), json_path=_path(args.json), md_path=_path(args.md),
                              png_path=_path(args.png))
 
 
@@ -181,6 +183,10 @@ def add_parsers(sub) -> None:
     t.add_argument("--size", choices=sorted(verify_train.SIZES), default="bench", help="model size (default bench)")
     t.add_argument("--optimizer", choices=sorted(verify_train.OPTIMIZERS), default="sgd")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--verify-kernels", action="store_true",
+                   help="also verify every kernel launch of the DVM runs (the accuracy mode; slower)")
+    t.add_argument("--repro-dir", default=verify_models.DEFAULT_REPRO_DIR, metavar="DIR",
+                   help="with --verify-kernels: where failing kernels' reproducers go (default %(default)s)")
     _outputs(t, verify_train.DEFAULT_JSON, verify_train.DEFAULT_MD, verify_train.DEFAULT_PNG)
     t.set_defaults(func=cmd_verify_train)
 

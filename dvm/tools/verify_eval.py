@@ -15,7 +15,6 @@ Evaluation runs with autocast off (the graph's casts are explicit) and without a
 from __future__ import annotations
 
 import collections
-import operator
 
 import torch
 import torch.fx as fx
@@ -26,13 +25,11 @@ from ..frontend.fx_syms import Syms
 from ..graph.symbolic import evaluate
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-# additive reductions: their results are judged by the accumulative-error standard (verify_metrics)
+# additive reductions (and the ATen composites made of one): an output computed through one is
+# judged by the accumulative-error standard (verify_metrics)
 ACCUMULATING = frozenset({"sum", "mean", "var", "var_mean", "std", "std_mean", "prod", "nansum", "norm",
-                          "linalg_vector_norm", "logsumexp", "cumsum"})
-# ops that carry a reduction's result to an output without summing anything themselves
-CARRIERS = frozenset({"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "_to_copy",
-                      "convert_element_type", "detach", "permute", "transpose", "t", "alias", "mul", "div",
-                      "neg", "copy"})
+                          "linalg_vector_norm", "logsumexp", "cumsum", "_softmax", "_log_softmax",
+                          "native_layer_norm", "_fused_rms_norm"})
 
 
 class NotVerifiable(Exception):
@@ -62,7 +59,7 @@ class SegmentEval:
         self.ops: collections.Counter = collections.Counter()
 
     def accumulating(self, fxn: fx.Node) -> bool:
-        """fxn is an additive reduction's result, possibly reshaped, cast or scaled."""
+        """fxn is computed, in this segment, through an additive reduction."""
         stack, seen = [fxn], set()
         while stack:
             n = stack.pop()
@@ -72,8 +69,7 @@ class SegmentEval:
             name = _packet(n.target)
             if name in ACCUMULATING:
                 return True
-            if name in CARRIERS or n.target is operator.getitem:
-                stack.extend(_arg_nodes(n))
+            stack.extend(_arg_nodes(n))
         return False
 
     def leaves(self, tensors) -> dict:

@@ -170,29 +170,41 @@ def deviation(losses: list, ref: list) -> list:
 
 
 def main(models=None, steps: int = DEFAULT_STEPS, precisions=None, seed: int = 0, size: str = "bench",
-         optimizer: str = "sgd", json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD,
+         optimizer: str = "sgd", kinds=KINDS, verify_kernels: bool = False, repro_dir: str | None = None,
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD,
          png_path: str | None = DEFAULT_PNG, out=None) -> int:
+    """kinds: the systems besides eager_f64 (eager and dvm at least); verify_kernels: run the dvm
+    systems in a verification session (tools/verify) too, every kernel launch of the training
+    checked (reproducers of failing ones to repro_dir)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ..config import config
+    from .verify import session
     out = out or sys.stdout
     models = models or list(MODEL_NAMES)
     precisions = precisions or list(PRECISIONS)
-    systems = ["eager_f64"] + [f"{k}_{p}" for p in precisions for k in KINDS]
+    systems = ["eager_f64"] + [f"{k}_{p}" for p in precisions for k in KINDS if k in kinds]
     report = {"benchmark": "verify-train", "machine": machine_info(), "loadavg": loadavg(), "vm": config().vm,
               "steps": steps, "seed": seed, "size": size, "sizes": SIZES[size], "lengths": list(LENGTHS),
               "batch": BATCH, "optimizer": optimizer, "optimizer_args": OPTIMIZERS[optimizer],
               "precisions": precisions, "systems": systems, "models": {}, "failures": []}
     for name in models:
-        runs = {}
+        runs, kernels = {}, {}
         for system in systems:
             t0 = time.perf_counter()
-            runs[system] = train(name, system, steps, seed, size, optimizer)
+            if verify_kernels and system.startswith("dvm"):
+                with session(repro_dir, label=f"{name} {system}") as s:
+                    runs[system] = train(name, system, steps, seed, size, optimizer)
+                k = kernels[system] = s.report().summary()
+                if not k["passed"]:
+                    report["failures"].append(f"{name} {system}: kernels {k}")
+            else:
+                runs[system] = train(name, system, steps, seed, size, optimizer)
             progress("verify train", f"{name} {system}: final loss {runs[system]['losses'][-1]:.6f} "
                      f"({time.perf_counter() - t0:.1f} s)")
         ref = runs["eager_f64"]["losses"]
-        entry = {"losses": {s: r["losses"] for s, r in runs.items()},
+        entry = {"losses": {s: r["losses"] for s, r in runs.items()}, "kernels": kernels,
                  "deviation": {s: deviation(r["losses"], ref) for s, r in runs.items() if s != "eager_f64"},
-                 "rules": {p: {k: rules(runs, k, p) for k in ("graph", "dvm")} for p in precisions}}
+                 "rules": {p: {k: rules(runs, k, p) for k in ("graph", "dvm") if k in kinds} for p in precisions}}
         for p in precisions:
             v = entry["rules"][p]["dvm"]
             if not v["passed"]:
@@ -200,8 +212,8 @@ def main(models=None, steps: int = DEFAULT_STEPS, precisions=None, seed: int = 0
                     f"{name} {p}: loss curve same() {_pf(v['loss_curve']['same'])}, NPU "
                     f"{_pf(v['loss_curve']['npu'])}; parameters same() {v['params_same_pass']}/{v['n_params']}, "
                     f"NPU (all parameters) {_pf(v['all_params']['npu'])}"
-                    + (" (graph, without DVM's kernels: the same)" if entry["rules"][p]["graph"]["passed"] is False
-                       else ""))
+                    + (" (graph, without DVM's kernels: the same)"
+                       if entry["rules"][p].get("graph", {}).get("passed") is False else ""))
         report["models"][name] = entry
     return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "training run(s)")
 
@@ -241,6 +253,10 @@ def markdown(report: dict) -> str:
                              f"{_pf(c['npu'])} | {v['params_same_pass']}/{v['n_params']} | {_pf(a['npu'])} | "
                              f"{float(a['ratios']['rmse']):.3g} | {v['params_npu_pass_per_tensor']}/{v['n_params']} | "
                              f"{_pf(v['passed'])} |")
+        for system, k in m.get("kernels", {}).items():
+            lines.append(f"\n{system}, every kernel launch verified: {k['kernels']} kernels ({k['launches']} launches), "
+                         f"same() pass {k['same_pass']}/{k['kernels']}, NPU ratios pass {k['npu_pass']}/{k['kernels']}"
+                         + (f", {k['unverified']} not verified" if k["unverified"] else ""))
     return "\n".join(lines)
 
 
