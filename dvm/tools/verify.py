@@ -279,8 +279,11 @@ def verify(model_or_fn, *inputs, repro_dir: str | None = DEFAULT_DIR, label: str
     """Run model_or_fn(*inputs, **kwargs) compiled with the DVM backend (as given when it is
     compiled already, else torch.compile(backend="dvm", dynamic=True)), verifying every kernel
     launch; returns the VerifyReport (its `output`: the call's result)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
     from ..frontend.torch_backend import compile as dvm_compile
-    compiled = model_or_fn if hasattr(model_or_fn, "_torchdynamo_orig_callable") else dvm_compile(model_or_fn)
+    done = isinstance(model_or_fn, OptimizedModule) or hasattr(model_or_fn, "_torchdynamo_orig_callable")
+    compiled = model_or_fn if done else dvm_compile(model_or_fn)
     with session(repro_dir, label) as s:
         out = compiled(*inputs, **kwargs)
     report = s.report()

@@ -51,7 +51,8 @@ def cmd_verify(args) -> int:
                               md_path=_path(args.md))
 
 
-def cmd_verify_train(args) -> int:
+def _runs(args) -> tuple | None:
+    """(models, precisions) of `verify train` / `verify ddp`, or None after a usage error."""
     from . import verify_train
     from .cli import _err
     try:
@@ -59,29 +60,30 @@ def cmd_verify_train(args) -> int:
         precisions = _list(args.precisions, "--precisions", verify_train.PRECISIONS)
     except ValueError as e:
         _err(str(e))
-        return EXIT_USAGE
+        return None
     if args.steps < 1:
         _err("--steps must be at least 1")
+        return None
+    return models, precisions
+
+
+def cmd_verify_train(args) -> int:
+    from . import verify_train
+    runs = _runs(args)
+    if runs is None:
         return EXIT_USAGE
-    return verify_train.main(models=models, steps=args.steps, precisions=precisions, seed=args.seed, size=args.size,
+    return verify_train.main(models=runs[0], steps=args.steps, precisions=runs[1], seed=args.seed, size=args.size,
                              optimizer=args.optimizer, verify_kernels=args.verify_kernels,
                              repro_dir=_path(args.repro_dir), json_path=_path(args.json), md_path=_path(args.md),
                              png_path=_path(args.png))
 
 
 def cmd_verify_ddp(args) -> int:
-    from . import verify_ddp, verify_train
-    from .cli import _err
-    try:
-        models = _list(args.models, "--models", verify_train.MODEL_NAMES)
-        precisions = _list(args.precisions, "--precisions", verify_train.PRECISIONS)
-    except ValueError as e:
-        _err(str(e))
+    from . import verify_ddp
+    runs = _runs(args)
+    if runs is None:
         return EXIT_USAGE
-    if args.steps < 1:
-        _err("--steps must be at least 1")
-        return EXIT_USAGE
-    return verify_ddp.main(models=models, steps=args.steps, precisions=precisions, seed=args.seed, size=args.size,
+    return verify_ddp.main(models=runs[0], steps=args.steps, precisions=runs[1], seed=args.seed, size=args.size,
                            json_path=_path(args.json), md_path=_path(args.md))
 
 
