@@ -10,10 +10,10 @@ EXPECTED; `dvm verify opinfo --full` runs every sample (1635 with the selection 
 host about 6 minutes), `--samples N` the first N.
 
 A result outside the tolerance is either listed in EXPECTED, or a failure. Every listed difference
-is checked with the verification mode: its decision is MORE_ACCURATE (DVM rounds once, to the
-result's dtype, where eager rounds an intermediate to the narrow dtype too; docs/DECISIONS.md): the
-sample passes when DVM's error against float64 is no larger than eager's, in max abs error and in
-RMSE, on that sample.
+is checked with the verification mode: its decision is MORE_ACCURATE, keep DVM's result (DVM
+rounds once, to the result's dtype, where eager rounds an intermediate to the narrow dtype too;
+docs/DECISIONS.md): the sample passes when DVM's error against float64 is no larger than eager's,
+in max abs error and in RMSE, on that sample.
 """
 from __future__ import annotations
 
@@ -38,15 +38,17 @@ OPS = {
                    "nn.functional.leaky_relu", "nn.functional.hardtanh", "nn.functional.relu6",
                    "nn.functional.softplus", "nn.functional.tanhshrink", "nn.functional.logsigmoid"),
 }
-MORE_ACCURATE = "more accurate"
+MORE_ACCURATE = "keep DVM's result (no less accurate than eager's)"
 _ALPHA = "a + alpha * b: eager rounds alpha * b to float16 first, DVM rounds the sum once (-21.984 where f64 " \
          "gives -21.978 and eager -21.969)"
 _TRUNC = "eager rounds the quotient to the narrow dtype before truncating (17.99 -> 18 -> 18); DVM truncates " \
          "the float32 quotient (17), which is float64's answer"
-_LOGSM = "log_softmax: eager rounds x - max and the log-sum to the narrow dtype; DVM keeps them in float32 " \
-         "(bf16 worst element: DVM -12.81, eager -12.75, f64 -12.785)"
+_LOGSM = "eager rounds x - max and the log-sum to the narrow dtype; DVM keeps them in float32 (bf16 " \
+         "worst element: DVM -12.81, eager -12.75, f64 -12.785)"
+_LOGSM16 = "eager rounds x - max and the log-sum to float16, DVM keeps them in float32: results an ulp apart " \
+           "with the same max error against f64 (0.0037) and DVM's RMSE equal or lower"
 _TANHSHRINK = "x - tanh(x): eager rounds tanh(x) to bfloat16 before the subtraction, which cancels; DVM " \
-              "subtracts in float32"
+              "subtracts in float32 (same max error against f64, RMSE 0.00163 vs 0.00164)"
 # (op, dtype) -> (decision, reason, sample indices): the differences from eager the full run found
 # (dvm verify opinfo --full), each decided; the test suite runs these samples
 EXPECTED: dict = {
@@ -55,7 +57,7 @@ EXPECTED: dict = {
     ("div.trunc_rounding", "bfloat16"): (MORE_ACCURATE, _TRUNC, (4, 5, 6, 7)),
     ("div.trunc_rounding", "float16"): (MORE_ACCURATE, _TRUNC, (6, 7)),
     ("log_softmax", "bfloat16"): (MORE_ACCURATE, _LOGSM, (2, 3, 4)),
-    ("log_softmax", "float16"): (MORE_ACCURATE, _LOGSM, (2, 3, 4)),
+    ("log_softmax", "float16"): (MORE_ACCURATE, _LOGSM16, (2, 3, 4)),
     ("nn.functional.tanhshrink", "bfloat16"): (MORE_ACCURATE, _TANHSHRINK, (0,)),
 }
 
@@ -130,7 +132,7 @@ def run_sample(op, dtype, sample) -> dict:
         torch.testing.assert_close(got, want, equal_nan=True)
         return {"status": "match", "on_dvm": on_dvm}
     except AssertionError as e:
-        return {"status": "differs", "on_dvm": on_dvm, "message": str(e).strip().splitlines()[0][:200],
+        return {"status": "differs", "on_dvm": on_dvm, "message": " ".join(str(e).split())[:300],
                 "shapes": [list(t.shape) for t in tensors], "accuracy": accuracy(fn, tensors)}
 
 
@@ -197,14 +199,14 @@ def markdown(report: dict) -> str:
              f"{report['samples_per_op'] or 'all'}", ""]
     diffs = [c for c in cases if c["status"] == "differs"]
     if diffs:
-        lines += ["| op | dtype | sample | verdict | DVM max abs err vs f64 | eager's | DVM RMSE | eager's | "
-                  "assert_close says | decision |", "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+        lines += ["| op | dtype | sample | verdict | DVM max abs err vs f64 | eager's | DVM RMSE | eager's | decision |",
+                  "|---|---|---:|---|---:|---:|---:|---:|---|"]
         for c in diffs:
             a = c["accuracy"]
             why = EXPECTED.get((c["op"], c["dtype"]), ("—", "not listed", ()))
             lines.append(f"| {c['op']} | {c['dtype']} | {c['sample']} | {c['verdict']} | {a['dvm_max_abs']:.3g} | "
                          f"{a['eager_max_abs']:.3g} | {a['dvm_rmse']:.3g} | {a['eager_rmse']:.3g} | "
-                         f"{c['message']} | {why[0]}: {why[1]} |")
+                         f"{why[0]}: {why[1]} |")
     return "\n".join(lines)
 
 
