@@ -72,7 +72,9 @@ class KernelRecord:
 
 
 class VerifySession:
-    """The observer the segment runtime calls after each launch (see the module doc)."""
+    """The observer the segment runtime calls after each launch (see the module doc). It keeps
+    the segments it saw alive (their records refer to them) for as long as it lives; launches
+    are verified one at a time (a lock)."""
 
     def __init__(self, repro_dir: str | None = DEFAULT_DIR, label: str = ""):
         self.repro_dir, self.label = repro_dir, label
