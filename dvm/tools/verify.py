@@ -167,14 +167,25 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(to_numpy(t.detach().contiguous()))
 
 
+def _encode_for(vm: str) -> tuple:
+    """CompiledGraph.program's arguments after sizes and layouts that pick the Program `vm` runs:
+    the VM's codegen Target where VMs declare one (the VM contract, vm/registry), else none."""
+    try:
+        from ..vm import registry
+    except ImportError:   # a DVM before the VM contract: one Program for every VM
+        return ()
+    return (registry.get(vm).target,)
+
+
 def launch_program(runner, env: dict, tensors) -> tuple:
     """The Program a launch of `runner` ran on these tensors and its input buffers (the 1-D
     spans as_buffer gives the VM), found the way the launch path finds it (runtime.compiled)."""
     arrays = [c(t) for c, t in zip(runner.launch.convert, tensors)]
+    extra = _encode_for(config().vm)
     for _ in range(len(arrays) + 1):
         bufs, layouts = zip(*[as_buffer(a) for a in arrays]) if arrays else ((), ())
         try:
-            return runner.graph.program(env, layouts), list(bufs)
+            return runner.graph.program(env, layouts, *extra), list(bufs)
         except NeedsCopy as e:   # the launch path copies such an input row-major too
             arrays[e.slot] = np.ascontiguousarray(arrays[e.slot])
     raise RuntimeError("no Program for this launch")  # pragma: no cover - NeedsCopy per slot at most
