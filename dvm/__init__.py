@@ -2,7 +2,7 @@
 microseconds and run by virtual machines compiled once."""
 from .codegen.disasm import disasm
 from .codegen.program import Program
-from .codegen.verifier import verify
+from .codegen.verifier import verify as _verify_program
 from .errors import DTypeError, DvmError, ShapeError, TraceError, VerifyError
 from .frontend.builder import KernelFunction, kernel
 from .frontend.explain import explain
@@ -17,5 +17,19 @@ def compile(model=None, **kwargs):  # noqa: A001 (the torch.compile shorthand)
     """`torch.compile(model, backend="dvm", dynamic=True, **kwargs)`; imports torch lazily."""
     from .frontend.torch_backend import compile as compile_
     return compile_(model, **kwargs)
+
+
+def verify(target, *inputs, **kwargs):
+    """`dvm.verify(program)`: the bytecode verifier (returns the ProgramLayout, VerifyError if
+    malformed). `dvm.verify(model_or_fn, *inputs, repro_dir=..., label=..., **kwargs)`: accuracy
+    verification (tools/verify): runs model_or_fn(*inputs, **kwargs) compiled with the DVM
+    backend, every kernel launch checked against eager PyTorch and float64; returns the
+    VerifyReport. Imports torch lazily."""
+    if isinstance(target, Program):
+        return _verify_program(target)
+    from .tools.verify import verify as verify_accuracy
+    return verify_accuracy(target, *inputs, **kwargs)
+
+
 __all__ = ["kernel", "KernelFunction", "explain", "compile", "Program", "disasm", "verify", "execute", "counters",
            "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]

@@ -9,6 +9,9 @@ DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu/jit/sync)
+DVM_VERIFY         1: accuracy verification mode (tools/verify): every torch-backend segment that runs
+                   is also computed by PyTorch eager and in float64; a summary at exit, a reproducer
+                   per failing kernel (in DVM_DUMP_DIR, else ./dvm-verify); default 0
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Config:
     cache_size: int
     pool_mb: int
     spin_us: int
+    verify: bool = False
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -52,7 +56,8 @@ def config() -> Config:
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
-                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000))
+                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
+                  verify=bool(_int("DVM_VERIFY", 0, 0, 1)))
 
 
 def reload() -> Config:

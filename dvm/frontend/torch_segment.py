@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from ..config import config
 from ..errors import ShapeError
 from ..graph.build import permute
 from ..graph.node import topo_order
@@ -25,6 +26,10 @@ from .torch_launch import TensorLauncher
 # DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
 STORE_IN_TORCH_ORDER = False
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
+# The accuracy verification mode's observer, called as VERIFY(runner, env, tensors, outs) after
+# each launch (dvm.tools.verify installs it; DVM_VERIFY=1 at the first segment's compile). None:
+# off, and a launch pays one global test.
+VERIFY = None
 
 
 def _stride_order(v) -> tuple | None:
@@ -99,6 +104,9 @@ class SegmentRunner:
         # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
         self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
         self.n_kernels = len(self.graph.templates) if self.graph else 0
+        if VERIFY is None and config().verify:
+            from ..tools.verify import install_from_env   # DVM_VERIFY=1
+            install_from_env()
 
     def check(self, env) -> None:
         """The shape facts recorded while tracing, once per distinct tuple of sizes."""
@@ -123,6 +131,8 @@ class SegmentRunner:
             self.check(env)
         counters.bump_segment()
         outs = self.launch(env, tensors) if self.launch is not None else ()
+        if VERIFY is not None:
+            VERIFY(self, env, tensors, outs)
         if self._direct:
             return outs
         # an input passed through is copied row-major, like every DVM output: later views work

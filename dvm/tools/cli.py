@@ -10,6 +10,8 @@
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
     dvm explain [--model llama|qwen2_moe] [--length L] [--batch B]   what the torch backend fuses
+    dvm verify [--model NAME,..] [--dtypes ..] | verify train | verify ddp | verify opinfo   (verify_cli)
+    dvm repro FILE.npz [--vm cpu,reference]           replay a verification reproducer on every VM
     dvm version
 
 User errors (bad arguments, unreadable or malformed files, a bad DVM_* environment variable)
@@ -306,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     x.add_argument("--seed", type=int, default=0)
     x.set_defaults(func=cmd_explain)
+
+    from . import verify_cli
+    verify_cli.add_parsers(sub)
 
     v = sub.add_parser("version", help="print the DVM version")
     v.set_defaults(func=cmd_version)
