@@ -9,6 +9,8 @@ DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu_sync)
+DVM_LAZY           1 (default): dvm.lazy() records and fuses eager PyTorch code; 0: dvm.lazy() is a
+                   no-op (A/B runs)
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Config:
     cache_size: int
     pool_mb: int
     spin_us: int
+    lazy: bool = True
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -52,7 +55,8 @@ def config() -> Config:
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
-                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000))
+                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
+                  lazy=bool(_int("DVM_LAZY", 1, 0, 1)))
 
 
 def reload() -> Config:

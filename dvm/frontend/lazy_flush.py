@@ -1,0 +1,189 @@
+"""Computing a pending graph: the structural plan cache, the DVM launch, and the eager replay.
+
+A flush takes the live results of the pending graph (placeholders someone still holds, directly
+or through a view, and tensors with a pending in-place write), and looks up the Plan for (trie
+node, live values): a CompiledGraph of exactly those outputs, on the node's symbolic sizes, with
+its TensorLauncher (all of its vector kernels in ONE VM launch; a new size costs one encode).
+The cache key is the pending graph's structure (the trie path: ops, dtypes, ranks, broadcast
+pattern, equal sizes, aliasing) and never its sizes; it is an LRU of PLAN_CACHE_MAX plans under
+a lock. DVM writes each result into its placeholder; a tensor written in place gets its new value
+copied in after the launch (every read of the graph has happened by then).
+
+The eager replay runs the recorded calls again through PyTorch, in program order, writing live
+placeholders through the ops' `.out` overloads: exactly eager's computation. It serves pending
+graphs too small to gain from fusion (the adaptive rule, lazy.Policy) and graphs DVM cannot
+compile (counted with the reason).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+from ..graph.node import topo_order
+from ..graph.symbolic import SymExpr, free_symbols
+from ..runtime import counters
+from ..runtime.compiled import CompiledGraph
+from .lazy_ops import Kind, out_variant
+from .lazy_record import Ref
+from .lazy_trie import TORCH_OF
+from .torch_launch import TensorLauncher, to_numpy
+
+PLAN_CACHE_MAX = 256
+_PLANS: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+
+
+class Plan:
+    """The compiled form of one pending-graph structure with one set of live outputs."""
+
+    def __init__(self, prefix, values: tuple):
+        self.n_ops = prefix.n_ops
+        self.error: str | None = None
+        self.graph = self.launcher = None
+        nodes = [prefix.nodes[j] for j in values]
+        uniq: list = []
+        self.source = []          # per value: ("in", slot) or ("out", index of the graph's outputs)
+        for n in nodes:
+            if n.op == "input":
+                self.source.append(("in", n.attr("index")))
+                continue
+            if n not in uniq:
+                uniq.append(n)
+            self.source.append(("out", uniq.index(n)))
+        self.scalars = tuple((slot, TORCH_OF[dt]) for slot, dt in prefix.scalars)
+        self.syms = _needed_symbols(list(prefix.inputs) + uniq)
+        self.kernels = 0
+        if uniq:
+            try:
+                self.graph = CompiledGraph(list(prefix.inputs), uniq)
+                self.launcher = TensorLauncher(self.graph)
+                self.kernels = len(self.graph.templates)
+            except Exception as e:  # noqa: BLE001 - the graph runs eagerly, with the reason
+                self.error = f"{type(e).__name__}: {e}"
+        self._lock = threading.Lock()
+        self._scalar_bufs = [_scalar_buffer(dt) for _, dt in self.scalars]
+
+    def scalar_tensors(self, slots: list) -> list:
+        """0-d tensors holding this call's runtime scalars (the plan's buffers when free)."""
+        if self._lock.acquire(False):
+            try:
+                bufs = self._scalar_bufs
+                for (slot, _), (_, view) in zip(self.scalars, bufs):
+                    view[()] = slots[slot]
+                return [t for t, _ in bufs]
+            finally:
+                self._lock.release()
+        return [torch.tensor(slots[slot], dtype=dt) for slot, dt in self.scalars]
+
+
+def _scalar_buffer(dt):
+    t = torch.zeros((), dtype=dt)
+    return t, to_numpy(t)
+
+
+def _needed_symbols(nodes: list) -> tuple:
+    names: set = set()
+    for node in topo_order([n for n in nodes if n is not None]):
+        for d in node.shape:
+            names |= {s.name for s in free_symbols(d)}
+        v = node.attr("value")
+        if node.op == "const" and isinstance(v, SymExpr):
+            names |= {s.name for s in free_symbols(v)}
+    return tuple(sorted(names, key=lambda n: int(n[1:])))
+
+
+def plan_for(prefix, values: tuple) -> tuple[Plan, bool]:
+    """The cached Plan for (structure, live values), and whether it was cached."""
+    key = (prefix, values)
+    with _LOCK:
+        plan = _PLANS.get(key)
+        if plan is not None:
+            _PLANS.move_to_end(key)
+            return plan, True
+    plan = Plan(prefix, values)
+    counters.bump("lazy_plans_compiled")
+    if plan.error:
+        counters.bump(f"lazy_fallback:plan:{plan.error[:120]}")
+    with _LOCK:
+        plan = _PLANS.setdefault(key, plan)
+        while len(_PLANS) > PLAN_CACHE_MAX:
+            _PLANS.popitem(last=False)
+    return plan, False
+
+
+def clear_plans() -> None:
+    with _LOCK:
+        _PLANS.clear()
+
+
+def io_bytes(pending, outs: list) -> int:
+    """Bytes the pending graph reads (inputs) and writes (live results) at these sizes."""
+    n = 0
+    for t in pending.slots:
+        if isinstance(t, torch.Tensor):
+            n += t.numel() * t.element_size()
+    for var in outs:
+        k = 1
+        for d in var.shape:
+            k *= d
+        n += k * var.dtype.itemsize
+    return n
+
+
+# -- the DVM launch --------------------------------------------------------------------------------
+def run_dvm(plan: Plan, pending, outs: list) -> None:
+    env = {name: pending.env[name] for name in plan.syms}
+    tensors = list(pending.slots)
+    for (slot, _), t in zip(plan.scalars, plan.scalar_tensors(pending.slots)):
+        tensors[slot] = t
+    dsts = [var.tensor() for var in outs]
+    into = None
+    if plan.graph is not None:
+        into = [None] * len(plan.graph.outputs)
+        for var, dst, (kind, k) in zip(outs, dsts, plan.source):
+            if kind == "out" and into[k] is None and not var.external and dst is not None:
+                into[k] = dst
+        results = plan.launcher(env, tensors, into)
+    for var, dst, (kind, k) in zip(outs, dsts, plan.source):
+        src = tensors[k] if kind == "in" else results[k]
+        if dst is not None and dst is not src:
+            dst.copy_(src)
+
+
+# -- the eager replay ------------------------------------------------------------------------------
+def _resolve(x, vals: dict):
+    if isinstance(x, Ref):
+        return vals[x.j]
+    if isinstance(x, list):
+        return [_resolve(v, vals) for v in x]
+    return x
+
+
+def replay(pending, outs: list) -> None:
+    """The recorded calls through PyTorch, in order; live placeholders written in place."""
+    vals: dict = {}
+    for e in pending.log:
+        info = e.info
+        args = [_resolve(a, vals) for a in e.args]
+        kwargs = {k: _resolve(v, vals) for k, v in e.kwargs.items()}
+        if info.kind is Kind.INPLACE:
+            info.func(*args, **kwargs)
+            vals[e.values[0]] = args[0]
+            continue
+        targets = [r() for r in e.outs]
+        ov = out_variant(info.func) if targets and all(t is not None for t in targets) else None
+        if ov is not None:
+            fn, names = ov
+            fn(*args, **kwargs, **dict(zip(names, targets)))
+            results = targets
+        else:
+            r = info.func(*args, **kwargs)
+            results = r if isinstance(r, (tuple, list)) else (r,)
+        for j, t in zip(e.values, results):
+            vals[j] = t
+    for var in outs:
+        dst, src = var.tensor(), vals[var.value]
+        if dst is not None and dst is not src:
+            dst.copy_(src)

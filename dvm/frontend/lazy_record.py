@@ -1,0 +1,384 @@
+"""The pending graph of one thread: the tensors it will compute, the tensors it reads, and the
+recording of ops into it (a walk down lazy_trie).
+
+A recorded op returns placeholders: real CPU tensors, allocated row-major and left unwritten
+until the flush (lazy_flush) computes them. A placeholder and every alias of it with the same
+geometry (detach, alias) form one Var; its value is the latest pending value written to it
+(in-place ops replace it). Partial views of a placeholder are real PyTorch views of it (so they
+alias it as in eager mode), each a Var of its own that DVM reads as a view node. An in-place op
+on an ordinary tensor makes it an external Var: the graph reads its old value and the flush
+writes the new one back; its storage is "dirty" until then, so any other way of reaching that
+storage must flush first (lazy_mode).
+
+Invariants: only weak references to placeholders are held (a placeholder nobody holds is not an
+output); input tensors are held strongly until the flush; a failed recording leaves the state as
+it was (rollback).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..graph.symbolic import evaluate
+from ..graph.views import contiguous_strides
+from .aten_common import TORCH_TO_DVM
+from .lazy_lower import INT64_HUGE, SYMBOL_MIN, symbol_name
+from .lazy_ops import Arg, Kind
+from .lazy_trie import build_inplace, build_record, build_view, child, concrete_shape, root
+from .torch_launch import _empty_strided_cpu
+
+_Tensor = torch.Tensor
+_RECORDABLE_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class NotRecorded(Exception):
+    """This call is not recorded; `reason` says why, `flush` whether pending values are involved
+    (the caller computes them first), `kind` the flush reason to count when it does."""
+
+    def __init__(self, reason: str, flush: bool = False, kind: str = "unsupported"):
+        super().__init__(reason)
+        self.reason, self.flush, self.kind = reason, flush, kind
+
+
+class Ref:
+    """A pending value in a replay entry (the eager replay resolves it)."""
+    __slots__ = ("j",)
+
+    def __init__(self, j: int):
+        self.j = j
+
+
+class _Strong:
+    """A strong reference with weakref's call interface (external Vars are held until the flush)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __call__(self):
+        return self.obj
+
+
+class Var:
+    """A tensor variable the pending graph computes (see the module docstring)."""
+    __slots__ = ("value", "members", "views", "external", "root", "shape", "dtype")
+
+    def __init__(self, value, members, external=False, root=None, shape=None, dtype=None):
+        self.value, self.members, self.external, self.root = value, members, external, root
+        self.views: list = []
+        self.shape, self.dtype = shape, dtype
+
+    def alive(self) -> bool:
+        return self.external or any(r() is not None for r in self.members) or self.views_alive()
+
+    def views_alive(self) -> bool:
+        return any(r() is not None for r in self.views)
+
+    def tensor(self) -> _Tensor | None:
+        """A tensor with the placeholder's geometry over its storage (None: nothing holds it)."""
+        for r in self.members:
+            t = r()
+            if t is not None:
+                return t
+        for r in self.views:
+            v = r()
+            if v is not None:
+                return v.as_strided(self.shape, contiguous_strides(self.shape), 0)
+        return None
+
+
+class Entry:
+    """One recorded call, for the eager replay and explain."""
+    __slots__ = ("info", "args", "kwargs", "values", "outs")
+
+    def __init__(self, info, args, kwargs, values, outs):
+        self.info, self.args, self.kwargs, self.values, self.outs = info, args, kwargs, values, outs
+
+
+_untyped_storage = torch._C.TensorBase.untyped_storage   # the C method: never lazy_mode's hook
+
+
+def storage_ptr(t: _Tensor) -> int:
+    return _untyped_storage(t).data_ptr()
+
+
+def _lit(v):
+    if isinstance(v, float):
+        return ("F", repr(v))
+    if isinstance(v, (list, tuple)):
+        return tuple(_lit(x) for x in v)
+    return v
+
+
+class Pending:
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefix = root()
+        self.env: dict = {}          # symbol name -> size
+        self.sym_vals: list = []     # symbol k -> size
+        self.sym_of: dict = {}       # size -> k
+        self.slots: list = []        # input slot -> tensor or Python scalar
+        self.slot_of: dict = {}      # id(tensor) -> slot
+        self.in_storages: set = set()   # storages the graph reads
+        self.by_id: dict = {}        # id(tensor) -> (Var, ref)
+        self.dirty: set = set()      # storages with a pending write (external Vars)
+        self.vars: list = []         # placeholder and external Vars, in order
+        self.log: list = []          # Entries in program order
+        self.n_ops = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.log
+
+    # -- lookups ------------------------------------------------------------------------------
+    def var_of(self, t) -> Var | None:
+        e = self.by_id.get(id(t))
+        return e[0] if e is not None and e[1]() is t else None
+
+    def touches(self, info, args, kwargs) -> bool:
+        """A call not recorded needs the pending graph computed first: it reads or writes a pending
+        value, reaches a dirty storage, or writes a storage the graph reads."""
+        for a in _tensors(args, kwargs):
+            if self.var_of(a) is not None or (self.dirty and storage_ptr(a) in self.dirty):
+                return True
+        if info.writes and self.in_storages:
+            named = _named(info, args, kwargs)
+            for name in info.writes:
+                for t in _tensors((named.get(name),), {}):
+                    if storage_ptr(t) in self.in_storages:
+                        return True
+        return False
+
+    # -- encoding -----------------------------------------------------------------------------
+    def _size(self, v):
+        if v is None or not isinstance(v, int) or v < SYMBOL_MIN or v >= INT64_HUGE:
+            return v
+        k = self.sym_of.get(v)
+        if k is None:
+            k = self.sym_of[v] = len(self.sym_vals)
+            self.sym_vals.append(v)
+            self.env[symbol_name(k)] = v
+        return ("z", k)
+
+    def _tensor(self, a):
+        var = self.var_of(a)
+        if var is not None:
+            if var.value is None:
+                raise NotRecorded("reads a view DVM cannot take", flush=True)
+            return ("v", var.value), Ref(var.value)
+        slot = self.slot_of.get(id(a))
+        if slot is not None and self.slots[slot] is a:
+            return ("i", slot), a
+        if type(a) not in _RECORDABLE_TYPES or not a.is_cpu or a.dtype not in TORCH_TO_DVM or a.is_neg() \
+                or a.is_conj() or a.layout is not torch.strided:
+            raise NotRecorded(f"a {type(a).__name__} of {a.dtype} on {a.device}")
+        if self.dirty and storage_ptr(a) in self.dirty:
+            raise NotRecorded("reads a storage with a pending write through another tensor", flush=True,
+                              kind="inplace")
+        codes = tuple(d if d < SYMBOL_MIN else -1 - self._size(d)[1] for d in a.shape)
+        self.slot_of[id(a)] = len(self.slots)
+        self.slots.append(a)
+        return ("n", a.dtype, codes), a
+
+    def _scalar(self, info, name, v, args, kwargs):
+        rule = info.scalars.get(name) if info.scalars else None
+        if rule is not None and type(v) is float:
+            named = _named(info, args, kwargs)
+            partner = named.get(rule[0])
+            alpha = named.get("alpha", 1)
+            if isinstance(partner, _Tensor) and partner.dtype.is_floating_point and partner.dim() >= 1 \
+                    and partner.dtype in TORCH_TO_DVM and (name != "other" or alpha == 1):
+                self.slots.append(v)
+                return ("f", rule[0], rule[1]), v
+        if isinstance(v, bool):
+            return ("k", "b", v), v
+        if isinstance(v, int):
+            return ("k", "i", v), v
+        if isinstance(v, float):
+            return ("k", "f", repr(v)), v
+        raise NotRecorded(f"scalar of type {type(v).__name__}")
+
+    def _arg(self, info, kind, name, v, args, kwargs):
+        if v is None:
+            return None, None
+        if kind is Arg.TENSOR:
+            if isinstance(v, _Tensor):
+                return self._tensor(v)
+            return self._scalar(info, name, v, args, kwargs)
+        if kind is Arg.TENSORS:
+            pairs = [self._tensor(t) if t is not None else (None, None) for t in v]
+            return tuple(p[0] for p in pairs), [p[1] for p in pairs]
+        if kind is Arg.SIZE:
+            if isinstance(v, (list, tuple)):
+                return tuple(self._size(x) for x in v), v
+            return self._size(v), v
+        if kind is Arg.SCALAR:
+            return self._scalar(info, name, v, args, kwargs)
+        if isinstance(v, _Tensor):
+            raise NotRecorded("a tensor where the schema takes no tensor")
+        return _lit(v), v
+
+    def _encode(self, info, args, kwargs) -> tuple:
+        spec = info.args
+        enc, rep = [], []
+        for i, v in enumerate(args):
+            e, r = self._arg(info, spec[i][1], spec[i][0], v, args, kwargs)
+            enc.append(e)
+            rep.append(r)
+        kinds = {name: kind for name, kind, _ in spec}
+        enc_kw, rep_kw = [], {}
+        for k in sorted(kwargs):
+            e, r = self._arg(info, kinds.get(k, Arg.LITERAL), k, kwargs[k], args, kwargs)
+            enc_kw.append((k, e))
+            rep_kw[k] = r
+        return (info.func, tuple(enc), tuple(enc_kw)), rep, rep_kw
+
+    # -- recording ------------------------------------------------------------------------------
+    def _begin(self) -> tuple:
+        return len(self.slots), len(self.sym_vals)
+
+    def _rollback(self, mark: tuple) -> None:
+        n_slots, n_syms = mark
+        for t in self.slots[n_slots:]:
+            if isinstance(t, _Tensor):
+                self.slot_of.pop(id(t), None)
+        del self.slots[n_slots:]
+        for v in self.sym_vals[n_syms:]:
+            k = self.sym_of.pop(v)
+            self.env.pop(symbol_name(k), None)
+        del self.sym_vals[n_syms:]
+
+    def _commit(self, mark: tuple, node) -> None:
+        for t in self.slots[mark[0]:]:
+            if isinstance(t, _Tensor):
+                self.in_storages.add(storage_ptr(t))
+        self.prefix = node
+
+    def _checks_ok(self, node) -> bool:
+        env = self.env
+        for c in node.new_checks:
+            lhs = evaluate(c.lhs, env)
+            if (lhs == 0) if c.rhs is None else lhs != evaluate(c.rhs, env):
+                return False
+        return True
+
+    def _walk(self, info, args, kwargs, make):
+        """Encode the call and step down the trie; (node, mark, replay args, replay kwargs)."""
+        mark = self._begin()
+        try:
+            sig, rargs, rkwargs = self._encode(info, args, kwargs)
+        except NotRecorded:
+            self._rollback(mark)
+            raise
+        node = child(self.prefix, sig, lambda: make(self.prefix, info, sig, args, kwargs, self.env))
+        if node.failed is not None or not self._checks_ok(node):
+            self._rollback(mark)
+            raise NotRecorded(node.failed or "a shape check fails at these sizes", flush=False)
+        return node, mark, rargs, rkwargs
+
+    def record(self, info, args, kwargs):
+        """Record a table op; its placeholder result(s)."""
+        node, mark, rargs, rkwargs = self._walk(info, args, kwargs, build_record)
+        self._commit(mark, node)
+        base = len(node.nodes) - len(node.outs)
+        outs, refs = [], []
+        for k, (code, shape, dtype) in enumerate(node.outs):
+            size = concrete_shape(code, shape, self.sym_vals, self.env)
+            t = _empty_strided_cpu(size, contiguous_strides(size), dtype)
+            ref = weakref.ref(t)
+            var = Var(base + k, [ref], shape=size, dtype=dtype)
+            self.by_id[id(t)] = (var, ref)
+            self.vars.append(var)
+            outs.append(t)
+            refs.append(ref)
+        self.log.append(Entry(info, rargs, rkwargs, tuple(range(base, base + len(outs))), tuple(refs)))
+        self.n_ops += 1
+        return outs[0] if len(outs) == 1 and info.kind is Kind.RECORD and \
+            len(info.func._schema.returns) == 1 else tuple(outs)
+
+    def record_view(self, info, args, kwargs, real) -> None:
+        """Track `real`, the view PyTorch took of pending args[0], as an alias of its Var."""
+        var = self.var_of(args[0])
+        root = var.root or var
+        outs = real if isinstance(real, (list, tuple)) else (real,)
+        if len(outs) == 1 and var.root is None and not var.external and _same_geometry(outs[0], args[0]):
+            ref = weakref.ref(outs[0])
+            var.members.append(ref)           # detach / alias: the same variable
+            self.by_id[id(outs[0])] = (var, ref)
+            return
+        values = (None,) * len(outs)
+        if var.value is not None and not var.external:
+            try:
+                node, mark, rargs, rkwargs = self._walk(info, args, kwargs,
+                                                        lambda p, i, s, a, k, env: build_view(p, i, s, real, env))
+            except NotRecorded:
+                node = None
+            if node is not None and node.nodes[-1] is not None:
+                self._commit(mark, node)
+                values = tuple(range(len(node.nodes) - len(outs), len(node.nodes)))
+                self.log.append(Entry(info, rargs, rkwargs, values, ()))
+            elif node is not None:
+                self._rollback(mark)
+        for t, j in zip(outs, values):
+            ref = weakref.ref(t)
+            v = Var(j, [ref], root=root)
+            root.views.append(ref)
+            self.by_id[id(t)] = (v, ref)
+
+    def record_inplace(self, info, args, kwargs):
+        """Record `self.op_(...)`: self's new value. NotRecorded(flush=True) for a write that
+        must see the pending graph computed first (through a view, or aliased)."""
+        target = args[0]
+        var = self.var_of(target)
+        if var is not None:
+            if var.root is not None:
+                raise NotRecorded("write through a view of a pending tensor", flush=True, kind="inplace")
+            if var.views_alive():
+                raise NotRecorded("write to a pending tensor that has live views", flush=True, kind="inplace")
+        elif self.dirty and storage_ptr(target) in self.dirty:
+            raise NotRecorded("write through an alias of a tensor with a pending write", flush=True, kind="inplace")
+        node, mark, rargs, rkwargs = self._walk(info, args, kwargs, build_inplace)
+        self._commit(mark, node)
+        j = len(node.nodes) - 1
+        if var is None:
+            ref = _Strong(target)
+            var = Var(j, [ref], external=True, shape=tuple(target.shape), dtype=target.dtype)
+            self.by_id[id(target)] = (var, ref)
+            self.dirty.add(storage_ptr(target))
+            self.vars.append(var)
+        else:
+            var.value = j
+        self.log.append(Entry(info, rargs, rkwargs, (j,), ()))
+        self.n_ops += 1
+        return target
+
+
+def _same_geometry(a: _Tensor, b: _Tensor) -> bool:
+    return a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset() \
+        and a.dtype == b.dtype
+
+
+def _named(info, args, kwargs) -> dict:
+    out = {info.args[i][0]: v for i, v in enumerate(args)}
+    out.update(kwargs)
+    return out
+
+
+def _tensors(args, kwargs):
+    for a in args:
+        if isinstance(a, _Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, _Tensor):
+                    yield x
+    for a in kwargs.values():
+        if isinstance(a, _Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, _Tensor):
+                    yield x
