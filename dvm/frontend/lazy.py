@@ -86,19 +86,23 @@ def _site_at(frame) -> Site:
 
 
 class LazyRegion:
-    """The context manager (and decorator factory) `dvm.lazy(...)` returns."""
-    __slots__ = ("policy", "explain", "site", "active", "stats")
+    """What `dvm.lazy(...)` returns: a context manager, and a decorator factory. It holds no
+    per-entry state (the thread's STATE does), so one object serves every entry and thread."""
+    __slots__ = ("policy", "explain", "site")
 
     def __init__(self, policy: Policy, explain: bool = False, site: Site | None = None):
-        self.policy, self.explain, self.site, self.active, self.stats = policy, explain, site, False, None
+        self.policy, self.explain, self.site = policy, explain, site
 
     def __call__(self, fn):
         return _decorate(fn, self.policy, self.explain)
 
     def __enter__(self):
         st = STATE
-        if st.mode is not None or not config().lazy:
-            return self             # nested in an active region, or DVM_LAZY=0
+        if st.mode is not None:
+            st.depth += 1           # nested in a recording region: part of it
+            return self
+        if not config().lazy:
+            return self             # DVM_LAZY=0
         site = self.site or _site_at(sys._getframe(1))
         site.entries += 1
         if site.skip and self.policy.adaptive:
@@ -106,38 +110,45 @@ class LazyRegion:
             site.skipped += 1
             return self
         install_hooks()
-        st.policy, st.stats = self.policy, Stats()
+        st.policy, st.stats, st.site, st.explain, st.depth = self.policy, Stats(), site, self.explain, 1
         mode = LazyMode()
         mode.__enter__()
-        st.mode, self.active, self.site = mode, True, site
+        st.mode = mode
         return self
 
     def __exit__(self, *exc) -> bool:
-        if not self.active:
-            return False
         st = STATE
+        if st.mode is None:
+            return False
+        st.depth -= 1
+        if st.depth:
+            return False
         try:
             flush("exit", "leaving dvm.lazy()")
         finally:
             st.mode.__exit__(None, None, None)
-            self.stats, st.mode, st.stats, st.policy, self.active = st.stats, None, None, None, False
-            if self.policy.adaptive:
-                self.site.learn(self.stats)
-            if self.explain:
-                print(report(self.stats), file=sys.stderr)
+            stats, site, policy, explain = st.stats, st.site, st.policy, st.explain
+            st.mode = st.stats = st.site = st.policy = None
+            st.last_stats = stats
+            if policy.adaptive:
+                site.learn(stats)
+            if explain:
+                print(report(stats), file=sys.stderr)
         return False
 
-    def report(self) -> str:
-        """What the last use of this region recorded, fused and flushed."""
-        return report(self.stats) if self.stats is not None else "dvm.lazy: this region did not record"
+    @staticmethod
+    def report() -> str:
+        """What this thread's last lazy region recorded, fused and flushed."""
+        stats = STATE.last_stats
+        return report(stats) if stats is not None else "dvm.lazy: no region has recorded in this thread"
 
 
 def _decorate(fn, policy: Policy, explain: bool):
-    site = Site()
+    region = LazyRegion(policy, explain, Site())
 
     @functools.wraps(fn)
     def lazily(*args, **kwargs):
-        with LazyRegion(policy, explain, site):
+        with region:
             return fn(*args, **kwargs)
     return lazily
 
@@ -147,12 +158,17 @@ def lazy(fn=None, *, adaptive: bool = True, explain: bool = False, max_ops: int 
     adaptive: small work runs eagerly (module docstring); explain: print the region's report to
     stderr when it ends; max_ops: flush a pending graph of this many recorded ops (default
     DEFAULT_MAX_OPS)."""
+    if fn is None and adaptive is True and explain is False and max_ops is None:
+        return _DEFAULT
     policy = _policy(adaptive, max_ops)
     if fn is not None:
         if not callable(fn):
             raise TypeError("dvm.lazy: use `with dvm.lazy():`, `@dvm.lazy` or `@dvm.lazy(...)`")
         return _decorate(fn, policy, explain)
     return LazyRegion(policy, explain)
+
+
+_DEFAULT = LazyRegion(_policy(True, None))
 
 
 def sync() -> None:

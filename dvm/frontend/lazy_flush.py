@@ -64,18 +64,69 @@ class Plan:
                 self.error = f"{type(e).__name__}: {e}"
         self._lock = threading.Lock()
         self._scalar_bufs = [_scalar_buffer(dt) for _, dt in self.scalars]
+        self.timing: dict = {}    # size bucket -> Timing
 
-    def scalar_tensors(self, slots: list) -> list:
-        """0-d tensors holding this call's runtime scalars (the plan's buffers when free)."""
-        if self._lock.acquire(False):
-            try:
-                bufs = self._scalar_bufs
-                for (slot, _), (_, view) in zip(self.scalars, bufs):
-                    view[()] = slots[slot]
-                return [t for t, _ in bufs]
-            finally:
-                self._lock.release()
-        return [torch.tensor(slots[slot], dtype=dt) for slot, dt in self.scalars]
+    def choose(self, nbytes: int) -> bool:
+        """Whether this flush runs on DVM (else the eager replay), from the times both paths took
+        on earlier flushes of this plan with about as many bytes (Timing)."""
+        bucket = nbytes.bit_length()
+        t = self.timing.get(bucket)
+        if t is None:
+            if len(self.timing) >= TIMING_BUCKETS_MAX:
+                self.timing.clear()
+            t = self.timing[bucket] = Timing()
+        return t.choose()
+
+    def observe(self, nbytes: int, dvm: bool, seconds: float) -> None:
+        t = self.timing.get(nbytes.bit_length())
+        if t is not None:
+            t.observe(dvm, seconds)
+
+
+# Measured adaptivity: per plan and size bucket (bytes read + written, by powers of two), the
+# first DVM run (it encodes the Program) is not timed; then DVM_TRIALS DVM runs and EAGER_TRIALS
+# eager replays are timed, the path with the smaller median of its last WINDOW times is taken,
+# and the other one is timed again every REPROBE flushes (times move with the machine's load and
+# the sizes within the bucket). A median, not a mean: another process stalling one run on a
+# shared machine must not flip the choice.
+DVM_TRIALS = 3
+EAGER_TRIALS = 3
+WINDOW = 5
+REPROBE = 64
+TIMING_BUCKETS_MAX = 64
+
+
+class Timing:
+    __slots__ = ("dvm", "eager", "warm", "flushes")
+
+    def __init__(self):
+        self.dvm: list = []
+        self.eager: list = []
+        self.warm = False
+        self.flushes = 0
+
+    def choose(self) -> bool:
+        self.flushes += 1
+        if len(self.dvm) < DVM_TRIALS:
+            return True
+        if len(self.eager) < EAGER_TRIALS:
+            return False
+        faster = _median(self.dvm) <= _median(self.eager)
+        return faster != (self.flushes % REPROBE == 0)
+
+    def observe(self, dvm: bool, seconds: float) -> None:
+        if dvm and not self.warm:       # the first run encoded its Program
+            self.warm = True
+            return
+        times = self.dvm if dvm else self.eager
+        times.append(seconds)
+        if len(times) > WINDOW:
+            del times[0]
+
+
+def _median(xs: list) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2]
 
 
 def _scalar_buffer(dt):
@@ -164,15 +215,14 @@ def _resolve(x, vals: dict):
 def replay(pending, outs: list) -> None:
     """The recorded calls through PyTorch, in order; live placeholders written in place."""
     vals: dict = {}
-    for e in pending.log:
-        info = e.info
-        args = [_resolve(a, vals) for a in e.args]
-        kwargs = {k: _resolve(v, vals) for k, v in e.kwargs.items()}
+    for info, eargs, ekwargs, values, refs in pending.log:
+        args = [_resolve(a, vals) for a in eargs]
+        kwargs = {k: _resolve(v, vals) for k, v in ekwargs.items()}
         if info.kind is Kind.INPLACE:
             info.func(*args, **kwargs)
-            vals[e.values[0]] = args[0]
+            vals[values[0]] = args[0]
             continue
-        targets = [r() for r in e.outs]
+        targets = [r() for r in refs]
         ov = out_variant(info.func) if targets and all(t is not None for t in targets) else None
         if ov is not None:
             fn, names = ov
@@ -181,7 +231,7 @@ def replay(pending, outs: list) -> None:
         else:
             r = info.func(*args, **kwargs)
             results = r if isinstance(r, (tuple, list)) else (r,)
-        for j, t in zip(e.values, results):
+        for j, t in zip(values, results):
             vals[j] = t
     for var in outs:
         dst, src = var.tensor(), vals[var.value]

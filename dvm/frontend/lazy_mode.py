@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..runtime import counters
 from . import lazy_flush as F
-from .lazy_ops import VALUE_READS, Kind, decomposition, info as op_info
+from .lazy_ops import _INFO, VALUE_READS, Kind, decomposition, info as op_info
 from .lazy_record import NotRecorded, Pending, storage_ptr
 
 FLUSH_REASONS = ("item", "bool", "tolist", "numpy", "print", "storage", "unsupported", "inplace", "matmul",
@@ -73,9 +73,13 @@ RECENT: deque = deque(maxlen=EVENTS_MAX)   # (thread name, FlushEvent), every th
 class State(threading.local):
     def __init__(self):
         self.pending = Pending()
-        self.mode: LazyMode | None = None
+        self.mode: LazyMode | None = None   # set while the thread is in a recording region
+        self.depth = 0                      # regions entered since it started recording
         self.policy: Policy | None = None
         self.stats: Stats | None = None
+        self.site = None                    # lazy.Site of the recording region
+        self.explain = False
+        self.last_stats: Stats | None = None
         self.busy = False       # inside a flush: calls pass through
 
 
@@ -95,7 +99,9 @@ def flush(reason: str, cause: str) -> None:
         kernels, cached, path = 0, False, "dead"
         if outs:
             plan, cached = F.plan_for(p.prefix, tuple(v.value for v in outs))
-            path = _choose(plan, p, outs, st.policy)
+            nbytes = F.io_bytes(p, outs)
+            path = _choose(plan, nbytes, st.policy)
+            t1 = time.perf_counter()
             if path == "dvm":
                 try:
                     F.run_dvm(plan, p, outs)
@@ -106,6 +112,8 @@ def flush(reason: str, cause: str) -> None:
                     F.replay(p, outs)
             else:
                 F.replay(p, outs)
+            if path == "dvm" or path == EAGER_MEASURED:
+                plan.observe(nbytes, path == "dvm", time.perf_counter() - t1)
         ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6)
         _count(ev, p)
     finally:
@@ -113,7 +121,10 @@ def flush(reason: str, cause: str) -> None:
         st.busy = False
 
 
-def _choose(plan, p, outs, policy: Policy) -> str:
+EAGER_MEASURED = "eager: measured faster than DVM"
+
+
+def _choose(plan, nbytes: int, policy: Policy) -> str:
     if plan.error:
         return f"eager: DVM cannot compile it ({plan.error})"
     if plan.graph is None:
@@ -121,8 +132,10 @@ def _choose(plan, p, outs, policy: Policy) -> str:
     if policy is not None and policy.adaptive:
         if plan.n_ops < policy.min_ops:
             return "eager: too few ops to fuse"
-        if F.io_bytes(p, outs) < policy.min_bytes:
+        if nbytes < policy.min_bytes:
             return "eager: too small to gain from fusion"
+        if not plan.choose(nbytes):
+            return EAGER_MEASURED
     return "dvm"
 
 
@@ -156,40 +169,41 @@ def _reason(info, err: NotRecorded | None) -> str:
     return "unsupported"
 
 
-def _prescan(args, p: Pending) -> tuple[bool, int]:
-    """(some argument is pending, the largest tensor argument's element count)."""
-    pending, numel = False, 0
+def _worth_recording(args, p: Pending, min_numel: int) -> bool:
+    """Adaptive recording: some argument is pending, or the largest tensor argument has at
+    least min_numel elements."""
     by_id = p.by_id
     for a in args:
         if isinstance(a, _Tensor):
+            if a.numel() >= min_numel:
+                return True
             e = by_id.get(id(a))
             if e is not None and e[1]() is a:
-                pending = True
-            n = a.numel()
-            if n > numel:
-                numel = n
+                return True
         elif isinstance(a, (list, tuple)):
             for x in a:
-                if isinstance(x, _Tensor):
-                    e = by_id.get(id(x))
-                    if e is not None and e[1]() is x:
-                        pending = True
-                    numel = max(numel, x.numel())
-    return pending, numel
+                if isinstance(x, _Tensor) and (x.numel() >= min_numel or p.var_of(x) is not None):
+                    return True
+    return False
 
 
 class LazyMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # no torch._disable_dynamo wrapper around __torch_dispatch__ (~0.7 us a call); the mode
+        # never runs while Dynamo traces (lazy.LazyRegion does not record under torch.compile)
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         st = STATE
         if st.busy:
             return func(*args, **kwargs)
-        info = op_info(func)
+        info = _INFO.get(func) or op_info(func)
         kind, p, policy = info.kind, st.pending, st.policy
         err = None
         if kind is Kind.RECORD or kind is Kind.INPLACE or kind is Kind.DECOMP:
-            pending, numel = _prescan(args, p)
-            if pending or not policy.adaptive or numel >= policy.min_numel:
+            if not policy.adaptive or _worth_recording(args, p, policy.min_numel):
                 if kind is Kind.DECOMP or (kind is Kind.INPLACE and info.handler is None and info.functional):
                     return self._decompose(info, args, kwargs)
                 try:
@@ -208,7 +222,7 @@ class LazyMode(TorchDispatchMode):
                 p.record_view(info, args, kwargs, real)
                 return real
             return func(*args, **kwargs)
-        if not p.empty and (err is not None and err.flush or p.touches(info, args, kwargs)):
+        if not p.empty and ((err is not None and err.flush) or p.touches(info, args, kwargs)):
             flush(_reason(info, err), info.name + (f" ({err.reason})" if err is not None else ""))
         if st.stats is not None:
             st.stats.passed[info.name] += 1

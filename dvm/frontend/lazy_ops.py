@@ -90,6 +90,9 @@ class OpInfo:
     writes: tuple = ()             # names of arguments the op writes (mutable schemas)
     returns_alias: bool = False    # a view-like result (aliases an argument)
     scalars: dict | None = None    # RUNTIME_SCALARS entry of the op's packet
+    single: bool = True            # one tensor result (else a tuple of them)
+    kinds: dict | None = None      # argument name -> Arg
+    pos: dict | None = None        # argument name -> position
 
 
 def _arg_kind(t) -> Arg:
@@ -179,7 +182,9 @@ def _make_info(func) -> OpInfo:
     writes = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
     alias = any(r.alias_info is not None for r in schema.returns) and not writes
     scalars = RUNTIME_SCALARS.get(func.overloadpacket.__name__.rstrip("_"))
-    common = dict(func=func, name=name, args=args, writes=writes, returns_alias=alias, scalars=scalars)
+    common = dict(func=func, name=name, args=args, writes=writes, returns_alias=alias, scalars=scalars,
+                  single=len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor",
+                  kinds={n: k for n, k, _ in args}, pos={n: i for i, (n, _, _) in enumerate(args)})
     if _cube(func):
         return OpInfo(kind=Kind.CUBE, **common)
     if _implicit(func) and not schema.is_mutable:

@@ -16,6 +16,7 @@ it was (rollback).
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -64,16 +65,25 @@ class Var:
     """A tensor variable the pending graph computes (see the module docstring)."""
     __slots__ = ("value", "members", "views", "external", "root", "shape", "dtype")
 
-    def __init__(self, value, members, external=False, root=None, shape=None, dtype=None):
-        self.value, self.members, self.external, self.root = value, members, external, root
-        self.views: list = []
-        self.shape, self.dtype = shape, dtype
+    def __init__(self, value, members, shape=None, dtype=None, external=False, root=None):
+        self.value, self.members, self.shape, self.dtype = value, members, shape, dtype
+        self.external, self.root, self.views = external, root, None
 
     def alive(self) -> bool:
-        return self.external or any(r() is not None for r in self.members) or self.views_alive()
+        if self.external:
+            return True
+        for r in self.members:
+            if r() is not None:
+                return True
+        return self.views_alive()
 
     def views_alive(self) -> bool:
-        return any(r() is not None for r in self.views)
+        return self.views is not None and any(r() is not None for r in self.views)
+
+    def add_view(self, ref) -> None:
+        if self.views is None:
+            self.views = []
+        self.views.append(ref)
 
     def tensor(self) -> _Tensor | None:
         """A tensor with the placeholder's geometry over its storage (None: nothing holds it)."""
@@ -81,19 +91,28 @@ class Var:
             t = r()
             if t is not None:
                 return t
-        for r in self.views:
+        for r in self.views or ():
             v = r()
             if v is not None:
                 return v.as_strided(self.shape, contiguous_strides(self.shape), 0)
         return None
 
 
-class Entry:
-    """One recorded call, for the eager replay and explain."""
-    __slots__ = ("info", "args", "kwargs", "values", "outs")
+# A replay entry (one recorded call, in Pending.log): (OpInfo, args, kwargs, the value indices it
+# produced, weak references to its placeholders)
 
-    def __init__(self, info, args, kwargs, values, outs):
-        self.info, self.args, self.kwargs, self.values, self.outs = info, args, kwargs, values, outs
+
+def row_major(shape: tuple) -> tuple:
+    n = len(shape)
+    if n == 1:
+        return (1,)
+    if n == 2:
+        return (shape[1], 1)
+    out, acc = [0] * n, 1
+    for i in range(n - 1, -1, -1):
+        out[i] = acc
+        acc *= shape[i]
+    return tuple(out)
 
 
 _untyped_storage = torch._C.TensorBase.untyped_storage   # the C method: never lazy_mode's hook
@@ -145,30 +164,35 @@ class Pending:
             if self.var_of(a) is not None or (self.dirty and storage_ptr(a) in self.dirty):
                 return True
         if info.writes and self.in_storages:
-            named = _named(info, args, kwargs)
             for name in info.writes:
-                for t in _tensors((named.get(name),), {}):
+                i = info.pos.get(name)
+                w = args[i] if i is not None and i < len(args) else kwargs.get(name)
+                for t in _tensors((w,), {}):
                     if storage_ptr(t) in self.in_storages:
                         return True
         return False
 
-    # -- encoding -----------------------------------------------------------------------------
-    def _size(self, v):
-        if v is None or not isinstance(v, int) or v < SYMBOL_MIN or v >= INT64_HUGE:
-            return v
+    # -- encoding (the hot path: one call per recorded op) --------------------------------------
+    def _sym(self, v: int) -> int:
         k = self.sym_of.get(v)
         if k is None:
             k = self.sym_of[v] = len(self.sym_vals)
             self.sym_vals.append(v)
             self.env[symbol_name(k)] = v
-        return ("z", k)
+        return k
+
+    def _size(self, v):
+        if v is None or type(v) is not int or v < SYMBOL_MIN or v >= INT64_HUGE:
+            return v
+        return ("z", self._sym(v))
 
     def _tensor(self, a):
-        var = self.var_of(a)
-        if var is not None:
-            if var.value is None:
+        e = self.by_id.get(id(a))
+        if e is not None and e[1]() is a:
+            j = e[0].value
+            if j is None:
                 raise NotRecorded("reads a view DVM cannot take", flush=True)
-            return ("v", var.value), Ref(var.value)
+            return ("v", j), Ref(j)
         slot = self.slot_of.get(id(a))
         if slot is not None and self.slots[slot] is a:
             return ("i", slot), a
@@ -178,7 +202,7 @@ class Pending:
         if self.dirty and storage_ptr(a) in self.dirty:
             raise NotRecorded("reads a storage with a pending write through another tensor", flush=True,
                               kind="inplace")
-        codes = tuple(d if d < SYMBOL_MIN else -1 - self._size(d)[1] for d in a.shape)
+        codes = tuple([d if d < SYMBOL_MIN else -1 - self._sym(d) for d in a.shape])
         self.slot_of[id(a)] = len(self.slots)
         self.slots.append(a)
         return ("n", a.dtype, codes), a
@@ -186,9 +210,10 @@ class Pending:
     def _scalar(self, info, name, v, args, kwargs):
         rule = info.scalars.get(name) if info.scalars else None
         if rule is not None and type(v) is float:
-            named = _named(info, args, kwargs)
-            partner = named.get(rule[0])
-            alpha = named.get("alpha", 1)
+            i = info.pos[rule[0]]
+            partner = args[i] if i < len(args) else kwargs.get(rule[0])
+            i = info.pos.get("alpha")
+            alpha = 1 if i is None else args[i] if i < len(args) else kwargs.get("alpha", 1)
             if isinstance(partner, _Tensor) and partner.dtype.is_floating_point and partner.dim() >= 1 \
                     and partner.dtype in TORCH_TO_DVM and (name != "other" or alpha == 1):
                 self.slots.append(v)
@@ -202,46 +227,46 @@ class Pending:
         raise NotRecorded(f"scalar of type {type(v).__name__}")
 
     def _arg(self, info, kind, name, v, args, kwargs):
-        if v is None:
-            return None, None
-        if kind is Arg.TENSOR:
-            if isinstance(v, _Tensor):
-                return self._tensor(v)
+        """(encoding, replay value) of one argument that is not a tensor and not None."""
+        if kind is Arg.TENSOR or kind is Arg.SCALAR:
             return self._scalar(info, name, v, args, kwargs)
         if kind is Arg.TENSORS:
             pairs = [self._tensor(t) if t is not None else (None, None) for t in v]
-            return tuple(p[0] for p in pairs), [p[1] for p in pairs]
+            return tuple([p[0] for p in pairs]), [p[1] for p in pairs]
         if kind is Arg.SIZE:
             if isinstance(v, (list, tuple)):
-                return tuple(self._size(x) for x in v), v
+                return tuple([self._size(x) for x in v]), v
             return self._size(v), v
-        if kind is Arg.SCALAR:
-            return self._scalar(info, name, v, args, kwargs)
-        if isinstance(v, _Tensor):
-            raise NotRecorded("a tensor where the schema takes no tensor")
+        if isinstance(v, (list, tuple)) and any(isinstance(x, _Tensor) for x in v):
+            raise NotRecorded("tensors where the schema takes none")
         return _lit(v), v
 
     def _encode(self, info, args, kwargs) -> tuple:
         spec = info.args
-        enc, rep = [], []
+        enc = [None] * len(args)
+        rep = list(args)
         for i, v in enumerate(args):
-            e, r = self._arg(info, spec[i][1], spec[i][0], v, args, kwargs)
-            enc.append(e)
-            rep.append(r)
-        kinds = {name: kind for name, kind, _ in spec}
+            if isinstance(v, _Tensor):
+                enc[i], rep[i] = self._tensor(v)
+            elif v is not None:
+                enc[i], rep[i] = self._arg(info, spec[i][1], spec[i][0], v, args, kwargs)
+        if not kwargs:
+            return (info.func, tuple(enc), ()), rep, kwargs
         enc_kw, rep_kw = [], {}
         for k in sorted(kwargs):
-            e, r = self._arg(info, kinds.get(k, Arg.LITERAL), k, kwargs[k], args, kwargs)
+            v = kwargs[k]
+            if isinstance(v, _Tensor):
+                e, r = self._tensor(v)
+            elif v is None:
+                e = r = None
+            else:
+                e, r = self._arg(info, info.kinds.get(k, Arg.LITERAL), k, v, args, kwargs)
             enc_kw.append((k, e))
             rep_kw[k] = r
         return (info.func, tuple(enc), tuple(enc_kw)), rep, rep_kw
 
     # -- recording ------------------------------------------------------------------------------
-    def _begin(self) -> tuple:
-        return len(self.slots), len(self.sym_vals)
-
-    def _rollback(self, mark: tuple) -> None:
-        n_slots, n_syms = mark
+    def _rollback(self, n_slots: int, n_syms: int) -> None:
         for t in self.slots[n_slots:]:
             if isinstance(t, _Tensor):
                 self.slot_of.pop(id(t), None)
@@ -252,9 +277,11 @@ class Pending:
         del self.sym_vals[n_syms:]
 
     def _commit(self, mark: tuple, node) -> None:
-        for t in self.slots[mark[0]:]:
-            if isinstance(t, _Tensor):
-                self.in_storages.add(storage_ptr(t))
+        n_slots = mark[0]
+        if len(self.slots) != n_slots:
+            for t in self.slots[n_slots:]:
+                if isinstance(t, _Tensor):
+                    self.in_storages.add(storage_ptr(t))
         self.prefix = node
 
     def _checks_ok(self, node) -> bool:
@@ -265,39 +292,46 @@ class Pending:
                 return False
         return True
 
-    def _walk(self, info, args, kwargs, make):
-        """Encode the call and step down the trie; (node, mark, replay args, replay kwargs)."""
-        mark = self._begin()
+    def _walk(self, info, args, kwargs, make) -> tuple:
+        """Encode the call and step down the trie: (node, replay args, replay kwargs, slot mark).
+        A call that cannot be recorded leaves the state as it was and raises NotRecorded."""
+        n_slots, n_syms = len(self.slots), len(self.sym_vals)
         try:
             sig, rargs, rkwargs = self._encode(info, args, kwargs)
+            prefix = self.prefix
+            node = prefix.children.get(sig)
+            if node is None:
+                node = child(prefix, sig, functools.partial(make, prefix, info, sig, args, kwargs, self.env))
+            if node.failed is not None:
+                raise NotRecorded(node.failed)
+            if node.new_checks and not self._checks_ok(node):
+                raise NotRecorded("a shape check fails at these sizes")
         except NotRecorded:
-            self._rollback(mark)
+            self._rollback(n_slots, n_syms)
             raise
-        node = child(self.prefix, sig, lambda: make(self.prefix, info, sig, args, kwargs, self.env))
-        if node.failed is not None or not self._checks_ok(node):
-            self._rollback(mark)
-            raise NotRecorded(node.failed or "a shape check fails at these sizes", flush=False)
-        return node, mark, rargs, rkwargs
+        return node, rargs, rkwargs, (n_slots, n_syms)
 
     def record(self, info, args, kwargs):
         """Record a table op; its placeholder result(s)."""
-        node, mark, rargs, rkwargs = self._walk(info, args, kwargs, build_record)
+        node, rargs, rkwargs, mark = self._walk(info, args, kwargs, build_record)
         self._commit(mark, node)
-        base = len(node.nodes) - len(node.outs)
+        by_id, sym_vals, n_outs = self.by_id, self.sym_vals, len(node.outs)
+        base = len(node.nodes) - n_outs
         outs, refs = [], []
-        for k, (code, shape, dtype) in enumerate(node.outs):
-            size = concrete_shape(code, shape, self.sym_vals, self.env)
-            t = _empty_strided_cpu(size, contiguous_strides(size), dtype)
+        for k in range(n_outs):
+            code, shape, dtype = node.outs[k]
+            size = tuple([c if c >= 0 else sym_vals[-1 - c] for c in code]) if code is not None else \
+                concrete_shape(None, shape, sym_vals, self.env)
+            t = _empty_strided_cpu(size, row_major(size), dtype)
             ref = weakref.ref(t)
-            var = Var(base + k, [ref], shape=size, dtype=dtype)
-            self.by_id[id(t)] = (var, ref)
+            var = Var(base + k, [ref], size, dtype)
+            by_id[id(t)] = (var, ref)
             self.vars.append(var)
             outs.append(t)
             refs.append(ref)
-        self.log.append(Entry(info, rargs, rkwargs, tuple(range(base, base + len(outs))), tuple(refs)))
+        self.log.append((info, rargs, rkwargs, range(base, base + n_outs), refs))
         self.n_ops += 1
-        return outs[0] if len(outs) == 1 and info.kind is Kind.RECORD and \
-            len(info.func._schema.returns) == 1 else tuple(outs)
+        return outs[0] if info.single else tuple(outs)
 
     def record_view(self, info, args, kwargs, real) -> None:
         """Track `real`, the view PyTorch took of pending args[0], as an alias of its Var."""
@@ -312,21 +346,20 @@ class Pending:
         values = (None,) * len(outs)
         if var.value is not None and not var.external:
             try:
-                node, mark, rargs, rkwargs = self._walk(info, args, kwargs,
-                                                        lambda p, i, s, a, k, env: build_view(p, i, s, real, env))
+                node, rargs, rkwargs, mark = self._walk(
+                    info, args, kwargs, lambda p, i, s, a, k, env: build_view(p, i, s, real, env))
             except NotRecorded:
                 node = None
             if node is not None and node.nodes[-1] is not None:
                 self._commit(mark, node)
                 values = tuple(range(len(node.nodes) - len(outs), len(node.nodes)))
-                self.log.append(Entry(info, rargs, rkwargs, values, ()))
+                self.log.append((info, rargs, rkwargs, values, ()))
             elif node is not None:
-                self._rollback(mark)
+                self._rollback(*mark)
         for t, j in zip(outs, values):
             ref = weakref.ref(t)
-            v = Var(j, [ref], root=root)
-            root.views.append(ref)
-            self.by_id[id(t)] = (v, ref)
+            root.add_view(ref)
+            self.by_id[id(t)] = (Var(j, [ref], root=root), ref)
 
     def record_inplace(self, info, args, kwargs):
         """Record `self.op_(...)`: self's new value. NotRecorded(flush=True) for a write that
@@ -340,18 +373,18 @@ class Pending:
                 raise NotRecorded("write to a pending tensor that has live views", flush=True, kind="inplace")
         elif self.dirty and storage_ptr(target) in self.dirty:
             raise NotRecorded("write through an alias of a tensor with a pending write", flush=True, kind="inplace")
-        node, mark, rargs, rkwargs = self._walk(info, args, kwargs, build_inplace)
+        node, rargs, rkwargs, mark = self._walk(info, args, kwargs, build_inplace)
         self._commit(mark, node)
         j = len(node.nodes) - 1
         if var is None:
             ref = _Strong(target)
-            var = Var(j, [ref], external=True, shape=tuple(target.shape), dtype=target.dtype)
+            var = Var(j, [ref], tuple(target.shape), target.dtype, external=True)
             self.by_id[id(target)] = (var, ref)
             self.dirty.add(storage_ptr(target))
             self.vars.append(var)
         else:
             var.value = j
-        self.log.append(Entry(info, rargs, rkwargs, (j,), ()))
+        self.log.append((info, rargs, rkwargs, (j,), ()))
         self.n_ops += 1
         return target
 
@@ -359,12 +392,6 @@ class Pending:
 def _same_geometry(a: _Tensor, b: _Tensor) -> bool:
     return a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset() \
         and a.dtype == b.dtype
-
-
-def _named(info, args, kwargs) -> dict:
-    out = {info.args[i][0]: v for i, v in enumerate(args)}
-    out.update(kwargs)
-    return out
 
 
 def _tensors(args, kwargs):
