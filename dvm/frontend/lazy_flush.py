@@ -82,6 +82,16 @@ class Plan:
         if t is not None:
             t.observe(dvm, seconds)
 
+    def fill_scalars(self, slots: list) -> list:
+        """The plan's 0-d tensors, holding this call's runtime scalars (the caller holds _lock
+        until its launch has read them)."""
+        for (slot, _), (_, view) in zip(self.scalars, self._scalar_bufs):
+            view[()] = slots[slot]
+        return [t for t, _ in self._scalar_bufs]
+
+    def fresh_scalars(self, slots: list) -> list:
+        return [torch.tensor(slots[slot], dtype=dt) for slot, dt in self.scalars]
+
 
 # Measured adaptivity: per plan and size bucket (bytes read + written, by powers of two), the
 # first DVM run (it encodes the Program) is not timed; then DVM_TRIALS DVM runs and EAGER_TRIALS
@@ -137,11 +147,12 @@ def _scalar_buffer(dt):
 def _needed_symbols(nodes: list) -> tuple:
     names: set = set()
     for node in topo_order([n for n in nodes if n is not None]):
-        for d in node.shape:
-            names |= {s.name for s in free_symbols(d)}
-        v = node.attr("value")
-        if node.op == "const" and isinstance(v, SymExpr):
-            names |= {s.name for s in free_symbols(v)}
+        dims = list(node.shape)
+        for _, v in node.attrs:                    # a const's value, a slice's start, ...
+            dims.extend(v if isinstance(v, tuple) else (v,))
+        for d in dims:
+            if isinstance(d, SymExpr):
+                names |= {s.name for s in free_symbols(d)}
     return tuple(sorted(names, key=lambda n: int(n[1:])))
 
 
@@ -185,12 +196,24 @@ def io_bytes(pending, outs: list) -> int:
 
 # -- the DVM launch --------------------------------------------------------------------------------
 def run_dvm(plan: Plan, pending, outs: list) -> None:
+    """Launch the plan on the pending graph's inputs, writing its live results."""
+    if not plan.scalars:
+        _launch(plan, pending, outs, ())
+    elif plan._lock.acquire(False):       # the plan's scalar buffers, one launch at a time
+        try:
+            _launch(plan, pending, outs, plan.fill_scalars(pending.slots))
+        finally:
+            plan._lock.release()
+    else:
+        _launch(plan, pending, outs, plan.fresh_scalars(pending.slots))
+
+
+def _launch(plan: Plan, pending, outs: list, scalars) -> None:
     env = {name: pending.env[name] for name in plan.syms}
     tensors = list(pending.slots)
-    for (slot, _), t in zip(plan.scalars, plan.scalar_tensors(pending.slots)):
+    for (slot, _), t in zip(plan.scalars, scalars):
         tensors[slot] = t
     dsts = [var.tensor() for var in outs]
-    into = None
     if plan.graph is not None:
         into = [None] * len(plan.graph.outputs)
         for var, dst, (kind, k) in zip(outs, dsts, plan.source):

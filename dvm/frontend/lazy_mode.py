@@ -94,6 +94,10 @@ def flush(reason: str, cause: str) -> None:
         return
     st.busy = True
     t0 = time.perf_counter()
+    # below autograd and the in-place/view bookkeeping: they ran when the calls were recorded
+    # (grad_fn, version counters); the flush only computes values, as the kernels would have
+    below = torch._C._AutoDispatchBelowADInplaceOrView()
+    below.__enter__()
     try:
         outs = [v for v in p.vars if v.alive()]
         kernels, cached, path = 0, False, "dead"
@@ -117,6 +121,7 @@ def flush(reason: str, cause: str) -> None:
         ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6)
         _count(ev, p)
     finally:
+        below.__exit__(None, None, None)
         p.reset()
         st.busy = False
 

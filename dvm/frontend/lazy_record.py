@@ -338,13 +338,13 @@ class Pending:
         var = self.var_of(args[0])
         root = var.root or var
         outs = real if isinstance(real, (list, tuple)) else (real,)
-        if len(outs) == 1 and var.root is None and not var.external and _same_geometry(outs[0], args[0]):
+        if len(outs) == 1 and var.root is None and _same_geometry(outs[0], args[0]):
             ref = weakref.ref(outs[0])
             var.members.append(ref)           # detach / alias: the same variable
             self.by_id[id(outs[0])] = (var, ref)
             return
         values = (None,) * len(outs)
-        if var.value is not None and not var.external:
+        if var.value is not None:
             try:
                 node, rargs, rkwargs, mark = self._walk(
                     info, args, kwargs, lambda p, i, s, a, k, env: build_view(p, i, s, real, env))
