@@ -95,9 +95,13 @@ def flush(reason: str, cause: str) -> None:
     st.busy = True
     t0 = time.perf_counter()
     # below autograd and the in-place/view bookkeeping: they ran when the calls were recorded
-    # (grad_fn, version counters); the flush only computes values, as the kernels would have
-    below = torch._C._AutoDispatchBelowADInplaceOrView()
-    below.__enter__()
+    # (grad_fn, version counters); the flush only computes values, as the kernels would have.
+    # No Python dispatch either: the replay and the copies are plain kernels (through this mode
+    # each would cost ~3 us more)
+    below = torch._C._AutoDispatchBelowADInplaceOrView()   # (a guard takes its state when made:
+    below.__enter__()                                       # make each right before entering it)
+    plain = torch._C._DisableTorchDispatch()
+    plain.__enter__()
     try:
         outs = [v for v in p.vars if v.alive()]
         kernels, cached, path = 0, False, "dead"
@@ -121,6 +125,7 @@ def flush(reason: str, cause: str) -> None:
         ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6)
         _count(ev, p)
     finally:
+        plain.__exit__(None, None, None)
         below.__exit__(None, None, None)
         p.reset()
         st.busy = False

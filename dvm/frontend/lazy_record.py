@@ -193,15 +193,15 @@ class Pending:
             if j is None:
                 raise NotRecorded("reads a view DVM cannot take", flush=True)
             return ("v", j), Ref(j)
+        if self.dirty and storage_ptr(a) in self.dirty:   # (an input read before the write too)
+            raise NotRecorded("reads a storage with a pending write through another tensor", flush=True,
+                              kind="inplace")
         slot = self.slot_of.get(id(a))
         if slot is not None and self.slots[slot] is a:
             return ("i", slot), a
         if type(a) not in _RECORDABLE_TYPES or not a.is_cpu or a.dtype not in TORCH_TO_DVM or a.is_neg() \
                 or a.is_conj() or a.layout is not torch.strided:
             raise NotRecorded(f"a {type(a).__name__} of {a.dtype} on {a.device}")
-        if self.dirty and storage_ptr(a) in self.dirty:
-            raise NotRecorded("reads a storage with a pending write through another tensor", flush=True,
-                              kind="inplace")
         codes = tuple([d if d < SYMBOL_MIN else -1 - self._sym(d) for d in a.shape])
         self.slot_of[id(a)] = len(self.slots)
         self.slots.append(a)
