@@ -12,6 +12,7 @@ import dvm  # noqa: E402
 from dvm import config as dvm_config  # noqa: E402
 from dvm.frontend import lazy as L  # noqa: E402
 from dvm.frontend import lazy_flush as F  # noqa: E402
+from dvm.frontend import lazy_sites as S  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
 F_ = torch.nn.functional
@@ -327,11 +328,35 @@ def test_adaptive_small_ops_run_at_once_and_region_is_skipped():
         return torch.exp(x) * 2 + 1
 
     flushes = _count("lazy_flushes")
-    skipped = _count("lazy_regions_skipped")
-    for _ in range(L.SITE_STREAK + 3):
+    for _ in range(20):
         torch.testing.assert_close(f(small), torch.exp(small) * 2 + 1)
     assert _count("lazy_flushes") == flushes          # nothing was ever pending
-    assert _count("lazy_regions_skipped") == skipped + 1
+    site = f.lazy_site
+    assert site.choice is False and site.skipped >= 15  # recorded nothing: runs eagerly, probed rarely
+
+
+def test_site_measures_recording_against_eager():
+    site = S.Site()
+    for _ in range(S.SITE_WARM):
+        assert site.action() == S.RECORD
+        site.observe(True, None)
+    kinds = []
+    while site.choice is None:
+        a = site.action()
+        kinds.append(a)
+        site.observe(a == S.RECORD_TIMED, 2.0 if a == S.RECORD_TIMED else 1.0)
+    assert kinds.count(S.RECORD_TIMED) == kinds.count(S.SKIP_TIMED) == S.SITE_TRIALS
+    assert site.choice is False                       # eager measured faster
+    acts = [site.action() for _ in range(site.period)]
+    assert set(acts) == {S.SKIP}
+    assert site.action() == S.RECORD_TIMED            # the probe
+    site.observe(True, 0.1)                           # recording got faster: ... not yet the median
+    assert site.choice is False
+    for _ in range(S.SITE_WINDOW):
+        site.observe(True, 0.1)
+    a = [site.action() for _ in range(site.countdown + 1)][-1]
+    site.observe(a == S.RECORD_TIMED, 0.1 if a == S.RECORD_TIMED else 1.0)
+    assert site.choice is True
 
 
 def test_adaptive_measures_dvm_against_eager():

@@ -77,7 +77,6 @@ class State(threading.local):
         self.depth = 0                      # regions entered since it started recording
         self.policy: Policy | None = None
         self.stats: Stats | None = None
-        self.site = None                    # lazy.Site of the recording region
         self.explain = False
         self.last_stats: Stats | None = None
         self.busy = False       # inside a flush: calls pass through
