@@ -349,13 +349,17 @@ def test_site_measures_recording_against_eager():
     assert site.choice is False                       # eager measured faster
     acts = [site.action() for _ in range(site.period)]
     assert set(acts) == {S.SKIP}
-    assert site.action() == S.RECORD_TIMED            # the probe
-    site.observe(True, 0.1)                           # recording got faster: ... not yet the median
-    assert site.choice is False
-    for _ in range(S.SITE_WINDOW):
-        site.observe(True, 0.1)
-    a = [site.action() for _ in range(site.countdown + 1)][-1]
-    site.observe(a == S.RECORD_TIMED, 0.1 if a == S.RECORD_TIMED else 1.0)
+    assert site.action() == S.RECORD_TIMED            # the probe: slower, the choice stands
+    site.observe(True, 3.0)
+    assert site.choice is False and site.period == 2 * S.SITE_PERIOD_FIRST
+    for _ in range(site.period):
+        assert site.action() == S.SKIP
+    assert site.action() == S.RECORD_TIMED            # a probe faster than eager: measure again
+    site.observe(True, 0.1)
+    assert site.choice is None
+    while site.choice is None:
+        a = site.action()
+        site.observe(a == S.RECORD_TIMED, 0.1 if a == S.RECORD_TIMED else 1.0)
     assert site.choice is True
 
 

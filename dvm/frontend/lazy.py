@@ -32,9 +32,11 @@ from .lazy_mode import STATE, LazyMode, Policy, Stats, flush, install_hooks
 from .lazy_report import report
 from .lazy_sites import _SITES, RECORD, RECORD_TIMED, SKIP, SKIP_TIMED, Site, site_at
 
-# Measured on the CPU VM (`dvm bench lazy --calibrate`, docs/DECISIONS.md "Lazy mode thresholds").
-MIN_NUMEL = 16_384        # adaptive: a call whose operands all have fewer elements runs at once
-MIN_BYTES = 256 * 1024    # adaptive: a pending graph reading + writing fewer bytes replays eagerly
+# Measured on the CPU VM (`dvm bench lazy --calibrate`; docs/DECISIONS.md, "Lazy mode: adaptive"):
+# below 2^18 elements not even an 8-op elementwise chain recorded and fused beats eager.
+MIN_NUMEL = 1 << 18       # adaptive: a call whose operands all have fewer elements runs at once
+MIN_BYTES = 2 << 20       # adaptive: a pending graph reading + writing fewer bytes (that chain's
+                          # input + output in f32) replays eagerly without timing DVM
 MIN_OPS = 2               # adaptive: one recorded op has nothing to fuse with
 DEFAULT_MAX_OPS = 256     # a pending graph this long is flushed ("bound")
 

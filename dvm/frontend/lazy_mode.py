@@ -208,7 +208,7 @@ class LazyMode(TorchDispatchMode):
         st = STATE
         if st.busy:
             return func(*args, **kwargs)
-        info = _INFO.get(func) or op_info(func)
+        info = _INFO.get(id(func)) or op_info(func)
         kind, p, policy = info.kind, st.pending, st.policy
         err = None
         if kind is Kind.RECORD or kind is Kind.INPLACE or kind is Kind.DECOMP:
@@ -221,7 +221,8 @@ class LazyMode(TorchDispatchMode):
                     err = e
                 else:
                     if st.stats is not None:
-                        st.stats.ops[info.name] += 1
+                        ops = st.stats.ops
+                        ops[info.name] = ops.get(info.name, 0) + 1
                     if p.n_ops >= policy.max_ops:
                         flush("bound", info.name)
                     return out

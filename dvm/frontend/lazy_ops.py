@@ -43,8 +43,9 @@ class Arg(enum.IntEnum):
 
 
 # Python float scalars that may be graph inputs (their value is not structure): the argument,
-# the tensor argument whose dtype they meet, and whether a half-precision partner reads them at
-# f32 ("opmath", build.elementwise's CPU-scalar rule for the second operand of mul / div).
+# the tensor argument whose dtype they meet, whether a half-precision partner reads them at f32
+# ("opmath", build.elementwise's CPU-scalar rule for the second operand of mul / div), and the
+# tensor arguments that must have the partner's dtype (the op computes in their common dtype).
 # Only where a float scalar meets a dimensioned float tensor: then a 0-d input of the dtype the
 # constant would be cast to computes exactly what the constant computes (decided in lazy_record).
 RUNTIME_SCALARS: dict = {
@@ -58,6 +59,8 @@ RUNTIME_SCALARS: dict = {
     "clamp": {"min": ("self", False), "max": ("self", False)},
     "clamp_min": {"min": ("self", False)},
     "clamp_max": {"max": ("self", False)},
+    "addcmul": {"value": ("tensor1", True, ("self", "tensor2"))},
+    "addcdiv": {"value": ("tensor1", True, ("self", "tensor2"))},
 }
 
 # the matmul family beyond aten_table.CUBE_OPS (all run through PyTorch: cube kernels)
@@ -164,14 +167,16 @@ def _implicit(func) -> bool:
         return False
 
 
+# id(OpOverload) -> OpInfo: OpOverload's __hash__ is Python code (~0.3 us a lookup); the op
+# objects live as long as the process, and each OpInfo keeps its op (so no id is reused)
 _INFO: dict = {}
 
 
 def info(func) -> OpInfo:
     """The OpInfo of an ATen OpOverload (computed once per op)."""
-    got = _INFO.get(func)
+    got = _INFO.get(id(func))
     if got is None:
-        got = _INFO[func] = _make_info(func)
+        got = _INFO[id(func)] = _make_info(func)
     return got
 
 

@@ -215,7 +215,9 @@ class Pending:
             i = info.pos.get("alpha")
             alpha = 1 if i is None else args[i] if i < len(args) else kwargs.get("alpha", 1)
             if isinstance(partner, _Tensor) and partner.dtype.is_floating_point and partner.dim() >= 1 \
-                    and partner.dtype in TORCH_TO_DVM and (name != "other" or alpha == 1):
+                    and partner.dtype in TORCH_TO_DVM and (name != "other" or alpha == 1) \
+                    and (len(rule) < 3 or all(getattr(_arg_of(info, n, args, kwargs), "dtype", None) == partner.dtype
+                                              for n in rule[2])):
                 self.slots.append(v)
                 return ("f", rule[0], rule[1]), v
         if isinstance(v, bool):
@@ -251,7 +253,7 @@ class Pending:
             elif v is not None:
                 enc[i], rep[i] = self._arg(info, spec[i][1], spec[i][0], v, args, kwargs)
         if not kwargs:
-            return (info.func, tuple(enc), ()), rep, kwargs
+            return (id(info.func), tuple(enc), ()), rep, kwargs
         enc_kw, rep_kw = [], {}
         for k in sorted(kwargs):
             v = kwargs[k]
@@ -263,7 +265,7 @@ class Pending:
                 e, r = self._arg(info, info.kinds.get(k, Arg.LITERAL), k, v, args, kwargs)
             enc_kw.append((k, e))
             rep_kw[k] = r
-        return (info.func, tuple(enc), tuple(enc_kw)), rep, rep_kw
+        return (id(info.func), tuple(enc), tuple(enc_kw)), rep, rep_kw
 
     # -- recording ------------------------------------------------------------------------------
     def _rollback(self, n_slots: int, n_syms: int) -> None:
@@ -387,6 +389,11 @@ class Pending:
         self.log.append((info, rargs, rkwargs, (j,), ()))
         self.n_ops += 1
         return target
+
+
+def _arg_of(info, name: str, args, kwargs):
+    i = info.pos.get(name)
+    return args[i] if i is not None and i < len(args) else kwargs.get(name)
 
 
 def _same_geometry(a: _Tensor, b: _Tensor) -> bool:

@@ -5,8 +5,9 @@ dvm.lazy. Its first SITE_WARM entries record (the plans they compile learn their
 choice meanwhile, lazy_flush.Timing); then entries alternate between recording and running
 eagerly (lazy mode off: no dispatch mode at all), each timed end to end, until both have
 SITE_TRIALS times; the faster (median of the last SITE_WINDOW times) is taken from then on, and
-the other is timed again after `period` entries: a probe that confirms the choice doubles the
-period (up to SITE_PERIOD_MAX), one that overturns it resets it. A recording entry that recorded
+the other is timed again after `period` entries: a probe slower than the chosen kind's median
+doubles the period (up to SITE_PERIOD_MAX), a faster one starts the measurement again (windows
+cleared: times from before may be stale, e.g. from a plan's own trials). A recording entry that recorded
 nothing at all (every call too small, or none recordable) chooses eager at once. So a region
 whose fusion does not pay for its recording runs eagerly, at the cost of the probes.
 Only the adaptive policy consults sites; regions nested in a recording region are part of it.
@@ -17,7 +18,7 @@ import threading
 
 from ..runtime import counters
 
-SITE_WARM = 4            # recording entries before any timing
+SITE_WARM = 8            # recording entries before any timing (covers a plan's DVM/eager trials)
 SITE_TRIALS = 3          # timed entries of each kind before the first choice
 SITE_WINDOW = 5          # times kept per kind (median)
 SITE_PERIOD_FIRST = 16   # entries between probes of the other kind, doubled per confirmation
@@ -89,7 +90,14 @@ class Site:
                 self._decided(_median(self.lazy_t) < _median(self.eager_t))
         elif self.probing:
             self.probing = False
-            self._decided(_median(self.lazy_t) < _median(self.eager_t))
+            chosen = _median(self.lazy_t if self.choice else self.eager_t)
+            if seconds < chosen:         # the other kind won its probe: measure both afresh
+                del times[:-1]
+                other = self.eager_t if recorded else self.lazy_t
+                del other[:]
+                self.choice, self.period = None, SITE_PERIOD_FIRST
+            else:
+                self._decided(self.choice)
 
     def _decided(self, record: bool) -> None:
         if record == self.choice:

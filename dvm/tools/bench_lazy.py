@@ -33,6 +33,7 @@ import time
 from .bench_common import (finish_report, loadavg, machine_info, progress, restore_vm_threads, set_vm_threads,
                            time_call, vm_extra)
 from .bench_lazy_cases import CHAIN_NAMES, CHAINS, models
+from .bench_lazy_probes import recording_costs
 from .bench_lazy_report import markdown, plot
 
 DEFAULT_JSON = os.path.join("bench-results", "lazy.json")
@@ -177,6 +178,8 @@ class _Run:
 
         import dvm
         out: dict = {"ops": list(CALIBRATE_OPS), "log2_numel": list(CALIBRATE_LOG2), "speedup": {}, "crossover": {}}
+        self.log("calibrate: the per-op cost of the ways to record ops")
+        out["recording"] = recording_costs(lambda calls, n: _rounds(calls, n, 0.02), self.rounds)
         for k in CALIBRATE_OPS:
             def chain(x, k=k):
                 for i in range(k):

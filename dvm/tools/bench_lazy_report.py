@@ -98,9 +98,15 @@ def markdown(report: dict) -> str:
         out += ["Greedy `generate()` (KV cache on) inside `with dvm.lazy():` against eager, tokens per second "
                 "(prompt of 32 tokens, prefill included):", ""] + _gen_table(report) + [""]
     if report.get("calibration"):
+        cal = report["calibration"]
         out += ["Calibration: chains of k elementwise ops on 1-D tensors, forced lazy vs eager (the crossover: "
                 "the smallest size from which lazy is at least as fast at every larger size):", ""]
-        out += _calibration(report["calibration"]) + [""]
+        out += _calibration(cal) + [""]
+        rec = cal["recording"]
+        out += [f"Recording cost per op (slope of 8- and 32-op chains, {rec['numel']} elements; "
+                "bench_lazy_probes):", "", "| " + " | ".join(rec["us_per_op"]) + " |",
+                "| " + " | ".join("---:" for _ in rec["us_per_op"]) + " |",
+                "| " + " | ".join(f"{v:.2f} us" for v in rec["us_per_op"].values()) + " |", ""]
     return "\n".join(out)
 
 
