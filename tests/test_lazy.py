@@ -127,6 +127,21 @@ def test_view_of_pending_aliases_it():
     torch.testing.assert_close(s, X[1] * 2 + X[0, 3] * 2)
 
 
+def test_results_take_eager_layouts():
+    """A result of ops on a transposed operand is laid out as eager lays it out (so a later
+    .view() succeeds or fails as it would eagerly)."""
+    x3 = torch.randn(4, 6, 5, generator=g).permute(2, 0, 1)
+    with dvm.lazy(adaptive=False):
+        y = X.t() * 2 + 1
+        flat = y.t().view(-1)
+        z = torch.exp(x3) * 3
+        r = z.sum(-1)
+    for got, want in ((y, X.t() * 2 + 1), (z, torch.exp(x3) * 3), (r, (torch.exp(x3) * 3).sum(-1))):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    torch.testing.assert_close(flat, (X * 2 + 1).view(-1))
+
+
 def test_detach_alias_shares_in_place_updates():
     with dvm.lazy(adaptive=False):
         y = X * 2

@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import torch
 
+from ..graph.build import ShapeContext, permute
 from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, free_symbols
 from ..runtime import counters
@@ -38,11 +39,13 @@ _LOCK = threading.Lock()
 class Plan:
     """The compiled form of one pending-graph structure with one set of live outputs."""
 
-    def __init__(self, prefix, values: tuple):
+    def __init__(self, prefix, values: tuple, perms: tuple):
         self.n_ops = prefix.n_ops
         self.error: str | None = None
         self.graph = self.launcher = None
-        nodes = [prefix.nodes[j] for j in values]
+        # a placeholder in eager's permuted layout is written row-major in its dim order
+        nodes = [prefix.nodes[j] if perm is None else permute(ShapeContext(), prefix.nodes[j], perm)
+                 for j, perm in zip(values, perms)]
         uniq: list = []
         self.source = []          # per value: ("in", slot) or ("out", index of the graph's outputs)
         for n in nodes:
@@ -156,15 +159,15 @@ def _needed_symbols(nodes: list) -> tuple:
     return tuple(sorted(names, key=lambda n: int(n[1:])))
 
 
-def plan_for(prefix, values: tuple) -> tuple[Plan, bool]:
-    """The cached Plan for (structure, live values), and whether it was cached."""
-    key = (prefix, values)
+def plan_for(prefix, values: tuple, perms: tuple) -> tuple[Plan, bool]:
+    """The cached Plan for (structure, live values and their layouts), and whether it was cached."""
+    key = (prefix, values, perms)
     with _LOCK:
         plan = _PLANS.get(key)
         if plan is not None:
             _PLANS.move_to_end(key)
             return plan, True
-    plan = Plan(prefix, values)
+    plan = Plan(prefix, values, perms)
     counters.bump("lazy_plans_compiled")
     if plan.error:
         counters.bump(f"lazy_fallback:plan:{plan.error[:120]}")
@@ -214,16 +217,24 @@ def _launch(plan: Plan, pending, outs: list, scalars) -> None:
     for (slot, _), t in zip(plan.scalars, scalars):
         tensors[slot] = t
     dsts = [var.tensor() for var in outs]
+    written = [False] * len(outs)        # DVM wrote this output into its tensor directly
+    results = ()
     if plan.graph is not None:
         into = [None] * len(plan.graph.outputs)
-        for var, dst, (kind, k) in zip(outs, dsts, plan.source):
+        for i, (var, dst, (kind, k)) in enumerate(zip(outs, dsts, plan.source)):
             if kind == "out" and into[k] is None and not var.external and dst is not None:
-                into[k] = dst
+                into[k] = dst if var.perm is None else dst.permute(var.perm)
+                written[i] = True
         results = plan.launcher(env, tensors, into)
-    for var, dst, (kind, k) in zip(outs, dsts, plan.source):
+    for var, dst, done, (kind, k) in zip(outs, dsts, written, plan.source):
+        if done or dst is None:
+            continue
         src = tensors[k] if kind == "in" else results[k]
-        if dst is not None and dst is not src:
-            dst.copy_(src)
+        dst.copy_(src if var.perm is None or kind == "in" else src.permute(_inverse(var.perm)))
+
+
+def _inverse(perm: tuple) -> tuple:
+    return tuple(perm.index(i) for i in range(len(perm)))
 
 
 # -- the eager replay ------------------------------------------------------------------------------

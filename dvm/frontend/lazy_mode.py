@@ -29,6 +29,7 @@ from . import lazy_flush as F
 from .lazy_ops import _INFO, VALUE_READS, Kind, decomposition, info as op_info
 from .lazy_record import NotRecorded, Pending, storage_ptr
 
+_dynamo_compiling = torch.compiler.is_dynamo_compiling   # a constant True inside Dynamo's trace
 FLUSH_REASONS = ("item", "bool", "tolist", "numpy", "print", "storage", "unsupported", "inplace", "matmul",
                  "bound", "exit", "sync")
 _Tensor = torch.Tensor
@@ -105,7 +106,7 @@ def flush(reason: str, cause: str) -> None:
         outs = [v for v in p.vars if v.alive()]
         kernels, cached, path = 0, False, "dead"
         if outs:
-            plan, cached = F.plan_for(p.prefix, tuple(v.value for v in outs))
+            plan, cached = F.plan_for(p.prefix, tuple(v.value for v in outs), tuple(v.perm for v in outs))
             nbytes = F.io_bytes(p, outs)
             path = _choose(plan, nbytes, st.policy)
             t1 = time.perf_counter()
@@ -199,14 +200,15 @@ def _worth_recording(args, p: Pending, min_numel: int) -> bool:
 class LazyMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # no torch._disable_dynamo wrapper around __torch_dispatch__ (~0.7 us a call); the mode
-        # never runs while Dynamo traces (lazy.LazyRegion does not record under torch.compile)
+        # no torch._disable_dynamo wrapper around __torch_dispatch__ (~0.7 us a call): while
+        # Dynamo traces a function called in a lazy region, the mode passes calls through (the
+        # compiled graph's ops are recorded when it runs)
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         st = STATE
-        if st.busy:
+        if st.busy or _dynamo_compiling():
             return func(*args, **kwargs)
         info = _INFO.get(id(func)) or op_info(func)
         kind, p, policy = info.kind, st.pending, st.policy

@@ -62,12 +62,13 @@ class _Strong:
 
 
 class Var:
-    """A tensor variable the pending graph computes (see the module docstring)."""
-    __slots__ = ("value", "members", "views", "external", "root", "shape", "dtype")
+    """A tensor variable the pending graph computes (see the module docstring). perm: the dim
+    order of a placeholder laid out as eager lays out that op's result (None: row-major)."""
+    __slots__ = ("value", "members", "views", "external", "root", "shape", "dtype", "perm", "strides")
 
-    def __init__(self, value, members, shape=None, dtype=None, external=False, root=None):
+    def __init__(self, value, members, shape=None, dtype=None, external=False, root=None, perm=None, strides=None):
         self.value, self.members, self.shape, self.dtype = value, members, shape, dtype
-        self.external, self.root, self.views = external, root, None
+        self.external, self.root, self.views, self.perm, self.strides = external, root, None, perm, strides
 
     def alive(self) -> bool:
         if self.external:
@@ -94,7 +95,7 @@ class Var:
         for r in self.views or ():
             v = r()
             if v is not None:
-                return v.as_strided(self.shape, contiguous_strides(self.shape), 0)
+                return v.as_strided(self.shape, self.strides or contiguous_strides(self.shape), 0)
         return None
 
 
@@ -205,7 +206,7 @@ class Pending:
         codes = tuple([d if d < SYMBOL_MIN else -1 - self._sym(d) for d in a.shape])
         self.slot_of[id(a)] = len(self.slots)
         self.slots.append(a)
-        return ("n", a.dtype, codes), a
+        return ("n", a.dtype, codes, None if a.is_contiguous() else _dim_order(a)), a
 
     def _scalar(self, info, name, v, args, kwargs):
         rule = info.scalars.get(name) if info.scalars else None
@@ -321,12 +322,21 @@ class Pending:
         base = len(node.nodes) - n_outs
         outs, refs = [], []
         for k in range(n_outs):
-            code, shape, dtype = node.outs[k]
+            code, shape, dtype, perm = node.outs[k]
             size = tuple([c if c >= 0 else sym_vals[-1 - c] for c in code]) if code is not None else \
                 concrete_shape(None, shape, sym_vals, self.env)
-            t = _empty_strided_cpu(size, row_major(size), dtype)
+            if perm is None:
+                t = _empty_strided_cpu(size, row_major(size), dtype)
+                strides = None
+            else:                               # eager's layout: row-major in perm's order
+                dense = row_major(tuple(size[d] for d in perm))
+                strides = [0] * len(size)
+                for d, st in zip(perm, dense):
+                    strides[d] = st
+                strides = tuple(strides)
+                t = _empty_strided_cpu(size, strides, dtype)
             ref = weakref.ref(t)
-            var = Var(base + k, [ref], size, dtype)
+            var = Var(base + k, [ref], size, dtype, perm=perm, strides=strides)
             by_id[id(t)] = (var, ref)
             self.vars.append(var)
             outs.append(t)
@@ -389,6 +399,13 @@ class Pending:
         self.log.append((info, rargs, rkwargs, (j,), ()))
         self.n_ops += 1
         return target
+
+
+def _dim_order(a: _Tensor) -> tuple:
+    """a's dims by decreasing stride: part of a new input's structure, as eager lays out results
+    after their operands' layouts (the placeholders follow, lazy_trie._grow)."""
+    st = a.stride()
+    return tuple(sorted(range(a.dim()), key=lambda i: -st[i]))
 
 
 def _arg_of(info, name: str, args, kwargs):

@@ -25,6 +25,7 @@ from ..runtime import counters
 from .aten_common import TORCH_TO_DVM, Unsupported, dvm_dtype
 from .lazy_lower import LazyLower, check_result, dim_of, scalar_dtype, shape_code, symbol
 from .lazy_ops import Arg
+from .torch_segment import _stride_order
 
 TRIE_MAX_NODES = 20_000
 TORCH_OF = {d: t for t, d in TORCH_TO_DVM.items()}
@@ -45,7 +46,8 @@ class Prefix:
         self.scalars = scalars        # ((slot, DType), ...): the runtime scalar slots
         self.checks = checks          # every shape check so far
         self.new_checks = new_checks  # the checks the last op added (evaluated at each recording)
-        self.outs = outs              # per new value: (size codes or None, DVM shape, torch dtype)
+        self.outs = outs              # per new value: (size codes or None, DVM shape, torch dtype,
+                                      # eager's dense dim order when not row-major, else None)
         self.n_ops = n_ops            # recorded ops (views not counted)
         self.op = op                  # the OpInfo of the edge into this node
         self.failed = failed          # why the op cannot be recorded (a cached structural failure)
@@ -190,12 +192,15 @@ def meta_run(func, args, kwargs):
         raise Unsupported(f"PyTorch rejects it: {type(e).__name__}") from None
 
 
-def _grow(prefix: Prefix, dec: _Decoder, ctx: ShapeContext, new_values: tuple, info, alloc: bool,
+def _grow(prefix: Prefix, dec: _Decoder, ctx: ShapeContext, new_values: tuple, info, eager_outs=None,
           counts: bool = True) -> Prefix:
+    """The child holding new_values; eager_outs: PyTorch's results (meta), whose layouts the
+    placeholders take (None: no placeholders, the values live in existing tensors)."""
     new_checks = tuple(ctx.checks[len(prefix.checks):])
+    outs = () if eager_outs is None else \
+        tuple((shape_code(n.shape), n.shape, TORCH_OF[n.dtype], _stride_order(o)) for n, o in zip(new_values, eager_outs))
     return Prefix(nodes=prefix.nodes + new_values, inputs=tuple(dec.inputs), scalars=tuple(dec.scalars),
-                  checks=tuple(ctx.checks), new_checks=new_checks,
-                  outs=tuple((shape_code(n.shape), n.shape, TORCH_OF[n.dtype]) for n in new_values) if alloc else (),
+                  checks=tuple(ctx.checks), new_checks=new_checks, outs=outs,
                   n_ops=prefix.n_ops + (1 if counts else 0), op=info)
 
 
@@ -216,7 +221,7 @@ def build_record(prefix: Prefix, info, sig: tuple, args, kwargs, env: dict) -> P
         return Prefix(failed=str(e))
     except Exception as e:  # noqa: BLE001 - DVM's DTypeError / ShapeError: PyTorch decides
         return Prefix(failed=f"{type(e).__name__}: {e}")
-    return _grow(prefix, dec, ctx, values, info, alloc=True)
+    return _grow(prefix, dec, ctx, values, info, eager_outs=outs)
 
 
 def build_view(prefix: Prefix, info, sig: tuple, real_out, env: dict) -> Prefix:
@@ -235,7 +240,7 @@ def build_view(prefix: Prefix, info, sig: tuple, real_out, env: dict) -> Prefix:
         except Exception:  # noqa: BLE001 - an opaque view: reading it computes the pending graph
             node, dec, ctx = None, _Decoder(prefix), ShapeContext(list(prefix.checks))
     values = (node,) if node is not None else (None,) * len(outs)
-    return _grow(prefix, dec, ctx, values, info, alloc=False, counts=False)
+    return _grow(prefix, dec, ctx, values, info, counts=False)
 
 
 def build_inplace(prefix: Prefix, info, sig: tuple, args, kwargs, env: dict) -> Prefix:
@@ -259,7 +264,7 @@ def build_inplace(prefix: Prefix, info, sig: tuple, args, kwargs, env: dict) -> 
         return Prefix(failed=str(e))
     except Exception as e:  # noqa: BLE001
         return Prefix(failed=f"{type(e).__name__}: {e}")
-    return _grow(prefix, dec, ctx, (value,), info, alloc=False)
+    return _grow(prefix, dec, ctx, (value,), info)
 
 
 def _copy_value(ctx, target: Node, src) -> Node:
