@@ -166,11 +166,9 @@ def _decorate(fn, policy: Policy, explain: bool):
 
     @functools.wraps(fn)
     def lazily(*args, **kwargs):
-        if STATE.mode is None and site is not None and site.countdown and site.choice is False:
-            site.countdown -= 1      # the fast path of a skipped entry (Site.action's SKIP)
-            site.entries += 1
-            site.skipped += 1
-            return fn(*args, **kwargs)
+        if site is not None and site.choice is False and site.countdown:
+            site.countdown -= 1      # the fast path of Site.action's SKIP (nested in a recording
+            return fn(*args, **kwargs)   # region, the calls are recorded all the same)
         with LazyRegion(policy, explain, site):
             return fn(*args, **kwargs)
     lazily.lazy_site = site
@@ -187,10 +185,8 @@ def lazy(fn=None, *, adaptive: bool = True, explain: bool = False, max_ops: int 
         site = _SITES.get((id(frame.f_code), frame.f_lasti))
         if site is None or site.code is not frame.f_code:
             site = site_at(frame)
-        if site.countdown and site.choice is False:
-            site.countdown -= 1      # the fast path of a skipped entry (Site.action's SKIP)
-            site.entries += 1
-            site.skipped += 1
+        if site.choice is False and site.countdown:
+            site.countdown -= 1      # the fast path of Site.action's SKIP
             return _SKIPPED
         action = _decide(_DEFAULT_POLICY, site)
         return _SKIPPED if action == SKIP else LazyRegion(_DEFAULT_POLICY, False, site, action)

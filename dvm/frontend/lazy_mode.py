@@ -54,6 +54,7 @@ class FlushEvent:
     kernels: int          # DVM vector kernels in the launch
     plan_cached: bool
     us: float
+    plan: object = None   # lazy_flush.Plan of a DVM flush (its fusion groups, for the report)
 
 
 class Stats:
@@ -104,7 +105,7 @@ def flush(reason: str, cause: str) -> None:
     plain.__enter__()
     try:
         outs = [v for v in p.vars if v.alive()]
-        kernels, cached, path = 0, False, "dead"
+        kernels, cached, path, plan = 0, False, "dead", None
         if outs:
             plan, cached = F.plan_for(p.prefix, tuple(v.value for v in outs), tuple(v.perm for v in outs))
             nbytes = F.io_bytes(p, outs)
@@ -122,7 +123,8 @@ def flush(reason: str, cause: str) -> None:
                 F.replay(p, outs)
             if path == "dvm" or path == EAGER_MEASURED:
                 plan.observe(nbytes, path == "dvm", time.perf_counter() - t1)
-        ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6)
+        ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6,
+                        plan if path == "dvm" else None)
         _count(ev, p)
     finally:
         plain.__exit__(None, None, None)

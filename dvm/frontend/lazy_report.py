@@ -16,7 +16,11 @@ def report(stats: Stats | None = None) -> str:
     lines = [_summary(stats.events, stats.ops)]
     lines += _by_reason(stats.events)
     lines.append("flushes in order:")
-    lines += [f"  {i + 1}. {_event(ev)}" for i, ev in enumerate(stats.events)]
+    for i, ev in enumerate(stats.events):
+        lines.append(f"  {i + 1}. {_event(ev)}")
+        graph = getattr(ev.plan, "graph", None)
+        if graph is not None:
+            lines += [f"       {g.describe()}" for g in graph.plan.groups]
     if stats.passed:
         lines.append("ran at once through PyTorch (not recorded): " + _counts(stats.passed))
     return "\n".join(lines)

@@ -37,12 +37,11 @@ def _median(xs: list) -> float:
 
 
 class Site:
-    __slots__ = ("entries", "skipped", "lazy_t", "eager_t", "choice", "countdown", "period", "warm", "probing",
-                 "code")
+    __slots__ = ("entries", "lazy_t", "eager_t", "choice", "countdown", "period", "warm", "probing", "code")
 
     def __init__(self, code=None):
         self.code = code                   # a `with` statement's code object (its key's check)
-        self.entries = self.skipped = 0
+        self.entries = 0                   # entries decided here (the fast-path skips are not counted)
         self.lazy_t: list = []
         self.eager_t: list = []
         self.choice: bool | None = None    # None while measuring; True: record; False: run eagerly
@@ -52,7 +51,8 @@ class Site:
         self.probing = False
 
     def action(self) -> int:
-        """What this entry does (RECORD*, SKIP*)."""
+        """What this entry does (RECORD*, SKIP*). (The callers' fast paths take SKIP themselves
+        without counting it in `entries`: they are the entries between probes.)"""
         self.entries += 1
         if self.warm:
             return RECORD
@@ -62,10 +62,7 @@ class Site:
             return SKIP_TIMED
         if self.countdown:
             self.countdown -= 1
-            if self.choice:
-                return RECORD_TIMED
-            self.skipped += 1
-            return SKIP
+            return RECORD_TIMED if self.choice else SKIP
         self.probing = True
         return SKIP_TIMED if self.choice else RECORD_TIMED
 
