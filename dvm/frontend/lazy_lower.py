@@ -23,17 +23,19 @@ INT64_HUGE = 2 ** 62        # slice ends at or past this are "to the end"
 SYMBOL_MIN = 2              # sizes below this stay literal
 
 _SYMS: list = []
+_NAMES: list = []
 
 
 def symbol(k: int) -> SymExpr:
     """The k-th size symbol of a pending graph (range >= SYMBOL_MIN), the same object for a k."""
     while len(_SYMS) <= k:
-        _SYMS.append(sym(f"s{len(_SYMS)}", lo=SYMBOL_MIN))
+        _NAMES.append(f"s{len(_SYMS)}")
+        _SYMS.append(sym(_NAMES[-1], lo=SYMBOL_MIN))
     return _SYMS[k]
 
 
 def symbol_name(k: int) -> str:
-    return symbol(k).as_symbol().name
+    return _NAMES[k] if k < len(_NAMES) else symbol(k).as_symbol().name
 
 
 def dim_of(code):

@@ -152,17 +152,15 @@ def _choose(plan, nbytes: int, policy: Policy) -> str:
 
 
 def _count(ev: FlushEvent, p) -> None:
-    counters.bump("lazy_flushes")
-    counters.bump(f"lazy_flush:{ev.reason}")
-    counters.bump("lazy_ops_recorded", p.n_ops)
+    counts = {"lazy_flushes": 1, f"lazy_flush:{ev.reason}": 1, "lazy_ops_recorded": p.n_ops}
     if ev.path == "dvm":
-        counters.bump("lazy_dvm_launches")
-        counters.bump("lazy_dvm_kernels", ev.kernels)
-        counters.bump("lazy_plan_hits" if ev.plan_cached else "lazy_plan_misses")
+        counts.update(lazy_dvm_launches=1, lazy_dvm_kernels=ev.kernels)
+        counts["lazy_plan_hits" if ev.plan_cached else "lazy_plan_misses"] = 1
     elif ev.path == "dead":
-        counters.bump("lazy_dead_graphs")
+        counts["lazy_dead_graphs"] = 1
     else:
-        counters.bump(f"lazy_eager:{ev.path[len('eager: '):].split(' (')[0]}")
+        counts[f"lazy_eager:{ev.path[len('eager: '):].split(' (')[0]}"] = 1
+    counters.bump_many(counts)
     st = STATE
     if st.stats is not None:
         st.stats.add(ev)
@@ -293,6 +291,8 @@ def _hook(name: str, reason: str, writable: bool):
 def install_hooks() -> None:
     """Wrap the methods of HOOKED on torch.Tensor (once per process; each call of a wrapped
     method costs one thread-local lookup when nothing is pending)."""
+    if _ORIGINAL:
+        return
     with _HOOK_LOCK:
         if _ORIGINAL:
             return
