@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 
 import dvm  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
+from test_lazy import no_dvm_failures  # noqa: E402,F401 (autouse: a DVM failure fails the test)
 
 X = torch.linspace(-2.0, 3.0, 96).reshape(8, 12)
 W = torch.linspace(0.5, 1.5, 12)
@@ -207,12 +208,3 @@ def test_region_report_lists_recorded_ops_kernels_and_causes():
     assert "vector kernel" in text
     assert "matmul <- mm" in text
     torch.testing.assert_close(z, WANT @ W.reshape(12, 1))
-
-
-@pytest.fixture(autouse=True)
-def no_dvm_failures():
-    """A DVM failure replays eagerly (correct results): the tests must see none."""
-    before = {k: v for k, v in counters.snapshot().items() if k.startswith("lazy_fallback")}
-    yield
-    after = {k: v for k, v in counters.snapshot().items() if k.startswith("lazy_fallback")}
-    assert after == before, f"DVM failed in lazy mode: {after}"

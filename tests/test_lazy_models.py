@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import dvm  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
+from test_hf_models import _llama, _qwen_moe  # noqa: E402 (the same tiny models)
 
 TOL = dict(rtol=1e-4, atol=1e-4)   # as tests/test_hf_models.py: reductions sum in another order
 
@@ -19,23 +20,6 @@ TOL = dict(rtol=1e-4, atol=1e-4)   # as tests/test_hf_models.py: reductions sum 
 def vm():
     """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
     yield os.environ.get("DVM_VM", "cpu")
-
-
-def _llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                   max_position_embeddings=256)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def _qwen_moe():
-    cfg = transformers.Qwen2MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                                      shared_expert_intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                      num_experts=4, num_experts_per_tok=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return transformers.Qwen2MoeForCausalLM(cfg)
 
 
 def _count(name):

@@ -198,26 +198,27 @@ def io_bytes(pending, outs: list) -> int:
 
 
 # -- the DVM launch --------------------------------------------------------------------------------
-def run_dvm(plan: Plan, pending, outs: list) -> None:
-    """Launch the plan on the pending graph's inputs, writing its live results."""
+def run_dvm(plan: Plan, pending, outs: list):
+    """Launch the plan on the pending graph's inputs; the launch writes the placeholders it can.
+    Returns the write-back of the other results (copies into tensors the user holds), to run once
+    the launch has succeeded: a failed launch has written nothing the eager replay would not."""
     if not plan.scalars:
-        _launch(plan, pending, outs, ())
-    elif plan._lock.acquire(False):       # the plan's scalar buffers, one launch at a time
+        return _launch(plan, pending, outs, ())
+    if plan._lock.acquire(False):       # the plan's scalar buffers, one launch at a time
         try:
-            _launch(plan, pending, outs, plan.fill_scalars(pending.slots))
+            return _launch(plan, pending, outs, plan.fill_scalars(pending.slots))
         finally:
             plan._lock.release()
-    else:
-        _launch(plan, pending, outs, plan.fresh_scalars(pending.slots))
+    return _launch(plan, pending, outs, plan.fresh_scalars(pending.slots))
 
 
-def _launch(plan: Plan, pending, outs: list, scalars) -> None:
+def _launch(plan: Plan, pending, outs: list, scalars):
     env = {name: pending.env[name] for name in plan.syms}
     tensors = list(pending.slots)
     for (slot, _), t in zip(plan.scalars, scalars):
         tensors[slot] = t
     dsts = [var.tensor() for var in outs]
-    written = [False] * len(outs)        # DVM wrote this output into its tensor directly
+    written = [False] * len(outs)        # DVM writes this output into its tensor directly
     results = ()
     if plan.graph is not None:
         into = [None] * len(plan.graph.outputs)
@@ -226,11 +227,14 @@ def _launch(plan: Plan, pending, outs: list, scalars) -> None:
                 into[k] = dst if var.perm is None else dst.permute(var.perm)
                 written[i] = True
         results = plan.launcher(env, tensors, into)
-    for var, dst, done, (kind, k) in zip(outs, dsts, written, plan.source):
-        if done or dst is None:
-            continue
-        src = tensors[k] if kind == "in" else results[k]
-        dst.copy_(src if var.perm is None or kind == "in" else src.permute(_inverse(var.perm)))
+
+    def write_back() -> None:
+        for var, dst, done, (kind, k) in zip(outs, dsts, written, plan.source):
+            if done or dst is None:
+                continue
+            src = tensors[k] if kind == "in" else results[k]
+            dst.copy_(src if var.perm is None or kind == "in" else src.permute(_inverse(var.perm)))
+    return write_back
 
 
 def _inverse(perm: tuple) -> tuple:

@@ -113,12 +113,14 @@ def flush(reason: str, cause: str) -> None:
             t1 = time.perf_counter()
             if path == "dvm":
                 try:
-                    F.run_dvm(plan, p, outs)
-                    kernels = plan.kernels
+                    write_back = F.run_dvm(plan, p, outs)
                 except Exception as e:  # noqa: BLE001 - never a wrong result: the graph replays
                     path = f"eager: DVM failed ({type(e).__name__}: {e})"
                     counters.bump(f"lazy_fallback:run:{type(e).__name__}")
                     F.replay(p, outs)
+                else:
+                    write_back()
+                    kernels = plan.kernels
             else:
                 F.replay(p, outs)
             if path == "dvm" or path == EAGER_MEASURED:

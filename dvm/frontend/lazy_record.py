@@ -17,6 +17,7 @@ it was (rollback).
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
 
 import torch
@@ -419,14 +420,8 @@ def _same_geometry(a: _Tensor, b: _Tensor) -> bool:
 
 
 def _tensors(args, kwargs):
-    for a in args:
-        if isinstance(a, _Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                if isinstance(x, _Tensor):
-                    yield x
-    for a in kwargs.values():
+    """The tensors among args and kwargs' values, and inside their lists."""
+    for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, _Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
