@@ -363,7 +363,7 @@ def test_site_measures_recording_against_eager():
     assert kinds.count(S.RECORD_TIMED) == kinds.count(S.SKIP_TIMED) == S.SITE_TRIALS
     assert site.choice is False                       # eager measured faster
     acts = [site.action() for _ in range(site.period)]
-    assert set(acts) == {S.SKIP}
+    assert set(acts) == {S.SKIP} and site.skips == 0
     assert site.action() == S.RECORD_TIMED            # the probe: slower, the choice stands
     site.observe(True, 3.0)
     assert site.choice is False and site.period == 2 * S.SITE_PERIOD_FIRST
@@ -376,6 +376,16 @@ def test_site_measures_recording_against_eager():
         a = site.action()
         site.observe(a == S.RECORD_TIMED, 0.1 if a == S.RECORD_TIMED else 1.0)
     assert site.choice is True
+
+
+def test_site_chooses_eager_when_nothing_fuses():
+    site = S.Site()
+    for _ in range(S.SITE_WARM):
+        site.action()
+        site.observe(True, None, recorded_ops=True, fused=False)   # plans still trying both paths
+    assert site.choice is None
+    site.observe(True, 1.0, recorded_ops=True, fused=False)        # past the warm-up: all replayed
+    assert site.choice is False and site.skips == S.SITE_PERIOD_FIRST
 
 
 def test_adaptive_measures_dvm_against_eager():

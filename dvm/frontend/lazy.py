@@ -141,7 +141,8 @@ class LazyRegion:
             st.depth, st.last_stats = 0, stats
             if self.site is not None:
                 self.site.observe(True, time.perf_counter() - self.t0 if action == RECORD_TIMED else None,
-                                  any(ev.n_ops for ev in stats.events))
+                                  any(ev.n_ops for ev in stats.events),
+                                  any(ev.path == "dvm" and ev.kernels for ev in stats.events))
             if self.explain:
                 print(report(stats), file=sys.stderr)
         return False
@@ -162,13 +163,20 @@ def _decide(policy: Policy, site: Site | None) -> int:
 
 
 def _decorate(fn, policy: Policy, explain: bool):
-    site = Site() if policy.adaptive else None
+    if not policy.adaptive:
+        @functools.wraps(fn)
+        def recording(*args, **kwargs):
+            with LazyRegion(policy, explain, None):
+                return fn(*args, **kwargs)
+        recording.lazy_site = None
+        return recording
+    site = Site()
 
     @functools.wraps(fn)
     def lazily(*args, **kwargs):
-        if site is not None and site.choice is False and site.countdown:
-            site.countdown -= 1      # the fast path of Site.action's SKIP (nested in a recording
-            return fn(*args, **kwargs)   # region, the calls are recorded all the same)
+        if site.skips:               # the fast path of Site.action's SKIP (nested in a recording
+            site.skips -= 1          # region, the calls are recorded all the same)
+            return fn(*args, **kwargs)
         with LazyRegion(policy, explain, site):
             return fn(*args, **kwargs)
     lazily.lazy_site = site
@@ -185,8 +193,8 @@ def lazy(fn=None, *, adaptive: bool = True, explain: bool = False, max_ops: int 
         site = _SITES.get((id(frame.f_code), frame.f_lasti))
         if site is None or site.code is not frame.f_code:
             site = site_at(frame)
-        if site.choice is False and site.countdown:
-            site.countdown -= 1      # the fast path of Site.action's SKIP
+        if site.skips:
+            site.skips -= 1          # the fast path of Site.action's SKIP
             return _SKIPPED
         action = _decide(_DEFAULT_POLICY, site)
         return _SKIPPED if action == SKIP else LazyRegion(_DEFAULT_POLICY, False, site, action)

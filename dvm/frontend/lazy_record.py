@@ -1,8 +1,9 @@
 """The pending graph of one thread: the tensors it will compute, the tensors it reads, and the
 recording of ops into it (a walk down lazy_trie).
 
-A recorded op returns placeholders: real CPU tensors, allocated row-major and left unwritten
-until the flush (lazy_flush) computes them. A placeholder and every alias of it with the same
+A recorded op returns placeholders: real CPU tensors, allocated (row-major, or in eager's layout
+for results of ops on permuted operands) and left unwritten until the flush (lazy_flush) computes
+them. A placeholder and every alias of it with the same
 geometry (detach, alias) form one Var; its value is the latest pending value written to it
 (in-place ops replace it). Partial views of a placeholder are real PyTorch views of it (so they
 alias it as in eager mode), each a Var of its own that DVM reads as a view node. An in-place op
@@ -26,7 +27,7 @@ from ..graph.symbolic import evaluate
 from ..graph.views import contiguous_strides
 from .aten_common import TORCH_TO_DVM
 from .lazy_lower import INT64_HUGE, SYMBOL_MIN, symbol_name
-from .lazy_ops import Arg, Kind
+from .lazy_ops import Arg
 from .lazy_trie import build_inplace, build_record, build_view, child, concrete_shape, root
 from .torch_launch import _empty_strided_cpu
 

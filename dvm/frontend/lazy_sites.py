@@ -8,7 +8,8 @@ SITE_TRIALS times; the faster (median of the last SITE_WINDOW times) is taken fr
 the other is timed again after `period` entries: a probe slower than the chosen kind's median
 doubles the period (up to SITE_PERIOD_MAX), a faster one starts the measurement again (windows
 cleared: times from before may be stale, e.g. from a plan's own trials). A recording entry that recorded
-nothing at all (every call too small, or none recordable) chooses eager at once. So a region
+nothing at all (every call too small, or none recordable), or past the warm-up fused nothing on
+DVM (its plans measured their eager replay faster), chooses eager at once. So a region
 whose fusion does not pay for its recording runs eagerly, at the cost of the probes.
 Only the adaptive policy consults sites; regions nested in a recording region are part of it.
 """
@@ -37,7 +38,8 @@ def _median(xs: list) -> float:
 
 
 class Site:
-    __slots__ = ("entries", "lazy_t", "eager_t", "choice", "countdown", "period", "warm", "probing", "code")
+    __slots__ = ("entries", "lazy_t", "eager_t", "choice", "countdown", "skips", "period", "warm", "probing",
+                 "code")
 
     def __init__(self, code=None):
         self.code = code                   # a `with` statement's code object (its key's check)
@@ -45,15 +47,18 @@ class Site:
         self.lazy_t: list = []
         self.eager_t: list = []
         self.choice: bool | None = None    # None while measuring; True: record; False: run eagerly
-        self.countdown = 0                 # entries until the next probe of the other kind
-        self.period = SITE_PERIOD_FIRST
+        self.countdown = 0                 # recording entries until the next probe of eager
+        self.skips = 0                     # eager entries until the next probe of recording (the
+        self.period = SITE_PERIOD_FIRST    # callers' fast paths count these down themselves)
         self.warm = SITE_WARM
         self.probing = False
 
     def action(self) -> int:
-        """What this entry does (RECORD*, SKIP*). (The callers' fast paths take SKIP themselves
-        without counting it in `entries`: they are the entries between probes.)"""
+        """What this entry does (RECORD*, SKIP*)."""
         self.entries += 1
+        if self.skips:
+            self.skips -= 1
+            return SKIP
         if self.warm:
             return RECORD
         if self.choice is None:
@@ -62,15 +67,17 @@ class Site:
             return SKIP_TIMED
         if self.countdown:
             self.countdown -= 1
-            return RECORD_TIMED if self.choice else SKIP
+            return RECORD_TIMED
         self.probing = True
         return SKIP_TIMED if self.choice else RECORD_TIMED
 
-    def observe(self, recorded: bool, seconds: float | None, anything_recorded: bool = True) -> None:
+    def observe(self, recorded: bool, seconds: float | None, recorded_ops: bool = True, fused: bool = True) -> None:
         """An entry's outcome: recorded or eager, its time (None: untimed), whether it recorded
-        any op."""
-        if recorded and not anything_recorded:      # nothing to fuse here: eager, probed rarely
-            self.warm = 0
+        any op and whether any of its flushes ran on DVM. An entry that recorded nothing, or
+        (past the warm-up, when the plans have timed both of their paths) fused nothing, cannot
+        be faster than eager: eager is chosen without timing."""
+        if recorded and (not recorded_ops or (not fused and not self.warm)):
+            self.warm, self.probing = 0, False
             self._decided(False)
             return
         if recorded and self.warm:
@@ -92,7 +99,7 @@ class Site:
                 del times[:-1]
                 other = self.eager_t if recorded else self.lazy_t
                 del other[:]
-                self.choice, self.period = None, SITE_PERIOD_FIRST
+                self.choice, self.period, self.countdown = None, SITE_PERIOD_FIRST, 0
             else:
                 self._decided(self.choice)
 
@@ -102,7 +109,8 @@ class Site:
         else:
             self.period = SITE_PERIOD_FIRST
             counters.bump("lazy_sites_chose_lazy" if record else "lazy_sites_chose_eager")
-        self.choice, self.countdown = record, self.period
+        self.choice = record
+        self.countdown, self.skips = (self.period, 0) if record else (0, self.period)
 
 
 def site_at(frame) -> Site:
