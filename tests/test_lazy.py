@@ -220,6 +220,18 @@ def test_equal_sizes_are_part_of_the_structure():
     assert _count("lazy_plans_compiled") == plans + 2
 
 
+def test_slice_end_inside_and_past_the_axis_both_fuse():
+    """x[:, 3:5] stops at 5, or at the axis' end when it is shorter: two structures, both recorded
+    (a case seen first must not keep the other from being recorded)."""
+    for width in (4, 8, 4, 8):
+        x = torch.randn(3, width, generator=g)
+        launches = _count("lazy_dvm_launches")
+        with dvm.lazy(adaptive=False):
+            y = torch.exp(x * 2)[:, 3:5] + 1
+        torch.testing.assert_close(y, torch.exp(x * 2)[:, 3:5] + 1)
+        assert _count("lazy_dvm_launches") == launches + 1
+
+
 def test_runtime_scalars_are_not_structure():
     plans = _count("lazy_plans_compiled")
     for t in (0.5, 0.7, 1.3, 2.0):

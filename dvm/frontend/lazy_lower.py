@@ -58,6 +58,11 @@ def shape_code(shape) -> tuple | None:
     return tuple(out)
 
 
+class AtTheseSizes(Unsupported):
+    """Not recorded at these sizes; another call with the same structure may be (the trie does
+    not remember the failure)."""
+
+
 class LazyLower:
     """What a table handler sees (the interface of fx_segments._Lower): the shape context, PyTorch's
     result for the op (a meta tensor, or the real view) and its shape as DVM dims."""
@@ -75,7 +80,7 @@ class LazyLower:
         shape = tuple(derive(self, *a, **self.kwargs))
         want = tuple(self.out.shape) if isinstance(self.out, torch.Tensor) else None
         if want is not None and tuple(evaluate(d, self.env) for d in shape) != want:
-            raise Unsupported(f"derived shape {shape} is not PyTorch's {want}")
+            raise AtTheseSizes(f"derived shape {shape} is not PyTorch's {want}")
         return shape
 
 
@@ -149,10 +154,10 @@ def _slice(lw, x, dim=0, start=None, end=None, step=1):
         if stop is not size:
             raise Unsupported("negative slice start with an end")
         if not isinstance(size, int) and evaluate(size, lw.env) + start < 0:
-            raise Unsupported("negative slice start past the axis")
+            raise AtTheseSizes("negative slice start past the axis")
         start = size + start if not isinstance(size, int) else max(size + start, 0)
     if evaluate(start, lw.env) > evaluate(stop, lw.env):
-        raise Unsupported("empty slice (start past the end)")
+        raise AtTheseSizes("empty slice (start past the end)")
     lw.ctx.require_eq(sym_max(start, stop), stop, "slice start within the end")
     length = stop - start if step == 1 else floordiv(stop - start + (step - 1), step)
     return x.shape[:dim] + (length,) + x.shape[dim + 1:]
@@ -187,7 +192,7 @@ def check_result(r, out, env) -> Node:
     if r.dtype is not dvm_dtype(out.dtype):
         raise Unsupported(f"dtype rule gives {r.dtype.short}, PyTorch {out.dtype}")
     if r.ndim != out.dim() or tuple(evaluate(d, env) for d in r.shape) != tuple(out.shape):
-        raise Unsupported(f"shape rule gives {r.shape}, PyTorch {tuple(out.shape)}")
+        raise AtTheseSizes(f"shape rule gives {r.shape}, PyTorch {tuple(out.shape)}")
     return r
 
 
@@ -201,5 +206,3 @@ def scalar_dtype(partner: Node, half_reads_f32: bool):
     return partner.dtype
 
 
-__all__ = ["LazyLower", "symbol", "symbol_name", "dim_of", "shape_code", "check_result", "scalar_dtype",
-           "build"]

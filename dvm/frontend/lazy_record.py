@@ -255,8 +255,10 @@ class Pending:
                 enc[i], rep[i] = self._tensor(v)
             elif v is not None:
                 enc[i], rep[i] = self._arg(info, spec[i][1], spec[i][0], v, args, kwargs)
+        # which end a slice stops at is structure (lazy_lower._slice derives its length from it)
+        case = (_slice_case(args),) if info.func is _SLICE else ()
         if not kwargs:
-            return (id(info.func), tuple(enc), ()), rep, kwargs
+            return (id(info.func), tuple(enc), ()) + case, rep, kwargs
         enc_kw, rep_kw = [], {}
         for k in sorted(kwargs):
             v = kwargs[k]
@@ -268,7 +270,7 @@ class Pending:
                 e, r = self._arg(info, info.kinds.get(k, Arg.LITERAL), k, v, args, kwargs)
             enc_kw.append((k, e))
             rep_kw[k] = r
-        return (id(info.func), tuple(enc), tuple(enc_kw)), rep, rep_kw
+        return (id(info.func), tuple(enc), tuple(enc_kw)) + case, rep, rep_kw
 
     # -- recording ------------------------------------------------------------------------------
     def _rollback(self, n_slots: int, n_syms: int) -> None:
@@ -401,6 +403,17 @@ class Pending:
         self.log.append((info, rargs, rkwargs, (j,), ()))
         self.n_ops += 1
         return target
+
+
+_SLICE = torch.ops.aten.slice.Tensor
+
+
+def _slice_case(args) -> tuple:
+    """("end", True) when x[..., start:end] with a finite end stops at the axis' end (end past
+    the size), ("end", False) when at `end`; part of a slice's signature."""
+    x, dim = args[0], args[1] if len(args) > 1 else 0
+    end = args[3] if len(args) > 3 else None
+    return ("end", end is None or end >= x.shape[dim % max(x.dim(), 1)])
 
 
 def _dim_order(a: _Tensor) -> tuple:

@@ -23,7 +23,7 @@ from ..graph.build import ShapeContext
 from ..graph.node import Node
 from ..runtime import counters
 from .aten_common import TORCH_TO_DVM, Unsupported, dvm_dtype
-from .lazy_lower import LazyLower, check_result, dim_of, scalar_dtype, shape_code, symbol
+from .lazy_lower import AtTheseSizes, LazyLower, check_result, dim_of, scalar_dtype, shape_code, symbol
 from .lazy_ops import Arg
 from .torch_segment import _stride_order
 
@@ -36,10 +36,10 @@ _COUNT = [0]
 class Prefix:
     """A trie node: the pending graph after the ops on the path to it."""
     __slots__ = ("children", "nodes", "inputs", "scalars", "checks", "new_checks", "outs", "n_ops", "op",
-                 "failed", "__weakref__")
+                 "failed", "transient", "__weakref__")
 
     def __init__(self, nodes=(), inputs=(), scalars=(), checks=(), new_checks=(), outs=(), n_ops=0, op=None,
-                 failed=None):
+                 failed=None, transient=False):
         self.children: dict = {}
         self.nodes = nodes            # DVM Node per pending value (None: a view DVM cannot take)
         self.inputs = inputs          # 'input' Node per slot (tensors and runtime scalars)
@@ -51,6 +51,7 @@ class Prefix:
         self.n_ops = n_ops            # recorded ops (views not counted)
         self.op = op                  # the OpInfo of the edge into this node
         self.failed = failed          # why the op cannot be recorded (a cached structural failure)
+        self.transient = transient    # failed at these sizes only (AtTheseSizes): not cached
 
 
 ROOT = [Prefix()]
@@ -66,6 +67,8 @@ def child(prefix: Prefix, sig: tuple, make) -> Prefix:
     if got is not None:
         return got
     made = make()
+    if made.failed is not None and made.transient:
+        return made                          # not remembered: other sizes may record
     with _LOCK:
         got = prefix.children.setdefault(sig, made)
         if got is made:
@@ -161,7 +164,7 @@ def _literal(e):
 
 def decode(prefix: Prefix, info, sig: tuple) -> tuple[_Decoder, list, dict]:
     """The handler's positional and keyword arguments for sig."""
-    _, enc_args, enc_kwargs = sig
+    enc_args, enc_kwargs = sig[1], sig[2]
     dec = _Decoder(prefix)
     kinds = {name: kind for name, kind, _ in info.args}
     names = [name for name, _, _ in info.args]
@@ -189,7 +192,7 @@ def meta_run(func, args, kwargs):
     try:
         return func(*_meta(args), **{k: _meta(v) for k, v in kwargs.items()})
     except Exception as e:  # noqa: BLE001 - PyTorch rejects the call: it runs eagerly and raises there
-        raise Unsupported(f"PyTorch rejects it: {type(e).__name__}") from None
+        raise AtTheseSizes(f"PyTorch rejects it: {type(e).__name__}") from None
 
 
 def _grow(prefix: Prefix, dec: _Decoder, ctx: ShapeContext, new_values: tuple, info, eager_outs=None,
@@ -218,7 +221,7 @@ def build_record(prefix: Prefix, info, sig: tuple, args, kwargs, env: dict) -> P
             raise Unsupported("output count")
         values = tuple(check_result(r, o, env) for r, o in zip(results, outs))
     except Unsupported as e:
-        return Prefix(failed=str(e))
+        return Prefix(failed=str(e), transient=isinstance(e, AtTheseSizes))
     except Exception as e:  # noqa: BLE001 - DVM's DTypeError / ShapeError: PyTorch decides
         return Prefix(failed=f"{type(e).__name__}: {e}")
     return _grow(prefix, dec, ctx, values, info, eager_outs=outs)
@@ -261,7 +264,7 @@ def build_inplace(prefix: Prefix, info, sig: tuple, args, kwargs, env: dict) -> 
             value = build.cast(value, target.dtype)
         value = check_result(value, args[0], env)
     except Unsupported as e:
-        return Prefix(failed=str(e))
+        return Prefix(failed=str(e), transient=isinstance(e, AtTheseSizes))
     except Exception as e:  # noqa: BLE001
         return Prefix(failed=f"{type(e).__name__}: {e}")
     return _grow(prefix, dec, ctx, (value,), info)
