@@ -22,7 +22,8 @@ def report(stats: Stats | None = None) -> str:
         if graph is not None:
             lines += [f"       {g.describe()}" for g in graph.plan.groups]
     if stats.passed:
-        lines.append("ran at once through PyTorch (not recorded): " + _counts(stats.passed))
+        lines.append("ran at once through PyTorch, not recorded (small, or not fusable; any that read or wrote "
+                     "what was pending ran after a flush): " + _counts(stats.passed))
     return "\n".join(lines)
 
 
