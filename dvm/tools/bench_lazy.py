@@ -47,6 +47,7 @@ DEFAULT_TOKENS, QUICK_TOKENS = 32, 8
 PROMPT = 32
 GEN_WARMUP = 3               # generate() calls before timing (then until the region has chosen)
 WARMUP_MAX = 64
+GEN_MIN_ROUND_S = 0.2        # generate() calls per system and round: at least this long (~8 calls)
 CALIBRATE_OPS = (2, 4, 8)
 CALIBRATE_LOG2 = tuple(range(10, 23, 2))
 SYSTEMS = ("eager", "lazy", "forced")
@@ -170,7 +171,7 @@ class _Run:
                     before = _counts()
                     fn()
                     row[f"{sys_name}_per_token"] = _per_call(_delta(before, _counts()), tokens)
-            t = _rounds(calls, self.rounds, min_total_s=0.0)
+            t = _rounds(calls, self.rounds, min_total_s=GEN_MIN_ROUND_S)
         for k, v in t.items():
             row[f"{k}_s"] = v
             row[f"{k}_tokens_per_s"] = tokens / v
