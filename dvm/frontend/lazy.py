@@ -58,6 +58,9 @@ class _Quiet:
     nested in a recording region (part of it)."""
     __slots__ = ()
 
+    def __call__(self, fn):          # `@dvm.lazy()`: a decorator after all
+        return _decorate(fn, _DEFAULT_POLICY, False)
+
     def __enter__(self):
         st = STATE
         if st.mode is not None:
@@ -78,6 +81,9 @@ class _Quiet:
 class _Skipped:
     """An entry that runs eagerly (lazy mode off): nothing to do on entry or exit."""
     __slots__ = ()
+
+    def __call__(self, fn):
+        return _decorate(fn, _DEFAULT_POLICY, False)
 
     def __enter__(self):
         return self
