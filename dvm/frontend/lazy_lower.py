@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import build
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, evaluate, floordiv, prod, sym, sym_max
 from .aten_common import Unsupported
