@@ -31,5 +31,15 @@ def verify(target, *inputs, **kwargs):
     return verify_accuracy(target, *inputs, **kwargs)
 
 
-__all__ = ["kernel", "KernelFunction", "explain", "compile", "Program", "disasm", "verify", "execute", "counters",
-           "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]
+def __getattr__(name: str):
+    """`dvm.lazy` and `dvm.sync` (eager lazy mode, frontend/lazy.py) import torch on first use."""
+    if name in ("lazy", "sync"):
+        from .frontend import lazy as lazy_module
+        value = getattr(lazy_module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dvm' has no attribute {name!r}")
+
+
+__all__ = ["kernel", "KernelFunction", "explain", "compile", "lazy", "sync", "Program", "disasm", "verify", "execute",
+           "counters", "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]

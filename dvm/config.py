@@ -12,6 +12,8 @@ DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it
 DVM_VERIFY         1: accuracy verification mode (tools/verify): every torch-backend segment that runs
                    is also computed by PyTorch eager and in float64; a summary at exit, a reproducer
                    per failing kernel (in DVM_DUMP_DIR, else ./dvm-verify); default 0
+DVM_LAZY           1 (default): dvm.lazy() records and fuses eager PyTorch code; 0: dvm.lazy() is a
+                   no-op (A/B runs)
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class Config:
     pool_mb: int
     spin_us: int
     verify: bool = False
+    lazy: bool = True
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -57,7 +60,7 @@ def config() -> Config:
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
                   spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
-                  verify=bool(_int("DVM_VERIFY", 0, 0, 1)))
+                  verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)))
 
 
 def reload() -> Config:

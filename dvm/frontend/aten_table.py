@@ -104,6 +104,18 @@ def _bitwise_not(lw, x):
     return build.elementwise(lw.ctx, "bitwise_xor", x, build.const(-1))
 
 
+def _addc(name):
+    """addcmul / addcdiv: self + value * t1 (* or /) t2 in the operands' common dtype, in ATen's
+    CPU kernel's order ((value * t1) op t2; the scalar as the product's second operand)."""
+    def fn(lw, x, t1, t2, value=1):
+        dt = dvm_dtype(lw.out.dtype)
+        x, t1, t2 = build.cast(x, dt), build.cast(t1, dt), build.cast(t2, dt)
+        if not (isinstance(value, (int, float)) and value == 1):
+            t1 = build.elementwise(lw.ctx, "mul", t1, _scalar(lw, value))
+        return build.elementwise(lw.ctx, "add", x, build.elementwise(lw.ctx, name, t1, t2))
+    return fn
+
+
 # -- reductions --------------------------------------------------------------------------------
 def _dims(dim, ndim):
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
@@ -316,6 +328,7 @@ LOWERINGS.update({
     aten.where.self: _where, aten.where.ScalarSelf: _where, aten.where.ScalarOther: _where,
     aten.where.Scalar: _where,
     aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
+    aten.addcmul.default: _addc("mul"), aten.addcdiv.default: _addc("div"),
     aten.sum.dim_IntList: _reduce("sum"), aten.sum.default: _full_reduce("sum"),
     aten.mean.dim: _reduce("mean"), aten.mean.default: _full_reduce("mean"),
     aten.prod.dim_int: _reduce("prod"), aten.prod.default: _full_reduce("prod"),

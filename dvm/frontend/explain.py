@@ -7,10 +7,14 @@ from ..runtime.debug import graph_ir, report
 from .builder import KernelFunction
 
 
-def explain(fn, *args, ir: bool = False) -> str:
+def explain(fn=None, *args, ir: bool = False) -> str:
     """A readable report for a @dvm.kernel function (fusion groups, kernels of the Program for
     these arguments, counters) or for a torch model / function (segments, DVM kernels,
-    fallbacks with reasons, counters)."""
+    fallbacks with reasons, counters); without arguments, what eager lazy mode (dvm.lazy())
+    recorded, fused and flushed recently (flushes by reason, the op that caused each)."""
+    if fn is None:
+        from .lazy import report as lazy_report  # imports torch
+        return lazy_report()
     if not isinstance(fn, KernelFunction):
         from .torch_backend import explain_model  # a torch model / function (imports torch)
         return explain_model(fn, *args)

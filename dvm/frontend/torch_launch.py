@@ -111,14 +111,18 @@ class _TensorLaunch:
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
 
-    def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True) -> list[torch.Tensor]:
-        """cached: counted as a program cache hit (the first call of a new launch is not)."""
+    def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True, into=None) -> list[torch.Tensor]:
+        """cached: counted as a program cache hit (the first call of a new launch is not). into:
+        tensors to write the outputs into (None entries are allocated), each row-major of its
+        output's shape and dtype and overlapping no input (the caller's invariant)."""
         if self.launch.copy_slots:
             tensors = list(tensors)
             for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
                 tensors[s] = tensors[s].contiguous()
                 counters.bump("input_copies")
-        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs]
+        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs] if into is None else \
+            [_empty_strided_cpu(shape, strides, dt) if t is None else t
+             for t, (shape, strides, dt) in zip(into, self.outs)]
         addrs = [*map(_data_ptr, tensors), *map(_data_ptr, outs)]
         if self.run is not None:
             counters.bump_launch(cached)
@@ -143,22 +147,27 @@ class TensorLauncher:
         # sizes, VM and tensors that pass its check needs no signature (~1-2 us a call)
         self._last: tuple | None = None
 
-    def __call__(self, env: dict, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None) -> list[torch.Tensor]:
+        """into: optional tensors to write the outputs into (see _TensorLaunch; lazy mode's
+        placeholders)."""
         last = self._last
         if last is not None and last[2].same(*tensors) and last[0] == tuple(env.values()) and \
                 last[1] == config().vm:
-            return last[2](tensors)
+            return last[2](tensors, True, into)
         key = self.signature(env, tensors)
         fast = self._fast.get(key)
         if fast is not None:
             if fast.same is not None:
                 self._last = (tuple(env.values()), key[len(env)], fast)
-            return fast(tensors)
+            return fast(tensors, True, into)
         arrays = [c(t) for c, t in zip(self.convert, tensors)]
         launch, hit = self.graph.launcher(env, arrays)
         if launch.bound and not any(0 in t.shape for t in tensors) and \
                 not any(launch.deltas[:len(tensors)]):
             fast = _TensorLaunch(launch, tensors)
             remember(self._fast, _untracked_key(key), fast, self._lock)
-            return fast(tensors, hit)
-        return [from_numpy(o) for o in launch(list(arrays), hit)]
+            return fast(tensors, hit, into)
+        outs = [from_numpy(o) for o in launch(list(arrays), hit)]
+        if into is None:
+            return outs
+        return [o if t is None else t.copy_(o) for t, o in zip(into, outs)]

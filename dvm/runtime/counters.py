@@ -25,6 +25,13 @@ def bump(name: str, n: int = 1) -> None:
         _COUNTS[name] += n
 
 
+def bump_many(counts: dict) -> None:
+    """Several counters at once (one lock round trip: lazy mode's flushes)."""
+    with _LOCK:
+        for name, n in counts.items():
+            _COUNTS[name] += n
+
+
 def bump_launch(cache_hit: bool) -> None:
     """One launch (the hot path: no lock), and a program cache hit when it was one."""
     next(_LAUNCHES)

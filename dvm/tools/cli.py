@@ -8,6 +8,8 @@
     dvm bench floor [--shape ROWSxCOLS] [--cases C,..] [--repeat N] [--threads N] [--json PATH] [--md PATH]
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
+    dvm bench lazy [--sizes small,medium,large] [--cases C,..] [--models llama,qwen2_moe | --no-models]
+                   [--tokens N] [--rounds N] [--threads N] [--calibrate] [--quick] [--json/--md/--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
     dvm explain [--model llama|qwen2_moe] [--length L] [--batch B]   what the torch backend fuses
     dvm verify [--model NAME,..] [--dtypes ..] | verify train | verify ddp | verify opinfo   (verify_cli)
@@ -138,6 +140,29 @@ def cmd_bench_models(args) -> int:
                              quick=args.quick, inductor=args.inductor, repeat=args.repeat,
                              threads=args.threads, json_path=_path(args.json), md_path=_path(args.md),
                              png_path=_path(args.png))
+
+
+def cmd_bench_lazy(args) -> int:
+    from . import bench_lazy
+    from .bench_lazy_cases import CHAIN_NAMES
+    try:
+        sizes = bench_lazy.parse_list(args.sizes, "size class", bench_lazy.SIZE_ORDER) if args.sizes else None
+        cases = bench_lazy.parse_list(args.cases, "case", CHAIN_NAMES) if args.cases else None
+        models = [] if args.no_models else \
+            bench_lazy.parse_list(args.models, "model", ("llama", "qwen2_moe")) if args.models else None
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    for flag, v in (("--tokens", args.tokens), ("--rounds", args.rounds)):
+        if v is not None and v < 1:
+            _err(f"{flag} must be at least 1")
+            return EXIT_USAGE
+    if args.threads < 1:
+        _err("--threads must be at least 1")
+        return EXIT_USAGE
+    return bench_lazy.main(sizes=sizes, cases=cases, model_names=models, tokens=args.tokens, rounds=args.rounds,
+                           seed=args.seed, threads=args.threads, calibrate=args.calibrate, quick=args.quick,
+                           json_path=_path(args.json), md_path=_path(args.md), png_path=_path(args.png))
 
 
 def cmd_disasm(args) -> int:
@@ -290,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         bm.add_argument(flag, default=default, metavar="PATH",
                         help=f"where to write {what} (default {default}; '-' for none)")
     bm.set_defaults(func=cmd_bench_models)
+    _lazy_parser(bsub)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
     s = sub.add_parser("disasm", help="verify a saved Program (.npy) and print its disassembly",
@@ -315,6 +341,44 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("version", help="print the DVM version")
     v.set_defaults(func=cmd_version)
     return p
+
+
+def _lazy_parser(bsub) -> None:
+    from . import bench_lazy
+    from .bench_lazy_cases import CHAIN_NAMES
+    bl = bsub.add_parser("lazy", help="eager PyTorch code inside dvm.lazy() vs eager: chains and generate()",
+                         description="Eager chains written with plain tensor ops (RMSNorm, SwiGLU, bias+GELU, an "
+                                     "8-op chain, LayerNorm, sampling math, an Adam step) at small, medium and "
+                                     "large sizes, and greedy generate() of tiny Llama / Qwen2-MoE models, "
+                                     "eagerly, inside dvm.lazy() (adaptive) and dvm.lazy(adaptive=False), side "
+                                     "by side in interleaved rounds; flushes per call / per token; lazy results "
+                                     "checked against eager (exit 1 on a mismatch). --calibrate measures where "
+                                     "fusion starts to pay (the thresholds of lazy mode). Progress on stderr.")
+    bl.add_argument("--sizes", default=None, metavar="LIST",
+                    help=f"comma-separated size classes from {','.join(bench_lazy.SIZE_ORDER)} "
+                         "(default all; small,medium with --quick)")
+    bl.add_argument("--cases", default=None, metavar="LIST",
+                    help=f"comma-separated chains (default all: {','.join(CHAIN_NAMES)})")
+    bl.add_argument("--models", default=None, metavar="LIST", help="comma-separated models from llama,qwen2_moe "
+                                                                   "(default both)")
+    bl.add_argument("--no-models", action="store_true", help="skip the generate() part")
+    bl.add_argument("--tokens", type=int, default=None, metavar="N",
+                    help=f"new tokens per generate() (default {bench_lazy.DEFAULT_TOKENS}; "
+                         f"{bench_lazy.QUICK_TOKENS} with --quick)")
+    bl.add_argument("--rounds", type=int, default=None, metavar="N",
+                    help=f"interleaved timing rounds, the median is reported (default {bench_lazy.DEFAULT_ROUNDS}; "
+                         f"{bench_lazy.QUICK_ROUNDS} with --quick)")
+    bl.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
+    bl.add_argument("--calibrate", action="store_true",
+                    help="also measure the sizes from which recording and fusing pays (2, 4, 8-op chains)")
+    bl.add_argument("--quick", action="store_true", help="a short run: small and medium sizes, fewer rounds and tokens")
+    bl.add_argument("--seed", type=int, default=0, help="random seed for data and weights (default 0)")
+    for flag, default, what in (("--json", bench_lazy.DEFAULT_JSON, "the results as JSON"),
+                                ("--md", bench_lazy.DEFAULT_MD, "the markdown tables"),
+                                ("--png", bench_lazy.DEFAULT_PNG, "the plot (PNG)")):
+        bl.add_argument(flag, default=default, metavar="PATH",
+                        help=f"where to write {what} (default {default}; '-' for none)")
+    bl.set_defaults(func=cmd_bench_lazy)
 
 
 def main(argv=None) -> int:
