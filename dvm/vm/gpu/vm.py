@@ -1,0 +1,175 @@
+"""The GPU VM under the VM contract: device images, bound launches, compile accounting.
+
+Triton is imported on first use (warm_up, bind, run), never at import: the CPU-only install has
+no Triton, and its users get a DeviceError that says how to install it. In Triton's interpreter
+mode (TRITON_INTERPRET=1 when the kernels are defined) the VM runs on the CPU over host buffers:
+that is how its differential tests run without a GPU.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...codegen.program import ProgramLayout
+from ...codegen.target import Target
+from ...errors import DeviceError
+from ...runtime import counters
+from ..contract import VM
+from . import abi, memory
+from .image import program_image
+
+TARGET = Target("gpu", max_tile=abi.TILE)
+SPILL_GRID_PER_SM = 4        # program instances per multiprocessor when registers spill
+INTERPRETED_SPILL_GRID = 4   # ... and in interpreter mode
+
+
+class _Kernels:
+    """The compiled (or interpreted) kernel and what launching it needs, made once per process."""
+
+    def __init__(self):
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            raise DeviceError("the GPU VM needs Triton: pip install 'dvm[gpu]' (Triton >= 3.6, "
+                              "and a CUDA GPU unless TRITON_INTERPRET=1)") from e
+        from . import interp
+        self.kernel = interp.vm_kernel
+        self.interpreted = type(self.kernel).__name__ == "InterpretedFunction"
+        self.signatures: set = set()     # argument types and constexprs of every launch
+        self.lock = threading.Lock()
+        self._spill_grid: int | None = None
+
+    def spill_grid(self) -> int:
+        if self._spill_grid is None:
+            if self.interpreted:
+                self._spill_grid = INTERPRETED_SPILL_GRID
+            else:
+                import triton
+                driver = triton.runtime.driver.active
+                props = driver.utils.get_device_properties(driver.get_current_device())
+                self._spill_grid = SPILL_GRID_PER_SM * int(props["multiprocessor_count"])
+        return self._spill_grid
+
+    def compiled_variants(self) -> int | None:
+        """How many binaries Triton compiled for the kernel in this process (None: interpreted)."""
+        if self.interpreted:
+            return None
+        caches = getattr(self.kernel, "device_caches", None) or {}
+        return sum(len(entry[0]) for entry in caches.values())
+
+    def launch(self, grid: int, args: list[int], variant: str) -> None:
+        _, hot_d, hot_i, _ = abi.VARIANTS[variant]
+        if len(self.signatures) <= len(abi.VARIANTS):   # (small: it only has to show how many)
+            with self.lock:
+                self.signatures.add(tuple(type(a).__name__ for a in args) + (abi.TILE, hot_d, hot_i, abi.NUM_WARPS))
+        self.kernel[(grid,)](*args, TILE=abi.TILE, HOT_D=hot_d, HOT_I=hot_i, num_warps=abi.NUM_WARPS,
+                             enable_fp_fusion=False)
+
+
+_KERNELS: _Kernels | None = None
+_KERNELS_LOCK = threading.Lock()
+
+
+def kernels() -> _Kernels:
+    global _KERNELS
+    if _KERNELS is None:
+        with _KERNELS_LOCK:
+            if _KERNELS is None:
+                _KERNELS = _Kernels()
+    return _KERNELS
+
+
+def address_of(buf) -> int:
+    """The data address of a buffer object: CUDA array interface, DLPack-era `data_ptr()`, or a
+    NumPy array (host memory: interpreter mode only, checked by the caller)."""
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    if isinstance(buf, np.ndarray):
+        return buf.__array_interface__["data"][0]
+    ptr = getattr(buf, "data_ptr", None)
+    if ptr is not None:
+        return int(ptr())
+    raise DeviceError(f"a {type(buf).__name__} exposes no device address (__cuda_array_interface__ or "
+                      "data_ptr())")
+
+
+class BoundProgram:
+    """A verified Program on the device, bound to buffers of fixed element counts: the image is
+    uploaded once; a call launches each kernel block in order (sequence stacking: kernel k + 1
+    starts after kernel k on the same stream)."""
+    __slots__ = ("image", "plans", "n_args", "scratch", "scratch_addr", "mem", "k")
+
+    def __init__(self, layout: ProgramLayout, k: _Kernels):
+        self.k = k
+        self.mem = memory.provider(k.interpreted)
+        words, blocks = program_image(layout)
+        self.image = self.mem.upload(words)
+        base = self.mem.address(self.image)
+        self.n_args = len(layout.args)
+        cta_words = max((im.cta_words for _, im in blocks), default=0)
+        spill_grid = k.spill_grid() if any(im.spills for _, im in blocks) else 0
+        self.scratch = self.mem.empty(max(1, spill_grid * cta_words) * 8) if spill_grid else self.image
+        self.scratch_addr = self.mem.address(self.scratch)
+        # (grid, block address, variant) per kernel with work; a kernel without work items
+        # launches nothing
+        self.plans = [(min(im.items, spill_grid) if im.spills else im.items, base + 8 * at, im.variant)
+                      for at, im in blocks if im.items > 0]
+
+    def __call__(self, addrs: Sequence[int]) -> None:
+        n = len(addrs)
+        if n > abi.N_SLOTS:
+            table = self.mem.upload(np.array(addrs[abi.N_SLOTS:], np.int64))
+            ext = self.mem.address(table)
+            counters.bump("gpu_arg_table_uploads")
+            slots = list(addrs[:abi.N_SLOTS])
+        else:
+            table, ext = None, self.scratch_addr
+            slots = list(addrs) + [self.scratch_addr] * (abi.N_SLOTS - n)
+        for grid, blk, variant in self.plans:
+            self.k.launch(grid, [blk, *slots, ext, self.scratch_addr], variant)
+        del table   # (the provider's allocator keeps stream order: freed after the launches)
+
+
+class GpuVM(VM):
+    name = "gpu"
+    device = "cuda"
+
+    @property
+    def target(self) -> Target:
+        return TARGET
+
+    @property
+    def host_buffers(self) -> bool:
+        """Host (NumPy) buffers are device memory only for the interpreted VM."""
+        return kernels().interpreted
+
+    def warm_up(self) -> None:
+        kernels()
+
+    def run(self, layout: ProgramLayout, buffers: list, threads: int | None = None) -> None:
+        k = kernels()
+        if not k.interpreted and any(isinstance(b, np.ndarray) for b in buffers):
+            raise DeviceError("the GPU VM runs on device buffers; got a NumPy array (host memory)")
+        self.bind(layout, [0] * len(buffers))([address_of(b) for b in buffers])
+
+    def bind(self, layout: ProgramLayout, numels: Sequence[int]) -> Callable[[Sequence[int]], None]:
+        return _bound(layout, kernels())
+
+    def compiled_variants(self) -> int | None:
+        return kernels().compiled_variants()
+
+    def launch_signatures(self) -> set:
+        """The distinct (argument types, constexprs, NUM_WARPS) of every launch in this process:
+        each element is one compiled kernel (at most one per abi.VARIANTS entry)."""
+        return set(kernels().signatures)
+
+
+def _bound(layout: ProgramLayout, k: _Kernels) -> BoundProgram:
+    """One BoundProgram per verified layout (its image stays on the device while the layout lives)."""
+    got = layout.__dict__.get("_gpu_bound")
+    if got is None:
+        got = layout.__dict__.setdefault("_gpu_bound", BoundProgram(layout, k))
+    return got
