@@ -9,6 +9,9 @@ DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu_sync)
+DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM specialises it in the
+                   background (vm/gpu/tiered; default 2, 0: interpret only)
+DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ class Config:
     cache_size: int
     pool_mb: int
     spin_us: int
+    gpu_specialize: int = 2
+    gpu_cache: str = ""
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -52,7 +57,10 @@ def config() -> Config:
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
-                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000))
+                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
+                  gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
+                  gpu_cache=os.environ.get("DVM_GPU_CACHE") or
+                  os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"))
 
 
 def reload() -> Config:

@@ -3,8 +3,9 @@ framework import: the VM asks a provider. Whoever hands the VM device buffers in
 torch frontend: frontend/gpu_arrays.py); in Triton's interpreter mode "device" memory is host
 memory and NumPy is always the provider.
 
-A provider: empty(nbytes) -> an object that owns nbytes of device memory, and address(obj) ->
-its address; upload(np.ndarray) -> an owning object holding a copy of the array.
+A provider: empty(nbytes) -> an object that owns nbytes of device memory, address(obj) -> its
+address, upload(np.ndarray) -> an owning object holding a copy of the array, download(obj) -> the
+int64 contents of an owned object as a NumPy array (a synchronizing copy).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class MemoryProvider(Protocol):
     def empty(self, nbytes: int) -> object: ...
     def upload(self, host: np.ndarray) -> object: ...
     def address(self, obj: object) -> int: ...
+    def download(self, obj: object) -> np.ndarray: ...
 
 
 class HostMemory:
@@ -33,6 +35,9 @@ class HostMemory:
 
     def address(self, obj: np.ndarray) -> int:
         return obj.__array_interface__["data"][0]
+
+    def download(self, obj: np.ndarray) -> np.ndarray:
+        return np.array(obj, copy=True).view(np.int64)
 
 
 _LOCK = threading.Lock()

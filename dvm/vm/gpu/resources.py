@@ -19,8 +19,9 @@ import time
 from . import abi
 
 
-def compile_kernel(arch: int = 90, variant: str = "full"):
-    """The CompiledKernel of vm_kernel (one of abi.VARIANTS) for sm_<arch>, and the seconds it took."""
+def compile_kernel(arch: int = 90, variant: str = "full", fn=None):
+    """The CompiledKernel of vm_kernel (one of abi.VARIANTS), or of `fn` (a specialised kernel:
+    specialize.py), for sm_<arch>, and the seconds it took."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -29,10 +30,13 @@ def compile_kernel(arch: int = 90, variant: str = "full"):
     if type(interp.vm_kernel).__name__ == "InterpretedFunction":
         raise SystemExit("TRITON_INTERPRET=1 is set: unset it to compile the kernel")
     signature = {name: "i64" for name in interp.ARG_NAMES}
-    _, hot_d, hot_i, _ = abi.VARIANTS[variant]
-    signature.update(TILE="constexpr", HOT_D="constexpr", HOT_I="constexpr")
-    src = ASTSource(fn=interp.vm_kernel, signature=signature,
-                    constexprs={"TILE": abi.TILE, "HOT_D": hot_d, "HOT_I": hot_i})
+    signature["TILE"] = "constexpr"
+    constexprs = {"TILE": abi.TILE}
+    if fn is None:
+        fn = interp.vm_kernel
+        _, constexprs["HOT_D"], constexprs["HOT_I"], _ = abi.VARIANTS[variant]
+        signature.update(HOT_D="constexpr", HOT_I="constexpr")
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     t0 = time.perf_counter()
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": abi.NUM_WARPS, "enable_fp_fusion": False})

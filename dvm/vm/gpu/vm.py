@@ -8,16 +8,18 @@ that is how its differential tests run without a GPU.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from ...codegen.program import ProgramLayout
 from ...codegen.target import Target
+from ...config import config
 from ...errors import DeviceError
+from ...graph.dtypes import DType
 from ...runtime import counters
 from ..contract import VM
-from . import abi, memory
+from . import abi, memory, specialize, tiered
 from .image import program_image
 
 TARGET = Target("gpu", max_tile=abi.TILE)
@@ -96,11 +98,20 @@ def address_of(buf) -> int:
                       "data_ptr())")
 
 
+class _Plan(NamedTuple):
+    grid: int
+    block: int                   # the kernel block's address in the device image
+    variant: str
+    tier: object                 # tiered.Tier of its structure (None: not specialisable)
+    kl: object                   # its KernelLayout
+    written: tuple               # (argument, bytes) it stores to
+
+
 class BoundProgram:
-    """A verified Program on the device, bound to buffers of fixed element counts: the image is
-    uploaded once; a call launches each kernel block in order (sequence stacking: kernel k + 1
-    starts after kernel k on the same stream)."""
-    __slots__ = ("image", "plans", "n_args", "scratch", "scratch_addr", "mem", "k")
+    """A verified Program on the device: the image is uploaded once; a call launches each kernel
+    block in order (sequence stacking: kernel k + 1 starts after kernel k on the same stream),
+    on the interpreter or, once trusted, on its structure's specialised kernel (tiered.py)."""
+    __slots__ = ("image", "plans", "scratch", "scratch_addr", "mem", "k")
 
     def __init__(self, layout: ProgramLayout, k: _Kernels):
         self.k = k
@@ -108,29 +119,74 @@ class BoundProgram:
         words, blocks = program_image(layout)
         self.image = self.mem.upload(words)
         base = self.mem.address(self.image)
-        self.n_args = len(layout.args)
         cta_words = max((im.cta_words for _, im in blocks), default=0)
         spill_grid = k.spill_grid() if any(im.spills for _, im in blocks) else 0
         self.scratch = self.mem.empty(max(1, spill_grid * cta_words) * 8) if spill_grid else self.image
         self.scratch_addr = self.mem.address(self.scratch)
-        # (grid, block address, variant) per kernel with work; a kernel without work items
-        # launches nothing
-        self.plans = [(min(im.items, spill_grid) if im.spills else im.items, base + 8 * at, im.variant)
-                      for at, im in blocks if im.items > 0]
+        self.plans = []   # kernels with work items; one without launches nothing
+        for (at, im), kl in zip(blocks, layout.kernels):
+            if im.items == 0:
+                continue
+            written = sorted({int(kl.opnd_arg[j]) for _, j, _ in kl.stream.stores})
+            written = tuple((a, layout.args[a].numel * DType(layout.args[a].dtype).itemsize) for a in written)
+            tier = tiered.MANAGER.tier(_structure(kl)) if config().gpu_specialize else None
+            self.plans.append(_Plan(min(im.items, spill_grid) if im.spills else im.items, base + 8 * at,
+                                    im.variant, tier, kl, written))
 
-    def __call__(self, addrs: Sequence[int]) -> None:
+    def _args(self, blk: int, addrs: Sequence[int]) -> tuple[list[int], object]:
+        """The launch arguments for buffers at `addrs`, and the argument table to keep alive."""
         n = len(addrs)
         if n > abi.N_SLOTS:
             table = self.mem.upload(np.array(addrs[abi.N_SLOTS:], np.int64))
-            ext = self.mem.address(table)
             counters.bump("gpu_arg_table_uploads")
-            slots = list(addrs[:abi.N_SLOTS])
-        else:
-            table, ext = None, self.scratch_addr
-            slots = list(addrs) + [self.scratch_addr] * (abi.N_SLOTS - n)
-        for grid, blk, variant in self.plans:
-            self.k.launch(grid, [blk, *slots, ext, self.scratch_addr], variant)
-        del table   # (the provider's allocator keeps stream order: freed after the launches)
+            return [blk, *addrs[:abi.N_SLOTS], self.mem.address(table), self.scratch_addr], table
+        return [blk, *addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
+
+    def __call__(self, addrs: Sequence[int]) -> None:
+        for plan in self.plans:
+            tier = plan.tier
+            state = tier.state if tier is not None else None
+            if state == tiered.TRUSTED:
+                args, keep = self._args(plan.block, addrs)
+                tier.kernel[(plan.grid,)](*args, TILE=abi.TILE, num_warps=abi.NUM_WARPS, enable_fp_fusion=False)
+                counters.bump("gpu_specialised_launches")
+            elif state == tiered.READY and tier.lock.acquire(False):
+                try:
+                    self._check(plan, list(addrs))
+                finally:
+                    tier.lock.release()
+            else:
+                args, keep = self._args(plan.block, addrs)
+                self.k.launch(plan.grid, args, plan.variant)
+                if tier is not None:
+                    tiered.MANAGER.note_launch(tier, plan.kl, tiered.compile_args())
+
+    def _check(self, plan: _Plan, addrs: list[int]) -> None:
+        """Interpreter on the real buffers, the specialised kernel on shadows: switch it in if equal."""
+        keep = []
+
+        def interpreted(a):
+            args, table = self._args(plan.block, a)
+            keep.append(table)
+            self.k.launch(plan.grid, args, plan.variant)
+
+        def specialised(a):
+            args, table = self._args(plan.block, a)
+            keep.append(table)
+            plan.tier.kernel[(plan.grid,)](*args, TILE=abi.TILE, num_warps=abi.NUM_WARPS, enable_fp_fusion=False)
+
+        same = tiered.bitwise_check(interpreted, specialised, addrs, list(plan.written), self.mem)
+        plan.tier.state = tiered.TRUSTED if same else tiered.REJECTED
+        counters.bump("gpu_tier_trusted" if same else "gpu_tier_rejected")
+
+
+def _structure(kl) -> str:
+    """The structure key of kl's stream (cached on the verifier's Stream)."""
+    derived = kl.stream.derived
+    key = derived.get("gpu_structure")
+    if key is None:
+        key = derived["gpu_structure"] = specialize.structure_key(kl)
+    return key
 
 
 class GpuVM(VM):
@@ -153,13 +209,23 @@ class GpuVM(VM):
         k = kernels()
         if not k.interpreted and any(isinstance(b, np.ndarray) for b in buffers):
             raise DeviceError("the GPU VM runs on device buffers; got a NumPy array (host memory)")
-        self.bind(layout, [0] * len(buffers))([address_of(b) for b in buffers])
+        _bound(layout, k)([address_of(b) for b in buffers])
 
     def bind(self, layout: ProgramLayout, numels: Sequence[int]) -> Callable[[Sequence[int]], None]:
         return _bound(layout, kernels())
 
     def compiled_variants(self) -> int | None:
         return kernels().compiled_variants()
+
+    def specialise_now(self, layout: ProgramLayout) -> list[str]:
+        """Build the specialised kernels of layout's structures now (not in the background); they
+        switch in after their bitwise check at the next launch. Returns their states."""
+        out = []
+        for kl in layout.kernels:
+            tier = tiered.MANAGER.tier(_structure(kl))
+            tiered.MANAGER.build_now(tier, specialize.source(kl), tiered.compile_args())
+            out.append(tier.state)
+        return out
 
     def launch_signatures(self) -> set:
         """The distinct (argument types, constexprs, NUM_WARPS) of every launch in this process:
