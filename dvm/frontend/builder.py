@@ -316,7 +316,7 @@ class KernelFunction:
         __cuda_array_interface__ / a CUDA __dlpack__: then outputs are torch tensors on that device,
         run by the GPU VM); `vm` picks the VM for this call ("cpu", "reference", "gpu"; default:
         DVM_VM for host arrays)."""
-        vm = vm or config().vm
+        explicit, vm = vm, vm or config().vm
         try:   # the hot path: a call signature seen before needs no coercion, tracing or binding
             if len(args) == 1:   # (one argument: no list to build)
                 a = args[0]
@@ -331,7 +331,7 @@ class KernelFunction:
             return known(args)
         if _device_call(args, vm):
             from .gpu_arrays import call_kernel   # (imports torch: only for device arrays)
-            return call_kernel(self, args, vm)
+            return call_kernel(self, args, explicit)
         arrays, sig = self._coerce(args)
         traced = self._traces.get(sig) or self._trace(sig)
         env = self._bind(traced, arrays)

@@ -166,15 +166,27 @@ def graph_launcher(graph) -> GraphLauncher:
     return got
 
 
-def call_kernel(kfn, args: Sequence, vm: str | None):
-    """A @dvm.kernel function on device arrays: the builder's call, through a device VM."""
+def _traced(kfn, args: Sequence):
+    """(tensors, traced graph, symbol values) of a @dvm.kernel call on device arrays."""
     tensors = [as_tensor(a) for a in args]
     if len(tensors) != len(kfn.arg_names):
         kfn._coerce(args)   # its error names the arguments
     sig = tuple((dvm_dtype(t), tuple(t.shape) if not kfn.dynamic else tuple(d if d < 2 else -1 for d in t.shape))
                 for t in tensors)
     traced = kfn._trace(sig)
-    env = kfn._bind(traced, tensors)
+    return tensors, traced, kfn._bind(traced, tensors)
+
+
+def kernel_program(kfn, args: Sequence, vm: str = GPU_VM):
+    """The Program a @dvm.kernel call on these device arrays runs (encoded for `vm`)."""
+    tensors, traced, env = _traced(kfn, args)
+    layouts = [(tuple(t.shape), tuple(t.stride()), 0) for t in tensors]
+    return traced.graph.program(env, layouts, registry.get(vm).target)
+
+
+def call_kernel(kfn, args: Sequence, vm: str | None):
+    """A @dvm.kernel function on device arrays: the builder's call, through a device VM."""
+    tensors, traced, env = _traced(kfn, args)
     name = vm or vm_for(tensors) or GPU_VM
     if registry.get(name).device == "cpu":
         raise DeviceError(f"VM {name!r} runs on host memory; these arrays are on a CUDA device")

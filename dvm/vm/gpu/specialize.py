@@ -218,7 +218,7 @@ class _Source:
         for sw in kl.sweeps:
             self.section(2, sw.init, "I")
             e(2, "for ct in range(lo, hi):")
-            e(3, "col = ct * bn + lj")
+            e(3, "col = (lo * 0 + ct) * bn + lj   # (int64 in both modes: the interpreter's range yields ints)")
             e(3, "cvalid = col < cols")
             self.digits(3, "col", self.nr, self.nc, "cd")
             self.part_address(3, self.nr, self.nc, "cd", "ca")
