@@ -3,43 +3,10 @@ here, and no side effect on import (tests/gpu_helpers.py, which sets TRITON_INTE
 imported)."""
 from __future__ import annotations
 
-import numpy as np
-
 import dvm
+from dvm.tools.bench_gpu_cases import chain8, layer_norm, rms_norm, softmax
 
 from helpers import random_values
-
-
-@dvm.kernel
-def chain8(k, x, y):
-    x, y = k.load(x), k.load(y)
-    z = k.sub(k.mul(k.sigmoid(k.add(k.mul(x, 1.5), y)), x), y)
-    return k.store(k.add(k.mul(k.maximum(z, 0.25), 2.0), 1.0))
-
-
-@dvm.kernel
-def softmax(k, x):
-    x = k.load(x)
-    e = k.exp(k.sub(x, k.max(x, axis=-1, keepdims=True)))
-    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True)))
-
-
-@dvm.kernel
-def layer_norm(k, x, w, b):
-    xf = k.cast(k.load(x), "float32")
-    mu = k.mean(xf, axis=-1, keepdims=True)
-    xc = k.sub(xf, mu)
-    var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
-    y = k.add(k.mul(k.mul(xc, k.rsqrt(k.add(var, 1e-5))), k.load(w)), k.load(b))
-    return k.store(k.cast(y, w.node.dtype.short))
-
-
-@dvm.kernel
-def rms_norm(k, x, w):
-    xf = k.cast(k.load(x), "float32")
-    ms = k.mean(k.mul(xf, xf), axis=-1, keepdims=True)
-    return k.store(k.cast(k.mul(k.mul(xf, k.rsqrt(k.add(ms, 1e-6))), k.cast(k.load(w), "float32")),
-                          w.node.dtype.short))
 
 
 @dvm.kernel

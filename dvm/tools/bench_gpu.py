@@ -10,6 +10,7 @@ triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -35,9 +36,7 @@ def require_cuda() -> str | None:
         return "PyTorch is not installed"
     if not torch.cuda.is_available():
         return "no CUDA device is present (torch.cuda.is_available() is False)"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("triton") is None:
         return "Triton is not installed: pip install '.[gpu]'"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "TRITON_INTERPRET=1 is set: unset it to time the GPU"
@@ -57,35 +56,12 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / _bench(lambda: dst.copy_(src))
 
 
-# --- the cases: (composite, native or None, DVM kernel, inputs, bytes moved) -----------------------
-def _chain(x, y):
-    import torch
-    z = torch.sigmoid(x * 1.5 + y) * x - y
-    return torch.maximum(z, torch.tensor(0.25, dtype=x.dtype, device=x.device)) * 2.0 + 1.0
-
-
-def _softmax(x):
-    e = (x - x.amax(-1, keepdim=True)).exp()
-    return e / e.sum(-1, keepdim=True)
-
-
-def _layer_norm(x, w, b):
-    xf = x.float()
-    mu = xf.mean(-1, keepdim=True)
-    var = ((xf - mu) ** 2).mean(-1, keepdim=True)
-    return ((xf - mu) * (var + 1e-5).rsqrt() * w.float() + b.float()).to(x.dtype)
-
-
-def _rms_norm(x, w):
-    xf = x.float()
-    return (xf * (xf * xf).mean(-1, keepdim=True).add(1e-6).rsqrt() * w.float()).to(x.dtype)
-
-
+# --- the cases: (name, composite, native or None, DVM kernel, inputs) ------------------------------
 def _cases(quick: bool):
     import torch
     import torch.nn.functional as F
 
-    from . import bench_encode as be
+    from . import bench_gpu_cases as c
     mode = "quick" if quick else "full"
     out = []
     for dt in (torch.float32, torch.bfloat16):
@@ -93,60 +69,22 @@ def _cases(quick: bool):
         for n in CHAIN_SIZES[mode]:
             def make(n=n, dt=dt):
                 return (torch.randn(n, dtype=dt, device="cuda"), torch.randn(n, dtype=dt, device="cuda"))
-            out.append((f"chain8 {name} {n}", _chain, None, _dvm_chain(), make))
+            out.append((f"chain8 {name} {n}", c.torch_chain8, None, c.chain8, make))
         for rows, cols in NORM_SHAPES[mode]:
             def x_of(rows=rows, cols=cols, dt=dt):
                 return torch.randn(rows, cols, dtype=dt, device="cuda")
 
             def w_of(cols=cols, dt=dt):
                 return torch.rand(cols, dtype=dt, device="cuda") + 0.5
-            out.append((f"softmax {name} {rows}x{cols}", _softmax, lambda x: F.softmax(x, -1), be.softmax,
+            out.append((f"softmax {name} {rows}x{cols}", c.torch_softmax, lambda x: F.softmax(x, -1), c.softmax,
                         lambda x_of=x_of: (x_of(),)))
-            out.append((f"layernorm {name} {rows}x{cols}", _layer_norm,
-                        lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5), _dvm_layer_norm(),
+            out.append((f"layernorm {name} {rows}x{cols}", c.torch_layer_norm,
+                        lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5), c.layer_norm,
                         lambda x_of=x_of, w_of=w_of: (x_of(), w_of(), w_of() - 1.0)))
-            out.append((f"rmsnorm {name} {rows}x{cols}", _rms_norm,
-                        lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6), _dvm_rms_norm(),
+            out.append((f"rmsnorm {name} {rows}x{cols}", c.torch_rms_norm,
+                        lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6), c.rms_norm,
                         lambda x_of=x_of, w_of=w_of: (x_of(), w_of())))
     return out
-
-
-def _dvm_chain():
-    import dvm
-
-    @dvm.kernel
-    def chain8(k, x, y):
-        x, y = k.load(x), k.load(y)
-        z = k.sub(k.mul(k.sigmoid(k.add(k.mul(x, 1.5), y)), x), y)
-        return k.store(k.add(k.mul(k.maximum(z, 0.25), 2.0), 1.0))
-    return chain8
-
-
-def _dvm_layer_norm():
-    import dvm
-
-    @dvm.kernel
-    def layer_norm(k, x, w, b):
-        xf = k.cast(k.load(x), "float32")
-        mu = k.mean(xf, axis=-1, keepdims=True)
-        xc = k.sub(xf, mu)
-        var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
-        y = k.add(k.mul(k.mul(xc, k.rsqrt(k.add(var, 1e-5))), k.cast(k.load(w), "float32")),
-                  k.cast(k.load(b), "float32"))
-        return k.store(k.cast(y, x.node.dtype.short))
-    return layer_norm
-
-
-def _dvm_rms_norm():
-    import dvm
-
-    @dvm.kernel
-    def rms_norm(k, x, w):
-        xf = k.cast(k.load(x), "float32")
-        ms = k.mean(k.mul(xf, xf), axis=-1, keepdims=True)
-        y = k.mul(k.mul(xf, k.rsqrt(k.add(ms, 1e-6))), k.cast(k.load(w), "float32"))
-        return k.store(k.cast(y, x.node.dtype.short))
-    return rms_norm
 
 
 # --- systems ---------------------------------------------------------------------------------------
@@ -260,9 +198,9 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True) -> dict:
                                                 if k in row))
     extra = {}
     if inductor:
-        chain = _dvm_chain()
-        fn, _, _ = _inductor(_chain, (torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")))
-        extra["new_shapes"] = _new_shapes(chain, fn, rng)
+        from .bench_gpu_cases import chain8, torch_chain8
+        fn, _, _ = _inductor(torch_chain8, (torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")))
+        extra["new_shapes"] = _new_shapes(chain8, fn, rng)
     from ..runtime import counters
     return {"benchmark": "gpu_ops", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "copy_bytes_per_s": bw, "loadavg": loadavg(),
@@ -293,11 +231,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, seed: int = 0, inductor: bool | None = None, json_path: str | None = DEFAULT_JSON,
-         md_path: str | None = DEFAULT_MD, out=sys.stdout) -> int:
+def bench_main(name: str, run, markdown, quick: bool, seed: int, inductor: bool | None, json_path: str | None,
+               md_path: str | None, out) -> int:
+    """Run a --device cuda benchmark and write its report: exit 2 without a usable CUDA device,
+    1 when DVM failed somewhere (listed), else 0."""
     why = require_cuda()
     if why is not None:
-        print(f"dvm bench ops --device cuda: {why}", file=sys.stderr)
+        print(f"dvm bench {name} --device cuda: {why}", file=sys.stderr)
         return 2
     report = run(quick=quick, seed=seed, inductor=True if inductor is None else inductor)
     text = markdown(report)
@@ -309,3 +249,8 @@ def main(quick: bool = False, seed: int = 0, inductor: bool | None = None, json_
     for f in report["failures"]:
         print(f"DVM FAILED: {f}", file=out)
     return 1 if report["failures"] else 0
+
+
+def main(quick: bool = False, seed: int = 0, inductor: bool | None = None, json_path: str | None = DEFAULT_JSON,
+         md_path: str | None = DEFAULT_MD, out=sys.stdout) -> int:
+    return bench_main("ops", run, markdown, quick, seed, inductor, json_path, md_path, out)

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from .bench_common import fmt_time, loadavg, progress, write_json, write_text
-from .bench_gpu import _bench, require_cuda
+from .bench_common import fmt_time, loadavg, progress
+from .bench_gpu import _bench, bench_main
 
 DEFAULT_JSON = "bench-results/gpu_models.json"
 DEFAULT_MD = "bench-results/gpu_models.md"
@@ -134,17 +134,4 @@ def markdown(r: dict) -> str:
 
 def main(quick: bool = False, seed: int = 0, inductor: bool | None = None, json_path: str | None = DEFAULT_JSON,
          md_path: str | None = DEFAULT_MD, out=sys.stdout) -> int:
-    why = require_cuda()
-    if why is not None:
-        print(f"dvm bench models --device cuda: {why}", file=sys.stderr)
-        return 2
-    report = run(quick=quick, seed=seed, inductor=True if inductor is None else inductor)
-    text = markdown(report)
-    print(text, file=out)
-    if json_path:
-        write_json(json_path, report)
-    if md_path:
-        write_text(md_path, text)
-    for f in report["failures"]:
-        print(f"DVM FAILED: {f}", file=out)
-    return 1 if report["failures"] else 0
+    return bench_main("models", run, markdown, quick, seed, inductor, json_path, md_path, out)

@@ -14,6 +14,9 @@ from ...graph.ops import BINARY, TERNARY, UNARY, VM_REDUCTIONS
 TILE = 1024          # lanes of one tile register (a Program's BM * BN may not exceed it)
 NUM_WARPS = 8        # 4 lanes per thread and register at TILE = 1024
 N_SLOTS = 16         # buffer addresses passed as kernel arguments; more go through a table
+# the kernels' arguments, every one an int64 address: the device image's kernel block, the slots,
+# the table of further addresses, scratch (interp.vm_kernel and the specialised kernels)
+ARG_NAMES = ("blk", *(f"a{k}" for k in range(N_SLOTS)), "ext", "scratch")
 # compiled variants: hot registers per bank (F32, F64, I64, B8), higher register numbers live in
 # scratch memory; a Program runs on "float" when it has no F64 or I64 registers (fewer live tiles)
 VARIANTS = {"full": (8, 2, 4, 4), "float": (8, 0, 0, 4)}

@@ -185,14 +185,14 @@ def exec_ew(kind, bank, op, obank, r1, r2, r3, r4, lanes, sp_f, sp_d, sp_i, sp_b
     elif bank == B_F32:
         xf = t.pick8(r2, f0, f1, f2, f3, f4, f5, f6, f7, sp_f, lanes, TILE)
         if kind == K_EW1:
-            vf = ops.unary_f32(op, xf)
+            vf = ops.unary_float(op, xf)
         else:
             vf = ops.float_binary(op, xf, t.pick8(r3, f0, f1, f2, f3, f4, f5, f6, f7, sp_f, lanes, TILE))
         f0, f1, f2, f3, f4, f5, f6, f7 = t.put8(r1, vf, f0, f1, f2, f3, f4, f5, f6, f7, sp_f, lanes, TILE)
     elif bank == B_F64:
         xd = t.pick2(r2, d0, d1, sp_d, lanes, TILE, HOT_D)
         if kind == K_EW1:
-            vd = ops.unary_f64(op, xd)
+            vd = ops.unary_float(op, xd)
         else:
             vd = ops.float_binary(op, xd, t.pick2(r3, d0, d1, sp_d, lanes, TILE, HOT_D))
         d0, d1 = t.put2(r1, vd, d0, d1, sp_d, lanes, TILE, HOT_D)

@@ -9,8 +9,6 @@ scalar loads from the device image) and runs its handler on the register file (e
 Every argument is an int64 address, never specialized: sizes, strides, tiles and instructions
 are data in the image, so no new shape, dtype or Program ever compiles a kernel.
 """
-from __future__ import annotations
-
 import triton
 import triton.language as tl
 
@@ -25,7 +23,8 @@ PH_PRO = tl.constexpr(0)
 PH_INIT = tl.constexpr(1)
 PH_BODY = tl.constexpr(2)
 PH_FIN = tl.constexpr(3)
-ARG_NAMES = ["blk"] + [f"a{k}" for k in range(abi.N_SLOTS)] + ["ext", "scratch"]
+ARG_NAMES = list(abi.ARG_NAMES)
+I64 = "i64"   # the parameters' Triton type, fixed whatever the value (a plain str: Python evaluates it)
 
 
 @triton.jit
@@ -80,9 +79,9 @@ def _item(item, nct, par):
 
 
 @triton.jit(do_not_specialize=ARG_NAMES)
-def vm_kernel(blk: "i64", a0: "i64", a1: "i64", a2: "i64", a3: "i64", a4: "i64", a5: "i64", a6: "i64",
-              a7: "i64", a8: "i64", a9: "i64", a10: "i64", a11: "i64", a12: "i64", a13: "i64", a14: "i64",
-              a15: "i64", ext: "i64", scratch: "i64", TILE: tl.constexpr, HOT_D: tl.constexpr,
+def vm_kernel(blk: I64, a0: I64, a1: I64, a2: I64, a3: I64, a4: I64, a5: I64, a6: I64,
+              a7: I64, a8: I64, a9: I64, a10: I64, a11: I64, a12: I64, a13: I64, a14: I64,
+              a15: I64, ext: I64, scratch: I64, TILE: tl.constexpr, HOT_D: tl.constexpr,
               HOT_I: tl.constexpr):
     B = blk.to(tl.pointer_type(tl.int64))
     rows = tl.load(B + H_ROWS)

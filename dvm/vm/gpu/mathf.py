@@ -415,3 +415,121 @@ def powd(x, y):
     v = tl.where((x < 0) & (x > float("-inf")) & ~y_int & (tl.abs(y) < float("inf")), float("nan"), v)
     v = tl.where((x == 1.0) | ((x == -1.0) & (tl.abs(y) == float("inf"))), 1.0, v)
     return tl.where(y == 0, 1.0, v)
+
+
+# --- by dtype: float32 (the functions above) or float64 (Triton's float64 math) -------------------
+@triton.jit
+def exp(x):
+    if x.dtype == tl.float64:
+        v = tl.exp(x)
+    else:
+        v = expf(x)
+    return v
+
+
+@triton.jit
+def exp2(x):
+    if x.dtype == tl.float64:
+        v = tl.exp2(x)
+    else:
+        v = exp2f(x)
+    return v
+
+
+@triton.jit
+def expm1(x):
+    if x.dtype == tl.float64:
+        v = expm1d(x)
+    else:
+        v = expm1f(x)
+    return v
+
+
+@triton.jit
+def log(x):
+    if x.dtype == tl.float64:
+        v = tl.log(x)
+    else:
+        v = logf(x)
+    return v
+
+
+@triton.jit
+def log2(x):
+    if x.dtype == tl.float64:
+        v = tl.log2(x)
+    else:
+        v = log2f(x)
+    return v
+
+
+@triton.jit
+def log1p(x):
+    if x.dtype == tl.float64:
+        v = log1pd(x)
+    else:
+        v = log1pf(x)
+    return v
+
+
+@triton.jit
+def sin(x):
+    if x.dtype == tl.float64:
+        v = tl.sin(x)
+    else:
+        v = sincosf(x, 0)
+    return v
+
+
+@triton.jit
+def cos(x):
+    if x.dtype == tl.float64:
+        v = tl.cos(x)
+    else:
+        v = sincosf(x, 1)
+    return v
+
+
+@triton.jit
+def tanh(x):
+    if x.dtype == tl.float64:
+        v = tanhd(x)
+    else:
+        v = tanhf(x)
+    return v
+
+
+@triton.jit
+def sigmoid(x):
+    if x.dtype == tl.float64:
+        v = sigmoidd(x)
+    else:
+        v = sigmoidf(x)
+    return v
+
+
+@triton.jit
+def erf(x):
+    if x.dtype == tl.float64:
+        v = tl.erf(x)
+    else:
+        v = erff(x)
+    return v
+
+
+@triton.jit
+def gelu(x):
+    if x.dtype == tl.float64:
+        v = gelud(x)
+    else:
+        v = geluf(x)
+    return v
+
+
+@triton.jit
+def gelu_tanh(x):
+    if x.dtype == tl.float64:
+        v = gelu_tanhd(x)
+    else:
+        v = gelu_tanhf(x)
+    return v

@@ -92,26 +92,27 @@ def _float_common(op, x):
     return v
 
 
-# --- float32 bank ---------------------------------------------------------------------------------
+# --- float banks ----------------------------------------------------------------------------------
 @triton.jit
-def unary_f32(op, x):
+def unary_float(op, x):
+    """Every unary op of a float bank (float32 or float64 tiles: mathf picks the precision)."""
     if op < U_SQRT:
         if op < U_EXP:
             v = _float_common(op, x)
         elif op < U_EXPM1:
             if op == U_EXP:
-                v = m.expf(x)
+                v = m.exp(x)
             else:
-                v = m.exp2f(x)
+                v = m.exp2(x)
         elif op < U_LOG2:
             if op == U_EXPM1:
-                v = m.expm1f(x)
+                v = m.expm1(x)
             else:
-                v = m.logf(x)
+                v = m.log(x)
         elif op == U_LOG2:
-            v = m.log2f(x)
+            v = m.log2(x)
         else:
-            v = m.log1pf(x)
+            v = m.log1p(x)
     elif op < U_TANH:
         if op < U_RECIP:
             if op == U_SQRT:
@@ -119,28 +120,31 @@ def unary_f32(op, x):
             else:
                 v = m.rsqrt_exact(x)
         elif op == U_RECIP:
-            v = m.div(tl.full(x.shape, 1.0, tl.float32), x)
+            v = m.div(tl.full(x.shape, 1.0, x.dtype), x)
         elif op == U_SIN:
-            v = m.sincosf(x, 0)
+            v = m.sin(x)
         else:
-            v = m.sincosf(x, 1)
+            v = m.cos(x)
     elif op < U_GELU_TANH:
         if op < U_ERF:
             if op == U_TANH:
-                v = m.tanhf(x)
+                v = m.tanh(x)
             else:
-                v = m.sigmoidf(x)
+                v = m.sigmoid(x)
         elif op == U_ERF:
-            v = m.erff(x)
+            v = m.erf(x)
         else:
-            v = m.geluf(x)
+            v = m.gelu(x)
     elif op < U_RELU:
         if op == U_GELU_TANH:
-            v = m.gelu_tanhf(x)
+            v = m.gelu_tanh(x)
         else:
-            v = x * m.sigmoidf(x)
+            v = x * m.sigmoid(x)
     elif op == U_ROUND:
-        v = round_even(x, 8388608.0)
+        if x.dtype == tl.float64:
+            v = round_even(x, 4503599627370496.0)
+        else:
+            v = round_even(x, 8388608.0)
     else:
         v = _float_common(op, x)
     return v
@@ -190,60 +194,6 @@ def float_floor_divide(a, b):
 def float_remainder(a, b):
     mod = m.fmod(a, b)
     return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
-
-
-# --- float64 bank ---------------------------------------------------------------------------------
-@triton.jit
-def unary_f64(op, x):
-    if op < U_SQRT:
-        if op < U_EXP:
-            v = _float_common(op, x)
-        elif op < U_EXPM1:
-            if op == U_EXP:
-                v = tl.exp(x)
-            else:
-                v = tl.exp2(x)
-        elif op < U_LOG2:
-            if op == U_EXPM1:
-                v = m.expm1d(x)
-            else:
-                v = tl.log(x)
-        elif op == U_LOG2:
-            v = tl.log2(x)
-        else:
-            v = m.log1pd(x)
-    elif op < U_TANH:
-        if op < U_RECIP:
-            if op == U_SQRT:
-                v = m.sqrt(x)
-            else:
-                v = m.rsqrt_exact(x)
-        elif op == U_RECIP:
-            v = m.div(tl.full(x.shape, 1.0, tl.float64), x)
-        elif op == U_SIN:
-            v = tl.sin(x)
-        else:
-            v = tl.cos(x)
-    elif op < U_GELU_TANH:
-        if op < U_ERF:
-            if op == U_TANH:
-                v = m.tanhd(x)
-            else:
-                v = m.sigmoidd(x)
-        elif op == U_ERF:
-            v = tl.erf(x)
-        else:
-            v = m.gelud(x)
-    elif op < U_RELU:
-        if op == U_GELU_TANH:
-            v = m.gelu_tanhd(x)
-        else:
-            v = x * m.sigmoidd(x)
-    elif op == U_ROUND:
-        v = round_even(x, 4503599627370496.0)
-    else:
-        v = _float_common(op, x)
-    return v
 
 
 # --- int64 bank -----------------------------------------------------------------------------------

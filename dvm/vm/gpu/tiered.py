@@ -8,8 +8,6 @@ specialised kernel is switched in only when every byte agrees. No launch waits f
 States: new -> queued -> ready -> trusted | rejected; a generation or compile error: failed. Each
 step is counted (gpu_tier_* in dvm.counters()); `report()` lists the structures.
 """
-from __future__ import annotations
-
 import hashlib
 import importlib.util
 import os
@@ -24,6 +22,7 @@ from ...runtime import counters
 from . import abi, specialize
 
 NEW, QUEUED, READY, TRUSTED, REJECTED, FAILED = "new", "queued", "ready", "trusted", "rejected", "failed"
+I64 = "i64"   # Triton parameter type of the byte kernels' addresses and counts
 BYTES_BLOCK = 1024
 
 
@@ -66,13 +65,14 @@ class TierManager:
                     return
                 tier.state = QUEUED
             counters.bump("gpu_tier_queued")
-            self.idle.clear()
-            self.jobs.put((tier, specialize.source(kl), compile_args))
+            with self.lock:
+                self.idle.clear()
+                self.jobs.put((tier, specialize.source(kl), compile_args))
             self._start_worker()
 
     def _start_worker(self) -> None:
         with self.lock:
-            if self.worker is None or not self.worker.is_alive():
+            if self.worker is None:
                 self.worker = threading.Thread(target=self._work, name="dvm-gpu-specialize", daemon=True)
                 self.worker.start()
 
@@ -81,9 +81,11 @@ class TierManager:
             try:
                 tier, src, compile_args = self.jobs.get(timeout=1.0)
             except queue.Empty:
-                if self.jobs.empty():
-                    self.idle.set()
-                    return
+                with self.lock:   # (a job queued meanwhile finds no worker and starts one)
+                    if self.jobs.empty():
+                        self.worker = None
+                        self.idle.set()
+                        return
                 continue
             try:
                 tier.kernel = self._build(tier, src, compile_args)
@@ -93,8 +95,9 @@ class TierManager:
                 tier.state, tier.error = FAILED, f"{type(e).__name__}: {e}"
                 counters.bump("gpu_tier_failed")
             finally:
-                if self.jobs.empty():
-                    self.idle.set()
+                with self.lock:
+                    if self.jobs.empty():
+                        self.idle.set()
 
     def build_now(self, tier: Tier, src: str, compile_args) -> None:
         """Build tier's kernel from `src` in this thread (ready for its check at the next launch)."""
@@ -151,14 +154,14 @@ def _byte_kernels():
     import triton.language as tl
 
     @triton.jit(do_not_specialize=["src", "dst", "n"])
-    def copy_bytes(src: "i64", dst: "i64", n: "i64", BLOCK: tl.constexpr):
+    def copy_bytes(src: I64, dst: I64, n: I64, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         tl.store(dst.to(tl.pointer_type(tl.int8)) + offs, tl.load(src.to(tl.pointer_type(tl.int8)) + offs, mask=m),
                  mask=m)
 
     @triton.jit(do_not_specialize=["a", "b", "n", "out"])
-    def count_diff(a: "i64", b: "i64", n: "i64", out: "i64", BLOCK: tl.constexpr):
+    def count_diff(a: I64, b: I64, n: I64, out: I64, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         x = tl.load(a.to(tl.pointer_type(tl.int8)) + offs, mask=m, other=0)
@@ -202,4 +205,4 @@ def bitwise_check(run_interpreted, run_specialised, addrs: list[int], written: l
 def compile_args() -> tuple[list[int], dict]:
     """Arguments of a warm-up compile: every argument an int64 address (any value: they are
     annotated i64 and never specialised), and the launch options of vm.py."""
-    return [1 << 40] * (abi.N_SLOTS + 3), {"TILE": abi.TILE, "num_warps": abi.NUM_WARPS, "enable_fp_fusion": False}
+    return [1 << 40] * len(abi.ARG_NAMES), {"TILE": abi.TILE, "num_warps": abi.NUM_WARPS, "enable_fp_fusion": False}

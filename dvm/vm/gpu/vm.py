@@ -25,6 +25,7 @@ from .image import program_image
 TARGET = Target("gpu", max_tile=abi.TILE)
 SPILL_GRID_PER_SM = 4        # program instances per multiprocessor when registers spill
 INTERPRETED_SPILL_GRID = 4   # ... and in interpreter mode
+TRACKED_LAUNCHES = 4096      # launches whose argument types launch_signatures() records
 
 
 class _Kernels:
@@ -32,14 +33,16 @@ class _Kernels:
 
     def __init__(self):
         try:
-            import triton  # noqa: F401
+            from . import interp
         except ImportError as e:
+            if e.name != "triton":
+                raise
             raise DeviceError("the GPU VM needs Triton: pip install 'dvm[gpu]' (Triton >= 3.6, "
                               "and a CUDA GPU unless TRITON_INTERPRET=1)") from e
-        from . import interp
         self.kernel = interp.vm_kernel
         self.interpreted = type(self.kernel).__name__ == "InterpretedFunction"
-        self.signatures: set = set()     # argument types and constexprs of every launch
+        self.signatures: set = set()     # argument types and constexprs of the first launches
+        self.tracked = 0
         self.lock = threading.Lock()
         self._spill_grid: int | None = None
 
@@ -63,8 +66,9 @@ class _Kernels:
 
     def launch(self, grid: int, args: list[int], variant: str) -> None:
         _, hot_d, hot_i, _ = abi.VARIANTS[variant]
-        if len(self.signatures) <= len(abi.VARIANTS):   # (small: it only has to show how many)
+        if self.tracked < TRACKED_LAUNCHES:   # (what Triton keys a binary on, for the first launches)
             with self.lock:
+                self.tracked += 1
                 self.signatures.add(tuple(type(a).__name__ for a in args) + (abi.TILE, hot_d, hot_i, abi.NUM_WARPS))
         self.kernel[(grid,)](*args, TILE=abi.TILE, HOT_D=hot_d, HOT_I=hot_i, num_warps=abi.NUM_WARPS,
                              enable_fp_fusion=False)
@@ -228,8 +232,9 @@ class GpuVM(VM):
         return out
 
     def launch_signatures(self) -> set:
-        """The distinct (argument types, constexprs, NUM_WARPS) of every launch in this process:
-        each element is one compiled kernel (at most one per abi.VARIANTS entry)."""
+        """The distinct (argument types, constexprs, NUM_WARPS) of the first TRACKED_LAUNCHES
+        launches in this process: each element is one compiled binary (one per abi.VARIANTS
+        entry used)."""
         return set(kernels().signatures)
 
 
