@@ -3,15 +3,16 @@
 DVM_DEBUG     0 quiet, 1 timings and counters, 2 fusion groups, 3 graph IR, 4 disassembly, 5 all
 DVM_DUMP_DIR  directory where programs and reports are written when debugging (unset: none)
 DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on disk; the default)
-              or "reference" (NumPy, the executable spec)
+              or "reference" (NumPy, the executable spec); "gpu" (Triton) runs host arrays only in
+              Triton's interpreter mode: CUDA tensors always run on the GPU VM
+DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM specialises it in the
+                   background (vm/gpu/tiered; default 2, 0: interpret only)
+DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
 DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu_sync)
-DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM specialises it in the
-                   background (vm/gpu/tiered; default 2, 0: interpret only)
-DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
 """
 from __future__ import annotations
 
