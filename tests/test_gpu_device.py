@@ -1,8 +1,8 @@
 """The GPU VM on a real CUDA GPU: the differential checks on CUDA tensors, one compiled kernel
 per variant for every shape, the torch backend on a CUDA model over many lengths. Skipped without
 a CUDA device and Triton, and when this process defined the kernels in Triton's interpreter mode
-(tests/gpu_helpers.py does so for the CPU tests: run this file in its own process, as
-scripts/gpu_session.sh does)."""
+(tests/gpu_helpers.py does so for the interpreter-mode tests, which `make test` collects too: run
+this file in its own process, as scripts/gpu_session.sh does)."""
 from __future__ import annotations
 
 import os
@@ -26,13 +26,16 @@ from dvm.vm import registry  # noqa: E402
 from helpers import random_values, to_torch  # noqa: E402
 from gpu_kernels import KERNELS  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm
+
 GPU = registry.get("gpu")
 RNG = np.random.default_rng(48)
 
 
 @pytest.fixture(autouse=True)
 def vm(monkeypatch):
+    if GPU.host_buffers:   # another test module of this process set TRITON_INTERPRET first
+        pytest.skip("the GPU VM's kernels were defined in Triton's interpreter mode in this process: "
+                    "run this file alone (scripts/gpu_session.sh does)")
     monkeypatch.setenv("DVM_GPU_SPECIALIZE", "0")   # the interpreter: compile counts stay exact
     dvm_config.reload()
     yield None

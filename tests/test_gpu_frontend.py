@@ -18,7 +18,7 @@ from dvm.errors import DeviceError
 from dvm.frontend import gpu_arrays
 from dvm.runtime import counters
 
-pytestmark = [pytest.mark.cpu_vm, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),
               pytest.mark.skipif(not interpreted(), reason="GPU VM kernels defined for a real GPU: see "
                                  "tests/test_gpu_device.py")]
 

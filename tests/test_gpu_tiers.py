@@ -16,7 +16,7 @@ from dvm.vm.gpu import specialize, tiered
 
 from test_gpu_vm import _reduce_kernel, layer_norm, softmax
 
-pytestmark = [pytest.mark.cpu_vm, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),
               pytest.mark.skipif(not interpreted(), reason="GPU VM kernels defined for a real GPU: see "
                                  "tests/test_gpu_device.py")]
 RNG = np.random.default_rng(7)

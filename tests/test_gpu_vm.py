@@ -26,7 +26,7 @@ from dvm.vm.gpu.image import _decode_one
 
 from helpers import DTYPES, FLOATS, INTS, dvm_call, random_values
 
-pytestmark = [pytest.mark.cpu_vm, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),
               pytest.mark.skipif(not interpreted(), reason="the GPU VM's kernels were defined for a real "
                                  "GPU in this process: see tests/test_gpu_device.py")]
 RNG = np.random.default_rng(48)
@@ -272,11 +272,13 @@ def test_more_arguments_than_slots():
 
 
 def test_one_compiled_kernel_per_variant_for_every_shape():
-    """Every launch passes int64 addresses only (annotated i64 and never specialized) plus the
+    """Every launch passes int64 addresses only (annotated int64 and never specialized) plus the
     variant's constexprs: Triton compiles one binary per variant, whatever the shapes."""
+    import triton.language as tl
+
     from dvm.vm.gpu import interp
     fn = getattr(interp.vm_kernel, "fn", interp.vm_kernel)
-    assert all(fn.__annotations__[name] == "i64" for name in abi.ARG_NAMES)
+    assert all(fn.__annotations__[name] is tl.int64 for name in abi.ARG_NAMES)
     assert list(getattr(interp.vm_kernel, "kwargs", {}).get("do_not_specialize", abi.ARG_NAMES)) == \
         list(abi.ARG_NAMES)
     for shape in ((1, 7), (9, 31), (4, 1500), (33, 2)):

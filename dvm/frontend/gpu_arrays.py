@@ -127,6 +127,9 @@ class GraphLauncher:
         launch = self._launches.get(key)
         hit = launch is not None
         if not hit:
+            if device.type == "cuda" and registry.get(vm).host_buffers:
+                raise DeviceError(f"the {vm!r} VM's kernels were defined in Triton's interpreter mode "
+                                  "(TRITON_INTERPRET=1 at their import): they cannot run on CUDA memory")
             _install_memory(device)
             arrays = [DeviceArray(t.data_ptr(), dvm_dtype(t), tuple(t.shape), tuple(t.stride())) for t in tensors]
             launch = DeviceLaunch(self.graph, env, arrays, vm)

@@ -25,16 +25,16 @@ def exec_memory(B, kind, bank, r1, aux, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, 
     col, cvalid = t.lane_cols(col0, lj, body, cols)
     if kind == K_CONST:
         if bank == B_F32:
-            vf = tl.zeros([TILE], tl.float32) + aux.to(tl.float64, bitcast=True).to(tl.float32)
+            vf = tl.full([TILE], 0, tl.float32) + aux.to(tl.float64, bitcast=True).to(tl.float32)
             f0, f1, f2, f3, f4, f5, f6, f7 = t.put8(r1, vf, f0, f1, f2, f3, f4, f5, f6, f7, sp_f, lanes, TILE)
         elif bank == B_F64:
-            vd = tl.zeros([TILE], tl.float64) + aux.to(tl.float64, bitcast=True)
+            vd = tl.full([TILE], 0, tl.float64) + aux.to(tl.float64, bitcast=True)
             d0, d1 = t.put2(r1, vd, d0, d1, sp_d, lanes, TILE, HOT_D)
         elif bank == B_I64:
-            vi = tl.zeros([TILE], tl.int64) + aux
+            vi = tl.full([TILE], 0, tl.int64) + aux
             i0, i1, i2, i3 = t.put4(r1, vi, i0, i1, i2, i3, sp_i, lanes, TILE, HOT_I)
         else:
-            vb = (tl.zeros([TILE], tl.int64) + aux) != 0
+            vb = (tl.full([TILE], 0, tl.int64) + aux) != 0
             b0, b1, b2, b3 = t.put_b(r1, vb, b0, b1, b2, b3, sp_b, lanes, TILE)
     elif kind == K_INDEX:
         i0, i1, i2, i3 = t.put4(r1, t.element_index(B, aux, row, col), i0, i1, i2, i3, sp_i, lanes, TILE, HOT_I)

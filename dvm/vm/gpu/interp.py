@@ -24,7 +24,6 @@ PH_INIT = tl.constexpr(1)
 PH_BODY = tl.constexpr(2)
 PH_FIN = tl.constexpr(3)
 ARG_NAMES = list(abi.ARG_NAMES)
-I64 = "i64"   # the parameters' Triton type, fixed whatever the value (a plain str: Python evaluates it)
 
 
 @triton.jit
@@ -79,10 +78,10 @@ def _item(item, nct, par):
 
 
 @triton.jit(do_not_specialize=ARG_NAMES)
-def vm_kernel(blk: I64, a0: I64, a1: I64, a2: I64, a3: I64, a4: I64, a5: I64, a6: I64,
-              a7: I64, a8: I64, a9: I64, a10: I64, a11: I64, a12: I64, a13: I64, a14: I64,
-              a15: I64, ext: I64, scratch: I64, TILE: tl.constexpr, HOT_D: tl.constexpr,
-              HOT_I: tl.constexpr):
+def vm_kernel(blk: tl.int64, a0: tl.int64, a1: tl.int64, a2: tl.int64, a3: tl.int64, a4: tl.int64,
+              a5: tl.int64, a6: tl.int64, a7: tl.int64, a8: tl.int64, a9: tl.int64, a10: tl.int64,
+              a11: tl.int64, a12: tl.int64, a13: tl.int64, a14: tl.int64, a15: tl.int64, ext: tl.int64,
+              scratch: tl.int64, TILE: tl.constexpr, HOT_D: tl.constexpr, HOT_I: tl.constexpr):
     B = blk.to(tl.pointer_type(tl.int64))
     rows = tl.load(B + H_ROWS)
     cols = tl.load(B + H_COLS)
@@ -104,11 +103,11 @@ def vm_kernel(blk: I64, a0: I64, a1: I64, a2: I64, a3: I64, a4: I64, a5: I64, a6
     lanes = tl.arange(0, TILE)
     li = lanes // bn
     lj = lanes - li * bn
-    f0 = tl.zeros([TILE], tl.float32)
+    f0 = tl.full([TILE], 0, tl.float32)
     f1, f2, f3, f4, f5, f6, f7 = f0, f0, f0, f0, f0, f0, f0
-    d0 = tl.zeros([TILE], tl.float64)
+    d0 = tl.full([TILE], 0, tl.float64)
     d1 = d0
-    i0 = tl.zeros([TILE], tl.int64)
+    i0 = tl.full([TILE], 0, tl.int64)
     i1, i2, i3 = i0, i0, i0
     b0 = lanes < 0
     b1, b2, b3 = b0, b0, b0

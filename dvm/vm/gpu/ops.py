@@ -363,7 +363,7 @@ def identity_like(x, op):
     else:
         lo, hi = I64_MIN, I64_MAX
     if op == R_SUM:
-        v = tl.zeros(x.shape, x.dtype)
+        v = tl.full(x.shape, 0, x.dtype)
     elif op == R_PROD:
         v = tl.full(x.shape, 1, x.dtype)
     elif (op == R_MAX) | (op == R_ARGMAX):

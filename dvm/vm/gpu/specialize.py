@@ -25,8 +25,8 @@ from .image import decode_stream
 
 GENERATOR_VERSION = 1
 REG = {Bank.F32: "f", Bank.F64: "d", Bank.I64: "i", Bank.B8: "b"}
-ZERO = {Bank.F32: "tl.zeros([TILE], tl.float32)", Bank.F64: "tl.zeros([TILE], tl.float64)",
-        Bank.I64: "tl.zeros([TILE], tl.int64)", Bank.B8: "lanes < 0"}
+ZERO = {Bank.F32: "tl.full([TILE], 0, tl.float32)", Bank.F64: "tl.full([TILE], 0, tl.float64)",
+        Bank.I64: "tl.full([TILE], 0, tl.int64)", Bank.B8: "lanes < 0"}
 LOAD = {Bank.F32: "t.load_f32(p{j}, {dt}, {idx}, {mask})", Bank.F64: "t.load_f64(p{j}, {idx}, {mask})",
         Bank.I64: "t.load_i64(p{j}, {dt}, {idx}, {mask})", Bank.B8: "t.load_b8(p{j}, {idx}, {mask})"}
 STORE = {Bank.F32: "t.store_f32(p{j}, {dt}, {idx}, {v}, {mask})", Bank.F64: "t.store_f64(p{j}, {idx}, {v}, {mask})",
@@ -192,7 +192,7 @@ class _Source:
     # -- the kernel ----------------------------------------------------------------------------
     def kernel(self, name: str) -> str:
         kl, e = self.kl, self.emit
-        args = ", ".join(f'{a}: "i64"' for a in abi.ARG_NAMES)
+        args = ", ".join(f"{a}: tl.int64" for a in abi.ARG_NAMES)
         e(0, f"@triton.jit(do_not_specialize={list(abi.ARG_NAMES)!r})")
         e(0, f"def {name}({args}, TILE: tl.constexpr):")
         e(1, "B = blk.to(tl.pointer_type(tl.int64))")
@@ -224,7 +224,7 @@ class _Source:
             self.part_address(3, self.nr, self.nc, "cd", "ca")
             self.section(3, sw.body, "B")
             e(3, "pass")
-            e(2, "col = tl.zeros([TILE], tl.int64)")
+            e(2, "col = tl.full([TILE], 0, tl.int64)")
             e(2, "cvalid = lanes >= 0")
             self.section(2, sw.fin, "F")
         e(2, "item += grid")

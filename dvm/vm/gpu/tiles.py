@@ -52,7 +52,7 @@ def slot_address(s, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, 
 @triton.jit
 def _unravel(idx, blk, sizes_at, opnd, strides_at, n):
     """sum over n folded dims of digit_d(idx) * stride_d (row-major flat idx, int64)."""
-    acc = tl.zeros(idx.shape, tl.int64)
+    acc = tl.full(idx.shape, 0, tl.int64)
     d = n - 1
     while d > 0:
         size = tl.maximum(tl.load(blk + sizes_at + d), 1)

@@ -147,6 +147,8 @@ class BoundProgram:
         return [blk, *addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
 
     def __call__(self, addrs: Sequence[int]) -> None:
+        if 0 in addrs:   # (an empty buffer may have no storage: every argument stays a large int64)
+            addrs = [a or self.scratch_addr for a in addrs]
         for plan in self.plans:
             tier = plan.tier
             state = tier.state if tier is not None else None
@@ -213,6 +215,9 @@ class GpuVM(VM):
         k = kernels()
         if not k.interpreted and any(isinstance(b, np.ndarray) for b in buffers):
             raise DeviceError("the GPU VM runs on device buffers; got a NumPy array (host memory)")
+        if k.interpreted and any(hasattr(b, "__cuda_array_interface__") for b in buffers):
+            raise DeviceError("the GPU VM's kernels were defined in Triton's interpreter mode "
+                              "(TRITON_INTERPRET=1): they run on host memory, not on CUDA buffers")
         _bound(layout, k)([address_of(b) for b in buffers])
 
     def bind(self, layout: ProgramLayout, numels: Sequence[int]) -> Callable[[Sequence[int]], None]:
