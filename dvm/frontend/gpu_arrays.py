@@ -122,7 +122,8 @@ class GraphLauncher:
 
     def __call__(self, env: dict, tensors: Sequence[torch.Tensor], vm: str) -> list[torch.Tensor]:
         tensors = self._one_device(list(tensors))
-        device = tensors[0].device if tensors else torch.device("cuda")
+        device = tensors[0].device if tensors else \
+            torch.device("cuda" if vm == GPU_VM and not registry.get(vm).host_buffers else "cpu")
         key = (*env.values(), vm, *[(t.dtype, t.device, tuple(t.shape), t.stride()) for t in tensors])
         launch = self._launches.get(key)
         hit = launch is not None

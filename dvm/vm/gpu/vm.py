@@ -137,24 +137,29 @@ class BoundProgram:
             self.plans.append(_Plan(min(im.items, spill_grid) if im.spills else im.items, base + 8 * at,
                                     im.variant, tier, kl, written))
 
-    def _args(self, blk: int, addrs: Sequence[int]) -> tuple[list[int], object]:
-        """The launch arguments for buffers at `addrs`, and the argument table to keep alive."""
+    def _slots(self, addrs: Sequence[int]) -> tuple[list[int], object]:
+        """The launch arguments after the block address for buffers at `addrs`, and the argument
+        table to keep alive (arguments beyond the N_SLOTS kernel arguments)."""
         n = len(addrs)
         if n > abi.N_SLOTS:
             table = self.mem.upload(np.array(addrs[abi.N_SLOTS:], np.int64))
             counters.bump("gpu_arg_table_uploads")
-            return [blk, *addrs[:abi.N_SLOTS], self.mem.address(table), self.scratch_addr], table
-        return [blk, *addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
+            return [*addrs[:abi.N_SLOTS], self.mem.address(table), self.scratch_addr], table
+        return [*addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
+
+    def _specialised(self, plan: "_Plan", slots: list[int]) -> None:
+        plan.tier.kernel[(plan.grid,)](plan.block, *slots, TILE=abi.TILE, num_warps=abi.NUM_WARPS,
+                                       enable_fp_fusion=False)
 
     def __call__(self, addrs: Sequence[int]) -> None:
         if 0 in addrs:   # (an empty buffer may have no storage: every argument stays a large int64)
             addrs = [a or self.scratch_addr for a in addrs]
+        slots, keep = self._slots(addrs)   # (keep: the table lives until the launches are queued)
         for plan in self.plans:
             tier = plan.tier
             state = tier.state if tier is not None else None
             if state == tiered.TRUSTED:
-                args, keep = self._args(plan.block, addrs)
-                tier.kernel[(plan.grid,)](*args, TILE=abi.TILE, num_warps=abi.NUM_WARPS, enable_fp_fusion=False)
+                self._specialised(plan, slots)
                 counters.bump("gpu_specialised_launches")
             elif state == tiered.READY and tier.lock.acquire(False):
                 try:
@@ -162,8 +167,7 @@ class BoundProgram:
                 finally:
                     tier.lock.release()
             else:
-                args, keep = self._args(plan.block, addrs)
-                self.k.launch(plan.grid, args, plan.variant)
+                self.k.launch(plan.grid, [plan.block, *slots], plan.variant)
                 if tier is not None:
                     tiered.MANAGER.note_launch(tier, plan.kl, tiered.compile_args())
 
@@ -172,14 +176,14 @@ class BoundProgram:
         keep = []
 
         def interpreted(a):
-            args, table = self._args(plan.block, a)
+            slots, table = self._slots(a)
             keep.append(table)
-            self.k.launch(plan.grid, args, plan.variant)
+            self.k.launch(plan.grid, [plan.block, *slots], plan.variant)
 
         def specialised(a):
-            args, table = self._args(plan.block, a)
+            slots, table = self._slots(a)
             keep.append(table)
-            plan.tier.kernel[(plan.grid,)](*args, TILE=abi.TILE, num_warps=abi.NUM_WARPS, enable_fp_fusion=False)
+            self._specialised(plan, slots)
 
         same = tiered.bitwise_check(interpreted, specialised, addrs, list(plan.written), self.mem)
         plan.tier.state = tiered.TRUSTED if same else tiered.REJECTED
