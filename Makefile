@@ -10,12 +10,14 @@ STAMP  := $(VENV)/.dvm-installed
 venv: $(STAMP)
 
 # torch first and pinned exactly: that picks up the local CPU wheel (an unpinned torch would
-# download the CUDA build). Re-runs only when pyproject.toml changes.
+# download the CUDA build). Triton (the GPU VM, .[gpu]) pinned too: its tests run in Triton's
+# interpreter mode on the CPU (a ~290 MB wheel, the price of testing the GPU VM in CI). Re-runs
+# only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install torch==2.13.0 triton==3.9.0
+	$(BIN)/pip install -e '.[dev,gpu]'
 	touch $(STAMP)
 
 demo: venv

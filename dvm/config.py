@@ -3,7 +3,11 @@
 DVM_DEBUG     0 quiet, 1 timings and counters, 2 fusion groups, 3 graph IR, 4 disassembly, 5 all
 DVM_DUMP_DIR  directory where programs and reports are written when debugging (unset: none)
 DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on disk; the default)
-              or "reference" (NumPy, the executable spec)
+              or "reference" (NumPy, the executable spec); "gpu" (Triton) runs host arrays only in
+              Triton's interpreter mode: CUDA tensors always run on the GPU VM
+DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM specialises it in the
+                   background (vm/gpu/tiered; default 2, 0: interpret only)
+DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
 DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
@@ -35,6 +39,8 @@ class Config:
     spin_us: int
     verify: bool = False
     lazy: bool = True
+    gpu_specialize: int = 2
+    gpu_cache: str = ""
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -60,7 +66,10 @@ def config() -> Config:
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
                   spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
-                  verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)))
+                  verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)),
+                  gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
+                  gpu_cache=os.environ.get("DVM_GPU_CACHE") or
+                  os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"))
 
 
 def reload() -> Config:

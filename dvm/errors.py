@@ -28,3 +28,8 @@ class VerifyError(DvmError, ValueError):
 
 class TraceError(DvmError):
     """A kernel function used the builder API incorrectly."""
+
+
+class DeviceError(DvmError, RuntimeError):
+    """A VM's device cannot run this request: the device (or the package it needs) is not present,
+    buffers live on another device, or a Program exceeds what that VM was compiled for."""

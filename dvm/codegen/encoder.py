@@ -79,17 +79,17 @@ class ArgSpec:
     shape: tuple[Dim, ...] | None  # outputs and workspaces (contiguous); None for inputs
 
 
-def _even_bn(cols: int) -> int:
+def _even_bn(cols: int, max_bn: int = MAX_BN) -> int:
     """Tile width of an elementwise kernel: its columns in equal tiles of at most MAX_BN, no
     padding lanes (every instruction computes every lane of a tile: a 17-column bias-add with
     power-of-two tiles computed 32 lanes a row; 65537 columns take 17 tiles of 3856, not 16 of
     4096 and one of 1). Several tiles a row are a multiple of 16 wide (each starts 64-byte
     aligned where the row does). Reductions keep power-of-two widths (their trees pair lanes)."""
     cols = max(cols, 1)
-    if cols <= MAX_BN:
+    if cols <= max_bn:
         return cols
-    n_tiles = -(-cols // MAX_BN)
-    return min(MAX_BN, -(-cols // (16 * n_tiles)) * 16)
+    n_tiles = -(-cols // max_bn)
+    return min(max_bn, -(-cols // (16 * n_tiles)) * 16)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -163,9 +163,9 @@ def _compiled(t: KernelTemplate) -> _Compiled:
 def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
     if t.single is None or cols <= 0:
         return False
-    if cols <= SINGLE_TILE_COLS:
+    if cols <= min(SINGLE_TILE_COLS, target.max_tile):
         return True
-    if SINGLE_TILE_COLS <= 0 or cols > WIDE_ROW_COLS or target.whole_row_forms is None:
+    if SINGLE_TILE_COLS <= 0 or cols > min(WIDE_ROW_COLS, target.max_tile) or target.whole_row_forms is None:
         return False
     single = _compiled(t.single)
     known = single.row_forms.get(target.name)
@@ -205,17 +205,19 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         column_major = _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
+    cap = target.max_tile   # (a power of two: every choice below stays within it)
     if column_major:
         bm, tile = _column_major_rows(R, C)
+        bm, tile = min(bm, cap), min(tile, cap)
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
         if not c.col_axes:
-            bn = _even_bn(C)
-        elif single_stream:   # 0 < C <= WIDE_ROW_COLS = MAX_TILE (a power of two)
+            bn = _even_bn(C, min(MAX_BN, cap))
+        elif single_stream:   # 0 < C <= min(WIDE_ROW_COLS, cap) (powers of two)
             bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
-            bn = min(_pow2_at_least(max(C, 1)), MAX_BN)
-        tile = ROW_TILE_ELEMS if single_stream and bn >= ROW_TILE_MIN_BN else TILE_ELEMS
+            bn = min(_pow2_at_least(max(C, 1)), MAX_BN, cap)
+        tile = min(ROW_TILE_ELEMS if single_stream and bn >= ROW_TILE_MIN_BN else TILE_ELEMS, cap)
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):

@@ -11,6 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .program import MAX_TILE
+
 # (instruction words [n, WORDS], sections [(start, end), ...]) -> whether the VM runs every
 # instruction of that stream in its row forms (whole rows read from their buffers, never held in
 # tile registers); the encoder then takes the single-tile stream for rows wider than a tile
@@ -21,6 +23,9 @@ RowFormsHook = Callable[[np.ndarray, Sequence[tuple[int, int]]], bool]
 class Target:
     name: str                                  # the VM's name (part of the Program cache key)
     whole_row_forms: RowFormsHook | None = None
+    # the most lanes (BM * BN) a tile may have on this VM: the encoder caps every tile choice,
+    # and the single-tile stream, by it (a GPU VM compiles one tile size into its kernel)
+    max_tile: int = MAX_TILE
 
 
 GENERIC = Target("generic")   # no VM-specific choices: the encoder's defaults

@@ -244,7 +244,7 @@ def _expand(lw, x, *args, **kwargs):
 
 
 def _full(lw, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    if device is not None and torch.device(device).type != "cpu":
+    if device is not None and torch.device(device).type != lw.out.device.type:
         raise Unsupported(f"device {device}")
     dt = dvm_dtype(lw.out.dtype)
     return build.broadcast_view(lw.ctx, build.cast(_scalar(lw, fill_value), dt), lw.out_shape)

@@ -312,9 +312,11 @@ class KernelFunction:
         return env
 
     def __call__(self, *args, vm: str | None = None):
-        """Run on NumPy arrays; `vm` picks the VM for this call ("cpu", "reference"; default:
-        DVM_VM)."""
-        vm = vm or config().vm
+        """Run on NumPy arrays, or on device arrays (CUDA tensors, or anything exposing
+        __cuda_array_interface__ / a CUDA __dlpack__: then outputs are torch tensors on that device,
+        run by the GPU VM); `vm` picks the VM for this call ("cpu", "reference", "gpu"; default:
+        DVM_VM for host arrays)."""
+        explicit, vm = vm, vm or config().vm
         try:   # the hot path: a call signature seen before needs no coercion, tracing or binding
             if len(args) == 1:   # (one argument: no list to build)
                 a = args[0]
@@ -327,6 +329,9 @@ class KernelFunction:
             key = known = None
         if known is not None:
             return known(args)
+        if _device_call(args, vm):
+            from .gpu_arrays import call_kernel   # (imports torch: only for device arrays)
+            return call_kernel(self, args, explicit)
         arrays, sig = self._coerce(args)
         traced = self._traces.get(sig) or self._trace(sig)
         env = self._bind(traced, arrays)
@@ -347,6 +352,20 @@ class KernelFunction:
 
     def __repr__(self) -> str:
         return f"<dvm.kernel {self.fn.__name__}({', '.join(self.arg_names)}) dynamic={self.dynamic}>"
+
+
+def _device_call(args, vm: str) -> bool:
+    """Whether a call goes the device path (frontend/gpu_arrays): some argument is a device array
+    (not NumPy: a CUDA tensor, __cuda_array_interface__, a CUDA __dlpack__), or a torch tensor
+    for a VM that runs on device memory."""
+    for a in args:
+        if isinstance(a, np.ndarray):
+            continue
+        if hasattr(a, "__cuda_array_interface__") or (hasattr(a, "__dlpack_device__") and a.__dlpack_device__()[0] == 2):
+            return True
+        if type(a).__module__.startswith("torch") and registry.get(vm).device != "cpu":
+            return True
+    return False
 
 
 def kernel(fn: Callable | None = None, *, dynamic: bool = True):

@@ -137,6 +137,7 @@ class HalfSigns:
     trailing: int
     dtype: torch.dtype
     first_negated: bool
+    device: str = "cpu"
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,7 +156,7 @@ class Rolled:
         if self.negs[0] == self.negs[1]:
             return None
         v = _val(self.cat)
-        return HalfSigns(self.h, v.ndim - 1 - self.axis, v.dtype, self.negs[0])
+        return HalfSigns(self.h, v.ndim - 1 - self.axis, v.dtype, self.negs[0], str(v.device))
 
     def signed(self, ctx, rolled: Node, signs: Node | None) -> Node:
         """rotate_half's value from roll(x, h, axis) (and the signs() input, when there is one)."""
@@ -168,7 +169,7 @@ def half_signs(s: HalfSigns) -> torch.Tensor:
     """The tensor for a HalfSigns input (one per distinct value, created once, never written)."""
     t = _SIGNS.get(s)
     if t is None:
-        t = torch.ones((2 * s.h,) + (1,) * s.trailing, dtype=s.dtype)
+        t = torch.ones((2 * s.h,) + (1,) * s.trailing, dtype=s.dtype, device=s.device)
         (t[:s.h] if s.first_negated else t[s.h:]).fill_(-1)
         _SIGNS[s] = t
     return t

@@ -191,6 +191,9 @@ def is_causal_mask(keep: torch.Tensor, L: int, S: int) -> bool:
 
 
 def _equals_tril(keep: torch.Tensor, L: int) -> bool:
+    if not keep.is_cpu:   # (a device mask: compared there; one synchronizing read of the answer)
+        tri = torch.ones((L, L), dtype=torch.bool, device=keep.device).tril_()
+        return bool(torch.equal(keep.reshape(-1, L, L), tri.expand(keep.numel() // (L * L), L, L)))
     rows = keep.contiguous().reshape(-1, L * L).numpy()   # (a view when keep is contiguous)
     entry = _tril.get(L)
     if entry is None:

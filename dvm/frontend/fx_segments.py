@@ -27,6 +27,7 @@ from . import aten_table as T
 from . import fx_patterns, fx_sdpa
 from .aten_table import Unsupported
 from .fx_syms import Syms
+from .gpu_arrays import device_supported
 
 
 def fake(n) -> object:
@@ -142,8 +143,9 @@ class Planner:
         view = self.replay_view(seg, a, new_inputs)
         if view is not None:
             return view
-        if v.device.type != "cpu":
-            raise Unsupported(f"device {v.device}")
+        why = device_supported(v.device)
+        if why is not None:
+            raise Unsupported(why)
         return self._new_input(seg, a, v.dtype, self.syms.shape(v), a.name, new_inputs)
 
     @staticmethod
@@ -183,8 +185,9 @@ class Planner:
         try:
             for o in outs:
                 T.dvm_dtype(o.dtype)
-                if o.device.type != "cpu":
-                    raise Unsupported(f"device {o.device}")
+                why = device_supported(o.device)
+                if why is not None:
+                    raise Unsupported(why)
             lw = _Lower(seg.ctx, out, self.syms)
             args = self.dvm_arg(seg, match.args if match is not None else n.args, new_inputs)
             kwargs = {} if match is not None else \

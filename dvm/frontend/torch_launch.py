@@ -25,6 +25,7 @@ from ..graph.dtypes import DType
 from ..runtime import counters
 from ..graph.views import contiguous_strides
 from ..runtime.compiled import CompiledGraph, Launch, remember
+from .gpu_arrays import graph_launcher, vm_for
 
 try:   # Inductor's allocator for its CPU outputs: one C++ call, ~3x cheaper than torch.empty
     from torch._C._dynamo.guards import _empty_strided_cpu
@@ -160,6 +161,10 @@ class TensorLauncher:
             if fast.same is not None:
                 self._last = (tuple(env.values()), key[len(env)], fast)
             return fast(tensors, True, into)
+        device_vm = vm_for(tensors)
+        if device_vm is not None:   # CUDA tensors (or a device VM selected): frontend/gpu_arrays
+            outs = graph_launcher(self.graph)(env, tensors, device_vm)
+            return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
         arrays = [c(t) for c, t in zip(self.convert, tensors)]
         launch, hit = self.graph.launcher(env, arrays)
         if launch.bound and not any(0 in t.shape for t in tensors) and \

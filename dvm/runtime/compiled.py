@@ -23,7 +23,7 @@ from . import buffer_pool, counters, debug
 from ..codegen.verifier import check_buffers, verify
 from ..vm import registry
 from ..vm.buffers import data_ptr
-from .launch import vm_runner
+from .launch import host_only, vm_runner
 
 
 def as_buffer(a: np.ndarray) -> tuple[np.ndarray, Layout]:
@@ -108,6 +108,7 @@ class CompiledGraph:
 
     def _new_launch(self, env: Mapping[str, int], arrays: list[np.ndarray], vm: str) -> "Launch":
         """Slow path: encode (or find) the Program, verify it and check real buffers once."""
+        host_only(vm)
         original = list(arrays)
         for _ in range(len(arrays) + 1):
             bufs, layouts = zip(*[as_buffer(a) for a in arrays]) if arrays else ((), ())

@@ -4,10 +4,11 @@
     dvm demo --builder [--seed S]                     builder-API kernels over changing shapes
     dvm bench encode [--shapes N] [--seed S] [--json PATH] [--quick]
     dvm bench ops [--sizes small,medium,large,odd] [--cases C,..] [--quick] [--repeat N]
-                  [--no-inductor | --inductor] [--json PATH] [--md PATH] [--png PATH]
+                  [--no-inductor | --inductor] [--json PATH] [--md PATH] [--png PATH] [--device cpu|cuda]
     dvm bench floor [--shape ROWSxCOLS] [--cases C,..] [--repeat N] [--threads N] [--json PATH] [--md PATH]
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
+                     [--device cpu|cuda]
     dvm bench lazy [--sizes small,medium,large] [--cases C,..] [--models llama,qwen2_moe | --no-models]
                    [--tokens N] [--rounds N] [--threads N] [--calibrate] [--quick] [--json/--md/--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
@@ -22,6 +23,7 @@ print one line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -91,8 +93,23 @@ def cmd_bench_encode(args) -> int:
     return bench_encode.main(n_shapes=args.shapes, seed=args.seed, json_path=_path(args.json), quick=args.quick)
 
 
+def _on_cuda(args, module, defaults) -> int | None:
+    """`--device cuda`: the GPU benchmark `module` (bench_gpu / bench_gpu_models) with the default
+    output paths swapped for its own; None for the CPU benchmark."""
+    if getattr(args, "device", "cpu") != "cuda":
+        return None
+    gpu = importlib.import_module(f"dvm.tools.{module}")
+    paths = {flag: (getattr(gpu, f"DEFAULT_{flag.upper()}") if getattr(args, flag) == default else _path(getattr(args, flag)))
+             for flag, default in defaults.items()}
+    return gpu.main(quick=args.quick, seed=args.seed, inductor=args.inductor, json_path=paths["json"],
+                    md_path=paths["md"])
+
+
 def cmd_bench_ops(args) -> int:
     from . import bench_ops
+    gpu = _on_cuda(args, "bench_gpu", {"json": bench_ops.DEFAULT_JSON, "md": bench_ops.DEFAULT_MD})
+    if gpu is not None:
+        return gpu
     try:
         sizes = bench_ops.parse_sizes(args.sizes) if args.sizes is not None else None
         cases = bench_ops.parse_cases(args.cases) if args.cases is not None else None
@@ -122,6 +139,9 @@ def cmd_bench_floor(args) -> int:
 
 def cmd_bench_models(args) -> int:
     from . import bench_models
+    gpu = _on_cuda(args, "bench_gpu_models", {"json": bench_models.DEFAULT_JSON, "md": bench_models.DEFAULT_MD})
+    if gpu is not None:
+        return gpu
     try:
         models = bench_models.parse_list(args.models, "model", bench_models.MODEL_NAMES) if args.models else None
         batches = bench_models.parse_list(args.batches, "batch size", cast=int) if args.batches else None
@@ -251,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--threads", type=int, default=2, metavar="N",
                     help="torch, numexpr and DVM CPU VM threads (default 2)")
     bo.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
+    bo.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the GPU VM on a CUDA GPU beside eager, native kernels, Inductor and the copy "
+                         "roofline (bench_gpu; JSON and markdown, no plot; exit 2 without a CUDA device)")
     for flag, default, what in (("--json", bench_ops.DEFAULT_JSON, "the results as JSON"),
                                 ("--md", bench_ops.DEFAULT_MD, "the markdown tables"),
                                 ("--png", bench_ops.DEFAULT_PNG, "the plot (PNG)")):
@@ -296,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--batches", default=None, metavar="LIST",
                     help="comma-separated batch sizes (default 1,3; 1 with --quick)")
     bm.add_argument("--seed", type=int, default=0, help="random seed for lengths, order, weights, tokens (default 0)")
+    bm.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: a tiny bf16 Llama on a CUDA GPU, eager vs Inductor vs DVM's GPU VM over 20 "
+                         "lengths (bench_gpu_models; exit 2 without a CUDA device)")
     bm.add_argument("--quick", action="store_true",
                     help="a short run: llama, 6 lengths, batch 1, no Inductor unless --inductor")
     bind = bm.add_mutually_exclusive_group()

@@ -33,6 +33,13 @@ class VM(ABC):
         """Compile or load the VM's code, once per process (idempotent). May block on a cold
         machine; says on stderr what it waits for."""
 
+    @property
+    def host_buffers(self) -> bool:
+        """Whether `run` and `bind` take host memory (NumPy arrays, their addresses). A device VM
+        takes device memory (runtime/device.py launches it on device arrays); it may run on the
+        host too where its device is emulated there (the GPU VM in Triton's interpreter mode)."""
+        return self.device == "cpu"
+
     def handles(self, spec: InstrSpec) -> bool:
         """Whether the VM implements instruction `spec` of the ISA table."""
         return True

@@ -8,6 +8,7 @@ from functools import lru_cache
 VM_MODULES = {
     "cpu": "dvm.vm.cpu",              # numba, compiled once per machine (the default)
     "reference": "dvm.vm.reference",  # NumPy, the executable specification
+    "gpu": "dvm.vm.gpu",              # Triton, device "cuda" (Triton's interpreter mode: the CPU)
 }
 VM_NAMES = tuple(VM_MODULES)
 
