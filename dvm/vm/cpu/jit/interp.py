@@ -29,7 +29,7 @@ from numba import carray, njit
 from ..abi import (FK_LOADRED, FUSED_RUN, PC_ROWTREE, BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
                    ERR_UNHANDLED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_UNBIN, FR_AOK, FR_C0, FR_FIN, FR_R0,
                    G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
-                   G_STOREROW, K_BIN, K_CMP, M_BM, M_BN, M_ROWS, M_TL, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE,
+                   G_STOREROW, K_BIN, K_CMP, M_BM, M_BN, M_COLS, M_ROWS, M_TL, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE,
                    MEM_STOREROW, MODE_CMP_OUTER, MODE_COMPACT, MODE_CONST, MODE_EXPAND, MODE_FULL, MODE_ROWB,
                    MODE_ROWLOAD, MODE_ROWV, MODE_UNIFORM, OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL, OP_SUB,
                    PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_MEM, PC_MEM_T, PC_REDUCE,
@@ -210,6 +210,11 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
                 mode = MODE_ROWLOAD
         elif g == G_CAST:
             err = call_piece(tab[PC_CAST], fra, pc, n, 0)
+        elif (g == G_RFIN or g == G_ROWRED) and bank == BK_F32 and not tl and op != R_ARGMAX and \
+                op != R_ARGMIN and tab[PC_ROWTREE] != 0:   # f32 row trees in vector registers
+            err = call_piece(tab[PC_ROWTREE], fra, pc, (1 if fin else min(bn, meta[M_COLS] - c0))
+                             if g == G_ROWRED else bn, 0)
+            mode = MODE_COMPACT
         elif g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED:
             err = call_piece(tab[PC_REDUCE], fra, pc, 0, 0)
             if (g == G_RFIN or g == G_ROWRED) and op != R_ARGMAX and op != R_ARGMIN:

@@ -1,4 +1,6 @@
 """Elementwise tile kernels of the CPU VM: the PC_EW_* pieces (one per register bank) and PC_CAST.
+The dispatchers are inlined into their pieces (one call site each), so a piece calls its op's loop
+directly.
 Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
 registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
 each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf for the f32 math).
@@ -34,7 +36,7 @@ _NEG, _ABS, _SQRT, _RSQRT, _RECIP, _RELU, _FLOOR, _CEIL, _RINT, _TRUNC, _SIGN = 
                            ops.ceil, ops.rint, ops.trunc, ops.sign))
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _un_common(op, o, a):
     """The float unary ops whose result is the correctly rounded one (jit/ops), f32 or f64."""
     if op == OP_NEG:
@@ -77,7 +79,7 @@ def _sincos_huge(x, big):
     return (v > big) & (v != np.inf)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def un_f32(op, o, a):
     n = o.shape[0]
     if _un_common(op, o, a):
@@ -134,7 +136,7 @@ def un_f32(op, o, a):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _un_f64(op, o, a):
     n = o.shape[0]
     if _un_common(op, o, a):
@@ -189,7 +191,7 @@ def _un_f64(op, o, a):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _pred(op, o, a):
     n = o.shape[0]
     if op == OP_ISNAN:
@@ -248,7 +250,7 @@ def _pow(a, b):
 _FLOORDIV, _REM, _POW = loops.loop2(_floordiv), loops.loop2(_rem), loops.loop2(_pow)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _bin_float(op, o, a, b):
     if op == OP_FLOORDIV:
         _FLOORDIV(o, a, b)
@@ -264,7 +266,7 @@ def _bin_float(op, o, a, b):
 
 
 # --- elementwise: int64 and bool banks ----------------------------------------------------------
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _un_i64(op, o, a):
     n = o.shape[0]
     if op == OP_NEG:
@@ -306,7 +308,7 @@ def _ipow(a, b):
     return r
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _bin_i64(op, o, a, b):
     """Returns 0, ERR_UNHANDLED or ERR_ZERODIV."""
     n = o.shape[0]
@@ -341,7 +343,7 @@ def _bin_i64(op, o, a, b):
     return 0
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _un_b8(op, o, a):
     if op != OP_LNOT:
         return False
@@ -350,7 +352,7 @@ def _un_b8(op, o, a):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _bin_b8(op, o, a, b):
     n = o.shape[0]
     if op == OP_LAND or op == OP_BAND:
@@ -367,7 +369,7 @@ def _bin_b8(op, o, a, b):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _cmp(op, o, a, b):
     if op == OP_EQ or op == OP_NE or op == OP_LT or op == OP_LE or op == OP_GT or op == OP_GE:
         loops.cmp_tile(op, o, a, b)
@@ -375,13 +377,13 @@ def _cmp(op, o, a, b):
     return False
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _where(o, c, a, b):
     for i in range(o.shape[0]):
         o[i] = a[i] if c[i] != 0 else b[i]
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _clamp(o, x, lo, hi):
     for i in range(o.shape[0]):
         o[i] = ops.fmin(ops.fmax(x[i], lo[i]), hi[i])
@@ -437,7 +439,7 @@ def _cast_to_f64(o, a):
         o[i] = np.float64(a[i])
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp, n):
     if dst == BK_F32:
         o = freg(F, fp, d)[:n]
