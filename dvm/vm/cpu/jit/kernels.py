@@ -1,6 +1,7 @@
 """Elementwise tile kernels of the CPU VM: the PC_EW_* pieces (one per register bank) and PC_CAST.
-The dispatchers are inlined into their pieces (one call site each), so a piece calls its op's loop
-directly.
+Dispatchers that only call loops are inlined into their pieces (one call site each); a function
+whose own loops call other compiled functions (the f32 math, conversions) is not: LLVM does not
+inline those callees into a piece's C entry, and a loop with a call in it does not vectorize.
 Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
 registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
 each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf for the f32 math).
@@ -36,7 +37,7 @@ _NEG, _ABS, _SQRT, _RSQRT, _RECIP, _RELU, _FLOOR, _CEIL, _RINT, _TRUNC, _SIGN = 
                            ops.ceil, ops.rint, ops.trunc, ops.sign))
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _un_common(op, o, a):
     """The float unary ops whose result is the correctly rounded one (jit/ops), f32 or f64."""
     if op == OP_NEG:
@@ -79,7 +80,7 @@ def _sincos_huge(x, big):
     return (v > big) & (v != np.inf)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def un_f32(op, o, a):
     n = o.shape[0]
     if _un_common(op, o, a):
@@ -136,7 +137,7 @@ def un_f32(op, o, a):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _un_f64(op, o, a):
     n = o.shape[0]
     if _un_common(op, o, a):
@@ -308,7 +309,7 @@ def _ipow(a, b):
     return r
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_i64(op, o, a, b):
     """Returns 0, ERR_UNHANDLED or ERR_ZERODIV."""
     n = o.shape[0]
@@ -383,7 +384,7 @@ def _where(o, c, a, b):
         o[i] = a[i] if c[i] != 0 else b[i]
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _clamp(o, x, lo, hi):
     for i in range(o.shape[0]):
         o[i] = ops.fmin(ops.fmax(x[i], lo[i]), hi[i])
@@ -439,7 +440,7 @@ def _cast_to_f64(o, a):
         o[i] = np.float64(a[i])
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _cast_dispatch(src, dst, t, d, s, F, D, I, B, fp, n):
     if dst == BK_F32:
         o = freg(F, fp, d)[:n]

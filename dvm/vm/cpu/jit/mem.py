@@ -191,7 +191,7 @@ def _rows_into(o, buf, cv, at, rb, nrv, bm):
         tail[i] = v
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
     """Row r's element of a column-uniform operand j into lane r of register d (a compact
     register: row-level arithmetic then stays on BM lanes, see jit/rowlevel). An f32 register
@@ -221,7 +221,7 @@ def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _index(o, j, optab, dims, meta, r0, c0, fin):
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]

@@ -76,7 +76,7 @@ def mem_tile_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, on
                 dst[i] = last[i]
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _index_t(o, j, optab, dims, meta, r0, c0, fin):
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]

@@ -42,7 +42,7 @@ def _bin3(bop, swap, v, w):
     return p if bop == OP_MUL else (q if bop == OP_ADD else s)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _un_bin(uop, bop, swap, o, x, z):
     """o = B(U(x), z) lane by lane; o overlaps neither x nor z."""
     n = o.shape[0]
