@@ -1,7 +1,6 @@
 """Elementwise tile kernels of the CPU VM: the PC_EW_* pieces (one per register bank) and PC_CAST.
-Dispatchers that only call loops are inlined into their pieces (one call site each); a function
-whose own loops call other compiled functions (the f32 math, conversions) is not: LLVM does not
-inline those callees into a piece's C entry, and a loop with a call in it does not vectorize.
+A piece's C entry stays small (decode, then calls): LLVM does not inline compiled functions into
+it, so a loop there that called one would not vectorize, and a large entry costs every call.
 Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
 registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
 each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf for the f32 math).
@@ -192,7 +191,7 @@ def _un_f64(op, o, a):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _pred(op, o, a):
     n = o.shape[0]
     if op == OP_ISNAN:
@@ -251,7 +250,7 @@ def _pow(a, b):
 _FLOORDIV, _REM, _POW = loops.loop2(_floordiv), loops.loop2(_rem), loops.loop2(_pow)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_float(op, o, a, b):
     if op == OP_FLOORDIV:
         _FLOORDIV(o, a, b)
@@ -267,7 +266,7 @@ def _bin_float(op, o, a, b):
 
 
 # --- elementwise: int64 and bool banks ----------------------------------------------------------
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _un_i64(op, o, a):
     n = o.shape[0]
     if op == OP_NEG:
@@ -344,7 +343,7 @@ def _bin_i64(op, o, a, b):
     return 0
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _un_b8(op, o, a):
     if op != OP_LNOT:
         return False
@@ -353,7 +352,7 @@ def _un_b8(op, o, a):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_b8(op, o, a, b):
     n = o.shape[0]
     if op == OP_LAND or op == OP_BAND:
@@ -370,7 +369,7 @@ def _bin_b8(op, o, a, b):
     return True
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _cmp(op, o, a, b):
     if op == OP_EQ or op == OP_NE or op == OP_LT or op == OP_LE or op == OP_GT or op == OP_GE:
         loops.cmp_tile(op, o, a, b)
@@ -378,7 +377,7 @@ def _cmp(op, o, a, b):
     return False
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _where(o, c, a, b):
     for i in range(o.shape[0]):
         o[i] = a[i] if c[i] != 0 else b[i]

@@ -3,9 +3,6 @@ import time, each calling its op directly, so LLVM inlines and vectorizes it (a 
 the op per lane did not vectorize: 13-20x slower a tile; an op passed as an argument would make the
 code uncacheable). The dispatchers below pick the loop once per tile, never per row.
 
-The dispatchers are inlined where they are called (a piece's loops are then called with the
-views' fields once, not through layers of calls).
-
 Row forms (row-major tiles, row r at lanes [r*bn, r*bn + n)): `rows` with a compact operand (one
 value per row), `vec` with a row vector (one value per column), `outer` both.
 """
@@ -111,7 +108,7 @@ _EQ, _NE, _LT, _LE, _GT, _GE = (loop2(f) for f in (ops.eq, ops.ne, ops.lt, ops.l
 _O_EQ, _O_NE, _O_LT, _O_LE, _O_GT, _O_GE = (_outer(f) for f in (ops.eq, ops.ne, ops.lt, ops.le, ops.gt, ops.ge))
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def bin_tile(op, o, a, b, swap):
     """o = a . b lane-wise (b . a when swap) for the add, sub, mul, div, maximum, minimum."""
     if op == OP_ADD:
@@ -128,7 +125,7 @@ def bin_tile(op, o, a, b, swap):
         _MIN_SW(o, a, b) if swap else _MIN(o, a, b)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def bin_scalar(op, o, a, v, swap):
     """o = a . v (v . a when swap) for a scalar v: bin_tile's ops."""
     if op == OP_ADD:
@@ -145,7 +142,7 @@ def bin_scalar(op, o, a, v, swap):
         _MIN_S_SW(o, a, v) if swap else _MIN_S(o, a, v)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def bin_rows(op, o, a, b, nr, bn, n, swap):
     """o[r, k] = a[r, k] . b[r] (swapped: b[r] . a[r, k]), row-major rows of n valid lanes."""
     if op == OP_ADD:
@@ -162,7 +159,7 @@ def bin_rows(op, o, a, b, nr, bn, n, swap):
         _R_MIN_SW(o, a, b, nr, bn, n) if swap else _R_MIN(o, a, b, nr, bn, n)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def bin_rows_at(op, ra, a, b, nr, bn, n, swap):
     """bin_rows with row r written at address ra[r] (its n valid lanes)."""
     if op == OP_ADD:
@@ -179,7 +176,7 @@ def bin_rows_at(op, ra, a, b, nr, bn, n, swap):
         _A_MIN_SW(ra, a, b, nr, bn, n) if swap else _A_MIN(ra, a, b, nr, bn, n)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def bin_vec(op, o, a, v, nr, bn, swap):
     """o[r, k] = a[r, k] . v[k] (swapped: v[k] . a[r, k]), row-major rows of bn lanes."""
     if op == OP_ADD:
@@ -196,7 +193,7 @@ def bin_vec(op, o, a, v, nr, bn, swap):
         _V_MIN_SW(o, a, v, nr, bn) if swap else _V_MIN(o, a, v, nr, bn)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def cmp_tile(op, o, a, b):
     """o = a . b lane-wise for the comparisons."""
     if op == OP_EQ:
@@ -213,7 +210,7 @@ def cmp_tile(op, o, a, b):
         _GE(o, a, b)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def cmp_outer(op, o, c, v, nr, bn):
     """o[r, k] = c[r] . v[k] for the comparisons, row-major rows of bn lanes."""
     if op == OP_EQ:

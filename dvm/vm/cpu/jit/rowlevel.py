@@ -33,13 +33,13 @@ def _expand(o, bm, bn, tl):
             fill(o[r * bn:(r + 1) * bn], o[r])
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bins(op, o, a, v, swap):
     """A full tile and a uniform register (v: its value)."""
     loops.bin_scalar(op, o, a, v, swap)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
     """o = a . b (b . a when swap) for a full tile a and a compact register b."""
     if tl:   # column k of the tile: its bm rows against the compact column
@@ -48,7 +48,7 @@ def _bin_rowb(op, o, a, b, bm, bn, tl, swap):
         loops.bin_rows(op, o, a, b, bm, bn, bn, swap)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
     """_bin_rowb (row-major tiles) straight into a buffer: row r's ncv valid lanes at address
     ra[r] (the store it replaces, for tiles addr.direct_addr cannot alias)."""
@@ -59,13 +59,13 @@ def _bin_rowb_to_rows(op, ra, a, b, nrows, ncv, bn, swap):
 # row-major tile) fills row 0 only; an f32 binary op applies that row to every row of the other
 # operand (_bin_rowv), a comparison with a compact register pairs them (_cmp_outer), any other
 # reader expands it first (moves.repeat_row).
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _bin_rowv(op, o, a, b, bm, bn, swap):
     """o = a . b (b . a when swap) for a full tile a and a row vector b (row-major tiles)."""
     loops.bin_vec(op, o, a, b[:bn], bm, bn, swap)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _cmp_outer(op, o, c, v, bm, bn, swap):
     """o[r, k] = c[r] . v[k] (v[k] . c[r] when swap) for a compact c and a row vector v. A swapped
     order comparison is the mirrored one (v < x is x > v, for NaN too: both false)."""
@@ -75,7 +75,7 @@ def _cmp_outer(op, o, c, v, bm, bn, swap):
     loops.cmp_outer(op, o, c, v[:bn], bm, bn)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def _expand_sources(pc, instrs, rio, st, F, D, I, B, bm, bn, tl):
     """Broadcast every compact register, row vector and constant instruction pc reads (none is
     ever aliased to a buffer: fp is 0 for them)."""
