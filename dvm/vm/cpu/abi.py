@@ -109,6 +109,7 @@ ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vec
 
 # --- threads: a worker's spin call, its mailbox, a parallel launch's schedule (jit/sync) ----------
 WORKER = -7   # run_units(WORKER, spin_ticks, mailbox, table, mailbox, mailbox, False): a worker's spin
+TSC_NOW = -8  # run_units(TSC_NOW, ...) returns the time-stamp counter (host/threads calibrates with it)
 SLEEPING, SPINNING, POSTED, TAKEN = 0, 1, 2, 3
 MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN = range(10)
 MB_WIDTH = 16
@@ -119,8 +120,8 @@ S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
 # the core then takes the generic path), then the decode table (DEC_WIDTH words per opcode).
 # Every piece is a C function int64(frame, pc, a, b); what a and b mean is the piece's own.
 (PC_EW_F32, PC_EW_F64, PC_EW_I64, PC_EW_B8, PC_CAST, PC_MEM, PC_MEM_T, PC_ROWLEVEL, PC_REDUCE,
- PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_UNBIN, PC_FUSED_ROWS) = range(13)
-N_PIECES = 13
+ PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_ROWS) = range(12)
+N_PIECES = 12      # table slots (a piece may fill several: the slots of the banks it serves)
 FUSED_RUN = -1  # a piece's `a` when the core calls it for the fused run at pc (fuse[pc])
 ROWS_AT = -1   # PC_ROWTREE's pc for a fused run's call (its arguments in the frame's FR_ARGS)
 MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM's and PC_MEM_T's `a`

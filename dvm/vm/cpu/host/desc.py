@@ -30,12 +30,8 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
     if any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides):
         return True   # contiguous along the kept axis (a sum over axis 0): whatever the width
-    # A column-major tile of row-major data is loaded by strided reads (~0.5 ns an element), so
-    # from 8 lanes whole rows reduce faster in row-major tiles, in registers (jit/vtree.vtree_n
-    # for any width). 70 K elements, one thread, column- against row-major (us): 17 columns:
-    # sum 30 / 12, softmax 76 / 56, LayerNorm 90 / 49, RMSNorm 75 / 27; 63 columns: sum 44 / 7.5,
-    # LayerNorm 145 / 36; 8: sum 28 / 16, softmax 69 / 77, LayerNorm 81 / 70; 4: sum 27 / 27,
-    # softmax 67 / 147, LayerNorm 81 / 138 (/tmp/w/narrow.py in the notes of issue 3).
+    # A column-major tile of row-major data is loaded by strided reads, so from 8 lanes whole rows
+    # reduce faster in row-major tiles, in registers (jit/vtree.vtree_n for any width).
     return kl.bn < ROW_MAJOR_MIN_BN
 
 

@@ -16,11 +16,10 @@ address, either gives the same results).
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
-import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,35 +42,30 @@ _PKG = "dvm.vm.cpu.jit"
 @dataclass(frozen=True)
 class Piece:
     name: str
-    slot: int      # abi.PC_*, or PYTHON: a function Python calls (a numba dispatcher, `py_sig` its types)
+    slots: tuple   # the abi.PC_* slots it fills, or () for the function Python calls (the core's entry)
     module: str
     function: str
     tier: int
     py_sig: tuple = ()
 
 
-PYTHON = -1
 _ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
                 numba.boolean)
-PIECES = (
-    Piece("core", PYTHON, f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES),
-    Piece("tsc", PYTHON, f"{_PKG}.sync", "tsc_now", CORE),
-    Piece("ew_f32", abi.PC_EW_F32, f"{_PKG}.kernels", "ew_f32_piece", CORE),
-    Piece("ew_f64", abi.PC_EW_F64, f"{_PKG}.kernels", "ew_f64_piece", CORE),
-    Piece("ew_i64", abi.PC_EW_I64, f"{_PKG}.kernels", "ew_i64_piece", CORE),
-    Piece("ew_b8", abi.PC_EW_B8, f"{_PKG}.kernels", "ew_b8_piece", CORE),
-    Piece("cast", abi.PC_CAST, f"{_PKG}.kernels", "cast_piece", CORE),
-    Piece("mem", abi.PC_MEM, f"{_PKG}.mem", "mem_piece", CORE),
-    Piece("mem_t", abi.PC_MEM_T, f"{_PKG}.mem_t", "mem_t_piece", CORE),
-    Piece("rowlevel", abi.PC_ROWLEVEL, f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
-    Piece("reduce", abi.PC_REDUCE, f"{_PKG}.reduce", "reduce_piece", CORE),
-    Piece("rowtree", abi.PC_ROWTREE, f"{_PKG}.rowtree", "rowtree_piece", FAST),
-    Piece("fused_tile", abi.PC_FUSED_TILE, f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
-    Piece("fused_unbin", abi.PC_FUSED_UNBIN, f"{_PKG}.fused.unbin", "fused_unbin_piece", FAST),
-    Piece("fused_rows", abi.PC_FUSED_ROWS, f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
+PIECES = (   # in the order they compile: the build processes take them round-robin
+    Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES),
+    Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE),
+    Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE),
+    Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE),
+    Piece("ew_other", (abi.PC_EW_F64, abi.PC_EW_I64, abi.PC_EW_B8, abi.PC_CAST), f"{_PKG}.kernels",
+          "ew_other_piece", CORE),
+    Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
+    Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE),
+    Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
+    Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST),
+    Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
 )
 BY_NAME = {p.name: p for p in PIECES}
-assert sorted(p.slot for p in PIECES if p.slot != PYTHON) == list(range(abi.N_PIECES))
+assert sorted(s for p in PIECES for s in p.slots) == list(range(abi.N_PIECES))
 
 # The VM table every launch passes to the core: one array for the life of the process (worker
 # threads keep a reference to it), whose piece words are written as pieces load.
@@ -80,37 +74,47 @@ TABLE[abi.N_PIECES:] = DECODE.reshape(-1)
 
 
 # --- what a piece is compiled from ----------------------------------------------------------------
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 4))   # holds dvm/
+_CPU = "dvm.vm.cpu."   # the VM's own modules: their imports are followed; other dvm modules are hashed
+_FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w., \t]+)", re.M)
+
+
+def _module_file(name: str) -> str | None:
+    path = os.path.join(_ROOT, *name.split("."))
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=None)
+def _source(name: str) -> bytes:
+    with open(_module_file(name), "rb") as f:
+        return f.read()
+
+
 def _imports(module: str) -> list[str]:
-    """The dvm modules `module` imports (statically, from its source)."""
-    spec = importlib.util.find_spec(module)
-    with open(spec.origin, "rb") as f:
-        tree = ast.parse(f.read())
-    package = module if spec.submodule_search_locations else module.rpartition(".")[0]
+    """The dvm modules `module` imports (from its source's import statements)."""
+    text = _source(module).decode()
+    package = module if _module_file(module).endswith("__init__.py") else module.rpartition(".")[0]
     out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        out += [n for n in names if n.startswith("dvm.") and _is_module(n)]
+    for dots, base, names in _FROM.findall(text):
+        if dots:
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - len(dots) + 1] + ([base] if base else []))
+        candidates = [base] + [f"{base}.{n.split()[0]}" for n in names.strip("()").replace("\\", " ").split(",")
+                               if n.strip()]
+        out += [c for c in candidates if c.startswith("dvm.") and _module_file(c)]
+    for names in _IMPORT.findall(text):
+        out += [n.split()[0] for n in names.split(",") if n.strip().startswith("dvm.")]
     return out
-
-
-def _is_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ModuleNotFoundError, ValueError):
-        return False
 
 
 @lru_cache(maxsize=None)
 def _closure(module: str) -> tuple[str, ...]:
+    """The modules a piece's code comes from: its module and, transitively, the VM modules it
+    imports, with the other dvm modules they import (hashed, not followed)."""
     seen: dict[str, None] = {}
     todo = [module]
     while todo:
@@ -118,7 +122,8 @@ def _closure(module: str) -> tuple[str, ...]:
         if m in seen:
             continue
         seen[m] = None
-        todo += _imports(m)
+        if m.startswith(_CPU):
+            todo += _imports(m)
     return tuple(sorted(seen))
 
 
@@ -128,8 +133,7 @@ def source_hash(piece: Piece) -> str:
     piece's name and function: its disk-cache stamp."""
     h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}".encode())
     for m in _closure(piece.module):
-        with open(importlib.util.find_spec(m).origin, "rb") as f:
-            h.update(m.encode() + b"\0" + f.read())
+        h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]
 
 
@@ -140,7 +144,7 @@ class _Loaded:
     def __init__(self, piece: Piece):
         self.piece = piece
         fn = getattr(importlib.import_module(piece.module), piece.function)
-        if piece.slot == PYTHON:
+        if not piece.slots:
             self.obj, self.sig = fn, piece.py_sig
         else:
             self.obj = CFunc(fn, PIECE_SIG, locals={}, options=dict(nogil=True, error_model="numpy"))
@@ -163,7 +167,7 @@ class _Loaded:
             return True
         if self.cache is None:
             return False
-        if self.piece.slot == PYTHON:
+        if not self.piece.slots:
             cres = self.cache.load_overload(self.sig, self.obj.targetctx)
             if cres is None:
                 return False
@@ -183,7 +187,7 @@ class _Loaded:
         with cache.piece_lock(self.cache, self.piece.name), global_compiler_lock:
             if self._try_load():
                 return
-            if self.piece.slot == PYTHON:
+            if not self.piece.slots:
                 self.obj.compile(self.sig)
                 self.entry = self.obj.overloads[tuple(self.sig)].entry_point
             else:
@@ -215,8 +219,8 @@ def loaded(name: str) -> _Loaded:
 def install(name: str) -> None:
     """Write loaded piece `name`'s address into the VM table."""
     p = loaded(name)
-    if p.piece.slot != PYTHON:
-        TABLE[p.piece.slot] = p.address
+    for slot in p.piece.slots:
+        TABLE[slot] = p.address
 
 
 def install_all_loaded() -> None:
@@ -230,7 +234,7 @@ def uninstall_fast() -> None:
     """Take every FAST piece out of the table (the generic paths run): for tests comparing them."""
     for p in PIECES:
         if p.tier == FAST:
-            TABLE[p.slot] = 0
+            TABLE[list(p.slots)] = 0
 
 
 def compile_in_this_process(names: list[str]) -> None:

@@ -35,8 +35,8 @@ def check(err: int) -> None:
 def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> int:
     """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
     DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they wake
-    up (a sleeping worker's handoff costs 14-60 us on this machine; a spinning one's ~0.1 us, see
-    jit/sync), claiming chunks of units from an atomic counter, so a late worker costs nothing."""
+    up (a sleeping worker's handoff costs tens of microseconds, a spinning one's a fraction of one,
+    see jit/sync), claiming chunks of units from an atomic counter, so a late worker costs nothing."""
     nthreads = 1
     if d.work >= PARALLEL_MIN_ELEMS:
         nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
@@ -75,7 +75,7 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     """Execute a verified program on buffers given by base address and element count (`bufs`: the
     n addresses, then the n counts, int64). The caller keeps the buffers alive and guarantees
     they passed check_buffers (or have the same dtypes and extents as buffers that did)."""
-    if startup.ENTRY is None:   # a module attribute: ~15 ns a launch
+    if startup.ENTRY is None:   # a module attribute: the cheapest check a launch can make
         startup.ensure_core()
     pd = prog_desc(layout)
     if pd[3] is not None:   # small kernels only: one call runs them all, in order

@@ -16,10 +16,14 @@ import sys
 import threading
 import time
 
+import numpy as np
+
+from .. import abi
 from . import pieces
 from .pieces import CORE, FAST, PIECES, install, loaded, say
 
 ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ensure_core has run
+_EMPTY = np.zeros(0, np.int64)
 _lock = threading.Lock()
 _fast_ready = threading.Event()
 _fast_thread: threading.Thread | None = None
@@ -50,10 +54,10 @@ def ensure_core() -> None:
         ENTRY = loaded("core").entry
 
 
-def tsc_now():
-    """The compiled jit/sync.tsc_now."""
+def tsc_now() -> int:
+    """The CPU's time-stamp counter, read by the core (host/threads calibrates its spin with it)."""
     ensure_core()
-    return loaded("tsc").entry
+    return ENTRY(abi.TSC_NOW, 0, _EMPTY, pieces.TABLE, _EMPTY, _EMPTY, False)
 
 
 def wait_fast(timeout: float | None = None) -> bool:

@@ -79,7 +79,7 @@ class Workers:
 
     def _run(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int, spinning: list) -> int:
         """The compiled caller writes the job's fields into the listed mailboxes and posts them
-        (jit/sync.post_all): in Python, each `.ctypes.data` costs ~0.8 us."""
+        (jit/sync.post_all): in Python, each `.ctypes.data` costs about a microsecond."""
         chunk = max(1, d.n_units // ((helpers + 1) * CHUNKS_PER_THREAD))
         sched = np.array([0, 0, 0, chunk, len(spinning)] + [self.mbox_addr[k] for k in spinning], np.int64)
         for k in spinning:
@@ -100,7 +100,7 @@ def _mailbox() -> np.ndarray:
 
 def _tsc_per_us() -> float:
     """Time-stamp counter ticks per microsecond, measured over ~2 ms of busy waiting."""
-    tsc_now = startup.tsc_now()
+    tsc_now = startup.tsc_now
     tsc_now()   # loaded (or compiled) before timing
     t0, c0 = time.perf_counter(), tsc_now()
     t1 = t0

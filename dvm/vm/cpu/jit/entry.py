@@ -19,11 +19,11 @@ from ..abi import (DEC_WIDTH, FR_ADDRS, FR_ARGST, FR_ARGSZ, FR_B, FR_CONSTS, FR_
                    M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, MAX_REGS, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N,
                    MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN, MB_U0, MB_U1, N_PIECES, P_ARGST, P_ARGSZ, P_CONSTS,
                    P_DIMS, P_FUSE, P_HEADER, P_INSTRS, P_META, P_OPTAB, P_PEEP, P_RIO, RIO_WIDTH, S_CHUNK, S_DONE,
-                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, WORKER)
+                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, TSC_NOW, WORKER)
 from .addr import alias_ok
 from .bits import OPTS, ptr_f32, ptr_f64, ptr_i64, ptr_u8
 from .interp import exec_tile
-from .sync import atomic_add, atomic_load, atomic_store, await_post, post_all, retract_all
+from .sync import atomic_add, atomic_load, atomic_store, await_post, post_all, retract_all, tsc
 
 
 @njit(inline='always', **OPTS)   # one call site; a call would pass every view's fields
@@ -136,9 +136,9 @@ def _run_kernel(u0, u1, blob, base, tab, bufs, sched):
     bm, bn = meta[M_BM], meta[M_BN]
     t = bm * bn
     nf, nd, ni, nb = meta[M_NF], meta[M_ND], meta[M_NI], meta[M_NB]
-    # one block for all of it (one allocation: ~0.2 us a launch), every part starting on a 64-byte
+    # one block for all of it (one allocation a launch), every part starting on a 64-byte
     # line: AVX-512 stores that straddle two lines make a store-bound pass ~40 % slower (a
-    # 4096-lane pass: 64 ns aligned, 89 ns at 32 bytes off; numba aligns to 32 only)
+    # numba aligns to 32 only)
     nfp = max(nf, 1)
     n_so = FRAME_WORDS + nfp + 2 * (bm + bn) + 3 * bn + ST_ROWS * MAX_REGS   # frame, fp, ix, si, si2, st
     n_sf = SF_ROWS * bn + bm   # tree rows, the fused runs' BM lanes and cached row vectors
@@ -208,12 +208,15 @@ def run_units(u0, u1, blob, tab, bufs, sched, wait):
     GIL); tab: the VM table (host/pieces); bufs: the n buffer addresses, then their n element counts.
 
     u1 < 0: `blob` is a chain of packed kernels back to back (host/desc._chain), each run whole, in
-    order, on this thread (one call for a launch of small kernels: numba's dispatch costs ~1 us
-    per call); the chain stops at the first error.
+    order, on this thread (one call for a launch of small kernels: numba's dispatch costs more
+    than a small kernel); the chain stops at the first error.
 
     wait (the launching thread of a parallel kernel): first posts the job to the spinning workers
     that sched lists, returns when every unit is done (jit/sync). u0 == WORKER: `blob` is a
-    worker's mailbox; runs the jobs posted to it until u1 TSC ticks pass without one."""
+    worker's mailbox; runs the jobs posted to it until u1 TSC ticks pass without one. u0 ==
+    TSC_NOW: returns the time-stamp counter."""
+    if u0 == TSC_NOW:
+        return tsc()
     worker = u0 == WORKER
     mb = blob.ctypes.data
     B, F, S, T = _raw(blob), _raw(bufs), _raw(sched), _raw(tab)

@@ -12,13 +12,13 @@ import math
 import numpy as np
 from numba import njit
 
-from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_KIND, DEC_OP, DEC_SRC, DT_BF16, DT_F16, DT_I32,
-                   ERR_UNHANDLED, ERR_ZERODIV, K_BIN, K_CLAMP, K_CMP, K_PRED, K_UN, K_WHERE, OP_ABS, OP_ADD, OP_BAND,
-                   OP_BOR, OP_BXOR, OP_CEIL, OP_COS, OP_DIV, OP_EQ, OP_ERF, OP_EXP, OP_EXP2, OP_EXPM1, OP_FLOOR,
-                   OP_FLOORDIV, OP_GE, OP_GELU, OP_GELU_TANH, OP_GT, OP_ISFINITE, OP_ISINF, OP_ISNAN, OP_LAND, OP_LE,
-                   OP_LNOT, OP_LOG, OP_LOG1P, OP_LOG2, OP_LOR, OP_LT, OP_LXOR, OP_MAX, OP_MIN, OP_MUL, OP_NE, OP_NEG,
-                   OP_POW, OP_RECIP, OP_RELU, OP_REM, OP_ROUND, OP_RSQRT, OP_SIGMOID, OP_SIGN, OP_SILU, OP_SIN,
-                   OP_SQRT, OP_SUB, OP_TANH, OP_TRUNC)
+from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_SRC, DT_BF16, DT_F16, DT_I32,
+                   ERR_UNHANDLED, ERR_ZERODIV, G_CAST, K_BIN, K_CLAMP, K_CMP, K_PRED, K_UN, K_WHERE, OP_ABS, OP_ADD,
+                   OP_BAND, OP_BOR, OP_BXOR, OP_CEIL, OP_COS, OP_DIV, OP_EQ, OP_ERF, OP_EXP, OP_EXP2, OP_EXPM1,
+                   OP_FLOOR, OP_FLOORDIV, OP_GE, OP_GELU, OP_GELU_TANH, OP_GT, OP_ISFINITE, OP_ISINF, OP_ISNAN,
+                   OP_LAND, OP_LE, OP_LNOT, OP_LOG, OP_LOG1P, OP_LOG2, OP_LOR, OP_LT, OP_LXOR, OP_MAX, OP_MIN,
+                   OP_MUL, OP_NE, OP_NEG, OP_POW, OP_RECIP, OP_RELU, OP_REM, OP_ROUND, OP_RSQRT, OP_SIGMOID, OP_SIGN,
+                   OP_SILU, OP_SIN, OP_SQRT, OP_SUB, OP_TANH, OP_TRUNC)
 from . import frame as fm
 from . import loops, ops
 from .addr import freg
@@ -511,10 +511,24 @@ def ew_f32_piece(fra, pc, n, unused):
     return 0 if ok else ERR_UNHANDLED
 
 
-def ew_f64_piece(fra, pc, n, unused):
-    """PC_EW_F64: an elementwise instruction of the f64 bank."""
+def ew_other_piece(fra, pc, n, unused):
+    """PC_EW_F64, PC_EW_I64, PC_EW_B8 and PC_CAST: an elementwise instruction of the f64, i64 or
+    bool bank, or a cast (decoded from instruction pc)."""
     fr = fm.frame(fra)
     ins, dec = fm.instrs(fr), fm.decode(fr)
+    opc = ins[pc, 0]
+    if dec[opc, DEC_GROUP] == G_CAST:
+        return _cast(fr, ins, dec, pc, n)
+    bank = dec[opc, DEC_BANK]
+    if bank == BK_F64:
+        return _ew_f64(fr, ins, dec, pc, n)
+    if bank == BK_I64:
+        return _ew_i64(fr, ins, dec, pc, n)
+    return _ew_b8(fr, ins, dec, pc, n)
+
+
+@njit(**OPTS)
+def _ew_f64(fr, ins, dec, pc, n):
     op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
     f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
     D = fm.bank_d(fr)
@@ -537,10 +551,9 @@ def ew_f64_piece(fra, pc, n, unused):
     return 0 if ok else ERR_UNHANDLED
 
 
-def ew_i64_piece(fra, pc, n, unused):
-    """PC_EW_I64: an elementwise instruction of the i64 bank (integer division by zero: ERR_ZERODIV)."""
-    fr = fm.frame(fra)
-    ins, dec = fm.instrs(fr), fm.decode(fr)
+@njit(**OPTS)
+def _ew_i64(fr, ins, dec, pc, n):
+    """Integer division by zero: ERR_ZERODIV."""
     op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
     f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
     I = fm.bank_i(fr)
@@ -559,10 +572,8 @@ def ew_i64_piece(fra, pc, n, unused):
     return ERR_UNHANDLED
 
 
-def ew_b8_piece(fra, pc, n, unused):
-    """PC_EW_B8: an elementwise instruction of the bool bank."""
-    fr = fm.frame(fra)
-    ins, dec = fm.instrs(fr), fm.decode(fr)
+@njit(**OPTS)
+def _ew_b8(fr, ins, dec, pc, n):
     op, kind = dec[ins[pc, 0], DEC_OP], dec[ins[pc, 0], DEC_KIND]
     f1, f2, f3, f4 = ins[pc, 1], ins[pc, 2], ins[pc, 3], ins[pc, 4]
     B = fm.bank_b(fr)
@@ -578,10 +589,9 @@ def ew_b8_piece(fra, pc, n, unused):
     return 0 if ok else ERR_UNHANDLED
 
 
-def cast_piece(fra, pc, n, unused):
-    """PC_CAST: instruction pc's conversion between banks (t: the stored dtype it rounds to)."""
-    fr = fm.frame(fra)
-    ins, dec = fm.instrs(fr), fm.decode(fr)
+@njit(**OPTS)
+def _cast(fr, ins, dec, pc, n):
+    """Instruction pc's conversion between banks (its third field: the stored dtype it rounds to)."""
     opc = ins[pc, 0]
     _cast_dispatch(dec[opc, DEC_SRC], dec[opc, DEC_BANK], ins[pc, 3], ins[pc, 1], ins[pc, 2], fm.bank_f(fr),
                    fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), n)

@@ -1,6 +1,6 @@
 """Loops over tiles built from the scalar ops of jit/ops: one loop (or loop nest) per op, made at
 import time, each calling its op directly, so LLVM inlines and vectorizes it (a loop that selects
-the op per lane did not vectorize: 13-20x slower a tile; an op passed as an argument would make the
+the op per lane does not vectorize; an op passed as an argument would make the
 code uncacheable). The dispatchers below pick the loop once per tile, never per row.
 
 Row forms (row-major tiles, row r at lanes [r*bn, r*bn + n)): `rows` with a compact operand (one

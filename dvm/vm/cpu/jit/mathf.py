@@ -109,8 +109,8 @@ def exp_one_step(x):
 
 @njit(inline="always", **OPTS)
 def exp_into(o, a, n):
-    """o[:n] = expf(a[:n]). First with one-step scaling (4096 lanes 930 -> 560 ns: no float ->
-    int conversion, one exponent add instead of two multiplies) while flagging any lane outside
+    """o[:n] = expf(a[:n]). First with one-step scaling (no float -> int conversion, one
+    exponent add instead of two multiplies) while flagging any lane outside
     [EXP1_LO, EXP1_HI]; if one was (NaN, overflow, subnormal results), the whole span again with
     expf. Either way the values are expf's bit for bit, so a lane's result never
     depends on its neighbours (thread and tile splits stay bitwise stable). o must not overlap a
@@ -119,7 +119,7 @@ def exp_into(o, a, n):
     for k in range(n):
         v = a[k]
         o[k] = exp_one_step(v)
-        # one compare (NaN fails it): a lane count here made the loop 2x slower, two compares 1.3x
+        # one compare (NaN fails it): a lane count or two compares here make the loop slower
         outside |= not (abs(v - EXP1_MID) <= EXP1_HALF)
     if outside:
         for k in range(n):

@@ -4,8 +4,8 @@ rows as one run, and the repetition of a tile row by doubling block copies (comp
 pieces that use them: jit/mem, jit/rowlevel).
 
 Not libc's memmove for long runs: from ~4 KB it uses `rep movsb`, which on this project's AMD
-hosts runs 10-15x slower when the destination is 16 bytes past the source modulo 4096 (16 KB:
-7.6 us against 0.5; the byte loop: 0.5-0.75 us at every offset). Tiles are 16 KB, and glibc puts
+hosts runs an order of magnitude slower when the destination is 16 bytes past the source modulo
+4096 (the byte loop runs at the same speed at every offset). Tiles are 16 KB, and glibc puts
 large allocations at 16 bytes past a page, so a copy kernel hit it on some output addresses.
 """
 from __future__ import annotations

@@ -24,8 +24,7 @@ def fmin(a, b):
 
 
 # The float forms are max/min plus one NaN select: `a if (a > b or a != a) else b` did not
-# vectorize in place (lo[j] = f(lo[j], hi[j]), the reductions' combine) for AVX2, 7x slower a
-# tile. Integers keep the plain select (int64 max has no AVX2 instruction; the select is faster).
+# vectorize in place (lo[j] = f(lo[j], hi[j]), the reductions' combine) for AVX2. Integers keep the plain select (int64 max has no AVX2 instruction; the select is faster).
 @overload(fmax)
 def _fmax_impl(a, b):
     if isinstance(a, types.Float) or isinstance(b, types.Float):

@@ -66,7 +66,7 @@ def tree_p2(op, x, a, b, p):
     bitwise the same result) into scratch rows a, then b, of p lanes (a must not be x; b may be:
     x is read by the first pass only). Returns the reduced value. Inlined into the row loops, as
     straight-line passes between fixed arrays: swapped array variables in a loop and a call per
-    level and per row made it ~4x slower than its loops (1024 lanes: 136 -> 37 ns)."""
+    level and per row make it several times slower than its loops."""
     if p < 16:
         copy(a[:p], x[:p])
         tree(op, a, p)
@@ -114,7 +114,7 @@ def row_form(bn, ncv):
     (vtree_pad: the lanes past ncv the identity, as the spec pads them, a single-tile row's
     case); else ROW_STAGED (copies, staged passes).
     The loops decide their form once, before the loop, and run one form per loop: the loop with
-    every form's branches in it ran 2x slower a row (64 lanes, one thread: ~6.5 against ~3 ns)."""
+    every form's branches in it runs about twice as long a row."""
     if bn > VTREE_MAX:
         return ROW_STAGED
     if ncv == bn:

@@ -2,8 +2,8 @@
 
 A worker that has finished a job spins for a short while (DVM_SPIN_US) on its mailbox before it
 goes back to sleep on the Python queue: a launch that comes within that window hands the worker
-its job through memory (~0.1 us) instead of a kernel wake-up (14-60 us on this machine), which
-is most of a 256 K-element kernel's run time.
+its job through memory instead of a kernel wake-up, which costs as much as a 256 K-element
+kernel's whole run.
 
 Mailbox: one int64 row per worker (MB_WIDTH words, so two workers never share a cache line);
 MB_TAKEN counts the jobs the worker took from it. Its state word moves only by compare-and-swap,
@@ -83,7 +83,7 @@ def cas(typingctx, addr, old, new):
 @intrinsic
 def tsc(typingctx):
     """The CPU's time-stamp counter (x86 rdtsc: a constant rate on CPUs with constant_tsc, as this
-    machine's; calibrated against perf_counter by host/threads._tsc_per_us)."""
+    machine's; calibrated against perf_counter by host/threads._tsc_per_us through the core's TSC_NOW mode)."""
     def codegen(context, builder, sig, args):
         fn = builder.module.declare_intrinsic("llvm.x86.rdtsc", (), ir.FunctionType(ir.IntType(64), ()))
         return builder.call(fn, ())
@@ -98,12 +98,6 @@ def pause(typingctx):
         builder.call(fn, ())
         return context.get_dummy_value()
     return types.none(), codegen
-
-
-@njit(cache=True, **OPTS)
-def tsc_now():
-    """The time-stamp counter, for calibrating spin times (host/threads._tsc_per_us)."""
-    return tsc()
 
 
 @njit(**OPTS)

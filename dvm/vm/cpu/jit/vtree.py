@@ -18,7 +18,7 @@ identity (+0.0 for a float sum), as a partial tile's row is padded.
 
 Why intrinsics: written as loops, a level of 16-64 lanes fell below the trip count LLVM's
 vectorizer needs (16 lanes x 4 interleaved) and ran scalar, and the last levels were scalar
-loads and adds: a 64-lane row cost ~10 ns; in registers it costs ~2.
+loads and adds; in registers a 64-lane row costs a few nanoseconds.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _chunk(builder: ir.IRBuilder, base, i: int, p: int, n, op: int, dtype, align
     """Chunk i of a p-lane tree: a plain load (WHOLE rows; the chunks below p/2 of a row of
     n > p/2 lanes), else a masked load of its lanes below n (n an i64 value), the others the
     pass-through value (EXACT) or the identity (PADDED). Masking every chunk of a padded row made
-    it 1.7x slower than a whole one (256 lanes: 10 against 6 ns)."""
+    it much slower than a whole one."""
     ptr = builder.gep(base, [ir.Constant(_I64, i)])
     if mode == WHOLE or (i + 1) * CHUNK <= p // 2:
         return builder.load(ptr, align=align)

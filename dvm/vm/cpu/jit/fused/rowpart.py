@@ -7,8 +7,8 @@ k + j*q is valid exactly when j < nv(k): nv = J + 1 for k < ncv - J*q, else J (J
 The functions here compute that pass from the valid lanes alone, with the identity written in
 place of the others: the same operations in the same order, so the same bits (an added +0.0
 still turns -0.0 into +0.0, as the padded lane does). They save the padded copy and the reads
-of padding: a 3072-column row in a 4096-lane tile read 4096 + 3072 * 2 lanes per tree, now 3072
-(a tree of that row, standalone: 168 -> 115 ns; 5000 columns in 8192 lanes: 418 -> 101 ns).
+of padding: a 3072-column row in a 4096-lane tile is read once, 3072 lanes, instead of a
+4096-lane padded copy and its reads.
 
 bn / 2 < ncv (a single-tile row: bn is the next power of two), so J >= 4 and nv is 4 to 8. Each
 (kind, nv) gets its own loop, made at import time (the kind's lane term and combine, jit/ops):
@@ -22,8 +22,7 @@ from numba import carray, njit
 from .. import ops
 from ..bits import OPTS, ptr_f32
 
-PART_MIN_BN = 2048   # narrower rows keep the padded copy (as fast at 1024 lanes, ~20 ns a tree faster
-                     # below: two short segments per row)
+PART_MIN_BN = 2048   # narrower rows keep the padded copy (two short segments a row cost more)
 _Z = np.float32(0.0)         # the sum's identity
 _NINF = np.float32(-np.inf)  # the max's identity
 
@@ -48,7 +47,7 @@ def _level_loop(term, combine, ident, nv):
     """d[k] = the first tree pass over lanes k + j*q: combine over term(lane j) for j < nv, the
     identity for the padded lanes j >= nv (lanes 0-3 are always valid: nv >= 4). The views x_j
     are of lanes k + j*q, indexed by k alone (k + j*q indices kept numba's negative-index
-    wraparound: gathers, ~3x slower); a view of padding is never read."""
+    wraparound: gathers); a view of padding is never read."""
     @njit(**OPTS)
     def loop(d, base, q, m):
         n = d.shape[0]

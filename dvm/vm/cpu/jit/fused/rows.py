@@ -114,8 +114,7 @@ def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
 @njit(**OPTS)
 def _chain_row(instrs, dec, q0, q1, F, st, r):
     """The chain's compact ops on row r's values (lane r; lane 0 of a uniform source). A call, not
-    inlined: inlined into the row loop it made a LayerNorm row 1.3-1.7x slower (standalone, one
-    thread, 128 to 1024 columns: 169 -> 102 and 255 -> 200 ns), LLVM's code for the loop worse."""
+    inlined: inlined into the row loop it makes LLVM's code for that loop worse."""
     for q in range(q0, q1):
         op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
         ra = instrs[q, 2]
@@ -134,10 +133,8 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     bn: a power of two >= 128 below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
     read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
-    copy, no centered copy (a LayerNorm row's loops, one thread, standalone: 1024 columns 228 ->
-    200 ns, 1001: 267 -> 224, 512: 170 -> 143, 200: 166 -> 129). An RMSNorm's squares are
-    (x - 0)^2, bitwise x * x. Each tree and loop appears once: every inlined copy costs VM compile
-    time."""
+    copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
+    appears once: every inlined copy costs compile time."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
@@ -162,8 +159,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
     then y = e * r (e / r when div). The trees' first levels read the row and erow where they
-    are (fused/rowpart, as _norm_rows; a partial row's padded copy cost more: one thread, 300
-    columns 262 -> 202 ns a row, 1001: 391 -> 361)."""
+    are (fused/rowpart, as _norm_rows: a partial row's padded copy costs more)."""
     q = bn // 8
     lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
     z = np.float32(0.0)
@@ -191,8 +187,8 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
 def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
     """The address of row vector operand src's row when the row forms may read it where it is
     (an f32 operand, row-uniform, unit column stride: only its first ncv lanes are read), else 0.
-    Copying it into the scratch cache instead cost a launch ~10 us per 70000-lane weight, as much
-    as a LayerNorm of one such row on one thread. The caller's tile is aok (no output overlaps it)."""
+    Copying it into the scratch cache instead costs a launch as much as the norm of one such row.
+    The caller's tile is aok (no output overlaps it)."""
     if src < 0 or optab[src, 2] != DT_F32 or not row_uniform(src, optab, meta):
         return 0
     if not row_addrs(ix[:1], src, optab, dims, meta, addrs, r0, 0, 1):

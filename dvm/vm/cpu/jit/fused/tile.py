@@ -24,7 +24,7 @@ through are dead after it (checked by the plan), so they are not written.
   FK_CSQACC  sub d, x, m ; mul t, d, d ; acc.sum +a, t        a += (x - m)^2 lane-wise (a LayerNorm's
              variance over the sweeps of long rows; d and t are dead after)
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U and
-             an add, sub or mul B, t dead after (jit/fused/unbin: PC_FUSED_UNBIN)
+             an add, sub or mul B, t dead after (jit/fused/unbin)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (jit/fused/rows: PC_FUSED_ROWS); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0, FR_R0,
+from ...abi import (FK_UNBIN, DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0, FR_R0,
                     M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, PC_ROWTREE, ROWS_AT,
                     RS_COMPACT, RS_FULL, R_SUM)
 from .. import frame as fm
@@ -53,6 +53,7 @@ from ..reduce import combine, is_pow2, level
 from ..frame import call_piece
 from ..rowtree import tree_p2_sum
 from .common import apply_row, cached_row, sq_level
+from .unbin import run_unbin
 
 
 @njit(**OPTS)
@@ -62,7 +63,7 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
     tree level (eight lanes per output) fused with the squares; dout = x - m[r] on every lane
     when centered. bn: a power of two >= 128; s: 2*bn lanes of scratch (3*bn/8 for the tree, the
     second bn-lane row for a partial row's padded copy). The level reads one row by
-    index: eight row slices instead made LLVM give up vectorizing (639 vs 233 ns a 4x1024 tile)."""
+    index: eight row slices instead make LLVM give up vectorizing."""
     q = bn // 8
     lvl = s[:q]
     ta = s[q:2 * q]
@@ -85,7 +86,7 @@ def _sqsum_rows(o, x, m, dout, bm, bn, ncv, s, centered):
 def _expsum_rows(x, m, e, bm, bn, s):
     """e = exp(x - m[r]) on every lane of row r (one pass for the sub and the exp). x - m goes
     through scratch row s[:bn]: e is often x's register, and a loop whose output may alias its
-    input does not vectorize (a scalar exp made a 1000x1001 softmax 3x slower)."""
+    input does not vectorize."""
     a = s[:bn]
     for r in range(bm):
         mv = m[r]
@@ -167,7 +168,7 @@ def _csq_acc(acc, x, mv):
 
 
 def fused_tile_piece(fra, pc, unused_a, unused_b):
-    """PC_FUSED_TILE: the fused run at pc (any kind but FK_UNBIN and the row forms) on the frame's
+    """PC_FUSED_TILE: the fused run at pc (any kind but FK_LOADRED and the row forms) on the frame's
     tile when its registers are in the expected states; returns how many instructions it did (a
     trailing store written in place included), 0 if it did nothing. st[0, reg]: the f32 register
     states (abi.RS_*)."""
@@ -181,6 +182,8 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
         return _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st)
     if meta[M_TL] != 0:
         return 0
+    if kind == FK_UNBIN:
+        return run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok)
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
     sf = fm.sf(fr)

@@ -1,5 +1,5 @@
-"""FK_UNBIN, the PC_FUSED_UNBIN piece: a float32 math op and the add, sub or mul that consumes it, in
-one pass of the CPU VM.
+"""FK_UNBIN (run by the PC_FUSED_TILE piece): a float32 math op and the add, sub or mul that
+consumes it, in one pass of the CPU VM.
 
     un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)      y = B(U(x), z)   (host/fuse_plan)
 
@@ -8,7 +8,7 @@ written, and z is a full tile: a register, or the operand the run's load would r
 (a contiguous f32 tile). One loop reads x and z and writes y: where the two instructions made
 two passes over a tile (the math one compute-bound, the other memory-bound with the tile of t in
 L2), every element now goes through both in registers while the next ones stream in (SiLU(a)*b
-at 16 M f32, two threads: ~1.5x faster, see docs/DECISIONS.md).
+see docs/DECISIONS.md).
 
 Bitwise the same as the two instructions: each lane gets U's value (the same functions as
 jit/kernels' f32 math, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from numba import carray, njit
 
-from ...abi import (DEC_OP, FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_TL, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL,
-                    OP_SIGMOID, OP_SILU, OP_TANH, RS_FULL)
+from ...abi import (DEC_OP, M_BM, M_BN, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH,
+                    RS_FULL)
 from .. import frame as fm
 from .. import ops
 from ..addr import direct_addr, freg
@@ -84,19 +84,14 @@ def _un_bin(uop, bop, swap, o, x, z):
     return True
 
 
-def fused_unbin_piece(fra, pc, unused_a, unused_b):
+@njit(**OPTS)
+def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap), o: the load's operand or NO_LOAD. Returns the
     instructions done (the store after the run too when y is written straight into its tile),
     0 when x or z is not a full tile here, the load's tile is not one contiguous run, or y
     would be written over x or z (a loop whose output may alias an input does not vectorize:
     the two instructions are faster then)."""
-    fr = fm.frame(fra)
-    fz, meta, st, F, fp = fm.fuse(fr), fm.meta(fr), fm.states(fr), fm.bank_f(fr), fm.fptr(fr)
-    if meta[M_TL] != 0:
-        return 0
-    optab, dims, addrs, peep = fm.optab(fr), fm.dims(fr), fm.addrs(fr), fm.peep(fr)
-    r0, c0, aok = fr[FR_R0], fr[FR_C0], fr[FR_AOK] != 0
-    instrs, dec = fm.instrs(fr), fm.decode(fr)
+    peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
     n, x, t, z, y, j, swap = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6], fz[pc, 7] != 0
     if st[0, x] != RS_FULL or (j == NO_LOAD and st[0, z] != RS_FULL):
         return 0
