@@ -53,6 +53,17 @@ def restore_vm_threads(old: str | None) -> None:
     dvm_config.reload()
 
 
+def whole_vm(bench: str, quiet: bool = False) -> None:
+    """Wait until the CPU VM's fast paths are loaded (on a cold machine they compile in the
+    background while programs run on the generic paths): benchmarks time the whole VM."""
+    if dvm_config.config().vm != "cpu":
+        return
+    from dvm.vm import cpu
+    if not cpu.fast_ready():
+        progress(bench, "waiting for the CPU VM's fast paths (compiling in the background) ...", quiet)
+    cpu.warm_up(wait_fast=True)
+
+
 def vm_extra() -> dict:
     """The CPU VM's thread count (the reports record it)."""
     return {"dvm_threads": dvm_config.config().threads}

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
-                           set_vm_threads, time_call)
+                           set_vm_threads, time_call, whole_vm)
 from .bench_ops_baselines import Mismatch, check, copy_pair
 from .bench_ops_cases import CASES
 
@@ -189,6 +189,7 @@ def main(shape: tuple = DEFAULT_SHAPE, chains: tuple = CHAINS, threads: int = 2,
          seed: int = 0, json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD) -> int:
     t0 = time.perf_counter()
     old = set_vm_threads(threads)
+    whole_vm("floor")
     report = {"benchmark": "floor", "stamp": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "machine": machine_info(), "threads": threads, "load_start": loadavg()}
     try:

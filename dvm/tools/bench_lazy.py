@@ -31,7 +31,7 @@ import sys
 import time
 
 from .bench_common import (finish_report, loadavg, machine_info, progress, restore_vm_threads, set_vm_threads,
-                           time_call, vm_extra)
+                           time_call, vm_extra, whole_vm)
 from .bench_lazy_cases import CHAIN_NAMES, CHAINS, models
 from .bench_lazy_probes import recording_costs
 from .bench_lazy_report import markdown, plot
@@ -219,6 +219,7 @@ def run(sizes=SIZE_ORDER, cases=CHAIN_NAMES, model_names=None, tokens: int = DEF
 
     import dvm
     old_threads, old_vm = torch.get_num_threads(), set_vm_threads(threads)
+    whole_vm("lazy")
     torch.set_num_threads(threads)
     r = _Run(rounds, seed, quiet)
     t0, load = time.time(), loadavg()

@@ -52,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
+from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads, whole_vm,
                            set_vm_threads, vm_extra)
 from .bench_models_probes import LimitWatcher, Stats, TimeDvmCompiler, dvm_result, inductor_backend
 
@@ -267,6 +267,8 @@ class _Run:
                              + (f" ({new} new graph(s), backend compile {fmt_time(comp)})" if new else ""))
                 stream_s = time.perf_counter() - t_stream
                 graphs_stream = graphs()
+                if name == "dvm":   # the stream's first calls may have run before the fast paths loaded
+                    whole_vm(self.bench, self.quiet)
                 steady = self.steady(fn, model if name != "eager" else None, stream)
                 self.log(f"{tag}: steady state timed ({len(steady)} shapes x {self.repeat}"
                          + (", each call beside an eager call)" if name != "eager" else ")"))

@@ -50,7 +50,7 @@ import numpy as np
 import dvm
 
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, read_report,
-                           restore_vm_threads, set_vm_threads, time_call, vm_extra)
+                           restore_vm_threads, set_vm_threads, time_call, vm_extra, whole_vm)
 from .bench_encode import chain8
 from .bench_ops_baselines import (COPY_DELTA, REFERENCE_MAX_NUMEL, Mismatch, baseline_runs, call_on_vm, check,
                                   copy_pair, inductor_compiled)
@@ -254,6 +254,7 @@ def run(sizes=("small", "medium", "large", "odd"), cases=None, repeat: int = DEF
     chosen = [c for c in CASES if cases is None or c.name in cases]
     shapes = [(s, shape) for s in SIZE_ORDER if s in sizes for shape in SIZES[s]]
     old_threads = _set_threads(threads)
+    whole_vm("ops", quiet)
     old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     tmp_cache = None
     if inductor and old_cache is None:

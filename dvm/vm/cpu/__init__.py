@@ -31,6 +31,11 @@ def warm_up(wait_fast: bool = False) -> None:
         startup.wait_fast()
 
 
+def fast_ready() -> bool:
+    """Whether the VM's fast paths are loaded (warm_up has started getting them)."""
+    return startup.fast_ready()
+
+
 class CpuVM(VM):
     """The numba CPU VM under the VM contract."""
     name = "cpu"
@@ -56,4 +61,4 @@ class CpuVM(VM):
 _TARGET = Target("cpu", whole_row_forms=whole_row_forms)
 VM_INSTANCE = CpuVM()
 
-__all__ = ["DECODE", "VM_INSTANCE", "handled", "run", "run_addrs", "warm_up"]
+__all__ = ["DECODE", "VM_INSTANCE", "fast_ready", "handled", "run", "run_addrs", "warm_up"]
