@@ -37,7 +37,7 @@ def _whole_cpu_vm():
     cpu.warm_up(wait_fast=True)
 
 
-# On a cold numba cache the CPU VM's compile takes most of a run (~13 min on 2 cores). Under
+# On a cold numba cache the CPU VM compiles first (its pieces: a minute or so on 2 cores). Under
 # pytest-xdist the controller starts it in a background process at once, and every test runs
 # its reference-VM case before any CPU-VM case: the workers test on the reference VM while the
 # VM compiles, and each worker's first CPU-VM test waits for that compile (the pieces'

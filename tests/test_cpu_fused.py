@@ -1,4 +1,4 @@
-"""Fused instruction runs of the CPU VM (cpu_fuse_plan finds them, cpu_fused runs them): the plan
+"""Fused instruction runs of the CPU VM (host/fuse_plan finds them, the fused pieces run them): the plan
 finds a normalisation's and a softmax's runs and refuses runs whose intermediates are read later; results are
 bitwise equal to the reference VM (NaNs compared as NaNs: an x86 operation that creates one gives
 -NaN, NumPy's np.nan is +NaN, and the two VMs may meet them in either order) with NaN and
@@ -65,7 +65,7 @@ def weight_twice(k, x, w):
 @dvm.kernel
 def two_scales(k, x, w, v, b):
     """Two scale chains in one kernel, each with its own weight (and one bias): the row vectors
-    cached across tiles (cpu_fused._cached_row) belong to their run."""
+    cached across tiles (fused/common.cached_row) belong to their run."""
     x = k.load(x)
     ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
     y = k.add(k.mul(k.mul(x, k.rsqrt(k.add(ms, 1e-6))), k.load(w)), k.load(b))
@@ -195,7 +195,7 @@ def add_half(k, x):
 
 
 def test_plans_are_shared_per_instruction_stream():
-    """Layouts of one kernel at different shapes share the stream-derived plan (cpu_stream); a
+    """Layouts of one kernel at different shapes share the stream-derived plan (host/stream); a
     different operand dtype (the in-place plan needs an f32 store) gets its own, and no
     descriptor can write into a shared plan."""
     descs = [cpu_desc._desc(kl, len(lay.args)) for lay in (verify(layernorm.program(_f32(r, 1001), _f32(1001), _f32(1001)))
@@ -237,7 +237,7 @@ def _unfused(kfn, *args):
     argsz, descs, outs, chain = cpu_desc.prog_desc(layout)
     saved = [(d, d.fuse, d.blob) for d in descs]
     for d in descs:
-        d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (cpu_stream)
+        d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (host/stream)
         d.blob = cpu_desc._pack(d, argsz)
     object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, cpu_desc._chain(descs)))
     try:

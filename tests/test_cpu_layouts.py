@@ -124,7 +124,7 @@ def test_first_axis_reductions_read_columns_in_place(shape):
 @pytest.mark.parametrize("shape", [(8192, 64), (300, 32), (1000, 128), (4097, 17), (301, 9), (40, 8), (100, 63)])
 def test_rows_from_8_lanes_reduce_in_row_major_registers(shape):
     """Contiguous rows of 8 or more lanes, any width: row-major registers, the row in vector
-    registers (cpu_vtree; a column-major tile of them loads by strided reads)."""
+    registers (jit/vtree; a column-major tile of them loads by strided reads)."""
     assert _register_layouts(sum_last, shape) == [False]
     assert _register_layouts(softmax, shape) == [False]
 
@@ -146,7 +146,7 @@ def heads_mix(k, x, c):
 @pytest.mark.parametrize("L,H,D", [(1000, 4, 32), (7, 3, 5), (130, 2, 33), (3, 2, 5000)])
 def test_strided_rows_copied_whole(dtype, L, H, D):
     """Rows that are byte-identical runs in the buffer and the register (unit stride, same type)
-    are moved whole (cpu_moves._move); the others element by element. Partial tiles, both layouts."""
+    are moved whole (jit/moves.move); the others element by element. Partial tiles, both layouts."""
     import ml_dtypes
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     q = (RNG.standard_normal((L, H, D)) * 4).astype(dt).transpose(1, 0, 2)   # (H, L, D), rows strided
@@ -158,7 +158,7 @@ def test_strided_rows_copied_whole(dtype, L, H, D):
 def rope_like(k, q, cos, r, sin):
     """q * cos + r * sin over (H, L, D): q a transposed view (strided rows), cos and sin broadcast
     over the heads (runs of L back-to-back rows that wrap), r contiguous over two row dims (read
-    and written in place: cpu_mem._direct_addr)."""
+    and written in place: jit/addr.direct_addr)."""
     return k.store(k.add(k.mul(k.load(q), k.load(cos)), k.mul(k.load(r), k.load(sin))))
 
 
@@ -182,7 +182,7 @@ def copy_of(k, x):
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16, np.bool_])
 @pytest.mark.parametrize("n", [5000, 65536, 100_003])
 def test_raw_copies_at_every_relative_offset(dtype, n):
-    """A copy kernel's tiles move as raw bytes (cpu_moves._copy_bytes, not libc's memmove): the
+    """A copy kernel's tiles move as raw bytes (jit/moves.copy_bytes, not libc's memmove): the
     output is the input at every placement of the two buffers modulo 4096 (including the
     16-byte offset where `rep movsb` is slow), whole tiles and a partial last one."""
     from dvm.vm.buffers import data_ptr
@@ -221,7 +221,7 @@ def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
 @dvm.kernel
 def sum_topk(k, x, w):
     """Top-k expert outputs summed (x: (T, C, K) as a permuted view of (T, K, C)) and scaled:
-    column-major registers whose columns are runs of C contiguous values (cpu_mem._mem_t)."""
+    column-major registers whose columns are runs of C contiguous values (jit/mem_t.mem_tile_t)."""
     return k.store(k.mul(k.sum(k.load(x), axis=-1), k.load(w)))
 
 
@@ -260,7 +260,7 @@ def uniform_mix(k, x):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
 @pytest.mark.parametrize("shape", [(37, 17), (9, 1030), (256, 1024), (5, 3, 65), (1, 200)])
 def test_row_vectors_and_uniform_operands(dtype, shape):
-    """A load whose rows are all the same keeps row 0 only (cpu_rowlevel._bin_rowv applies it per
+    """A load whose rows are all the same keeps row 0 only (jit/rowlevel._bin_rowv applies it per
     row); a constant operand is read as a scalar. Bitwise equal to the reference VM, with NaN and
     infinities in every operand, partial tiles, 1 and 2 threads."""
     import ml_dtypes
@@ -290,7 +290,7 @@ def constant_mix(k, x):
 @pytest.mark.parametrize("shape", [(256, 1024), (9, 1030), (37, 17), (5, 3, 65), (1, 1)])
 def test_constants_filled_on_demand(shape):
     """A constant fills lanes [0, BM) of its register; the first full-tile reader fills the rest
-    (cpu_rowlevel._expand_sources). Bitwise equal to the reference VM on 1 and 2 threads, tall
+    (jit/rowlevel._expand_sources). Bitwise equal to the reference VM on 1 and 2 threads, tall
     row tiles (256 x 1024: 16 rows) and narrow ones included, with NaN and infinities."""
     x = (RNG.standard_normal(shape) * 2).astype(np.float32)
     x.reshape(-1)[::11], x.reshape(-1)[5::17] = np.nan, np.inf
@@ -313,7 +313,7 @@ def scalar_mix(k, x, e, s, h, n, p):
 
 @pytest.mark.parametrize("shape", [(37, 17), (9, 1030), (5, 5000), (130, 9), (3, 7, 33), (1, 1)])
 def test_zero_d_operands(shape):
-    """A load of a 0-d operand fills a compact register (cpu_mem._load_compact): bitwise equal to
+    """A load of a 0-d operand fills a compact register (jit/mem._load_compact): bitwise equal to
     the reference VM in both register layouts, multi-sweep rows (loads in finalize sections),
     with a NaN scalar, on 1 and 2 threads."""
     x = RNG.standard_normal(shape).astype(np.float32)
@@ -339,7 +339,7 @@ def mask_mix(k, pr, pc, sr, sc, fr, fc, dr, dc, x):
 @pytest.mark.parametrize("R,C", [(37, 17), (100, 100), (5, 1030), (130, 9), (1, 300), (2000, 3)])
 def test_compact_and_row_vector_comparisons(R, C):
     """Loads of per-row operands are compact, per-column ones row vectors in every bank, and a
-    comparison of the two runs per pair (cpu_rowlevel._cmp_outer): bitwise equal to the reference
+    comparison of the two runs per pair (jit/rowlevel._cmp_outer): bitwise equal to the reference
     VM with NaN and equal values, partial tiles, both register layouts, 1 and 2 threads."""
     pos = np.arange(max(R, C), dtype=np.int64)
     seq = np.repeat(np.arange(max(R, C) // 3 + 1), 3)[:max(R, C)].astype(np.int64)
@@ -355,7 +355,7 @@ def test_compact_and_row_vector_comparisons(R, C):
 def test_per_batch_row_vectors(B, R, C):
     """Per-column operands that differ between batches (row strides 0 except the batch's: HF's
     attention mask at batch > 1) are row vectors in a tile inside one batch
-    (cpu_rowlevel._tile_row_uniform) and full tiles in one across a batch boundary: bitwise equal to
+    (jit/addr.tile_row_uniform) and full tiles in one across a batch boundary: bitwise equal to
     the reference VM, with NaN and equal values, partial tiles, 1 and 2 threads."""
     n = max(R, C)
     pos = np.arange(n, dtype=np.int64)[None, :] + 7 * np.arange(B, dtype=np.int64)[:, None]

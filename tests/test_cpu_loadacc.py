@@ -1,4 +1,4 @@
-"""The CPU VM's fused accumulations (cpu_fused FK_LOADACC: `load ; acc`, FK_CSQACC: a centered
+"""The CPU VM's fused accumulations (FK_LOADACC: `load ; acc`, FK_CSQACC: a centered
 sum of squares over the sweeps) and the row blocks of column-major reductions
 (encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The CPU VM's tile widths and partial rows: elementwise tiles without padding lanes
-(encoder._even_bn) and rows narrower than their power-of-two tile (cpu_rowpart), bitwise against
+(encoder._even_bn) and rows narrower than their power-of-two tile (fused/rowpart), bitwise against
 the reference VM. Split from test_cpu_layouts (its helpers are shared)."""
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def residual_norms(k, x, r, w):
 def test_partial_rows_with_signed_zeros_and_specials(cols):
     """Rows narrower than their power-of-two tile: the row forms, the in-place row reductions and
     the tile form's sums of squares take the tree's first levels from the valid lanes
-    (cpu_rowpart), the padding lanes' identity written in (129 columns: one lane past half the
+    (fused/rowpart), the padding lanes' identity written in (129 columns: one lane past half the
     tile; 512: whole rows). Bitwise the reference VM's (which
     pads), also where only the padding's +0.0 makes a sum of -0.0 rows +0.0, and with NaN and
     infinities. From 10000 columns a tile is one row (BM = 1), whose weights the row forms read

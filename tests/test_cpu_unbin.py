@@ -12,7 +12,7 @@ import pytest
 
 import dvm
 from dvm.codegen.verifier import verify
-from dvm.vm import cpu, reference
+from dvm.vm import reference
 from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.vm.cpu.abi import FK_UNBIN
 from dvm.vm.cpu.abi import FUSED_BIN, FUSED_UN, NO_LOAD

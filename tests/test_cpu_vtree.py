@@ -1,4 +1,4 @@
-"""The CPU VM's reduction trees (cpu_reduce._tree_p2, cpu_vtree's register trees) against the
+"""The CPU VM's reduction trees (jit/rowtree.tree_p2, jit/vtree's register trees) against the
 reference VM's tree, bit for bit: every width, special values in every position, rows of any
 width and partial rows (masked loads that never read past the row)."""
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_cpu_tree_matches_the_reference_tree_at_every_width(op, dtype):
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cpu_register_tree_keeps_the_bits_of_special_values(op, dtype):
-    """Rows of 16 to 256 lanes reduce in vector registers (cpu_vtree) and wider ones finish there:
+    """Rows of 16 to 256 lanes reduce in vector registers (jit/vtree) and wider ones finish there:
     with +-0, +-inf, NaN and subnormals in every position, the result has the reference tree's
     bits (max/min: b on ties, so max(-0, +0) depends on the order; NaN propagates)."""
     from dvm.graph.dtypes import Bank

@@ -10,7 +10,7 @@ the whole batch's gradient: the per-step losses (all-reduced mean over the ranks
 single-process run within the assert_close tolerance of the precision's dtype (float32, or
 bfloat16 under autocast), and the ranks' parameters must stay bitwise identical after every step
 (checked by all_gather). Each process has its own DVM state (nothing is shared but the CPU VM's
-disk cache, whose one compile per machine dvm.vm.cpu_compile's lock serializes); each uses one
+disk cache, whose one compile per machine vm/cpu/host/cache.py's per-piece locks serialize); each uses one
 torch and one DVM thread, as does the single-process run here, so the two cores are not
 oversubscribed.
 """

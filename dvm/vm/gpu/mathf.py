@@ -1,6 +1,6 @@
 """float32 and float64 math of the GPU VM, in Triton.
 
-float32 functions use the CPU VM's algorithms (vm/cpu_math.py: range reduction and near-minimax
+float32 functions use the CPU VM's algorithms (vm/cpu/jit/mathf.py: range reduction and near-minimax
 polynomials, the same constants), written branch-free with explicit FMAs: with FP contraction
 off (launch.py compiles with enable_fp_fusion=False) every operation is IEEE-rounded, so a GPU
 computes the same bits as Triton's interpreter mode, where the differential tests run. float64
@@ -270,7 +270,7 @@ def exp_hl(xh, xl):
 
 @triton.jit
 def erfc_parts(a, e):
-    """erfc(a) = y0 + c for a in [0, 10.5], given e = exp(-a*a) (cpu_math.erfc_parts)."""
+    """erfc(a) = y0 + c for a in [0, 10.5], given e = exp(-a*a) (cpu/jit/mathf.erfc_parts)."""
     r = div(tl.full(a.shape, 1.0, tl.float32), a + 2.0)
     q = tl.fma(-4.0, r, 1.0)
     q = tl.fma(r, tl.fma(-q, a, tl.fma(-2.0, q + 1.0, a)), q)
@@ -301,7 +301,7 @@ def erff(x):
 
 @triton.jit
 def geluf(x):
-    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu_math.geluf)."""
+    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu/jit/mathf.geluf)."""
     ax = tl.abs(x)
     ax = tl.where(ax < 14.0, ax, 14.0)
     h = ax * ax

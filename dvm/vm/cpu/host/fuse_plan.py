@@ -1,13 +1,14 @@
 """Where a kernel's instructions can run fused: decided once per instruction stream, in Python
-(cached by cpu_stream).
+(cached by host/stream).
 
 peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it.
-fuse[pc] (fuse_plan, executed by cpu_fused.py) = (kind, instructions covered, fields...) for a
+fuse[pc] (fuse_plan, executed by the fused pieces: jit/fused/, jit/rowtree) = (kind, instructions
+covered, fields...) for a
 run starting at pc, kind FK_NONE elsewhere. The plan checks what it can see statically: the
 opcodes, the register flow inside the run, and that every register the run only passes through
 (an intermediate, a loaded weight) is dead after it. Register states (full / compact / row
-vector) and whether a loaded operand is a row vector (cpu_rowlevel._row_uniform; a load instruction
-outside a run tests it per tile, _tile_row_uniform) are checked at run time, by cpu_fused. The
+vector) and whether a loaded operand is a row vector (jit/addr.row_uniform; a load instruction
+outside a run tests it per tile, tile_row_uniform) are checked at run time, by the fused pieces. The
 row forms of norms and softmax (_row_norm, _row_softmax: a whole load-to-store run) contain
 smaller runs, which are planned too: a tile the row form cannot take runs them.
 """
@@ -185,7 +186,7 @@ def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
 def _un_then_bin(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
     NO_LOAD, swap) for U in FUSED_UN, B in FUSED_BIN, when t is dead after the run and feeds one
-    side of B only (cpu_unbin)."""
+    side of B only (jit/fused/unbin)."""
     if not (_is(specs[pc], "ew") and specs[pc].op in FUSED_UN):
         return None
     t, x = int(instrs[pc, 1]), int(instrs[pc, 2])
@@ -225,7 +226,7 @@ def _row_norm(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     then chain B ; an FK_APPLY run of (d or x) and rs ; store y
     -> (FK_ROWNORM, n, o, pc of the CSQSUM run or -1, pc of the FK_APPLY run, rs, w and b sources
     as FK_APPLY's) when m and rs are the chains' results (or the sums themselves) and the run is
-    self-contained. Chains: compact ops only (_scalar_chain), replayed per row by cpu_rownorm."""
+    self-contained. Chains: compact ops only (_scalar_chain), replayed per row by jit/fused/rows."""
     if not _is(specs[pc], "load"):
         return None
     x, q = int(instrs[pc, 1]), pc + 1

@@ -2,7 +2,7 @@
 
 A kernel traced once and launched at many shapes (every new sequence length of a model) gets a
 new KernelLayout per shape, but usually the same instructions: the register flow (rio), the
-in-place and fused-run plans (cpu_fuse_plan) and which arguments the kernel stores depend only on
+in-place and fused-run plans (host/fuse_plan) and which arguments the kernel stores depend only on
 the instructions, the section bounds, the operands' dtypes and arguments. They are computed once
 per checked stream of the verifier (codegen.verifier.Stream, whose key holds all of those and the
 argument count) and kept in its `derived`, as read-only arrays shared by every descriptor built
