@@ -152,6 +152,8 @@ def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
         k, load = end, None
         if k < sec[1] and _is(specs[k], "load"):   # a row vector? checked at run time
             load = (int(instrs[k, 1]), int(instrs[k, 2]))
+            if load[0] == y:   # the load overwrites the run's value: not this pattern
+                break
             k += 1
         if k >= sec[1] or not _is(specs[k], "ew", op):
             break
