@@ -110,11 +110,12 @@ def cmd_repro(args) -> int:
     rejected by the verifier."""
     from dvm.config import VMS
     from dvm.errors import VerifyError
+    from dvm.vm.registry import host_vms
 
     from . import verify_repro
     from .cli import _err
     try:
-        vms = _list(args.vm, "--vm", VMS) or list(VMS)
+        vms = _list(args.vm, "--vm", VMS) or list(host_vms())
         repro = verify_repro.load(args.file)
     except OSError as e:
         _err(f"cannot read {args.file}: {e.strerror or e}")
@@ -215,7 +216,7 @@ def add_parsers(sub) -> None:
     _outputs(o, None, None)
     o.set_defaults(func=cmd_verify_opinfo)
 
-    r = sub.add_parser("repro", help="replay a verification reproducer (.npz) on every VM",
+    r = sub.add_parser("repro", help="replay a verification reproducer (.npz) on every VM of host memory",
                        description="Load a reproducer written by the verification mode, verify its Program, run "
                                    "it on every VM (or --vm) and print each output's error against the float64 "
                                    "reference next to eager's. Exit 1 if the failure reproduces, 2 if the file or "

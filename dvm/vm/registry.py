@@ -21,3 +21,17 @@ def get(name: str):
     except KeyError:
         raise ValueError(f"unknown VM {name!r}: available VMs are {', '.join(VM_NAMES)}") from None
     return importlib.import_module(module).VM_INSTANCE
+
+
+def host_vms() -> tuple[str, ...]:
+    """The VMs that run on host (NumPy) buffers and import here (a device VM's module may need
+    packages this machine lacks)."""
+    names = []
+    for name in VM_NAMES:
+        try:
+            vm = get(name)
+        except ImportError:
+            continue
+        if vm.host_buffers:
+            names.append(name)
+    return tuple(names)
