@@ -3,7 +3,7 @@ microseconds and run by virtual machines compiled once."""
 from .codegen.disasm import disasm
 from .codegen.program import Program
 from .codegen.verifier import verify
-from .errors import DTypeError, DvmError, ShapeError, TraceError, VerifyError
+from .errors import ArgumentError, DTypeError, DvmError, ShapeError, TraceError, VerifyError
 from .frontend.builder import KernelFunction, kernel
 from .frontend.explain import explain
 from .runtime.counters import reset as reset_counters
@@ -18,4 +18,4 @@ def compile(model=None, **kwargs):  # noqa: A001 (the torch.compile shorthand)
     from .frontend.torch_backend import compile as compile_
     return compile_(model, **kwargs)
 __all__ = ["kernel", "KernelFunction", "explain", "compile", "Program", "disasm", "verify", "execute", "counters",
-           "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError"]
+           "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError", "ArgumentError"]

@@ -6,6 +6,8 @@ DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on 
               or "reference" (NumPy, the executable spec)
 DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
+DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all builder traces) may hold
+                   in all (default 256; codegen/lru)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu_sync)
@@ -27,6 +29,7 @@ class Config:
     threads: int
     cache_size: int
     pool_mb: int
+    cache_mb: int
     spin_us: int
 
 
@@ -52,7 +55,8 @@ def config() -> Config:
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
-                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000))
+                  spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
+                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20))
 
 
 def reload() -> Config:
