@@ -28,7 +28,7 @@ def checked_numel(shape: Sequence[int], what: str = "shape") -> int:
     n = 1
     for d in shape:
         if d < 0 or d > MAX_ELEMS:
-            raise ShapeError(f"{what} {tuple(shape)}: size {d} is outside [0, {MAX_ELEMS}]")
+            raise ShapeError(f"{what} {tuple(shape)}: size {d} is outside [0, {MAX_ELEMS}] (2**44, DVM's limit)")
         n *= d
     if n > MAX_ELEMS:
         raise ShapeError(f"{what} {tuple(shape)} has {n} elements; DVM's limit is {MAX_ELEMS} (2**44)")

@@ -12,7 +12,7 @@ Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
   header, version, length, args, kernel_table, domain, sections, opcode, section_kind,
   unused_field, register, register_class, read_before_write, loop_carried, dst_alias,
   operand, operand_table, constant, dtype_code, store_target, store_broadcast, single_tile,
-  bounds, buffers, isa, size_limit, tile_shape
+  bounds, buffers, isa, size_limit, tile_shape, store_overlap
 
 What a verified Program guarantees a VM (and what VMs may assume without checking again):
 - its words are immutable (codegen.program) and the layout is computed from exactly them;
@@ -146,7 +146,7 @@ def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int)
     if stream.single_tile_at >= 0 and cols > bn:
         raise VerifyError("single_tile", f"single-tile instructions need every row in one tile, but "
                                          f"{cols} columns exceed BN={bn}", stream.single_tile_at, k)
-    _check_store_strides(layout, stream, k)
+    _check_stores(layout, stream, k)
     return layout, stream
 
 
@@ -214,37 +214,68 @@ def _instance_words(counts: tuple[int, int, int, int]) -> np.ndarray:
     return _INSTANCE_INDEX.put(counts, idx, idx.nbytes + 200)
 
 
-def _check_store_strides(layout: KernelLayout, stream: "Stream", k: int) -> None:
+def _check_stores(layout: KernelLayout, stream: Stream, k: int) -> None:
+    """Every store writes each element it touches from one point of the domain (no stride 0 on
+    a written dimension, and no two points at one address), and no other operand of the same
+    argument touches what a store writes unless it addresses it identically: otherwise the
+    result would depend on the order in which a VM visits the domain."""
+    sizes = layout.row_sizes + layout.col_sizes
     nr = len(layout.row_sizes)
+    strides = layout.opnd_strides.tolist()
     for i, j, sec in stream.stores:
-        strides, sizes = layout.opnd_strides[j], layout.row_sizes + layout.col_sizes
-        for d in range(nr if sec == "F" else len(sizes)):
-            if strides[d] == 0 and sizes[d] > 1:
-                raise VerifyError("store_broadcast", "a store operand has stride 0 on a written "
-                                                     "dimension", i, k)
+        ndims = nr if sec == "F" else len(sizes)
+        st = strides[j]
+        spread = sorted((abs(st[d]), sizes[d]) for d in range(ndims) if sizes[d] > 1)
+        if spread and spread[0][0] == 0:
+            raise VerifyError("store_broadcast", "a store operand has stride 0 on a written dimension", i, k)
+        span = 0
+        for stride, size in spread:
+            if stride <= span:
+                raise VerifyError("store_overlap", f"store operand {j} writes some element from two points of "
+                                                   "the domain", i, k)
+            span += (size - 1) * stride
+    if not stream.shared:
+        return
+    offsets = layout.opnd_offset.tolist()
+    for i, j, other in stream.shared:
+        if offsets[j] == offsets[other] and strides[j] == strides[other]:
+            continue
+        a, b = _touched(layout, stream, j, offsets, strides), _touched(layout, stream, other, offsets, strides)
+        if a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]:
+            raise VerifyError("store_overlap", f"operands {j} (stored) and {other} of argument "
+                                               f"{int(layout.opnd_arg[j])} overlap: the result would depend on the "
+                                               "order of the VM's tiles", i, k)
+
+
+def _touched(kl: KernelLayout, stream: Stream, j: int, offsets: list, strides: list) -> tuple[int, int] | None:
+    """(lowest, highest) element index operand j touches in kernel kl, or None."""
+    secs = stream.used[j]
+    if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
+        return None
+    sizes = kl.row_sizes + kl.col_sizes
+    ndims = len(sizes) if "B" in secs and kl.cols > 0 else len(kl.row_sizes)
+    lo = hi = offsets[j]
+    for size, stride in zip(sizes[:ndims], strides[j]):
+        reach = (size - 1) * stride
+        if reach < 0:
+            lo += reach
+        else:
+            hi += reach
+    return lo, hi
 
 
 def _extents(args: list[ArgInfo], kernels: list[KernelLayout], streams: list[Stream]):
     """Per argument: the lowest and highest element index any kernel can touch (None: none)."""
     out: list[tuple[int, int] | None] = [None] * len(args)
     for kl, stream in zip(kernels, streams):
-        nr = len(kl.row_sizes)
-        sizes = kl.row_sizes + kl.col_sizes
         offsets, strides, opnd_args = kl.opnd_offset.tolist(), kl.opnd_strides.tolist(), kl.opnd_arg.tolist()
-        for j, secs in stream.used.items():
-            if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
+        for j in stream.used:
+            r = _touched(kl, stream, j, offsets, strides)
+            if r is None:
                 continue
-            ndims = len(sizes) if "B" in secs and kl.cols > 0 else nr
-            lo = hi = offsets[j]
-            for size, stride in zip(sizes[:ndims], strides[j]):
-                reach = (size - 1) * stride
-                if reach < 0:
-                    lo += reach
-                else:
-                    hi += reach
             a = opnd_args[j]
             prev = out[a]
-            out[a] = (lo, hi) if prev is None else (min(lo, prev[0]), max(hi, prev[1]))
+            out[a] = r if prev is None else (min(r[0], prev[0]), max(r[1], prev[1]))
     return out
 
 

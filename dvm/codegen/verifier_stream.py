@@ -16,6 +16,8 @@ import numpy as np
 from ..errors import VerifyError
 from ..graph.dtypes import DType
 from . import isa, lru
+from .verifier_dataflow import check_dataflow
+from .verifier_dataflow import SEC_B, SEC_F, SEC_I, SEC_P
 from .program import (ARG_IN, CONST_WORDS, KHEAD_WORDS, MAX_REGS, OPND_ARG, OPND_FIXED_WORDS, OPND_INDEX,
                       SWEEP_WORDS, ArgInfo, Sweep)
 
@@ -27,7 +29,6 @@ STREAMS = lru.BoundedDict(CACHES, STREAM_CACHE_ENTRIES)
 STREAM_OVERHEAD_BYTES = 2048      # a Stream's objects besides its arrays (slots, tuples, dicts)
 
 # -- per-opcode tables (index: opcode; row 0 stands for every invalid opcode) -------------------
-SEC_P, SEC_I, SEC_B, SEC_F = 1, 2, 4, 8
 _SEC_BIT = {"P": SEC_P, "I": SEC_I, "B": SEC_B, "F": SEC_F}
 R_NONE, R_D, R_S, R_M, R_O, R_K, R_T = range(7)
 _ROLE_CODE = {"d": R_D, "s": R_S, "m": R_M, "o": R_O, "k": R_K, "t": R_T}
@@ -109,11 +110,12 @@ class Stream:
     sections, operand kinds, arguments and dtypes, constant banks, instructions (read-only arrays
     shared by every KernelLayout of the stream), and the facts later checks need: which operands
     the body and finalize sections load or store (instruction index of each; 'B' whole domain,
-    'F' column 0 of every row: finalize loads/stores and storerow), the first single-tile
+    'F' column 0 of every row: finalize loads/stores and storerow), the operands that share an
+    argument with a stored one (`shared`: instruction, stored operand, other), the first single-tile
     instruction, if any, and the instruction count of each section kind (for the work bound).
     `derived`: what a VM derives from the stream alone, cached by the VM."""
     __slots__ = ("nregs", "prologue", "sweeps", "opnd_kind", "opnd_arg", "opnd_dtype", "const_bank", "instrs",
-                 "used", "stores", "single_tile_at", "per_row_block", "per_tile", "derived")
+                 "used", "stores", "shared", "single_tile_at", "per_row_block", "per_tile", "derived")
 
     def __init__(self, masked: np.ndarray, args: list[ArgInfo], k: int, counts: tuple):
         nd, n_sweeps, n_opnd, n_const = counts
@@ -146,7 +148,7 @@ class Stream:
         self.derived: dict = {}
         sec = self._section_codes()
         first_bad = _first_static_fault(self, sec, args)
-        _check_dataflow(self, first_bad, k)
+        check_dataflow(self.instrs[:first_bad].tolist(), self._ranges(), _REGS, k)
         if first_bad < n_instr:
             _check_instruction(self, first_bad, sec, args, k)
             raise AssertionError(f"verifier: instruction {first_bad} failed an array check that its own "
@@ -160,6 +162,13 @@ class Stream:
         arrays = (self.opnd_kind, self.opnd_arg, self.opnd_dtype, self.const_bank, self.instrs)
         return sum(a.nbytes for a in arrays) + STREAM_OVERHEAD_BYTES
 
+    def _ranges(self) -> list[tuple[int, int, int]]:
+        """(section kind, start, end) of every section, in order."""
+        out = [(SEC_P, *self.prologue)]
+        for sw in self.sweeps:
+            out += [(SEC_I, *sw.init), (SEC_B, *sw.body), (SEC_F, *sw.fin)]
+        return out
+
     def _section_codes(self) -> np.ndarray:
         """The section kind (SEC_*) of every instruction."""
         codes, lengths = [SEC_P], [self.prologue[1] - self.prologue[0]]
@@ -171,6 +180,7 @@ class Stream:
     def _find_accesses(self, sec: np.ndarray) -> None:
         self.used: dict[int, str] = {}
         self.stores: list[tuple[int, int, str]] = []  # (instruction, operand, section)
+        self.shared: list[tuple[int, int, int]] = []
         self.single_tile_at = -1
         if not len(sec):
             return
@@ -185,6 +195,20 @@ class Stream:
             self.used[j] = self.used.get(j, "") + access
             if g != G_LOAD:
                 self.stores.append((i, j, access))
+        self._find_shared()
+
+    def _find_shared(self) -> None:
+        by_arg: dict[int, list[int]] = {}
+        kinds, args = self.opnd_kind.tolist(), self.opnd_arg.tolist()
+        for j in self.used:
+            if kinds[j] == OPND_ARG:
+                by_arg.setdefault(args[j], []).append(j)
+        pairs = set()
+        for i, j, _ in self.stores:
+            for other in by_arg[args[j]]:
+                if other != j and (j, other) not in pairs and (other, j) not in pairs:
+                    pairs.add((j, other))
+                    self.shared.append((i, j, other))
 
 
 def _first_static_fault(stream: Stream, sec: np.ndarray, args: list[ArgInfo]) -> int:
@@ -275,77 +299,3 @@ def _check_operand_use(spec, v, stream, args, n_opnd, i, k) -> None:
                                             f"{DType(int(stream.opnd_dtype[v])).short}", i, k)
     if spec.group in ("store", "storerow") and args[int(stream.opnd_arg[v])].role == ARG_IN:
         raise VerifyError("store_target", f"{spec.name} writes input argument {int(stream.opnd_arg[v])}", i, k)
-
-
-def _reg_name(g: int) -> str:
-    return f"{isa.BANKS[g // MAX_REGS].short}:{g % MAX_REGS}"
-
-
-def _check_dataflow(stream: Stream, stop: int, k: int) -> None:
-    """Register dataflow over instructions [0, stop) (statically valid): no destination is also a
-    source, every read sees a write that reaches it (accumulators: initialized in this sweep),
-    a body overwrites no value it read from outside the body (carried across tiles), and the
-    row-block loop overwrites no prologue value it has read (the next row block reads it again).
-    Registers are numbered bank * MAX_REGS + index."""
-    UNDEF, KEEP, LOCAL = 0, 1, 2
-    state = [UNDEF] * (len(isa.BANKS) * MAX_REGS)
-    ranges = [("P", stream.prologue)]
-    for sw in stream.sweeps:
-        ranges += [("I", sw.init), ("B", sw.body), ("F", sw.fin)]
-    rows = stream.instrs[:stop].tolist()
-    regs_of = _REGS
-    from_prologue: set = set()   # registers still holding the value the prologue wrote
-    rowloop_reads: set = set()   # ... of which the row-block loop has read
-    for sec, (s, e) in ranges:
-        e = min(e, stop)
-        body, prologue = sec == "B", sec == "P"
-        outer_reads: set = set()
-        body_writes: list = []
-        for i in range(s, e):
-            row = rows[i]
-            dsts, srcs, accs = regs_of[row[0]]
-            writes = [b + row[f] for f, b in dsts]
-            reads = [b + row[f] for f, b in srcs]
-            if accs:
-                acc = [b + row[f] for f, b in accs]
-            else:
-                acc = ()
-            if (len(writes) > 1 and len(set(writes)) != len(writes)) or (writes and reads and set(writes) & set(reads)) \
-                    or (acc and (set(acc) & set(writes) or set(acc) & set(reads) or len(set(acc)) != len(acc))):
-                raise VerifyError("dst_alias", f"{isa.BY_CODE[row[0]].name}: a destination register is also "
-                                               "a source", i, k)
-            for g in (*reads, *acc) if acc else reads:
-                st = state[g]
-                if st == UNDEF:
-                    raise VerifyError("read_before_write", f"{isa.BY_CODE[row[0]].name} reads {_reg_name(g)} "
-                                                           "before any write that reaches it", i, k)
-                if body and st == KEEP:
-                    outer_reads.add(g)
-                if not prologue and g in from_prologue:
-                    rowloop_reads.add(g)
-            for g in acc:
-                if not body or state[g] != KEEP:
-                    raise VerifyError("read_before_write", f"{isa.BY_CODE[row[0]].name}: accumulator "
-                                                           f"{_reg_name(g)} is not initialized in this sweep", i, k)
-            for g in writes:
-                if body and g in outer_reads:
-                    raise VerifyError("loop_carried", f"{isa.BY_CODE[row[0]].name} overwrites {_reg_name(g)}, "
-                                                      "which this body read earlier (a value carried across tiles)",
-                                      i, k)
-                if not prologue and g in rowloop_reads:
-                    raise VerifyError("loop_carried", f"{isa.BY_CODE[row[0]].name} overwrites {_reg_name(g)}, a "
-                                                      "prologue value the next row block reads again", i, k)
-                if body:
-                    state[g] = LOCAL
-                    body_writes.append(g)
-                else:
-                    state[g] = KEEP
-                if prologue:
-                    from_prologue.add(g)
-                else:
-                    from_prologue.discard(g)
-        for g in body_writes:   # body-local values do not survive the body
-            if state[g] == LOCAL:
-                state[g] = UNDEF
-        if e >= stop:
-            return

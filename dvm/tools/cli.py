@@ -9,6 +9,7 @@
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
+    dvm fuzz programs | shapes                        hostile-input checks (tools/fuzz_cli.py)
     dvm explain [--model llama|qwen2_moe] [--length L] [--batch B]   what the torch backend fuses
     dvm version
 
@@ -306,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     x.add_argument("--seed", type=int, default=0)
     x.set_defaults(func=cmd_explain)
+
+    from . import fuzz_cli
+    fuzz_cli.add_parser(sub)
 
     v = sub.add_parser("version", help="print the DVM version")
     v.set_defaults(func=cmd_version)
