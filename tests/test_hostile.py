@@ -113,7 +113,7 @@ def test_work_bound_is_closed_form():
     x = np.ones((5, 300), np.float32)
     layout = dvm.verify(softmax.program(x))
     kl = layout.kernels[0]
-    assert 0 < layout.work <= 4 * kl.rows * kl.cols * len(kl.instrs)
+    assert 0 < layout.work <= 4 * kl.rows * kl.cols * len(kl.instrs)   # the encoder's tiles: at most pow2
 
 
 def test_tile_larger_than_its_domain_is_rejected():

@@ -412,8 +412,8 @@ CASES: list[Case] = [
     Case("size_limit/offset-plus-reach", "softmax", opnd(0, 3, MAX_ELEMS - 4), "size_limit", kernel=0),
     Case("size_limit/negative-stride", "softmax", opnd(0, 5, -(1 << 62)), "size_limit", kernel=0),
     # tile_shape (a tile no larger than the domain, each side rounded up to a power of two) --------
-    Case("tile_shape/bm-over-rows", "softmax", khead("bm", 8), "tile_shape", kernel=0),
-    Case("tile_shape/bn-over-cols", "softmax", khead("bn", 16), "tile_shape", kernel=0),
+    Case("tile_shape/bm-over-rows", "softmax", khead("bm", 16), "tile_shape", kernel=0),
+    Case("tile_shape/bn-over-cols", "softmax", khead("bn", 32), "tile_shape", kernel=0),
     Case("tile_shape/tall-tile-on-one-row", "softmax", seq(_dim(0, 1), _arg(1, 2, 5), khead("bm", 4096)),
          "tile_shape", kernel=0),
     # a well-formed program with no arguments and an index operand (see report: IndexError) -----
