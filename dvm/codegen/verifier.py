@@ -105,10 +105,10 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
                                               f"the previous block ending at {prev_end} inside {n} words")
         prev_end = off + length
         kernels.append(_verify_kernel(w[off:off + length], args_key, args, k))
-    kernels, streams = [kl for kl, _ in kernels], [st for _, st in kernels]
+    kernels, streams, touched = zip(*kernels)
     if prev_end != n:
         raise VerifyError("length", f"{n - prev_end} trailing words after the last kernel")
-    extents = _extents(args, kernels, streams)
+    extents = _extents(len(args), kernels, touched)
     for a, (info, ext) in enumerate(zip(args, extents)):
         if info.role != ARG_IN and ext is not None and (ext[0] < 0 or ext[1] >= info.numel):
             raise VerifyError("bounds", f"argument {a} ({ARG_ROLES[info.role]}) holds {info.numel} "
@@ -118,7 +118,8 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
     return ProgramLayout(tuple(args), tuple(kernels), tuple(extents), checks, w, work)
 
 
-def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int) -> tuple[KernelLayout, Stream]:
+def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int) -> tuple[KernelLayout, Stream, dict]:
+    """The kernel block's layout, its stream, and the element range each operand touches."""
     h = kw[:KHEAD_WORDS].tolist()
     nr, nc, bm, bn, n_opnd, n_const, n_instr, n_sweeps = h[:8]
     nregs = tuple(h[8:12])
@@ -142,7 +143,8 @@ def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int)
     consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
     strides = np.ascontiguousarray(opnd[:, 4:])
     strides.flags.writeable = False
-    _check_operand_reach(dims, opnd[:, 3].tolist(), strides.tolist(), k)
+    stride_list = strides.tolist()
+    touched = _operand_ranges(dims, nr, rows, cols, opnd[:, 3].tolist(), stride_list, stream, k)
     # the instance's own words are views of the (immutable) Program; the rest is the stream's
     layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, stream.prologue, stream.sweeps,
                           stream.opnd_kind, stream.opnd_arg, stream.opnd_dtype, opnd[:, 3],
@@ -150,8 +152,8 @@ def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int)
     if stream.single_tile_at >= 0 and cols > bn:
         raise VerifyError("single_tile", f"single-tile instructions need every row in one tile, but "
                                          f"{cols} columns exceed BN={bn}", stream.single_tile_at, k)
-    _check_stores(layout, stream, k)
-    return layout, stream
+    _check_stores(layout, stream, stride_list, touched, k)
+    return layout, stream, touched
 
 
 def _check_domain(dims: list[int], nr: int, bm: int, bn: int, k: int) -> tuple[int, int]:
@@ -176,19 +178,36 @@ def _check_domain(dims: list[int], nr: int, bm: int, bn: int, k: int) -> tuple[i
     return rows, cols
 
 
-def _check_operand_reach(dims: list[int], offsets: list[int], strides: list[list[int]], k: int) -> None:
-    """Every operand's indices stay within MAX_ELEMS of 0 in any order of summation:
-    |offset| + sum (size - 1) |stride| <= MAX_ELEMS, and every |stride| <= MAX_ELEMS."""
-    for j, (off, st) in enumerate(zip(offsets, strides)):
-        spread = abs(off)
-        for d, s in zip(dims, st):
-            if s > MAX_ELEMS or -s > MAX_ELEMS:
+def _operand_ranges(dims: list[int], nr: int, rows: int, cols: int, offsets: list[int], strides: list[list[int]],
+                    stream: Stream, k: int) -> dict[int, tuple[int, int]]:
+    """Every operand within the limits: each |stride| <= MAX_ELEMS and its element indices over
+    the whole domain within [-MAX_ELEMS, MAX_ELEMS] (every partial sum offset + sum of
+    index x stride then lies in that range too, in any order). Returns, per operand a body or
+    finalize section loads or stores, the (lowest, highest) element it touches (the row dims
+    only when only finalize sections use it: they address column 0)."""
+    out = {}
+    used = stream.used
+    for j, st in enumerate(strides):
+        lo = hi = lo_rows = hi_rows = offsets[j]
+        for d, s in enumerate(st):
+            if s > MAX_ELEMS or s < -MAX_ELEMS:
                 raise VerifyError("size_limit", f"operand {j}: stride {s} over the limit {MAX_ELEMS}", kernel=k)
-            if d > 1:
-                spread += (d - 1) * abs(s)
-        if spread > MAX_ELEMS:
-            raise VerifyError("size_limit", f"operand {j}: offset {off} and strides {st} reach {spread} "
-                                            f"elements, over the limit {MAX_ELEMS}", kernel=k)
+            if d == nr:
+                lo_rows, hi_rows = lo, hi
+            n = dims[d]
+            if n > 1:
+                if s < 0:
+                    lo += (n - 1) * s
+                else:
+                    hi += (n - 1) * s
+        if lo < -MAX_ELEMS or hi > MAX_ELEMS:
+            raise VerifyError("size_limit", f"operand {j}: offset {offsets[j]} and strides {st} reach [{lo}, {hi}], "
+                                            f"beyond the limit {MAX_ELEMS}", kernel=k)
+        secs = used.get(j)
+        if secs is None or rows == 0 or ("F" not in secs and cols == 0):
+            continue
+        out[j] = (lo, hi) if ("B" in secs and cols > 0) or nr == len(dims) else (lo_rows, hi_rows)
+    return out
 
 
 def _work(kl: KernelLayout, stream: Stream) -> int:
@@ -219,68 +238,61 @@ def _instance_words(counts: tuple[int, int, int, int]) -> np.ndarray:
     return _INSTANCE_INDEX.put(counts, idx, idx.nbytes + 200)
 
 
-def _check_stores(layout: KernelLayout, stream: Stream, k: int) -> None:
+def _check_stores(layout: KernelLayout, stream: Stream, strides: list[list[int]], touched: dict, k: int) -> None:
     """Every store writes each element it touches from one point of the domain (no stride 0 on
     a written dimension, and no two points at one address), and no other operand of the same
     argument touches what a store writes unless it addresses it identically: otherwise the
     result would depend on the order in which a VM visits the domain."""
     sizes = layout.row_sizes + layout.col_sizes
     nr = len(layout.row_sizes)
-    strides = layout.opnd_strides.tolist()
     for i, j, sec in stream.stores:
         ndims = nr if sec == "F" else len(sizes)
         st = strides[j]
-        spread = sorted((abs(st[d]), sizes[d]) for d in range(ndims) if sizes[d] > 1)
-        if spread and spread[0][0] == 0:
-            raise VerifyError("store_broadcast", "a store operand has stride 0 on a written dimension", i, k)
-        span = 0
-        for stride, size in spread:
-            if stride <= span:
-                raise VerifyError("store_overlap", f"store operand {j} writes some element from two points of "
-                                                   "the domain", i, k)
-            span += (size - 1) * stride
+        span = 0   # row-major strides (the encoder's): each exceeds the span of the dims after it
+        for d in range(ndims - 1, -1, -1):
+            if sizes[d] > 1:
+                if st[d] <= span:
+                    break
+                span += (sizes[d] - 1) * st[d]
+        else:
+            continue
+        _check_store_injective(st, sizes, ndims, i, j, k)
     if not stream.shared:
         return
     offsets = layout.opnd_offset.tolist()
     for i, j, other in stream.shared:
         if offsets[j] == offsets[other] and strides[j] == strides[other]:
             continue
-        a, b = _touched(layout, stream, j, offsets, strides), _touched(layout, stream, other, offsets, strides)
+        a, b = touched.get(j), touched.get(other)
         if a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]:
             raise VerifyError("store_overlap", f"operands {j} (stored) and {other} of argument "
                                                f"{int(layout.opnd_arg[j])} overlap: the result would depend on the "
                                                "order of the VM's tiles", i, k)
 
 
-def _touched(kl: KernelLayout, stream: Stream, j: int, offsets: list, strides: list) -> tuple[int, int] | None:
-    """(lowest, highest) element index operand j touches in kernel kl, or None."""
-    secs = stream.used[j]
-    if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
-        return None
-    sizes = kl.row_sizes + kl.col_sizes
-    ndims = len(sizes) if "B" in secs and kl.cols > 0 else len(kl.row_sizes)
-    lo = hi = offsets[j]
-    for size, stride in zip(sizes[:ndims], strides[j]):
-        reach = (size - 1) * stride
-        if reach < 0:
-            lo += reach
-        else:
-            hi += reach
-    return lo, hi
+def _check_store_injective(st: list[int], sizes: tuple, ndims: int, i: int, j: int, k: int) -> None:
+    """Dims sorted by |stride|: each stride exceeds the span of the smaller ones (then no two
+    points of the written domain share an address), and none is 0 (store_broadcast)."""
+    spread = sorted((abs(st[d]), sizes[d]) for d in range(ndims) if sizes[d] > 1)
+    if spread and spread[0][0] == 0:
+        raise VerifyError("store_broadcast", "a store operand has stride 0 on a written dimension", i, k)
+    span = 0
+    for stride, size in spread:
+        if stride <= span:
+            raise VerifyError("store_overlap", f"store operand {j} writes some element from two points of "
+                                               "the domain", i, k)
+        span += (size - 1) * stride
 
 
-def _extents(args: list[ArgInfo], kernels: list[KernelLayout], streams: list[Stream]):
+def _extents(n_args: int, kernels, touched) -> list[tuple[int, int] | None]:
     """Per argument: the lowest and highest element index any kernel can touch (None: none)."""
-    out: list[tuple[int, int] | None] = [None] * len(args)
-    for kl, stream in zip(kernels, streams):
-        offsets, strides, opnd_args = kl.opnd_offset.tolist(), kl.opnd_strides.tolist(), kl.opnd_arg.tolist()
-        for j in stream.used:
-            r = _touched(kl, stream, j, offsets, strides)
-            if r is None:
-                continue
+    out: list[tuple[int, int] | None] = [None] * n_args
+    for kl, ranges in zip(kernels, touched):
+        opnd_args = kl.opnd_arg.tolist()
+        for j, (lo, hi) in ranges.items():
             a = opnd_args[j]
             prev = out[a]
-            out[a] = r if prev is None else (min(r[0], prev[0]), max(r[1], prev[1]))
+            out[a] = (lo, hi) if prev is None else (min(lo, prev[0]), max(hi, prev[1]))
     return out
 
 
