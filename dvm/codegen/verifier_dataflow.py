@@ -27,7 +27,16 @@ def _name(row) -> str:
 
 
 def _alias(row, dsts, srcs, accs, i: int, k: int) -> None:
-    """dst_alias for an instruction with several destinations or accumulators."""
+    """dst_alias: no destination (or accumulator) is a source or another destination."""
+    if len(dsts) == 1 and not accs:   # the common case
+        f, b = dsts[0]
+        w = b + row[f]
+        for f, b in srcs:
+            if b + row[f] == w:
+                raise VerifyError("dst_alias", f"{_name(row)}: a destination register is also a source", i, k)
+        return
+    if not dsts and not accs:
+        return
     writes = [b + row[f] for f, b in dsts] + [b + row[f] for f, b in accs]
     reads = {b + row[f] for f, b in srcs}
     if len(set(writes)) != len(writes) or reads.intersection(writes):
@@ -62,14 +71,7 @@ def _prologue(rows, s, e, regs, state, from_prologue, k) -> None:
     for i in range(s, e):
         row = rows[i]
         dsts, srcs, accs = regs[row[0]]
-        if len(dsts) == 1 and not accs:
-            f, b = dsts[0]
-            w = b + row[f]
-            for f, b in srcs:
-                if b + row[f] == w:
-                    raise VerifyError("dst_alias", f"{_name(row)}: a destination register is also a source", i, k)
-        elif dsts or accs:
-            _alias(row, dsts, srcs, accs, i, k)
+        _alias(row, dsts, srcs, accs, i, k)
         for f, b in srcs:
             if not state[b + row[f]]:
                 raise _unwritten(row, b + row[f], i, k)
@@ -84,14 +86,7 @@ def _per_row(rows, s, e, regs, state, from_prologue, rowloop_reads, k) -> None:
     for i in range(s, e):
         row = rows[i]
         dsts, srcs, accs = regs[row[0]]
-        if len(dsts) == 1 and not accs:
-            f, b = dsts[0]
-            w = b + row[f]
-            for f, b in srcs:
-                if b + row[f] == w:
-                    raise VerifyError("dst_alias", f"{_name(row)}: a destination register is also a source", i, k)
-        elif dsts or accs:
-            _alias(row, dsts, srcs, accs, i, k)
+        _alias(row, dsts, srcs, accs, i, k)
         for f, b in srcs:
             g = b + row[f]
             if not state[g]:
@@ -115,14 +110,7 @@ def _body(rows, s, e, regs, state, from_prologue, rowloop_reads, k) -> None:
     for i in range(s, e):
         row = rows[i]
         dsts, srcs, accs = regs[row[0]]
-        if len(dsts) == 1 and not accs:
-            f, b = dsts[0]
-            w = b + row[f]
-            for f, b in srcs:
-                if b + row[f] == w:
-                    raise VerifyError("dst_alias", f"{_name(row)}: a destination register is also a source", i, k)
-        elif dsts or accs:
-            _alias(row, dsts, srcs, accs, i, k)
+        _alias(row, dsts, srcs, accs, i, k)
         for fields in (srcs, accs) if accs else (srcs,):
             for f, b in fields:
                 g = b + row[f]

@@ -89,11 +89,17 @@ def m_splice(rng, w, L, corpus):
     return np.concatenate([w[:dst], piece, w[dst:]]), f"splice {n} words in at {dst}"
 
 
-def m_opcode(rng, w, L, corpus):
+def _instr(rng, L):
+    """A random instruction: (its kernel's layout, its index), or None when the kernel has none."""
     k = _kernel(rng, L)
-    if not k["instr"]:
+    return (k, int(rng.integers(len(k["instr"])))) if k["instr"] else None
+
+
+def m_opcode(rng, w, L, corpus):
+    pick = _instr(rng, L)
+    if pick is None:
         return w, "noop"
-    i = int(rng.integers(len(k["instr"])))
+    k, i = pick
     spec = isa.BY_CODE.get(int(w[k["instr"][i]]))
     if spec is not None and rng.random() < 0.5:   # same field roles: more likely to pass
         same = [s.code for s in isa.ISA if [f.role for f in s.fields] == [f.role for f in spec.fields]]
@@ -104,10 +110,10 @@ def m_opcode(rng, w, L, corpus):
 
 
 def m_field(rng, w, L, corpus):
-    k = _kernel(rng, L)
-    if not k["instr"]:
+    pick = _instr(rng, L)
+    if pick is None:
         return w, "noop"
-    i = int(rng.integers(len(k["instr"])))
+    k, i = pick
     f = int(rng.integers(1, isa.WORDS))
     w[k["instr"][i] + f] = int(rng.integers(-1, 9)) if rng.random() < 0.8 else _extreme(rng)
     return w, f"instr {i} field {f} -> {int(w[k['instr'][i] + f])}"
