@@ -43,3 +43,12 @@ def test_replay_rebuilds_one_mutant(capsys):
     assert main(["fuzz", "programs", "--replay", "5", "--seed", "7", "--vms", "reference"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("mutant 5 of ") and "verify" in out
+
+
+def test_fuzz_shapes_command(tmp_path, capsys):
+    path = tmp_path / "shapes.json"
+    assert main(["fuzz", "shapes", "--shapes", "60", "--programs", "60", "--json", str(path), "--md", "-"]) == 0
+    report = json.loads(path.read_text())
+    assert [p["count"] for p in report["phases"]] == [60, 60]
+    assert "cache_traces_entries" in report["caches"]
+    assert "growth after the caches filled" in capsys.readouterr().out

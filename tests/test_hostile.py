@@ -213,6 +213,7 @@ def _plus_one(k, x):
     return k.store(k.add(k.load(x), 1.0))
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")   # np.matrix itself warns
 def test_np_matrix_is_a_clear_type_error():
     """A matrix stays 2-D under reshape(-1): it used to reach the verifier's buffer check
     ("buffer 0 must be a 1-D NumPy array"), or, transposed, ran."""

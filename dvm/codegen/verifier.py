@@ -141,8 +141,7 @@ def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int)
     opnd = kw[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
     pos += opnd_words * n_opnd
     consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
-    strides = np.ascontiguousarray(opnd[:, 4:])
-    strides.flags.writeable = False
+    strides = opnd[:, 4:]   # a view of the immutable words, like the offsets and constants
     stride_list = strides.tolist()
     touched = _operand_ranges(dims, nr, rows, cols, opnd[:, 3].tolist(), stride_list, stream, k)
     # the instance's own words are views of the (immutable) Program; the rest is the stream's

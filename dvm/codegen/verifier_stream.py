@@ -69,8 +69,7 @@ def cached_stream(kw: np.ndarray, instance_idx: np.ndarray, args_key: bytes, arg
     masked[instance_idx] = 0
     key = args_key + masked.tobytes()
     stream = STREAMS.get(key)
-    if stream is not None:
-        STREAMS.touch(key)
+    if stream is not None:   # (no touch: first in, first out; an evicted stream is checked again)
         return stream
     stream = Stream(masked, args, k, counts)
     return STREAMS.put(key, stream, len(key) + stream.nbytes())

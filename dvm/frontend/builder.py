@@ -1,12 +1,12 @@
 """The builder API: `@dvm.kernel` functions traced once per input signature, run on NumPy arrays.
 
 A signature is (dtype, rank, which dims are 0 or 1) per argument; every other dim is a symbol, so
-a new size costs one encode, never a re-trace (dynamic=False: one trace per concrete shape). A
-kernel function's traces and launches are bounded caches (codegen.lru: DVM_CACHE_SIZE entries, and
-DVM_CACHE_MB bytes per family in all), so any number of distinct shapes leaves memory flat. Tracing runs twice: the first pass learns which
-symbols broadcasting forces equal, the second traces with those symbols unified, so fusion sees
-equal sizes as equal. Each call binds symbols from the arguments' sizes and checks the recorded
-facts, naming the argument that violates one.
+a new size costs one encode, never a re-trace (dynamic=False: one trace per concrete shape).
+Tracing runs twice: the first pass learns which symbols broadcasting forces equal, the second
+traces with those symbols unified, so fusion sees equal sizes as equal. Each call binds symbols
+from the arguments' sizes and checks the recorded facts, naming the argument that violates one.
+A kernel function's traces and launches are bounded caches (codegen.lru: DVM_CACHE_SIZE entries,
+and DVM_CACHE_MB bytes per family in all), so any number of distinct shapes leaves memory flat.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codegen import encoder, lru
-from ..codegen.limits import checked_span
+from ..codegen.limits import MAX_ELEMS, checked_span
 from ..codegen.program import Program
 from ..config import config
 from ..errors import ArgumentError, DTypeError, ShapeError, TraceError
@@ -223,7 +223,7 @@ class KernelFunction:
                              f"({', '.join(self.arg_names)}), got {len(args)}")
         arrays, sig = [], []
         for name, a in zip(self.arg_names, args):
-            if isinstance(a, REFUSED_ARRAY_TYPES):
+            if type(a) is not np.ndarray and isinstance(a, REFUSED_ARRAY_TYPES):
                 raise ArgumentError(f"argument '{name}' is a {type(a).__module__}.{type(a).__name__}, whose "
                                     "operators and shapes differ from a plain array's: pass np.asarray(...) "
                                     "(a masked array: np.ma.filled(...))")
@@ -232,7 +232,8 @@ class KernelFunction:
                 dt = dtype_of(arr.dtype)
             except TypeError as e:
                 raise DTypeError(f"argument '{name}': {e}") from None
-            checked_span(arr.shape, arr.strides, arr.itemsize, f"argument '{name}'")
+            if not arr.flags.c_contiguous or arr.size > MAX_ELEMS:   # (else it spans size x itemsize bytes)
+                checked_span(arr.shape, arr.strides, arr.itemsize, f"argument '{name}'")
             arrays.append(arr)
             sig.append((dt, arr.shape if not self.dynamic else tuple(d if d < 2 else -1 for d in arr.shape)))
         return arrays, tuple(sig)

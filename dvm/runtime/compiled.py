@@ -12,8 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..codegen import encoder
-from ..codegen import lru
+from ..codegen import encoder, lru
 from ..codegen.encoder import ArgSpec, NeedsCopy, encode_program
 from ..codegen.lower import lower
 from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
@@ -30,7 +29,7 @@ from .launch import vm_runner
 # Estimated bytes a cached Program or Launch keeps alive besides its words (measured with
 # tracemalloc on small kernels, rounded up: the Program and its verified layout, ~1.5 KB a
 # kernel; a Launch's allocators, tuples and the CPU VM's bound runner and descriptors, ~3 KB)
-PROGRAM_OVERHEAD_BYTES = 2048
+PROGRAM_OVERHEAD_BYTES = 4096
 KERNEL_LAYOUT_BYTES = 2048
 LAUNCH_OVERHEAD_BYTES = 4096
 PROGRAMS = lru.family("programs", lambda: config().cache_mb << 20)
@@ -51,10 +50,9 @@ def launch_cache() -> lru.BoundedDict:
 
 
 def program_bytes(prog: Program) -> int:
-    """What a cached Program keeps alive: its words, the layout the verifier adds (per kernel)."""
-    words = prog.words
-    n_kernels = int(words[4]) if len(words) > 4 else 1
-    return words.nbytes + PROGRAM_OVERHEAD_BYTES + KERNEL_LAYOUT_BYTES * max(n_kernels, 1)
+    """What a cached Program keeps alive: its words, the layout the verifier adds (its objects
+    and views, a few KB whatever the words; the instruction arrays are the stream's, shared)."""
+    return prog.words.nbytes + PROGRAM_OVERHEAD_BYTES
 
 
 def launch_bytes(launch: "Launch") -> int:
