@@ -57,6 +57,7 @@ def cmd_programs(args) -> int:
                 "mutants": report.mutants, "counts": report.counts, "crashed": report.crashed, "hung": report.hung,
                 "failures": [list(f) for f in report.failures], "verify_mean_us": report.verify_mean_us,
                 "verify_max_us": report.verify_max_us, "verify_max_small_us": report.verify_max_small_us,
+                "verify_hist_log2_ns": report.verify_hist,
                 "retimed": [list(r) for r in report.retimed], "seconds": report.seconds,
                 "machine": machine_info(), "loadavg": [load0, loadavg()]}
         write_json(args.json, data)

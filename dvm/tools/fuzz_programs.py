@@ -29,7 +29,9 @@ RETIMED = 64
 # shared per-worker state (int64 slots): the counts of KINDS, then
 _MAX_NS, _MAX_SMALL_NS, _SUM_NS, _CURRENT = range(len(KINDS), len(KINDS) + 4)
 _WORST = len(KINDS) + 4      # WORST_KEPT pairs (ns, index)
-_SLOTS = _WORST + 2 * WORST_KEPT
+_HIST = _WORST + 2 * WORST_KEPT   # verify times: HIST_BINS counts, bin b holding [2**(b-1), 2**b) ns
+HIST_BINS = 40
+_SLOTS = _HIST + HIST_BINS
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Report:
     crashed: list = field(default_factory=list)    # mutant indices whose worker died
     hung: list = field(default_factory=list)
     failures: list = field(default_factory=list)   # (index, kind, detail, base, mutation)
+    verify_hist: list = field(default_factory=lambda: [0] * HIST_BINS)
     verify_max_us: float = 0.0
     verify_max_small_us: float = 0.0
     verify_mean_us: float = 0.0
@@ -69,6 +72,7 @@ def _worker(seed: int, start: int, end: int, vms: tuple, state, conn, crash_at: 
         out = fuzz_run.run_mutant(words, base.inputs, vms, np.random.default_rng([seed, i, 1]))
         state[KINDS.index(out.kind)] += 1
         state[_SUM_NS] += out.verify_ns
+        state[_HIST + min(HIST_BINS - 1, out.verify_ns.bit_length())] += 1
         state[_MAX_NS] = max(state[_MAX_NS], out.verify_ns)
         if out.words < SMALL_WORDS:
             state[_MAX_SMALL_NS] = max(state[_MAX_SMALL_NS], out.verify_ns)
@@ -105,6 +109,18 @@ def _harvest(slot: _Slot, report: Report) -> None:
     report.verify_mean_us += s[_SUM_NS] / 1e3   # a sum until run() divides it
     report.worst += [(s[_WORST + 2 * j], s[_WORST + 2 * j + 1]) for j in range(WORST_KEPT)
                      if s[_WORST + 2 * j + 1] >= 0]
+    for b in range(HIST_BINS):
+        report.verify_hist[b] += s[_HIST + b]
+
+
+def quantile_us(hist: list[int], q: float) -> float:
+    """An upper bound of the q-quantile of the verify times (the upper edge of its bin), in us."""
+    total, seen = sum(hist), 0
+    for b, n in enumerate(hist):
+        seen += n
+        if total and seen >= q * total:
+            return 2 ** b / 1e3
+    return 0.0
 
 
 def run(mutants: int, seed: int = 0, vms: tuple = ("reference",), workers: int = 2, crash_at: int = -1,
@@ -201,8 +217,10 @@ def markdown(report: Report, vms: tuple, seed: int, workers: int) -> str:
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
              f"| {report.mutants} | {c['rejected']} | {c['ran']} | {c['zerodiv']} | {c['skipped']} | "
              f"{len(report.crashed)} | {len(report.hung)} | {c['canary']} | {c['mismatch']} | {c['error']} |", "",
-             f"Verifier time per Program: mean {report.verify_mean_us:.1f} us, worst {report.verify_max_us:.0f} us "
-             f"(Programs under {SMALL_WORDS} words: worst {report.verify_max_small_us:.0f} us, as timed in the run)."]
+             f"Verifier time per Program: mean {report.verify_mean_us:.1f} us; p99 < "
+             f"{quantile_us(report.verify_hist, 0.99):.0f} us, p99.99 < {quantile_us(report.verify_hist, 0.9999):.0f} us; "
+             f"worst {report.verify_max_us:.0f} us (Programs under {SMALL_WORDS} words: worst "
+             f"{report.verify_max_small_us:.0f} us), as timed in the run, stalls of a busy machine included."]
     if report.retimed:
         small = [t for _, n, t in report.retimed if n < SMALL_WORDS]
         lines.append(f"The {len(report.retimed)} slowest, verified again alone with cold caches (best of "
