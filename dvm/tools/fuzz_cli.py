@@ -59,6 +59,7 @@ def cmd_programs(args) -> int:
                 "verify_max_us": report.verify_max_us, "verify_max_small_us": report.verify_max_small_us,
                 "verify_hist_log2_ns": report.verify_hist,
                 "retimed": [list(r) for r in report.retimed], "seconds": report.seconds,
+                "sampled_us": sorted(t for _, _, t in report.sampled),
                 "machine": machine_info(), "loadavg": [load0, loadavg()]}
         write_json(args.json, data)
         print(f"wrote {args.json}")

@@ -26,6 +26,7 @@ HANG_S = 60.0                # a mutant that runs longer than this is killed and
 CHUNK = 2000                 # mutants a worker takes at a time
 RETIME_REPEATS = 5
 RETIMED = 64
+SAMPLED = 20_000             # mutants (evenly spread over the run) verified again alone, cold
 # shared per-worker state (int64 slots): the counts of KINDS, then
 _MAX_NS, _MAX_SMALL_NS, _SUM_NS, _CURRENT = range(len(KINDS), len(KINDS) + 4)
 _WORST = len(KINDS) + 4      # WORST_KEPT pairs (ns, index)
@@ -47,6 +48,7 @@ class Report:
     verify_mean_us: float = 0.0
     worst: list = field(default_factory=list)      # (ns, index) of the slowest verifications
     retimed: list = field(default_factory=list)    # (index, words, best of RETIME_REPEATS in us)
+    sampled: list = field(default_factory=list)    # (index, words, us) of SAMPLED mutants, cold, once
     seconds: float = 0.0
 
     def ok(self) -> bool:
@@ -160,6 +162,8 @@ def run(mutants: int, seed: int = 0, vms: tuple = ("reference",), workers: int =
     report.verify_mean_us /= max(sum(report.counts.values()), 1)
     report.worst = sorted(report.worst, reverse=True)[:RETIMED]
     report.retimed = retime([i for _, i in report.worst], seed)
+    step = max(1, mutants // SAMPLED)
+    report.sampled = retime(range(0, mutants, step), seed, repeats=1)
     return report
 
 
@@ -182,9 +186,10 @@ def _stuck(slot: _Slot) -> bool:
     return time.monotonic() - slot.since > HANG_S
 
 
-def retime(indices: list[int], seed: int) -> list[tuple[int, int, float]]:
-    """Verify each of these mutants again, alone, with the verifier's caches cleared: the best
-    of RETIME_REPEATS, in microseconds (what the verifier costs, without a busy machine's stalls)."""
+def retime(indices, seed: int, repeats: int = RETIME_REPEATS) -> list[tuple[int, int, float]]:
+    """Verify each of these mutants again in this process, with no VM running beside it and the
+    verifier's caches cleared each time: (index, words, best of `repeats` in microseconds), what
+    the verifier costs without a busy machine's stalls."""
     import dvm
     from ..codegen import verifier_stream
     from ..codegen.program import Program
@@ -194,7 +199,7 @@ def retime(indices: list[int], seed: int) -> list[tuple[int, int, float]]:
     for i in indices:
         _, words, _ = fuzz_mutate.mutant(corpus, seed, i)
         best = None
-        for _ in range(RETIME_REPEATS):
+        for _ in range(repeats):
             verifier_stream.STREAMS.clear()
             prog = Program(words)
             t0 = time.perf_counter_ns()
@@ -221,6 +226,12 @@ def markdown(report: Report, vms: tuple, seed: int, workers: int) -> str:
              f"{quantile_us(report.verify_hist, 0.99):.0f} us, p99.99 < {quantile_us(report.verify_hist, 0.9999):.0f} us; "
              f"worst {report.verify_max_us:.0f} us (Programs under {SMALL_WORDS} words: worst "
              f"{report.verify_max_small_us:.0f} us), as timed in the run, stalls of a busy machine included."]
+    if report.sampled:
+        times = sorted(t for _, _, t in report.sampled)
+        small = [t for _, n, t in report.sampled if n < SMALL_WORDS]
+        lines.append(f"{len(times)} mutants spread over the run, verified again alone with cold caches: p50 "
+                     f"{times[len(times) // 2]:.0f} us, p99 {times[int(len(times) * 0.99)]:.0f} us, worst {times[-1]:.0f} us"
+                     + (f" (under {SMALL_WORDS} words: worst {max(small):.0f} us)" if small else "") + ".")
     if report.retimed:
         small = [t for _, n, t in report.retimed if n < SMALL_WORDS]
         lines.append(f"The {len(report.retimed)} slowest, verified again alone with cold caches (best of "
