@@ -196,6 +196,8 @@ def retime(indices, seed: int, repeats: int = RETIME_REPEATS) -> list[tuple[int,
     from ..codegen.program import Program
     from . import fuzz_corpus, fuzz_mutate
     corpus = fuzz_corpus.build_corpus()
+    for s in corpus:   # the process's first verifications pay for lazy imports and first calls
+        dvm.verify(Program(s.program.words))
     out = []
     for i in indices:
         _, words, _ = fuzz_mutate.mutant(corpus, seed, i)
