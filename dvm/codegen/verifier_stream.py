@@ -16,10 +16,9 @@ import numpy as np
 from ..errors import VerifyError
 from ..graph.dtypes import DType
 from . import isa, lru
-from .verifier_dataflow import check_dataflow
-from .verifier_dataflow import SEC_B, SEC_F, SEC_I, SEC_P
 from .program import (ARG_IN, CONST_WORDS, KHEAD_WORDS, MAX_REGS, OPND_ARG, OPND_FIXED_WORDS, OPND_INDEX,
                       SWEEP_WORDS, ArgInfo, Sweep)
+from .verifier_dataflow import SEC_B, SEC_F, SEC_I, SEC_P, check_dataflow
 
 N_DTYPES = len(DType)
 STREAM_CACHE_ENTRIES = 4096
