@@ -18,7 +18,6 @@ from dvm.codegen import isa, verifier, verifier_stream
 from dvm.codegen.limits import MAX_ELEMS
 from dvm.codegen.program import HEADER_WORDS, KTABLE_WORDS, MAGIC, VERSION
 from dvm.frontend.library import softmax
-from dvm.graph.dtypes import DType
 
 
 def _softmax_words() -> np.ndarray:
@@ -248,7 +247,3 @@ def test_float_to_negative_integer_power_is_still_fine():
     def inverse(k, x):
         return k.store(k.pow(k.load(x), -1))
     np.testing.assert_allclose(inverse(np.array([2.0, 4.0], np.float32)), [0.5, 0.25])
-
-
-def test_dtype_for_the_hand_program():
-    assert DType.FLOAT32 is DType(int(DType.FLOAT32))
