@@ -10,6 +10,8 @@ DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM special
 DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
 DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
+DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all builder traces) may hold
+                   in all (default 256; codegen/lru)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu/jit/sync)
@@ -36,6 +38,7 @@ class Config:
     threads: int
     cache_size: int
     pool_mb: int
+    cache_mb: int
     spin_us: int
     verify: bool = False
     lazy: bool = True
@@ -69,7 +72,8 @@ def config() -> Config:
                   verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)),
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
-                  os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"))
+                  os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),
+                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20))
 
 
 def reload() -> Config:

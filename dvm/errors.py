@@ -10,6 +10,10 @@ class DTypeError(DvmError, TypeError):
     """An op was given a dtype it does not support, or an argument has an unsupported dtype."""
 
 
+class ArgumentError(DvmError, TypeError):
+    """An argument is of a kind DVM does not take (np.matrix, a masked array, ...)."""
+
+
 class ShapeError(DvmError, ValueError):
     """Shapes do not broadcast, a reshape does not preserve size, or an argument's shape
     violates a constraint recorded when the kernel was traced."""

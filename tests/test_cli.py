@@ -11,6 +11,7 @@ import pytest
 import dvm
 import dvm.config
 from dvm.codegen import isa
+from dvm.codegen.program import VERSION
 from dvm.config import config
 from dvm.tools.bench_encode import KERNELS, softmax
 from dvm.tools.cli import main
@@ -66,7 +67,7 @@ def test_disasm_saved_program(tmp_path, capsys):
     assert main(["disasm", path]) == 0
     out = capsys.readouterr().out
     assert out.strip() == dvm.disasm(prog)
-    assert out.startswith("program v1: 1 kernel(s)")
+    assert out.startswith(f"program v{VERSION}: 1 kernel(s)")
     assert "store.f32" in out
 
 

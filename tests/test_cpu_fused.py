@@ -334,3 +334,17 @@ def test_row_norms_match_unfused(shape):
             for threads in (1, 2):
                 for g, r in zip(run_on(_threads(threads), kfn, *args), want):
                     assert _same(g, r), (kfn, shape, a.strides, threads)
+
+
+def test_apply_run_stops_at_a_load_into_its_own_value():
+    """mul y, a, b ; load y, o ; mul y, y, w: the load overwrites the run's value, so the three are
+    not an FK_APPLY run (a mutant of `dvm fuzz programs` made the plan fuse them: the weight was
+    applied where the Program applies the loaded value)."""
+    op = isa.opcode
+    instrs = np.array([[op("mul.f32"), 3, 1, 2, 0, 0],
+                       [op("load.f32"), 3, 0, 0, 0, 0],
+                       [op("mul.f32"), 3, 3, 4, 0, 0],
+                       [op("store.f32"), 3, 1, 0, 0, 0]], np.int64)
+    assert fuse_plan(instrs, [(0, 4)])[0, 0] != FK_APPLY
+    instrs[1, 1] = 5   # into another register: the run applies it
+    assert fuse_plan(instrs, [(0, 4)])[0, 0] == FK_APPLY

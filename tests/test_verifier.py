@@ -18,8 +18,10 @@ import dvm
 from dvm.frontend.library import layernorm
 from dvm.codegen import isa, verifier
 from dvm.codegen.disasm import format_instr
+from dvm.codegen import verifier_dataflow, verifier_stream
+from dvm.codegen.limits import MAX_ELEMS
 from dvm.codegen.program import (ARG_WORDS, CONST_WORDS, HEADER_WORDS, KHEAD_WORDS, KTABLE_WORDS,
-                                 MAGIC, MAX_REGS, MAX_TILE, OPND_FIXED_WORDS, SWEEP_WORDS)
+                                 MAGIC, MAX_REGS, MAX_TILE, OPND_FIXED_WORDS, SWEEP_WORDS, VERSION)
 from dvm.graph import ops
 from dvm.graph.dtypes import Bank, DType
 from dvm.vm import reference
@@ -232,7 +234,7 @@ def _zero_args_index_operand(w, L):
            0, 0,                                 # prologue
            0, 0, 0, 0, 0, 0,                     # sweep 0
            1, 0, int(DType.INT64), 0, 0]         # o0: index, arg 0, int64, +0, coef 0
-    out = [MAGIC, 1, 0, 0, 1, 0, HEADER_WORDS + KTABLE_WORDS, len(blk)] + blk
+    out = [MAGIC, VERSION, 0, 0, 1, isa.ISA_HASH, HEADER_WORDS + KTABLE_WORDS, len(blk)] + blk
     out[2] = len(out)
     return np.array(out, np.int64)
 
@@ -285,12 +287,15 @@ CASES: list[Case] = [
     # header ---------------------------------------------------------------------------------
     Case("header/bad-magic", "softmax", word(0, lambda v: v ^ 1), "header"),
     Case("header/too-short", None, _short_header, "header"),
-    Case("header/reserved-word-nonzero", "softmax", word(5, 1), "header"),
     Case("header/zero-kernels", "softmax", word(4, 0), "header"),
     Case("header/negative-args", "softmax", word(3, -1), "header"),
     # version --------------------------------------------------------------------------------
-    Case("version/2", "softmax", word(1, 2), "version"),
+    Case("version/1-before-isa-hash", "softmax", word(1, 1), "version"),
+    Case("version/next", "softmax", word(1, VERSION + 1), "version"),
     Case("version/0", "softmax", word(1, 0), "version"),
+    # isa (header word 5: the hash of the ISA table the program was encoded for) ----------------
+    Case("isa/another-table", "softmax", word(5, lambda v: v ^ 1), "isa"),
+    Case("isa/v1-reserved-zero", "softmax", word(5, 0), "isa"),
     # length ---------------------------------------------------------------------------------
     Case("length/header-says-more", "softmax", word(2, lambda v: v + 1), "length"),
     Case("length/truncated", "softmax", lambda w, L: w[:-1].copy(), "length"),
@@ -385,6 +390,11 @@ CASES: list[Case] = [
     # store_broadcast ------------------------------------------------------------------------
     Case("store_broadcast/body-col-stride-0", "softmax", opnd(1, 5, 0), "store_broadcast", 14, 0),
     Case("store_broadcast/fin-row-stride-0", "argmax0", opnd(1, 4, 0), "store_broadcast", 4, 0),
+    # store_overlap (results that would depend on the order a VM visits the domain) -----------
+    Case("store_overlap/rows-overlap", "softmax", opnd(1, 4, 4), "store_overlap", 14, 0),
+    Case("store_overlap/fin-rows-overlap", "two_sums", opnd(1, 4, 0, kernel=1), "store_broadcast", 4, 1),
+    Case("store_overlap/two-stores-one-arg", "iota_div", seq(opnd(3, 1, 1), opnd(3, 3, 1)), "store_overlap", 4, 0),
+    Case("store_overlap/load-of-stored-arg", "softmax", seq(opnd(0, 1, 1), opnd(0, 3, 1)), "store_overlap", 14, 0),
     # bounds (at verify: outputs have a declared numel) ---------------------------------------
     Case("bounds/output-offset+1", "softmax", opnd(1, 3, 1), "bounds"),
     Case("bounds/output-negative-offset", "softmax", opnd(1, 3, -1), "bounds"),
@@ -392,6 +402,20 @@ CASES: list[Case] = [
     Case("bounds/output-numel-short", "softmax", _arg(1, 2, 14), "bounds"),
     Case("bounds/fin-store-offset", "argmax0", opnd(1, 3, 1), "bounds"),
     Case("bounds/kernel-1-output", "two_sums", opnd(1, 3, 1, kernel=1), "bounds"),
+    # size_limit (codegen.limits: no size, stride or index may approach int64) ------------------
+    Case("size_limit/output-numel", "softmax", _arg(1, 2, MAX_ELEMS + 1), "size_limit"),
+    Case("size_limit/one-size", "softmax", _dim(1, MAX_ELEMS + 1), "size_limit", kernel=0),
+    Case("size_limit/size-beyond-int64-products", "softmax", seq(_dim(0, 0), _dim(1, 1 << 62)), "size_limit",
+         kernel=0),
+    Case("size_limit/domain-product", "softmax", seq(_dim(0, 1 << 22), _dim(1, 1 << 23)), "size_limit", kernel=0),
+    Case("size_limit/stride-of-unit-dim", "argmax0", opnd(0, 4, 1 << 62), "size_limit", kernel=0),
+    Case("size_limit/offset-plus-reach", "softmax", opnd(0, 3, MAX_ELEMS - 4), "size_limit", kernel=0),
+    Case("size_limit/negative-stride", "softmax", opnd(0, 5, -(1 << 62)), "size_limit", kernel=0),
+    # tile_shape (a tile no larger than the domain, each side rounded up to a power of two) --------
+    Case("tile_shape/bm-over-rows", "softmax", khead("bm", 16), "tile_shape", kernel=0),
+    Case("tile_shape/bn-over-cols", "softmax", khead("bn", 32), "tile_shape", kernel=0),
+    Case("tile_shape/tall-tile-on-one-row", "softmax", seq(_dim(0, 1), _arg(1, 2, 5), khead("bm", 4096)),
+         "tile_shape", kernel=0),
     # a well-formed program with no arguments and an index operand (see report: IndexError) -----
     Case("zero-args/index-operand", None, _zero_args_index_operand, "<accept>"),
 ]
@@ -575,7 +599,7 @@ def _docstring_rules() -> set[str]:
 
 def test_corpus_covers_every_rule():
     rules = _docstring_rules()
-    assert len(rules) == 24, rules
+    assert len(rules) == 28, rules
     # single_tile is exercised in test_single_tile.py (this module pins the multi-sweep stream)
     covered = {c.rule for c in CASES} | {r for _, _, r in EXEC_CASES} | {"single_tile"}
     missing = rules - covered
@@ -586,7 +610,7 @@ def test_corpus_covers_every_rule():
 
 def test_every_documented_rule_is_raised_somewhere_in_the_source():
     import inspect
-    src = inspect.getsource(verifier)
+    src = "".join(inspect.getsource(m) for m in (verifier, verifier_stream, verifier_dataflow))
     raised = set(re.findall(r'VerifyError\("([a-z_]+)"', src))
     assert raised == _docstring_rules()
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from ..graph.dtypes import Bank, DType
 from . import isa
-from .program import ARG_ROLES, OPND_INDEX, KernelLayout, Program, bits_float
+from .program import ARG_ROLES, OPND_INDEX, VERSION, KernelLayout, Program, bits_float
 from .verifier import verify
 
 
 def disasm(program: Program) -> str:
     layout = verify(program)
-    lines = [f"program v1: {len(layout.kernels)} kernel(s), {len(layout.args)} arg(s), "
+    lines = [f"program v{VERSION}: {len(layout.kernels)} kernel(s), {len(layout.args)} arg(s), "
              f"{len(program)} words, sha {program.digest}"]
     for a, info in enumerate(layout.args):
         numel = f" numel={info.numel}" if info.numel else ""

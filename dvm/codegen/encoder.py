@@ -16,6 +16,9 @@ from math import prod
 from ..graph.dtypes import Bank, DType
 from ..graph.symbolic import Dim, SymExpr, evaluate
 from ..graph.views import Layout, apply_chain, contiguous_strides
+from ..errors import ShapeError
+from .isa import ISA_HASH
+from .limits import MAX_ELEMS, checked_numel, pow2_at_least as _pow2_at_least
 from .lower import KernelTemplate
 from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, MAX_TILE, OPND_INDEX, VERSION, Program,
                       float_bits)
@@ -90,10 +93,6 @@ def _even_bn(cols: int, max_bn: int = MAX_BN) -> int:
         return cols
     n_tiles = -(-cols // max_bn)
     return min(max_bn, -(-cols // (16 * n_tiles)) * 16)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _dim_getter(d: Dim):
@@ -205,6 +204,8 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         column_major = _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
+    if R * C > MAX_ELEMS:
+        checked_numel(dom, "a kernel's domain")   # raises ShapeError naming the sizes
     cap = target.max_tile   # (a power of two: every choice below stays within it)
     if column_major:
         bm, tile = _column_major_rows(R, C)
@@ -301,6 +302,8 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
             numel = 1
             for g in getters:
                 numel *= g(env)
+            if numel > MAX_ELEMS:
+                raise ShapeError(f"an output or workspace of {numel} elements: DVM's limit is {MAX_ELEMS} (2**44)")
         arg_words += [a.role, int(a.dtype), numel]
     start = HEADER_WORDS + len(arg_words) + 2 * len(blocks)
     table: list[int] = []
@@ -308,13 +311,17 @@ def encode_program(templates: Sequence[KernelTemplate], args: Sequence[ArgSpec],
         size = len(b) + len(c.instrs)
         table += [start, size]
         start += size
-    flat = [MAGIC, VERSION, start, len(args), len(blocks), 0, *arg_words, *table]
+    flat = [MAGIC, VERSION, start, len(args), len(blocks), ISA_HASH, *arg_words, *table]
     for b, c in blocks:
         flat += b
         flat += c.instr_list
-    words = np.array(flat, np.int64)  # one conversion of a Python list: cheaper than slice fills
-    words.flags.writeable = False
-    return Program(words)
+    # one conversion of a Python list (cheaper than slice fills), then into immutable bytes: the
+    # Program owns them without another copy
+    try:
+        data = np.array(flat, np.int64).tobytes()
+    except OverflowError:   # a size, stride or offset beyond int64: the limits reject it first
+        raise ShapeError("a size, stride or offset of this kernel instance does not fit in 64 bits") from None
+    return Program(np.frombuffer(data, np.int64))
 
 
 __all__ = ["ArgSpec", "NeedsCopy", "encode_program", "encode_kernel", "ARG_IN", "ARG_OUT", "ARG_WS",

@@ -1,6 +1,6 @@
 """The Program: one contiguous int64 NumPy array, and its layout.
 
-    header   MAGIC, VERSION, total length, n_args, n_kernels, 0
+    header   MAGIC, VERSION, total length, n_args, n_kernels, ISA hash (isa.ISA_HASH)
     args     per argument: role (ARG_IN/ARG_OUT/ARG_WS), dtype code, required numel (0 = any)
     kernels  per kernel: offset, length (of its block, in words)
     blocks   per kernel (sequence-stacked: kernel i+1 starts after kernel i finished):
@@ -14,8 +14,10 @@
              instructions (isa.WORDS words each)
 
 The domain of a kernel is rows x cols (each possibly several folded dims, row-major); reductions
-reduce over cols. Programs are immutable once built (the array is read-only) and are verified
-before they run (codegen/verifier.py).
+reduce over cols. A Program owns its words: an int64 array over an immutable bytes object (no
+one, the Program included, can write to it; any other array is copied into one), so the layout
+the verifier computed from them (views of those words) describes exactly what runs. Programs are
+verified before they run (codegen/verifier.py).
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x44564D5F42433031  # "DVM_BC01"
-VERSION = 1
+VERSION = 2    # 2: header word 5 holds the ISA hash (1: a reserved 0)
+ISA_HASH_WORD = 5
 HEADER_WORDS = 6
 ARG_WORDS = 3
 KTABLE_WORDS = 2
@@ -97,22 +100,51 @@ class ProgramLayout:
     extents: tuple[tuple[int, int] | None, ...]
     # per argument: (NumPy dtype, written?, extent), what check_buffers tests before every run
     arg_checks: tuple = ()
+    # the verified words (immutable): the layout's operand offsets, strides and constants are views of them
+    words: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # an upper bound of the lane-instruction steps a VM makes running the program (closed form:
+    # per kernel, row blocks x BM x (per sweep: init + fin + column tiles x BN x body) instructions)
+    work: int = 0
+
+
+def immutable_words(words: np.ndarray) -> np.ndarray:
+    """`words` as an int64 array over an immutable bytes object: the array itself when it is one
+    already, else a copy. Nothing can write to such an array (its WRITEABLE flag cannot be set)."""
+    base = words.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if type(base) is bytes and words.dtype == np.int64 and words.ndim == 1:
+        return words
+    return np.frombuffer(np.ascontiguousarray(words, np.int64).tobytes(), np.int64)
 
 
 class Program:
-    """An encoded DVM program. `words` is the read-only int64 array; `layout` is set by the verifier."""
-    __slots__ = ("words", "layout", "_digest")
+    """An encoded DVM program. `words`: the int64 array, owned by the Program (immutable);
+    `layout`: the ProgramLayout the verifier computed from exactly these words (None until
+    verified)."""
+    __slots__ = ("_words", "_layout", "_digest")
 
     def __init__(self, words: np.ndarray):
         words = np.asarray(words)
         if words.dtype != np.int64 or words.ndim != 1:
             raise TypeError(f"a Program is a 1-D int64 array, got {words.dtype} with {words.ndim} dims")
-        if words.flags.writeable:
-            words = words.copy()
-            words.flags.writeable = False
-        self.words = words
-        self.layout: ProgramLayout | None = None
+        self._words = immutable_words(words)
+        self._layout: ProgramLayout | None = None
         self._digest: str | None = None
+
+    @property
+    def words(self) -> np.ndarray:
+        return self._words
+
+    @property
+    def layout(self) -> ProgramLayout | None:
+        return self._layout
+
+    def attach_layout(self, layout: ProgramLayout) -> None:
+        """Called by the verifier only: the layout it computed from this Program's words."""
+        if layout.words is not self._words:
+            raise ValueError("a layout can only be attached to the Program whose words it was verified from")
+        self._layout = layout
 
     def __len__(self) -> int:
         return len(self.words)
@@ -132,7 +164,7 @@ class Program:
     def load(path: str | os.PathLike) -> "Program":
         """Read a program saved with `save`. It is verified before it can run."""
         arr = np.load(path, allow_pickle=False)
-        return Program(np.ascontiguousarray(arr))
+        return Program(arr)
 
     def __repr__(self) -> str:
         return f"<dvm.Program {len(self.words)} words {self.digest}>"

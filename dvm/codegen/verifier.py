@@ -1,49 +1,66 @@
 """The verifier: every Program passes it before any VM runs it.
 
 `verify(program)` checks the structure once per Program object and returns its ProgramLayout.
-A kernel's stream checks (sections, operands, constants, instructions) are memoized on every
-word of its block but the instance words (BM, BN, sizes, operand offsets and strides, constant
-values) and on the arguments' roles and dtypes (Stream): a kernel at a new size pays only the
-header, size, single-tile, store-stride and bounds checks. `check_buffers(layout, buffers)` checks, before every execution, that the buffers match the
+A kernel's stream checks (sections, operands, constants, instructions: verifier_stream) are
+memoized on every word of its block but the instance words (BM, BN, sizes, operand offsets and
+strides, constant values) and on the arguments' roles and dtypes (Stream): a kernel at a new size
+pays only the header, size, tile, single-tile, store-stride and bounds checks.
+`check_buffers(layout, buffers)` checks, before every execution, that the buffers match the
 argument table and that every element the program can touch lies inside its buffer.
 Violations raise VerifyError(rule, message, index, kernel). Rules (stable ids):
 
   header, version, length, args, kernel_table, domain, sections, opcode, section_kind,
   unused_field, register, register_class, read_before_write, loop_carried, dst_alias,
   operand, operand_table, constant, dtype_code, store_target, store_broadcast, single_tile,
-  bounds, buffers
+  bounds, buffers, isa, size_limit, tile_shape, store_overlap
+
+What a verified Program guarantees a VM (and what VMs may assume without checking again):
+- its words are immutable (codegen.program) and the layout is computed from exactly them;
+- every size, stride and offset is within the limits of codegen.limits: each dimension and
+  rows x cols <= MAX_ELEMS, each |stride| <= MAX_ELEMS and |offset| + sum (size-1)|stride| <=
+  MAX_ELEMS for every operand, each declared numel <= MAX_ELEMS, so no element index, byte
+  offset (x 8), stride x tile extent or tile count overflows int64;
+- tiles: 1 <= BM <= TILE_SLACK x pow2(rows), 1 <= BN <= TILE_SLACK x pow2(cols) (pow2: the next
+  power of two, 1 for 0), BM x BN <= MAX_TILE, so the lanes a kernel computes are < 16 x
+  max(rows, 1) x max(cols, 1) per instruction and sweep (`ProgramLayout.work` is the bound, in
+  lane-instructions);
+- the cost of verifying is linear in the Program's length (closed forms per kernel and
+  operand; nothing iterates over tiles, rows or columns).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from functools import lru_cache
-from threading import Lock
 
 import numpy as np
 
 from ..errors import VerifyError
 from ..graph.dtypes import DType
-from . import isa
-from .program import (ARG_IN, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS,
+from . import isa, lru
+from .limits import MAX_ELEMS, pow2_at_least
+from .program import (ARG_IN, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS, ISA_HASH_WORD,
                       KHEAD_WORDS, KTABLE_WORDS, MAGIC, MAX_DIMS, MAX_REGS, MAX_SWEEPS, MAX_TILE,
-                      OPND_ARG, OPND_FIXED_WORDS, OPND_INDEX, SWEEP_WORDS, VERSION, ArgInfo,
-                      KernelLayout, Program, ProgramLayout, Sweep)
+                      OPND_FIXED_WORDS, SWEEP_WORDS, VERSION, ArgInfo, KernelLayout, Program, ProgramLayout)
+from .verifier_stream import CACHES, N_DTYPES, Stream, cached_stream
 
-N_DTYPES = len(DType)
 _NP_DTYPES = tuple(DType(c).np_dtype for c in range(N_DTYPES))
 # shared ArgInfo objects: a model keeps a layout per segment and size, and the garbage collector
-# walks every ArgInfo (a NamedTuple stays tracked); most repeat (inputs have numel 0)
+# walks every ArgInfo (a NamedTuple stays tracked); most repeat (inputs have numel 0). 4096 entries
+# of ~100 bytes: bounded by entries alone
 _arg_info = lru_cache(maxsize=4096)(ArgInfo)
-_STREAM_CACHE: "OrderedDict[bytes, Stream]" = OrderedDict()
-_STREAM_CACHE_SIZE = 4096
-_STREAM_LOCK = Lock()
+INSTANCE_INDEX_ENTRIES = 256
+# a tile side may be up to twice the next power of two of its extent: the encoder's are at most
+# the power of two; VMs are tested with the double (tests/test_cpu_rows.py)
+TILE_SLACK = 2
+_INSTANCE_INDEX = lru.BoundedDict(CACHES, INSTANCE_INDEX_ENTRIES)
 
 
 def verify(program: Program) -> ProgramLayout:
     """Check `program` and return its layout (cached on the Program)."""
-    if program.layout is None:
-        program.layout = _verify_words(program.words)
-    return program.layout
+    layout = program.layout
+    if layout is None:
+        layout = _verify_words(program.words)
+        program.attach_layout(layout)
+    return layout
 
 
 def _verify_words(w: np.ndarray) -> ProgramLayout:
@@ -56,8 +73,11 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
         raise VerifyError("version", f"format version {int(w[1])}, this DVM reads version {VERSION}")
     if int(w[2]) != n:
         raise VerifyError("length", f"header says {int(w[2])} words, the array has {n}")
+    if int(w[ISA_HASH_WORD]) != isa.ISA_HASH:
+        raise VerifyError("isa", f"encoded for the ISA with hash {int(w[ISA_HASH_WORD]):#x}; this DVM's "
+                                 f"ISA table has hash {isa.ISA_HASH:#x} (opcodes would mean other instructions)")
     n_args, n_kernels = int(w[3]), int(w[4])
-    if not 0 <= n_args <= 1024 or not 1 <= n_kernels <= 1024 or int(w[5]) != 0:
+    if not 0 <= n_args <= 1024 or not 1 <= n_kernels <= 1024:
         raise VerifyError("header", f"bad counts: {n_args} args, {n_kernels} kernels")
     pos = HEADER_WORDS
     end_tables = pos + n_args * ARG_WORDS + n_kernels * KTABLE_WORDS
@@ -70,6 +90,8 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
         pos += ARG_WORDS
         if role not in ARG_ROLES or not 0 <= dt < N_DTYPES or numel < 0:
             raise VerifyError("args", f"argument {a}: role {role}, dtype {dt}, numel {numel}")
+        if numel > MAX_ELEMS:
+            raise VerifyError("size_limit", f"argument {a} declares {numel} elements, over the limit {MAX_ELEMS}")
         args.append(_arg_info(role, dt, numel))
     # what a stream's checks read of the argument table: the count, roles and dtypes (not sizes)
     args_key = n_args.to_bytes(8, "little") + \
@@ -83,19 +105,21 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
                                               f"the previous block ending at {prev_end} inside {n} words")
         prev_end = off + length
         kernels.append(_verify_kernel(w[off:off + length], args_key, args, k))
-    kernels, streams = [kl for kl, _ in kernels], [st for _, st in kernels]
+    kernels, streams, touched = zip(*kernels)
     if prev_end != n:
         raise VerifyError("length", f"{n - prev_end} trailing words after the last kernel")
-    extents = _extents(args, kernels, streams)
+    extents = _extents(len(args), kernels, touched)
     for a, (info, ext) in enumerate(zip(args, extents)):
         if info.role != ARG_IN and ext is not None and (ext[0] < 0 or ext[1] >= info.numel):
             raise VerifyError("bounds", f"argument {a} ({ARG_ROLES[info.role]}) holds {info.numel} "
                                         f"elements but the program touches [{ext[0]}, {ext[1]}]")
     checks = tuple((_NP_DTYPES[a.dtype], a.role != ARG_IN, ext) for a, ext in zip(args, extents))
-    return ProgramLayout(tuple(args), tuple(kernels), tuple(extents), checks)
+    work = sum(_work(kl, st) for kl, st in zip(kernels, streams))
+    return ProgramLayout(tuple(args), tuple(kernels), tuple(extents), checks, w, work)
 
 
-def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int) -> tuple[KernelLayout, "Stream"]:
+def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int) -> tuple[KernelLayout, Stream, dict]:
+    """The kernel block's layout, its stream, and the element range each operand touches."""
     h = kw[:KHEAD_WORDS].tolist()
     nr, nc, bm, bn, n_opnd, n_const, n_instr, n_sweeps = h[:8]
     nregs = tuple(h[8:12])
@@ -110,265 +134,161 @@ def _verify_kernel(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int)
     if need != len(kw):
         raise VerifyError("length", f"kernel block has {len(kw)} words, its header implies {need}", kernel=k)
     dims = kw[KHEAD_WORDS:KHEAD_WORDS + nd].tolist()
-    if any(d < 0 for d in dims):
-        raise VerifyError("domain", f"negative size in {dims}", kernel=k)
-    stream = _stream(kw, args_key, args, k, (nd, n_sweeps, n_opnd, n_const))
+    rows, cols = _check_domain(dims, nr, bm, bn, k)
+    counts = (nd, n_sweeps, n_opnd, n_const)
+    stream = cached_stream(kw, _instance_words(counts), args_key, args, k, counts)
     pos = KHEAD_WORDS + nd + 2 + SWEEP_WORDS * n_sweeps
     opnd = kw[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
     pos += opnd_words * n_opnd
     consts = kw[pos:pos + CONST_WORDS * n_const].reshape(n_const, CONST_WORDS)
-    # the instance's own words are views of the (read-only) Program; the rest is the stream's
+    strides = opnd[:, 4:]   # a view of the immutable words, like the offsets and constants
+    stride_list = strides.tolist()
+    touched = _operand_ranges(dims, nr, rows, cols, opnd[:, 3].tolist(), stride_list, stream, k)
+    # the instance's own words are views of the (immutable) Program; the rest is the stream's
     layout = KernelLayout(tuple(dims[:nr]), tuple(dims[nr:]), bm, bn, nregs, stream.prologue, stream.sweeps,
                           stream.opnd_kind, stream.opnd_arg, stream.opnd_dtype, opnd[:, 3],
-                          np.ascontiguousarray(opnd[:, 4:]), stream.const_bank, consts[:, 1], stream.instrs,
-                          stream)
-    if stream.single_tile_at >= 0 and layout.cols > bn:
+                          strides, stream.const_bank, consts[:, 1], stream.instrs, stream)
+    if stream.single_tile_at >= 0 and cols > bn:
         raise VerifyError("single_tile", f"single-tile instructions need every row in one tile, but "
-                                         f"{layout.cols} columns exceed BN={bn}", stream.single_tile_at, k)
-    _check_store_strides(layout, stream, k)
-    return layout, stream
+                                         f"{cols} columns exceed BN={bn}", stream.single_tile_at, k)
+    _check_stores(layout, stream, stride_list, touched, k)
+    return layout, stream, touched
 
 
-@lru_cache(maxsize=256)
-def _instance_words(nd: int, n_sweeps: int, n_opnd: int, n_const: int) -> np.ndarray:
-    """Positions, in a kernel block with these counts, of the words that may differ between
-    instances of one stream (BM, BN, sizes, operand offsets and strides, constant values)."""
+def _check_domain(dims: list[int], nr: int, bm: int, bn: int, k: int) -> tuple[int, int]:
+    """Sizes within the limits and a tile not much larger than the domain (each side at most
+    TILE_SLACK x the next power of two of its extent): the lanes a kernel computes stay below 16x
+    its domain."""
+    rows = cols = 1
+    for i, d in enumerate(dims):
+        if d < 0:
+            raise VerifyError("domain", f"negative size in {dims}", kernel=k)
+        if d > MAX_ELEMS:
+            raise VerifyError("size_limit", f"size {d} over the limit {MAX_ELEMS}", kernel=k)
+        if i < nr:
+            rows *= d
+        else:
+            cols *= d
+    if rows * cols > MAX_ELEMS:
+        raise VerifyError("size_limit", f"domain of {rows} x {cols} elements over the limit {MAX_ELEMS}", kernel=k)
+    if bm > TILE_SLACK * pow2_at_least(rows) or bn > TILE_SLACK * pow2_at_least(cols):
+        raise VerifyError("tile_shape", f"tile {bm}x{bn} is over {TILE_SLACK}x the domain {rows}x{cols} "
+                                        "rounded up to powers of two", kernel=k)
+    return rows, cols
+
+
+def _operand_ranges(dims: list[int], nr: int, rows: int, cols: int, offsets: list[int], strides: list[list[int]],
+                    stream: Stream, k: int) -> dict[int, tuple[int, int]]:
+    """Every operand within the limits: each |stride| <= MAX_ELEMS and its element indices over
+    the whole domain within [-MAX_ELEMS, MAX_ELEMS] (every partial sum offset + sum of
+    index x stride then lies in that range too, in any order). Returns, per operand a body or
+    finalize section loads or stores, the (lowest, highest) element it touches (the row dims
+    only when only finalize sections use it: they address column 0)."""
+    out = {}
+    used = stream.used
+    for j, st in enumerate(strides):
+        lo = hi = lo_rows = hi_rows = offsets[j]
+        for d, s in enumerate(st):
+            if s > MAX_ELEMS or s < -MAX_ELEMS:
+                raise VerifyError("size_limit", f"operand {j}: stride {s} over the limit {MAX_ELEMS}", kernel=k)
+            if d == nr:
+                lo_rows, hi_rows = lo, hi
+            n = dims[d]
+            if n > 1:
+                if s < 0:
+                    lo += (n - 1) * s
+                else:
+                    hi += (n - 1) * s
+        if lo < -MAX_ELEMS or hi > MAX_ELEMS:
+            raise VerifyError("size_limit", f"operand {j}: offset {offsets[j]} and strides {st} reach [{lo}, {hi}], "
+                                            f"beyond the limit {MAX_ELEMS}", kernel=k)
+        secs = used.get(j)
+        if secs is None or rows == 0 or ("F" not in secs and cols == 0):
+            continue
+        out[j] = (lo, hi) if ("B" in secs and cols > 0) or nr == len(dims) else (lo_rows, hi_rows)
+    return out
+
+
+def _work(kl: KernelLayout, stream: Stream) -> int:
+    """Lane-instructions a VM runs for this kernel at most: per row block of BM rows, the init
+    and fin instructions over one tile and the body's over every column tile (the prologue once)."""
+    row_blocks, col_tiles = -(-kl.rows // kl.bm), -(-kl.cols // kl.bn)
+    lanes = kl.bm * kl.bn
+    per_block = stream.per_row_block + col_tiles * stream.per_tile
+    return lanes * (row_blocks * per_block + stream.prologue[1] - stream.prologue[0])
+
+
+def _instance_words(counts: tuple[int, int, int, int]) -> np.ndarray:
+    """Positions, in a kernel block with these counts (dims, sweeps, operands, constants), of the
+    words that may differ between instances of one stream (BM, BN, sizes, operand offsets and
+    strides, constant values)."""
+    idx = _INSTANCE_INDEX.get(counts)
+    if idx is not None:
+        return idx
+    nd, n_sweeps, n_opnd, n_const = counts
     opnd_words = OPND_FIXED_WORDS + nd
     at = KHEAD_WORDS + nd + 2 + SWEEP_WORDS * n_sweeps
-    idx = [2, 3, *range(KHEAD_WORDS, KHEAD_WORDS + nd)]
+    pos = [2, 3, *range(KHEAD_WORDS, KHEAD_WORDS + nd)]
     for j in range(n_opnd):
-        idx += range(at + j * opnd_words + 3, at + (j + 1) * opnd_words)
+        pos += range(at + j * opnd_words + 3, at + (j + 1) * opnd_words)
     at += opnd_words * n_opnd
-    idx += range(at + 1, at + CONST_WORDS * n_const, CONST_WORDS)
-    return np.array(idx, np.intp)
+    pos += range(at + 1, at + CONST_WORDS * n_const, CONST_WORDS)
+    idx = np.array(pos, np.intp)
+    return _INSTANCE_INDEX.put(counts, idx, idx.nbytes + 200)
 
 
-def _stream(kw: np.ndarray, args_key: bytes, args: list[ArgInfo], k: int, counts: tuple) -> "Stream":
-    """The checked stream of kernel block kw (whose header, length and sizes were checked). Its
-    checks read only the block's instance-independent words and the arguments' roles and dtypes,
-    so they are memoized on exactly those: a kernel encoded at a new size costs a lookup."""
-    masked = kw.copy()
-    masked[_instance_words(*counts)] = 0
-    key = args_key + masked.tobytes()
-    with _STREAM_LOCK:
-        stream = _STREAM_CACHE.get(key)
-        if stream is not None:
-            _STREAM_CACHE.move_to_end(key)
-            return stream
-    stream = Stream(masked, args, k, counts)
-    with _STREAM_LOCK:
-        stream = _STREAM_CACHE.setdefault(key, stream)
-        _STREAM_CACHE.move_to_end(key)
-        if len(_STREAM_CACHE) > _STREAM_CACHE_SIZE:
-            _STREAM_CACHE.popitem(last=False)
-    return stream
-
-
-def _check_sections(prologue, sweeps, n_instr, k) -> None:
-    ranges = [prologue]
-    for sw in sweeps:
-        ranges += [sw.init, sw.body, sw.fin]
-    expect = 0
-    for i, (s, e) in enumerate(ranges):
-        if s != expect or e < s:
-            name = "prologue" if i == 0 else f"sweep {(i - 1) // 3} {('init', 'body', 'fin')[(i - 1) % 3]}"
-            raise VerifyError("sections", f"{name} is [{s}, {e}), expected to start at {expect}", kernel=k)
-        expect = e
-    if expect != n_instr:
-        raise VerifyError("sections", f"sections cover {expect} of {n_instr} instructions", kernel=k)
-
-
-def _check_operands(opnd: list, args: list[ArgInfo], k: int) -> None:
-    for j, (kind, arg, dt) in enumerate(opnd):
-        if kind == OPND_INDEX:
-            if dt != DType.INT64 or arg != 0:
-                raise VerifyError("operand_table", f"index operand {j} must be int64 with arg 0", kernel=k)
-        elif kind == OPND_ARG:
-            if not 0 <= arg < len(args):
-                raise VerifyError("operand_table", f"operand {j} names argument {arg} of {len(args)}", kernel=k)
-            if dt != args[arg].dtype:
-                raise VerifyError("operand_table", f"operand {j} has dtype {dt}, argument {arg} has "
-                                                   f"{args[arg].dtype}", kernel=k)
-        else:
-            raise VerifyError("operand_table", f"operand {j} has unknown kind {kind}", kernel=k)
-
-
-class Stream:
-    """A kernel's checked instruction stream with what does not change between its instances:
-    sections, operand kinds, arguments and dtypes, constant banks, instructions (read-only arrays
-    shared by every KernelLayout of the stream), and the facts later checks need: which operands
-    the body and finalize sections load or store (instruction index of each; 'B' whole domain,
-    'F' column 0 of every row: finalize loads/stores and storerow) and the first single-tile
-    instruction, if any. `derived`: what a VM derives from the stream alone, cached by the VM."""
-    __slots__ = ("nregs", "prologue", "sweeps", "opnd_kind", "opnd_arg", "opnd_dtype", "const_bank", "instrs",
-                 "used", "stores", "single_tile_at", "derived")
-
-    def __init__(self, masked: np.ndarray, args: list[ArgInfo], k: int, counts: tuple):
-        nd, n_sweeps, n_opnd, n_const = counts
-        lst = masked.tolist()
-        self.nregs = tuple(lst[8:12])
-        pos = KHEAD_WORDS + nd
-        self.prologue = (lst[pos], lst[pos + 1])
-        pos += 2
-        sweeps = []
-        for _ in range(n_sweeps):
-            s = lst[pos:pos + SWEEP_WORDS]
-            sweeps.append(Sweep((s[0], s[1]), (s[2], s[3]), (s[4], s[5])))
-            pos += SWEEP_WORDS
-        self.sweeps = tuple(sweeps)
-        n_instr = lst[6]
-        _check_sections(self.prologue, sweeps, n_instr, k)
-        opnd_words = OPND_FIXED_WORDS + nd
-        opnd = masked[pos:pos + opnd_words * n_opnd].reshape(n_opnd, opnd_words)
-        _check_operands([lst[pos + j * opnd_words:pos + j * opnd_words + 3] for j in range(n_opnd)], args, k)
-        pos += opnd_words * n_opnd
-        const_bank = masked[pos:pos + CONST_WORDS * n_const:CONST_WORDS]
-        if n_const and (const_bank.min() < 0 or const_bank.max() >= len(isa.BANKS)):
-            raise VerifyError("constant", "constant with an unknown bank", kernel=k)
-        pos += CONST_WORDS * n_const
-        self.opnd_kind, self.opnd_arg, self.opnd_dtype = (opnd[:, c].copy() for c in range(3))
-        self.const_bank = const_bank.copy()
-        self.instrs = masked[pos:].reshape(n_instr, isa.WORDS).copy()
-        for a in (self.opnd_kind, self.opnd_arg, self.opnd_dtype, self.const_bank, self.instrs):
-            a.flags.writeable = False
-        self.derived: dict = {}
-        _check_stream(self, args, k)
-        self._find_accesses()
-
-    def _find_accesses(self) -> None:
-        self.used: dict[int, str] = {}
-        self.stores: list[tuple[int, int, str]] = []  # (instruction, operand, section)
-        self.single_tile_at = -1
-        for sec, rngs in (("B", [sw.body for sw in self.sweeps]), ("F", [sw.fin for sw in self.sweeps])):
-            for s, e in rngs:
-                for i in range(s, e):
-                    spec = isa.BY_CODE[int(self.instrs[i, 0])]
-                    if spec.group in ("rowred", "storerow") and self.single_tile_at < 0:
-                        self.single_tile_at = i
-                    if spec.group in ("load", "store", "storerow"):
-                        j = int(self.instrs[i, 2])
-                        access = "F" if spec.group == "storerow" else sec
-                        self.used[j] = self.used.get(j, "") + access
-                        if spec.group != "load":
-                            self.stores.append((i, j, access))
-
-
-def _check_stream(stream: "Stream", args: list[ArgInfo], k: int) -> None:
-    UNDEF, KEEP, LOCAL = 0, 1, 2
-    state = [[UNDEF] * n for n in stream.nregs]
-    section_of = {}
-    ranges = [("P", stream.prologue)]
-    for sw in stream.sweeps:
-        ranges += [("I", sw.init), ("B", sw.body), ("F", sw.fin)]
-    n_opnd, n_const = len(stream.opnd_kind), len(stream.const_bank)
-    from_prologue: set = set()   # registers still holding the value the prologue wrote
-    rowloop_reads: set = set()   # ... of which the row-block loop has read
-    for sec, (s, e) in ranges:
-        outer_reads: set = set()
-        for i in range(s, e):
-            section_of[i] = sec
-            row = stream.instrs[i]
-            spec = isa.BY_CODE.get(int(row[0]))
-            if spec is None:
-                raise VerifyError("opcode", f"unknown opcode {int(row[0])}", i, k)
-            if sec not in spec.sections:
-                raise VerifyError("section_kind", f"{spec.name} may not appear in section {sec}", i, k)
-            for f in range(len(spec.fields), isa.MAX_FIELDS):
-                if int(row[1 + f]) != 0:
-                    raise VerifyError("unused_field", f"{spec.name} field {f} must be 0", i, k)
-            regs = []
-            for f, fld in enumerate(spec.fields):
-                v = int(row[1 + f])
-                if fld.is_reg:
-                    if not 0 <= v < stream.nregs[fld.bank]:
-                        raise VerifyError("register", f"{spec.name}: register {fld.bank.short}:{v} out of "
-                                                      f"range ({stream.nregs[fld.bank]})", i, k)
-                    regs.append((fld.role, fld.bank, v))
-                elif fld.role == "o":
-                    _check_operand_use(spec, v, stream, args, n_opnd, i, k)
-                elif fld.role == "k":
-                    if not 0 <= v < n_const:
-                        raise VerifyError("constant", f"constant {v} of {n_const}", i, k)
-                    if int(stream.const_bank[v]) != spec.bank:
-                        raise VerifyError("register_class", f"{spec.name} reads a {isa.BANKS[int(stream.const_bank[v])].short} "
-                                                            "constant", i, k)
-                elif fld.role == "t":
-                    if not 0 <= v < N_DTYPES or DType(v).bank != spec.bank:
-                        raise VerifyError("dtype_code", f"{spec.name}: target dtype code {v}", i, k)
-            writes = [(b, r) for role, b, r in regs if role in "dm"]
-            reads = [(b, r) for role, b, r in regs if role in "sm"]
-            plain_reads = [(b, r) for role, b, r in regs if role == "s"]
-            if len(set(writes)) != len(writes) or set(writes) & set(plain_reads) or \
-                    len(set(plain_reads) & set(writes)):
-                raise VerifyError("dst_alias", f"{spec.name}: a destination register is also a source", i, k)
-            for b, r in reads:
-                if state[b][r] == UNDEF:
-                    raise VerifyError("read_before_write", f"{spec.name} reads {b.short}:{r} before any "
-                                                           "write that reaches it", i, k)
-                if sec == "B" and state[b][r] == KEEP:
-                    outer_reads.add((b, r))
-                if sec != "P" and (b, r) in from_prologue:
-                    rowloop_reads.add((b, r))
-            for role, b, r in regs:
-                if role == "m" and (sec != "B" or state[b][r] != KEEP):
-                    raise VerifyError("read_before_write", f"{spec.name}: accumulator {b.short}:{r} is not "
-                                                           "initialized in this sweep", i, k)
-                if role == "d":
-                    if sec == "B" and (b, r) in outer_reads:
-                        raise VerifyError("loop_carried", f"{spec.name} overwrites {b.short}:{r}, which this "
-                                                          "body read earlier (a value carried across tiles)", i, k)
-                    if sec != "P" and (b, r) in rowloop_reads:
-                        raise VerifyError("loop_carried", f"{spec.name} overwrites {b.short}:{r}, a prologue "
-                                                          "value the next row block reads again", i, k)
-                    state[b][r] = LOCAL if sec == "B" else KEEP
-                    (from_prologue.add if sec == "P" else from_prologue.discard)((b, r))
-        if sec == "B":
-            for bank_state in state:
-                for r, st in enumerate(bank_state):
-                    if st == LOCAL:
-                        bank_state[r] = UNDEF
-
-
-def _check_operand_use(spec, v, stream, args, n_opnd, i, k) -> None:
-    if not 0 <= v < n_opnd:
-        raise VerifyError("operand", f"{spec.name}: operand {v} of {n_opnd}", i, k)
-    kind = int(stream.opnd_kind[v])
-    if (spec.group == "index") != (kind == OPND_INDEX):
-        raise VerifyError("operand", f"{spec.name} cannot use operand {v} of kind {kind}", i, k)
-    if spec.group in ("load", "store", "storerow") and DType(int(stream.opnd_dtype[v])).bank != spec.bank:
-        raise VerifyError("register_class", f"{spec.name} on operand {v} of dtype "
-                                            f"{DType(int(stream.opnd_dtype[v])).short}", i, k)
-    if spec.group in ("store", "storerow") and args[int(stream.opnd_arg[v])].role == ARG_IN:
-        raise VerifyError("store_target", f"{spec.name} writes input argument {int(stream.opnd_arg[v])}", i, k)
-
-
-def _check_store_strides(layout: KernelLayout, stream: "Stream", k: int) -> None:
+def _check_stores(layout: KernelLayout, stream: Stream, strides: list[list[int]], touched: dict, k: int) -> None:
+    """Every store writes each element it touches from one point of the domain (no stride 0 on
+    a written dimension, and no two points at one address), and no other operand of the same
+    argument touches what a store writes unless it addresses it identically: otherwise the
+    result would depend on the order in which a VM visits the domain."""
+    sizes = layout.row_sizes + layout.col_sizes
     nr = len(layout.row_sizes)
     for i, j, sec in stream.stores:
-        strides, sizes = layout.opnd_strides[j], layout.row_sizes + layout.col_sizes
-        for d in range(nr if sec == "F" else len(sizes)):
-            if strides[d] == 0 and sizes[d] > 1:
-                raise VerifyError("store_broadcast", "a store operand has stride 0 on a written "
-                                                     "dimension", i, k)
+        ndims = nr if sec == "F" else len(sizes)
+        st = strides[j]
+        span = 0   # row-major strides (the encoder's): each exceeds the span of the dims after it
+        for d in range(ndims - 1, -1, -1):
+            if sizes[d] > 1:
+                if st[d] <= span:
+                    break
+                span += (sizes[d] - 1) * st[d]
+        else:
+            continue
+        _check_store_injective(st, sizes, ndims, i, j, k)
+    if not stream.shared:
+        return
+    offsets = layout.opnd_offset.tolist()
+    for i, j, other in stream.shared:
+        if offsets[j] == offsets[other] and strides[j] == strides[other]:
+            continue
+        a, b = touched.get(j), touched.get(other)
+        if a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]:
+            raise VerifyError("store_overlap", f"operands {j} (stored) and {other} of argument "
+                                               f"{int(layout.opnd_arg[j])} overlap: the result would depend on the "
+                                               "order of the VM's tiles", i, k)
 
 
-def _extents(args: list[ArgInfo], kernels: list[KernelLayout], streams: list[Stream]):
-    out: list[tuple[int, int] | None] = [None] * len(args)
-    for kl, stream in zip(kernels, streams):
-        nr = len(kl.row_sizes)
-        sizes = kl.row_sizes + kl.col_sizes
-        offsets, strides, opnd_args = kl.opnd_offset.tolist(), kl.opnd_strides.tolist(), kl.opnd_arg.tolist()
-        for j, secs in stream.used.items():
-            if kl.rows == 0 or ("F" not in secs and kl.cols == 0):
-                continue
-            ndims = len(sizes) if "B" in secs and kl.cols > 0 else nr
-            lo = hi = offsets[j]
-            for size, stride in zip(sizes[:ndims], strides[j]):
-                reach = (size - 1) * stride
-                if reach < 0:
-                    lo += reach
-                else:
-                    hi += reach
+def _check_store_injective(st: list[int], sizes: tuple, ndims: int, i: int, j: int, k: int) -> None:
+    """Dims sorted by |stride|: each stride exceeds the span of the smaller ones (then no two
+    points of the written domain share an address), and none is 0 (store_broadcast)."""
+    spread = sorted((abs(st[d]), sizes[d]) for d in range(ndims) if sizes[d] > 1)
+    if spread and spread[0][0] == 0:
+        raise VerifyError("store_broadcast", "a store operand has stride 0 on a written dimension", i, k)
+    span = 0
+    for stride, size in spread:
+        if stride <= span:
+            raise VerifyError("store_overlap", f"store operand {j} writes some element from two points of "
+                                               "the domain", i, k)
+        span += (size - 1) * stride
+
+
+def _extents(n_args: int, kernels, touched) -> list[tuple[int, int] | None]:
+    """Per argument: the lowest and highest element index any kernel can touch (None: none)."""
+    out: list[tuple[int, int] | None] = [None] * n_args
+    for kl, ranges in zip(kernels, touched):
+        opnd_args = kl.opnd_arg.tolist()
+        for j, (lo, hi) in ranges.items():
             a = opnd_args[j]
             prev = out[a]
             out[a] = (lo, hi) if prev is None else (min(lo, prev[0]), max(hi, prev[1]))

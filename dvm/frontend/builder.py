@@ -1,10 +1,12 @@
 """The builder API: `@dvm.kernel` functions traced once per input signature, run on NumPy arrays.
 
 A signature is (dtype, rank, which dims are 0 or 1) per argument; every other dim is a symbol, so
-a new size costs one encode, never a re-trace. Tracing runs twice: the first pass learns which
-symbols broadcasting forces equal, the second traces with those symbols unified, so fusion sees
-equal sizes as equal. Each call binds symbols from the arguments' sizes and checks the recorded
-facts, naming the argument that violates one.
+a new size costs one encode, never a re-trace (dynamic=False: one trace per concrete shape).
+Tracing runs twice: the first pass learns which symbols broadcasting forces equal, the second
+traces with those symbols unified, so fusion sees equal sizes as equal. Each call binds symbols
+from the arguments' sizes and checks the recorded facts, naming the argument that violates one.
+A kernel function's traces and launches are bounded caches (codegen.lru: DVM_CACHE_SIZE entries,
+and DVM_CACHE_MB bytes per family in all), so any number of distinct shapes leaves memory flat.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..codegen import encoder
+from ..codegen import encoder, lru
+from ..codegen.limits import MAX_ELEMS, checked_span
 from ..codegen.program import Program
 from ..config import config
-from ..errors import DTypeError, ShapeError, TraceError
+from ..errors import ArgumentError, DTypeError, ShapeError, TraceError
 from ..graph import build
 from ..graph.build import ShapeContext
 from ..graph.dtypes import DType, dtype_of
@@ -27,10 +30,19 @@ from ..graph.node import Node
 from ..graph.ops import BINARY, OP_TABLE, REDUCTIONS, TERNARY, UNARY
 from ..graph.symbolic import Dim, SymExpr, evaluate, render, sym
 from ..runtime import counters
-from ..runtime.compiled import CompiledGraph, remember
+from ..runtime.compiled import CompiledGraph, launch_bytes, launch_cache, remember
 from ..vm import registry
 
 Scalar = (bool, int, float, np.bool_, np.integer, np.floating)
+# Estimated bytes a trace keeps alive (its graph, fusion plan, templates and their per-kernel
+# encoder data; measured with tracemalloc on small kernels, ~12 KB, rounded up) besides the
+# templates' instruction arrays, which are counted as they are
+TRACE_OVERHEAD_BYTES = 16384
+TEMPLATE_OVERHEAD_BYTES = 4096
+TRACES = lru.family("traces", lambda: config().cache_mb << 20)
+# ndarray subclasses whose meaning is not their data alone: a matrix's * is a matrix product and
+# its reshape(-1) stays 2-D; a masked array's mask would be ignored
+REFUSED_ARRAY_TYPES = (np.matrix, np.ma.MaskedArray)
 
 
 class Value:
@@ -198,8 +210,8 @@ class KernelFunction:
         if not params:
             raise TraceError("a kernel function takes the builder `k` as its first parameter")
         self.arg_names = params[1:]
-        self._traces: dict = {}
-        self._launches: dict = {}   # call signature -> Launch.cached_call(single output); bounded by DVM_CACHE_SIZE
+        self._traces = lru.BoundedDict(TRACES, lambda: config().cache_size)
+        self._launches = launch_cache()   # call signature -> Launch.cached_call(single output)
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -212,11 +224,17 @@ class KernelFunction:
                              f"({', '.join(self.arg_names)}), got {len(args)}")
         arrays, sig = [], []
         for name, a in zip(self.arg_names, args):
+            if type(a) is not np.ndarray and isinstance(a, REFUSED_ARRAY_TYPES):
+                raise ArgumentError(f"argument '{name}' is a {type(a).__module__}.{type(a).__name__}, whose "
+                                    "operators and shapes differ from a plain array's: pass np.asarray(...) "
+                                    "(a masked array: np.ma.filled(...))")
             arr = a if isinstance(a, np.ndarray) else np.asarray(a)
             try:
                 dt = dtype_of(arr.dtype)
             except TypeError as e:
                 raise DTypeError(f"argument '{name}': {e}") from None
+            if not arr.flags.c_contiguous or arr.size > MAX_ELEMS:   # (else it spans size x itemsize bytes)
+                checked_span(arr.shape, arr.strides, arr.itemsize, f"argument '{name}'")
             arrays.append(arr)
             sig.append((dt, arr.shape if not self.dynamic else tuple(d if d < 2 else -1 for d in arr.shape)))
         return arrays, tuple(sig)
@@ -251,8 +269,7 @@ class KernelFunction:
                   for i, ((dt, _), d, n) in enumerate(zip(sig, dims, self.arg_names))]
         traced = _Traced(CompiledGraph(inputs, outputs), dims, k.ctx.checks, origin, single)
         counters.bump("traces")
-        self._traces[sig] = traced
-        return traced
+        return self._traces.put(sig, traced, _trace_bytes(traced))
 
     def _run_fn(self, sig, dims):
         k = KernelBuilder()
@@ -337,7 +354,7 @@ class KernelFunction:
         env = self._bind(traced, arrays)
         launch, hit = traced.graph.launcher(env, arrays, vm)
         if key is not None and all(type(a) is np.ndarray for a in args):
-            remember(self._launches, key, launch.cached_call(traced.single), self._lock)
+            remember(self._launches, key, launch.cached_call(traced.single), self._lock, launch_bytes(launch))
         outs = launch(list(arrays), hit)
         return outs[0] if traced.single else tuple(outs)
 
@@ -366,6 +383,11 @@ def _device_call(args, vm: str) -> bool:
         if type(a).__module__.startswith("torch") and registry.get(vm).device != "cpu":
             return True
     return False
+
+
+def _trace_bytes(traced: _Traced) -> int:
+    templates = traced.graph.templates
+    return TRACE_OVERHEAD_BYTES + sum(TEMPLATE_OVERHEAD_BYTES + 2 * t.instrs.nbytes for t in templates)
 
 
 def kernel(fn: Callable | None = None, *, dynamic: bool = True):

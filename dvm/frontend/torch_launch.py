@@ -10,6 +10,11 @@ runtime.compiled.Launch): the same signature means the same dtypes and extents r
 data pointers, and a torch tensor's strides are never negative, so the buffer of each input
 starts at its data pointer (as_buffer's delta is 0). Signatures with an empty tensor always take
 the NumPy path (an empty tensor may have no storage).
+
+A tensor with a negative or conjugate bit (torch._neg_view, the .imag of a conjugated complex
+tensor) has memory that does not hold its values: it is resolved (resolve_neg / resolve_conj, a
+copy, counted as torch_neg_conj_resolved) on every call, and its launch remembers which inputs
+need that.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from ..config import config
 from ..graph.dtypes import DType
 from ..runtime import counters
 from ..graph.views import contiguous_strides
-from ..runtime.compiled import CompiledGraph, Launch, remember
+from ..runtime.compiled import CompiledGraph, Launch, launch_bytes, launch_cache, remember
 from .gpu_arrays import graph_launcher, vm_for
 
 try:   # Inductor's allocator for its CPU outputs: one C++ call, ~3x cheaper than torch.empty
@@ -93,6 +98,25 @@ def guarded_signature(env: dict, tensors: Sequence[torch.Tensor]) -> tuple:
     return (*env.values(), config().vm, *[(t.dtype, t.shape, t.stride()) for t in tensors])
 
 
+def neg_or_conj(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The positions of tensors whose negative or conjugate bit is set."""
+    return tuple(i for i, t in enumerate(tensors) if t.is_neg() or t.is_conj())
+
+
+def resolved(tensors: Sequence[torch.Tensor], slots: tuple[int, ...]) -> list[torch.Tensor]:
+    """`tensors` with those at `slots` materialized without their negative / conjugate bit."""
+    tensors = list(tensors)
+    n = 0
+    for s in slots:
+        t = tensors[s]
+        if t.is_neg() or t.is_conj():
+            tensors[s] = t.resolve_neg().resolve_conj()
+            n += 1
+    if n:
+        counters.bump("torch_neg_conj_resolved", n)
+    return tensors
+
+
 def _untracked_key(key: tuple) -> tuple:
     """An equal key (torch.Size is a tuple: same hash, equal) of plain tuples, which the garbage
     collector stops tracking; a model keeps one per segment and size."""
@@ -101,12 +125,13 @@ def _untracked_key(key: tuple) -> tuple:
 
 
 class _TensorLaunch:
-    """A cached Launch on a VM that binds launches (the CPU VM), fed with data pointers (see the module invariant). `same`:
-    tensor_check of the tensors it was made for."""
-    __slots__ = ("launch", "outs", "same", "run")
+    """A cached Launch on a VM that binds launches (the CPU VM), fed with data pointers (see the module
+    invariant). `same`: tensor_check of the tensors it was made for; `resolve`: the inputs whose
+    negative or conjugate bit is resolved first."""
+    __slots__ = ("launch", "outs", "same", "run", "resolve")
 
-    def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor]):
-        self.launch = launch
+    def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor], resolve: tuple[int, ...] = ()):
+        self.launch, self.resolve = launch, resolve
         self.same = tensor_check(tensors)
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
@@ -116,6 +141,8 @@ class _TensorLaunch:
         """cached: counted as a program cache hit (the first call of a new launch is not). into:
         tensors to write the outputs into (None entries are allocated), each row-major of its
         output's shape and dtype and overlapping no input (the caller's invariant)."""
+        if self.resolve:
+            tensors = resolved(tensors, self.resolve)
         if self.launch.copy_slots:
             tensors = list(tensors)
             for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
@@ -142,7 +169,7 @@ class TensorLauncher:
         self.signature = guarded_signature if guarded else signature
         # NumPy views for the first call of a signature (bf16 through int16; ml_dtypes on top)
         self.convert = [to_numpy if n.dtype is DType.BFLOAT16 else _to_numpy_plain for n in graph.inputs]
-        self._fast: dict = {}
+        self._fast = launch_cache()
         self._lock = threading.Lock()
         # (env values, VM, _TensorLaunch) of the last call through _fast: a call with the same
         # sizes, VM and tensors that pass its check needs no signature (~1-2 us a call)
@@ -165,13 +192,15 @@ class TensorLauncher:
         if device_vm is not None:   # CUDA tensors (or a device VM selected): frontend/gpu_arrays
             outs = graph_launcher(self.graph)(env, tensors, device_vm)
             return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
-        arrays = [c(t) for c, t in zip(self.convert, tensors)]
+        flagged = neg_or_conj(tensors)
+        plain = resolved(tensors, flagged) if flagged else tensors
+        arrays = [c(t) for c, t in zip(self.convert, plain)]
         launch, hit = self.graph.launcher(env, arrays)
         if launch.bound and not any(0 in t.shape for t in tensors) and \
                 not any(launch.deltas[:len(tensors)]):
-            fast = _TensorLaunch(launch, tensors)
-            remember(self._fast, _untracked_key(key), fast, self._lock)
-            return fast(tensors, hit, into)
+            fast = _TensorLaunch(launch, tensors, flagged)
+            remember(self._fast, _untracked_key(key), fast, self._lock, launch_bytes(launch))
+            return fast(plain, hit, into)
         outs = [from_numpy(o) for o in launch(list(arrays), hit)]
         if into is None:
             return outs

@@ -147,6 +147,8 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
         return broadcast_view(ctx, kept, shape)
     if name in ("isnan", "isinf", "isfinite") and not compute.is_float:
         return elementwise(ctx, "eq" if name == "isfinite" else "ne", args[0], args[0])
+    if name == "pow" and not compute.is_float and _negative_int_scalar(data[1]):
+        raise DTypeError("Integers to negative integer powers are not allowed.")   # PyTorch's words
     if name == "pow" and compute.is_float and data[1].op == "const" and data[1].attr("weak"):
         special = _pow_by_scalar(ctx, cast(data[0], compute), data[1].attr("value"))
         if special is not None:
@@ -170,6 +172,15 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
     if cond is not None:
         inputs = [cond] + inputs
     return Node.make(name, result, shape, inputs)
+
+
+def _negative_int_scalar(e: Node) -> bool:
+    """A Python-scalar exponent (weak constant) that is a negative integer: PyTorch refuses an
+    integer tensor to such a power (a tensor exponent gives 0s and the like instead)."""
+    if e.op != "const" or not e.attr("weak"):
+        return False
+    v = e.attr("value")
+    return isinstance(v, int) and not isinstance(v, bool) and v < 0
 
 
 def _and_or_identity(name: str, compute: DType, data: Sequence[Node]) -> Node | None:

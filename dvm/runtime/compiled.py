@@ -1,15 +1,18 @@
 """A compiled graph: fusion plan and kernel templates (built once), Programs per instance
-(bounded, thread-safe LRU), and the launch path from NumPy arrays to results."""
+(bounded, thread-safe LRU), and the launch path from NumPy arrays to results.
+
+Caches: every graph's Programs and Launches live in BoundedDicts (codegen.lru) bounded by
+DVM_CACHE_SIZE entries each and, per family (all programs, all launches), by DVM_CACHE_MB
+bytes in all; dvm.counters() reports their entries and bytes."""
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..codegen import encoder
+from ..codegen import encoder, lru
 from ..codegen.encoder import ArgSpec, NeedsCopy, encode_program
 from ..codegen.lower import lower
 from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
@@ -24,6 +27,42 @@ from ..codegen.verifier import check_buffers, verify
 from ..vm import registry
 from ..vm.buffers import data_ptr
 from .launch import host_only, vm_runner
+
+# Estimated bytes a cached Program or Launch keeps alive besides its words (measured with
+# tracemalloc on small kernels, rounded up: the Program and its verified layout, ~1.5 KB a
+# kernel; a Launch's allocators, tuples and the CPU VM's bound runner and descriptors, ~3 KB)
+PROGRAM_OVERHEAD_BYTES = 4096
+KERNEL_LAYOUT_BYTES = 2048
+LAUNCH_OVERHEAD_BYTES = 4096
+PROGRAMS = lru.family("programs", lambda: config().cache_mb << 20)
+LAUNCHES = lru.family("launches", lambda: config().cache_mb << 20)
+
+
+def _cache_entries() -> int:
+    return config().cache_size
+
+
+def program_cache() -> lru.BoundedDict:
+    return lru.BoundedDict(PROGRAMS, _cache_entries)
+
+
+def launch_cache() -> lru.BoundedDict:
+    """A cache of launches (a graph's, a kernel function's, a torch launcher's)."""
+    return lru.BoundedDict(LAUNCHES, _cache_entries)
+
+
+def program_bytes(prog: Program) -> int:
+    """What a cached Program keeps alive: its words, the layout the verifier adds (its objects
+    and views, a few KB whatever the words; the instruction arrays are the stream's, shared)."""
+    return prog.words.nbytes + PROGRAM_OVERHEAD_BYTES
+
+
+def launch_bytes(launch: "Launch") -> int:
+    """What a cached Launch keeps alive: its layout (and the Program words it views), the VM's
+    descriptors of it (about the size of the words again), its own objects."""
+    words = launch.layout.words
+    n = 0 if words is None else 2 * words.nbytes
+    return n + LAUNCH_OVERHEAD_BYTES + KERNEL_LAYOUT_BYTES * len(launch.layout.kernels)
 
 
 def as_buffer(a: np.ndarray) -> tuple[np.ndarray, Layout]:
@@ -58,9 +97,9 @@ class CompiledGraph:
             [ArgSpec(ARG_OUT, o.dtype, tuple(o.shape)) for o in self.outputs] + \
             [ArgSpec(ARG_WS, w.dtype, tuple(w.shape)) for w in self.plan.workspaces]
         self._out_specs = [(tuple(o.shape), o.dtype.np_dtype) for o in self.outputs]
-        self._programs: OrderedDict = OrderedDict()
+        self._programs = program_cache()
         self._lock = threading.Lock()
-        self._launches: dict = {}
+        self._launches = launch_cache()
         counters.bump("graphs_compiled")
         counters.bump("kernels_vector", len(self.templates))
         debug.on_compile(self)
@@ -69,23 +108,17 @@ class CompiledGraph:
         """The Program for these sizes and input layouts, encoded for `target` (its VM's choices)."""
         # env order is fixed per graph; the single-tile threshold decides the stream, so it is part of the key
         key = (tuple(env.values()), tuple([(l[1], l[2]) for l in layouts]), encoder.SINGLE_TILE_COLS, target.name)
-        with self._lock:
-            prog = self._programs.get(key)
-            if prog is not None:
-                self._programs.move_to_end(key)
-                counters.bump_cache_hit()
-                return prog
+        prog = self._programs.get(key)
+        if prog is not None:
+            self._programs.touch(key)
+            counters.bump_cache_hit()
+            return prog
         t0 = time.perf_counter_ns()
         prog = encode_program(self.templates, self.args, env, layouts, target)
         ns = time.perf_counter_ns() - t0
         counters.record_encode(ns)
         debug.on_encode(prog, ns / 1e3)
-        with self._lock:
-            prog = self._programs.setdefault(key, prog)
-            self._programs.move_to_end(key)
-            while len(self._programs) > config().cache_size:
-                self._programs.popitem(last=False)
-        return prog
+        return self._programs.put(key, prog, program_bytes(prog))
 
     def run(self, env: Mapping[str, int], arrays: Sequence[np.ndarray], vm: str | None = None) -> list[np.ndarray]:
         launch, hit = self.launcher(env, arrays, vm)
@@ -103,7 +136,7 @@ class CompiledGraph:
         if not hit:
             launch = self._new_launch(env, list(arrays), vm)
             if all(isinstance(a, np.ndarray) for a in arrays):
-                remember(self._launches, key, launch, self._lock)
+                remember(self._launches, key, launch, self._lock, launch_bytes(launch))
         return launch, hit
 
     def _new_launch(self, env: Mapping[str, int], arrays: list[np.ndarray], vm: str) -> "Launch":
@@ -130,8 +163,15 @@ class CompiledGraph:
         return Launch(layout, copy_slots, outs, ws, vm, deltas, numels)
 
 
-def remember(cache: dict, key, value, lock: threading.Lock) -> None:
-    """Insert into a launch cache, dropping the oldest entries beyond DVM_CACHE_SIZE."""
+def remember(cache: dict, key, value, lock: threading.Lock, nbytes: int | None = None) -> None:
+    """Insert into a launch cache: a BoundedDict (launch_cache(): bounded by entries and bytes;
+    `nbytes` defaults to launch_bytes of a Launch value) or a plain dict (the oldest entries
+    beyond DVM_CACHE_SIZE dropped)."""
+    if isinstance(cache, lru.BoundedDict):
+        if nbytes is None:
+            nbytes = launch_bytes(value) if isinstance(value, Launch) else LAUNCH_OVERHEAD_BYTES
+        cache.put(key, value, nbytes)
+        return
     with lock:
         cache[key] = value
         while len(cache) > config().cache_size:

@@ -1,9 +1,12 @@
-"""Always-on, cheap counters: traces, encodes, cache hits, launches, copies, encode times."""
+"""Always-on, cheap counters: traces, encodes, cache hits, launches, copies, encode times, and the
+entries, bytes and evictions of every bounded cache (codegen.lru families)."""
 from __future__ import annotations
 
 import itertools
 import threading
 from collections import Counter
+
+from ..codegen.lru import cache_stats
 
 _LOCK = threading.Lock()
 _COUNTS: Counter = Counter()
@@ -74,6 +77,7 @@ def snapshot() -> dict:
     if samples:
         out["encode_us_p50"] = samples[len(samples) // 2] / 1e3
         out["encode_us_p99"] = samples[min(len(samples) - 1, int(len(samples) * 0.99))] / 1e3
+    out.update(cache_stats())
     return out
 
 

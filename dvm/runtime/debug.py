@@ -1,8 +1,17 @@
-"""What DVM_DEBUG and DVM_DUMP_DIR show: fusion groups (2), graph IR (3), disassembly (4)."""
+"""What DVM_DEBUG and DVM_DUMP_DIR show: fusion groups (2), graph IR (3), disassembly (4).
+
+Dump files are written safely in a directory others may write to: each is written to a new file
+created exclusively (mkstemp: O_CREAT | O_EXCL, never through an existing name or link) and then
+renamed over its final name, which replaces a file or link planted there instead of writing
+through it."""
 from __future__ import annotations
 
+import io
 import os
 import sys
+import tempfile
+
+import numpy as np
 
 from ..codegen.disasm import disasm
 from ..codegen.program import Program
@@ -46,7 +55,24 @@ def on_encode(program: Program, encode_us: float) -> None:
         print(disasm(program), file=sys.stderr)
     if cfg.dump_dir:
         os.makedirs(cfg.dump_dir, exist_ok=True)
-        base = os.path.join(cfg.dump_dir, f"program_{program.digest}")
-        program.save(base + ".npy")
-        with open(base + ".txt", "w") as f:
-            f.write(disasm(program) + "\n")
+        name = f"program_{program.digest}"
+        npy = io.BytesIO()
+        np.save(npy, program.words, allow_pickle=False)
+        write_new(cfg.dump_dir, name + ".npy", npy.getvalue())
+        write_new(cfg.dump_dir, name + ".txt", (disasm(program) + "\n").encode())
+
+
+def write_new(directory: str, name: str, data: bytes) -> str:
+    """Write `data` to directory/name without following a link or opening a file that exists:
+    a fresh temporary file in the same directory, renamed over `name`. Returns the path."""
+    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        path = os.path.join(directory, name)
+        os.replace(tmp, path)
+        return path
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

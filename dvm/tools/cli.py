@@ -12,6 +12,7 @@
     dvm bench lazy [--sizes small,medium,large] [--cases C,..] [--models llama,qwen2_moe | --no-models]
                    [--tokens N] [--rounds N] [--threads N] [--calibrate] [--quick] [--json/--md/--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
+    dvm fuzz programs | shapes                        hostile-input checks (tools/fuzz_cli.py)
     dvm explain [--model llama|qwen2_moe] [--length L] [--batch B]   what the torch backend fuses
     dvm verify [--model NAME,..] [--dtypes ..] | verify train | verify ddp | verify opinfo   (verify_cli)
     dvm repro FILE.npz [--vm cpu,reference]           replay a verification reproducer on every VM
@@ -363,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import verify_cli
     verify_cli.add_parsers(sub)
+    from . import fuzz_cli
+    fuzz_cli.add_parser(sub)
 
     v = sub.add_parser("version", help="print the DVM version")
     v.set_defaults(func=cmd_version)
