@@ -21,20 +21,29 @@ def _fresh_config():
     config.cache_clear()
 
 
+_QUICK_RUNS: dict = {}   # per VM: one quick run serves every test that reads it (it takes seconds)
+
+
 @pytest.fixture
-def quick_run(tmp_path):
-    d = tmp_path
-    paths = {k: str(d / f"ops.{k}") for k in ("json", "md", "png")}
-    import contextlib
-    import io
-    out, err = io.StringIO(), io.StringIO()
-    config.cache_clear()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["bench", "ops", "--quick", "--no-inductor", "--json", paths["json"],
-                   "--md", paths["md"], "--png", paths["png"]])
-    with open(paths["json"]) as f:
-        report = json.load(f)
-    return rc, report, paths, out.getvalue(), err.getvalue()
+def quick_run(tmp_path_factory):
+    """`dvm bench ops --quick --no-inductor` on the test's VM, run once per VM and module; tests
+    read its results and must not change them."""
+    vm = config().vm
+    if vm not in _QUICK_RUNS:
+        d = tmp_path_factory.mktemp(f"bench-ops-{vm}")
+        paths = {k: str(d / f"ops.{k}") for k in ("json", "md", "png")}
+        import contextlib
+        import io
+        out, err = io.StringIO(), io.StringIO()
+        config.cache_clear()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["bench", "ops", "--quick", "--no-inductor", "--json", paths["json"],
+                       "--md", paths["md"], "--png", paths["png"]])
+        with open(paths["json"]) as f:
+            report = json.load(f)
+        _QUICK_RUNS[vm] = (rc, report, paths, out.getvalue(), err.getvalue())
+    rc, report, paths, out, err = _QUICK_RUNS[vm]
+    return rc, json.loads(json.dumps(report)), paths, out, err
 
 
 def test_quick_run_succeeds_and_reports_progress(quick_run):
