@@ -177,6 +177,17 @@ def _softmax(log: bool):
     return fn
 
 
+def _safe_softmax(lw, x, dim, dtype=None):
+    """softmax whose rows of -inf only give 0, not NaN (ATen's _safe_softmax: attention with a
+    mask that hides a whole row); a row is all -inf exactly when its max is -inf."""
+    if dtype is not None:
+        x = build.cast(x, dvm_dtype(dtype))
+    out = _softmax(False)(lw, x, dim)
+    hidden = build.elementwise(lw.ctx, "eq", build.reduce(lw.ctx, "max", _opmath(x), dim, True),
+                               build.const(float("-inf")))
+    return build.elementwise(lw.ctx, "where", hidden, build.cast(build.const(0.0), out.dtype), out)
+
+
 def _layer_norm(lw, x, normalized_shape, weight, bias, eps):
     ctx, xf = lw.ctx, _opmath(x)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
@@ -304,7 +315,7 @@ _BINARY = {"mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum
            "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "logical_and": "logical_and",
            "logical_or": "logical_or", "logical_xor": "logical_xor", "bitwise_and": "bitwise_and",
            "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor", "remainder": "remainder",
-           "floor_divide": "floor_divide", "pow": "pow"}
+           "floor_divide": "floor_divide", "pow": "pow", "true_divide": "div"}
 
 LOWERINGS: dict = {}
 for _n in _UNARY:
@@ -337,6 +348,7 @@ LOWERINGS.update({
     aten.max.default: _full_reduce("max"), aten.min.default: _full_reduce("min"),
     aten.argmax.default: _arg_reduce("argmax"), aten.argmin.default: _arg_reduce("argmin"),
     aten._softmax.default: _softmax(False), aten._log_softmax.default: _softmax(True),
+    aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     prims.convert_element_type.default: _convert, aten._to_copy.default: _to_copy,
     aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,
