@@ -67,3 +67,28 @@ def test_negative_size_symbol_refused_with_reason():
     for rng in (ValueRanges(-int_oo, 0), ValueRanges(-3, 5)):
         with pytest.raises(Unsupported, match="may be negative"):
             _lower_bound("s1", rng)
+
+
+def test_zeros_ones_arange_start_in_segments():
+    def f(x):
+        n = x.shape[0]
+        pos = torch.arange(2, n + 2)                     # BART's learned positions start at 2
+        odd = torch.arange(1, 2 * n + 1, 2)
+        return x * torch.ones(n, 3) + torch.zeros(n, 3) + (pos + odd)[:, None], pos, odd
+    fallbacks = _run(f, lambda n: (torch.randn(n, 3),), [2, 7, 30])
+    assert not any(k.split(":")[1] in ("aten.zeros.default", "aten.ones.default", "aten.arange.start",
+                                       "aten.arange.start_step") for k in fallbacks), fallbacks
+
+
+def test_arange_start_float_runs_through_pytorch():
+    def f(x):
+        return x + torch.arange(0.5, x.shape[0] + 0.5)
+    fallbacks = _run(f, lambda n: (torch.randn(n),), [3, 9])
+    assert any(k.startswith("fallback:aten.arange.start:") for k in fallbacks), fallbacks
+
+
+def test_lift_fresh_copy_of_a_constant():
+    def f(x):
+        return x * torch.tensor([1.0, -2.0, 0.5]) + 1
+    fallbacks = _run(f, lambda n: (torch.randn(n, 3),), [2, 11])
+    assert not any("lift_fresh_copy" in k for k in fallbacks), fallbacks

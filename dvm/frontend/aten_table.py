@@ -281,6 +281,24 @@ def _new_full(value):
     return fn
 
 
+def _new_tensor(value):
+    """zeros(size) / ones(size): the value broadcast to the result's shape."""
+    def fn(lw, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return _full(lw, size, value, device=device)
+    return fn
+
+
+def _arange_start(lw, start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """arange(start, end[, step]) in int64 from integer bounds: start + step * index, exact."""
+    if lw.out.dtype is not torch.int64 or not isinstance(step, int) or \
+            not isinstance(start, (int, SymExpr)) or isinstance(start, bool):
+        raise Unsupported("arange(start, end, step) other than int64 from integers")
+    index = build.iota(lw.out_shape, 0)
+    if step != 1:
+        index = build.elementwise(lw.ctx, "mul", index, build.const(step))
+    return build.elementwise(lw.ctx, "add", index, build.cast(_scalar(lw, start), DType.INT64))
+
+
 # arange(n) in these dtypes is the int64 index cast (RNE), as PyTorch computes it, for n <= 2**24
 _ARANGE_DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -363,6 +381,9 @@ LOWERINGS.update({
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index,
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
+    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1),
+    aten.arange.start: _arange_start, aten.arange.start_step: _arange_start,
+    aten.lift_fresh_copy.default: _identity,
 })
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the
