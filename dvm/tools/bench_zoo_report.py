@@ -51,7 +51,8 @@ def model_rows(report: dict) -> list[list[str]]:
         rows.append([m, _x(_geo(c["dvm_x"] for c in cs)),
                      f"{_x(worst['dvm_x'])} (t{worst['threads']} b{worst['batch']} L{worst['length']})",
                      _x(_geo(c["inductor_x"] for c in cs)), _x(_geo(c["inductor"] / c["dvm"] for c in cs)),
-                     f"{err:.1g}", f"{fw.get('segments', '—')} / {fw.get('cube_ops', '—')} / {fw.get('fallback_ops', '—')}",
+                     f"{err:.1g}", f"{fw.get('segments', '—')} / {fw.get('cube_ops', '—')} / {fw.get('fallback_ops', '—')} "
+                     f"({fw.get('size_only_segments', 0)} / {fw.get('size_only_fallback_ops', 0)})",
                      f"{_us(host.get('eager'))} / {_us(host.get('inductor'))} / {_us(host.get('dvm'))}",
                      f"{fmt_time(cold)} / {fmt_time(comp['inductor_warm']['first_call_s'])} / "
                      f"{fmt_time(comp['dvm']['first_call_s'])}",
@@ -60,7 +61,8 @@ def model_rows(report: dict) -> list[list[str]]:
 
 
 MODEL_HEAD = ["model", "DVM × eager (geomean)", "DVM × eager (worst cell)", "Inductor × eager (geomean)",
-              "DVM × Inductor (geomean)", "DVM max abs err", "DVM launches / matmuls / fallbacks per forward",
+              "DVM × Inductor (geomean)", "DVM max abs err",
+              "DVM launches / matmuls / fallbacks per forward (launches / fallbacks run once per size)",
               "fixed cost per forward, µs: eager / Inductor / DVM", "first call: Inductor cold / warm / DVM",
               "graphs: Inductor / DVM"]
 
