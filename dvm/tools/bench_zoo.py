@@ -252,7 +252,8 @@ def summary(models: dict) -> dict:
             "dvm_geomean_x_fastest": geomean(c.get("dvm_x_min") for c in cells),
             "inductor_geomean_x_fastest": geomean(c.get("inductor_x_min") for c in cells),
             "misses_fastest": sum(1 for c in cells if c.get("dvm_x_min", 1.0) < 1.0),
-            "misses": sorted(({k: c[k] for k in ("model", "threads", "batch", "length", "dvm_x", "inductor_x")}
+            "misses": sorted(({k: c.get(k) for k in ("model", "threads", "batch", "length", "dvm_x", "inductor_x",
+                                                      "dvm_x_min")}
                               for c in cells if c["dvm_x"] < 1.0), key=lambda c: c["dvm_x"])}
 
 
