@@ -94,3 +94,13 @@ def test_zoo_cli_rejects_bad_lists(capsys):
     assert main(["bench", "models", "--zoo", "--models", "nope"]) == 2
     assert main(["bench", "models", "--zoo", "--zoo-lengths", "0,8"]) == 2
     assert "dvm: error" in capsys.readouterr().err
+
+
+def test_per_forward_sums_the_graphs_one_forward_runs():
+    def info(segments, fallbacks):
+        return {"segments": segments, "vector_kernels": 2 * segments, "cube_ops": 1, "fallback_ops": sum(fallbacks.values()),
+                "size_only_segments": 1, "size_only_fallback_ops": 0, "fallbacks": fallbacks}
+    out = bench_zoo.per_forward([info(3, {"a: x": 1}), info(2, {"a: x": 2, "b: y": 1})])
+    assert (out["segments"], out["vector_kernels"], out["cube_ops"], out["fallback_ops"], out["graphs"]) == (5, 10, 2, 4, 2)
+    assert out["fallbacks"] == {"a: x": 3, "b: y": 1} and list(out["fallbacks"]) == ["a: x", "b: y"]
+    assert bench_zoo.per_forward([])["segments"] == 0
