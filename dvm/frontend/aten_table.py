@@ -177,6 +177,17 @@ def _softmax(log: bool):
     return fn
 
 
+def _safe_softmax(lw, x, dim, dtype=None):
+    """softmax whose rows of -inf only give 0, not NaN (ATen's _safe_softmax: attention with a
+    mask that hides a whole row); a row is all -inf exactly when its max is -inf."""
+    if dtype is not None:
+        x = build.cast(x, dvm_dtype(dtype))
+    out = _softmax(False)(lw, x, dim)
+    hidden = build.elementwise(lw.ctx, "eq", build.reduce(lw.ctx, "max", _opmath(x), dim, True),
+                               build.const(float("-inf")))
+    return build.elementwise(lw.ctx, "where", hidden, build.cast(build.const(0.0), out.dtype), out)
+
+
 def _layer_norm(lw, x, normalized_shape, weight, bias, eps):
     ctx, xf = lw.ctx, _opmath(x)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
@@ -270,6 +281,24 @@ def _new_full(value):
     return fn
 
 
+def _new_tensor(value):
+    """zeros(size) / ones(size): the value broadcast to the result's shape."""
+    def fn(lw, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return _full(lw, size, value, device=device)
+    return fn
+
+
+def _arange_start(lw, start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """arange(start, end[, step]) in int64 from integer bounds: start + step * index, exact."""
+    if lw.out.dtype is not torch.int64 or not isinstance(step, int) or \
+            not isinstance(start, (int, SymExpr)) or isinstance(start, bool):
+        raise Unsupported("arange(start, end, step) other than int64 from integers")
+    index = build.iota(lw.out_shape, 0)
+    if step != 1:
+        index = build.elementwise(lw.ctx, "mul", index, build.const(step))
+    return build.elementwise(lw.ctx, "add", index, build.cast(_scalar(lw, start), DType.INT64))
+
+
 # arange(n) in these dtypes is the int64 index cast (RNE), as PyTorch computes it, for n <= 2**24
 _ARANGE_DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -304,7 +333,7 @@ _BINARY = {"mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum
            "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "logical_and": "logical_and",
            "logical_or": "logical_or", "logical_xor": "logical_xor", "bitwise_and": "bitwise_and",
            "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor", "remainder": "remainder",
-           "floor_divide": "floor_divide", "pow": "pow"}
+           "floor_divide": "floor_divide", "pow": "pow", "true_divide": "div"}
 
 LOWERINGS: dict = {}
 for _n in _UNARY:
@@ -337,6 +366,7 @@ LOWERINGS.update({
     aten.max.default: _full_reduce("max"), aten.min.default: _full_reduce("min"),
     aten.argmax.default: _arg_reduce("argmax"), aten.argmin.default: _arg_reduce("argmin"),
     aten._softmax.default: _softmax(False), aten._log_softmax.default: _softmax(True),
+    aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     prims.convert_element_type.default: _convert, aten._to_copy.default: _to_copy,
     aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,
@@ -351,6 +381,9 @@ LOWERINGS.update({
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index,
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
+    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1),
+    aten.arange.start: _arange_start, aten.arange.start_step: _arange_start,
+    aten.lift_fresh_copy.default: _identity,
 })
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the

@@ -36,11 +36,8 @@ class Syms:
         if e.is_Symbol:
             name = str(e)
             if name not in self.cache:
-                lo = 0
-                rng = shape_env.var_to_range.get(e) if shape_env is not None else None
-                if rng is not None and rng.lower.is_finite:
-                    lo = max(int(rng.lower), 0)
-                self.cache[name] = sym(name, lo=lo)
+                self.cache[name] = sym(name, lo=_lower_bound(name, shape_env.var_to_range.get(e)
+                                                             if shape_env is not None else None))
             return self.cache[name]
         args = [self.expr(a, shape_env) for a in e.args]
         if isinstance(e, sympy.Add):
@@ -63,3 +60,16 @@ class Syms:
                 out = out * args[0]
             return out
         raise Unsupported(f"size expression {e}")
+
+
+def _lower_bound(name: str, rng) -> int:
+    """The lower bound of a size symbol's value range (0 without a range). DVM's symbols are
+    never negative: a symbol whose range reaches below 0 (PyTorch's unbacked symbols from data,
+    with an infinite lower bound among them) is refused with its reason, never clamped to 0."""
+    if rng is None:
+        return 0
+    import sympy
+    lower = rng.lower     # (PyTorch's int_oo says it is finite: only a sympy.Integer is a number here)
+    if not isinstance(lower, sympy.Integer) or int(lower) < 0:
+        raise Unsupported(f"size symbol {name} may be negative (its range is {rng})")
+    return int(lower)

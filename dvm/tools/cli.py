@@ -9,6 +9,8 @@
     dvm bench models [--models llama,qwen2_moe] [--lengths N] [--batches 1,3] [--seed S] [--quick]
                      [--no-inductor] [--repeat N] [--threads N] [--json PATH] [--md PATH] [--png PATH]
                      [--device cpu|cuda]
+    dvm bench models --zoo [--models M,..] [--zoo-lengths 8,64,256,1024] [--batches 1,4] [--zoo-threads 1,2]
+                     [--quick] [--repeat N] [--json PATH] [--md PATH] [--png PATH]   (bench_zoo)
     dvm bench lazy [--sizes small,medium,large] [--cases C,..] [--models llama,qwen2_moe | --no-models]
                    [--tokens N] [--rounds N] [--threads N] [--calibrate] [--quick] [--json/--md/--png PATH]
     dvm disasm FILE.npy                               verify a saved Program and print it
@@ -138,8 +140,36 @@ def cmd_bench_floor(args) -> int:
                             seed=args.seed, json_path=_path(args.json), md_path=_path(args.md))
 
 
+def _cmd_bench_zoo(args) -> int:
+    """`dvm bench models --zoo`: many architectures, cell by cell (bench_zoo)."""
+    from . import bench_models, bench_zoo
+    from .bench_zoo_models import ZOO
+    try:
+        models = bench_models.parse_list(args.models, "model", tuple(ZOO)) if args.models else None
+        lengths = bench_models.parse_list(args.zoo_lengths, "length", cast=int) if args.zoo_lengths else None
+        batches = bench_models.parse_list(args.batches, "batch size", cast=int) if args.batches else None
+        threads = bench_models.parse_list(args.zoo_threads, "thread count", cast=int) if args.zoo_threads else None
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    if any(v < 1 for v in (lengths or []) + (batches or []) + (threads or [])) or \
+            any(L > bench_models.MAX_LENGTH for L in lengths or []):
+        _err(f"--zoo-lengths, --batches, --zoo-threads: values must be at least 1 (lengths at most "
+             f"{bench_models.MAX_LENGTH})")
+        return EXIT_USAGE
+    if args.repeat is not None and args.repeat < 1:
+        _err("--repeat must be at least 1")
+        return EXIT_USAGE
+    paths = {k: (getattr(bench_zoo, f"DEFAULT_{k.upper()}") if getattr(args, k) == getattr(bench_models, f"DEFAULT_{k.upper()}")
+                 else _path(getattr(args, k))) for k in ("json", "md", "png")}
+    return bench_zoo.main(models=models, quick=args.quick, lengths=lengths, batches=batches, threads=threads,
+                          repeat=args.repeat, json_path=paths["json"], md_path=paths["md"], png_path=paths["png"])
+
+
 def cmd_bench_models(args) -> int:
     from . import bench_models
+    if args.zoo:
+        return _cmd_bench_zoo(args)
     gpu = _on_cuda(args, "bench_gpu_models", {"json": bench_models.DEFAULT_JSON, "md": bench_models.DEFAULT_MD})
     if gpu is not None:
         return gpu
@@ -333,6 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--repeat", type=int, default=None, metavar="N",
                     help=f"steady-state calls per (batch, length) after the stream; the median is reported "
                          f"(default {bench_models.DEFAULT_REPEAT}; {bench_models.QUICK_REPEAT} with --quick)")
+    bm.add_argument("--zoo", action="store_true",
+                    help="the model zoo (bench_zoo): 18 transformers architectures, each at every length x batch "
+                         "x thread count, eager / Inductor dynamic=True (cold, warm) / DVM side by side; --quick: "
+                         "gpt2, bert, t5 at lengths 8,64, batch 1, one thread (results: bench-results/models_zoo.*)")
+    bm.add_argument("--zoo-lengths", default=None, metavar="LIST",
+                    help="with --zoo: sequence lengths (default 8,64,256,1024; 8,64 with --quick)")
+    bm.add_argument("--zoo-threads", default=None, metavar="LIST",
+                    help="with --zoo: thread counts, each a separate compile (default 1,2; 1 with --quick)")
     bm.add_argument("--threads", type=int, default=bench_models.DEFAULT_THREADS, metavar="N",
                     help=f"torch and DVM CPU VM threads, the same for every system (default "
                          f"{bench_models.DEFAULT_THREADS}: tiny models on a shared machine)")
