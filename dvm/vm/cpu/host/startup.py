@@ -43,7 +43,7 @@ def ensure_core() -> None:
         missing = [n for n in names if not loaded(n).try_load()]
         if missing:
             t0 = time.perf_counter()
-            say(f"compiling the CPU VM's core ({len(missing)} of {len(names)} pieces) with numba, once per "
+            say(f"compiling the CPU VM's core ({len(missing)} of {_pieces(len(names))}) with numba, once per "
                 f"machine: about a minute on 2 cores ...")
             _build(missing, background=False).wait_all()
             _load_or_compile(missing)
@@ -85,7 +85,7 @@ def _start_fast() -> None:
         _fast_ready.set()
         return
     build = _build(missing, background=True)
-    say(f"compiling the CPU VM's fast paths ({len(missing)} pieces) in the background (pid "
+    say(f"compiling the CPU VM's fast paths ({_pieces(len(missing))}) in the background (pid "
         f"{', '.join(str(p.pid) for p in build.procs)}); programs run meanwhile, with the same results")
     _fast_thread = threading.Thread(target=_finish_fast, args=(build, missing), name="dvm-cpu-fast", daemon=True)
     _fast_thread.start()
@@ -105,7 +105,11 @@ def _finish_fast(build: "_Build", missing: list[str]) -> None:
             _fast_error = f"{n}: {type(e).__name__}: {e}"
             say(f"the CPU VM's fast piece {_fast_error.splitlines()[0]}; it stays out, its generic path runs")
     _fast_ready.set()
-    say(f"CPU VM fast paths ready ({time.perf_counter() - t0:.0f} s after start-up)")
+    say(f"CPU VM fast paths ready (compiled in {time.perf_counter() - t0:.0f} s)")
+
+
+def _pieces(n: int) -> str:
+    return f"{n} piece" if n == 1 else f"{n} pieces"
 
 
 def _load_or_compile(names: list[str]) -> None:
