@@ -91,7 +91,7 @@ def test_a_wrong_kernel_is_caught_named_and_reproduced(tmp_path, monkeypatch, ca
     capsys.readouterr()
     assert cli(["repro", path]) == 1                 # replays, on every VM, and fails again
     out = capsys.readouterr().out
-    assert row["kernel"] in out and "the failure reproduces" in out
+    assert row["kernel"] in out and "the failure reproduces" in out, out
     for vm in ("cpu", "reference"):
         assert f"  {vm}" in out
     assert "bitwise the captured result" in out and "DIFFERS" not in out

@@ -28,25 +28,22 @@ TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 # rows of at least ROW_TILE_MIN_BN columns that fit one tile (softmax, norms) get up to this many
 # elements per tile: their instructions mostly touch one row at a time (row reductions, fused row
 # runs, compact row values), so a taller tile keeps their working set while it divides the
-# per-tile dispatch (~15 instructions) over more rows (CPU VM, one thread, 256x1024 LayerNorm
-# ~80 -> ~72 us, RMSNorm ~58 -> ~53 us; elementwise kernels keep TILE_ELEMS: every instruction
-# makes a full-tile pass there)
+# per-tile dispatch (~15 instructions) over more rows; elementwise kernels keep TILE_ELEMS: every
+# instruction makes a full-tile pass there
 ROW_TILE_ELEMS = 16384
 ROW_TILE_MIN_BN = 128
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
 # buffer; the sweeps re-read a row per sweep and make a pass per instruction and
-# tile (64x8192 LayerNorm / softmax on two threads: 155 -> 74 us, 174 -> 89 us). Tests that pin
-# the multi-sweep form set it to 0
+# tile (about twice the time at 64x8192). Tests that pin the multi-sweep form set it to 0
 SINGLE_TILE_COLS = 1 << 16
 # wider rows, up to the verifier's MAX_TILE lanes, take the single-tile stream too when the CPU VM
 # runs all of it as row forms (softmax, LayerNorm, RMSNorm of f32 data: its Target.whole_row_forms):
 # those never hold the tile in registers, they read each row from its buffer once or twice, where
 # the sweeps make a pass per instruction and 4096-lane tile and recompute the row's values per
-# sweep (7x65537 on two threads: softmax 154 -> 99 us, LayerNorm 124 -> 88, RMSNorm 84 -> 51).
-# Any other kernel keeps the sweeps there: its tile form over 131072 lanes ran 2-3x slower (a
-# row sum of exp(x) * y, a log-sum-exp, 7x65537). Off with SINGLE_TILE_COLS = 0
+# sweep. Any other kernel keeps the sweeps there: its tile form over 131072 lanes is 2-3x slower
+# (a row sum of exp(x) * y, a log-sum-exp). Off with SINGLE_TILE_COLS = 0
 WIDE_ROW_COLS = MAX_TILE
 # column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at
 # most COLUMN_MAJOR_WHOLE rows, tiles of up to COLUMN_MAJOR_TILE elements hold all of them (a tile
@@ -54,9 +51,8 @@ WIDE_ROW_COLS = MAX_TILE
 # reduction, a block of them: up to COLUMN_MAJOR_BLOCKS blocks of about COLUMN_MAJOR_MIN_BM rows
 # or more and COLUMN_MAJOR_BLOCK_ELEMS elements or more (rows x reduced length), the work units
 # the CPU VM's threads share (a tile column is then a contiguous run; the CPU VM's FK_LOADACC reads
-# it in place; shorter runs cost more per element: 1000x1001 sum over axis 0, two threads: 79 us
-# whole, 68 in blocks of 336 rows, 55 in blocks of 512); longer kept axes get row blocks of
-# COLUMN_MAJOR_BM rows
+# it in place; shorter runs cost more per element, hence the minimum block height); longer kept
+# axes get row blocks of COLUMN_MAJOR_BM rows
 COLUMN_MAJOR_WHOLE = 4096
 COLUMN_MAJOR_TILE = 16384
 COLUMN_MAJOR_BM = 1024

@@ -20,8 +20,8 @@ With a mask, HF also repeats grouped keys and values to the query's head count (
 expand and a copy each) where eager passes them grouped with `enable_gqa`. The flash kernel
 groups heads itself (query head i reads key / value head i // r; bitwise the same results), so
 `sdpa(q, repeat_kv(k), repeat_kv(v))` becomes `sdpa(q, k, v)` when nothing else reads the
-copies (counted: `torch_sdpa_grouped_kv`). The tiny Llama's forward then stores two fewer
-[B, 4, L, 32] tensors per layer (one thread, b = 1: L = 8 384 -> 368 us, L = 300 3.72 -> 3.66 ms).
+copies (counted: `torch_sdpa_grouped_kv`): two fewer [B, heads, L, head_dim] tensors stored per
+layer.
 """
 from __future__ import annotations
 
@@ -204,11 +204,11 @@ def _equals_tril(keep: torch.Tensor, L: int) -> bool:
     else:
         _tril.move_to_end(L)
     tri, tri_bytes = entry
-    if rows.size <= _BYTES_CHECK_MAX:   # a copy and a memcmp: L = 8, 300: 2.3, 3.7 us (loop: 5.6, 7.2)
+    if rows.size <= _BYTES_CHECK_MAX:   # small masks: a copy and one memcmp beat the row loop
         return rows.tobytes() == tri_bytes * rows.shape[0]
     n8 = (L * L) // 8 * 8
     t64 = tri[:n8].view(np.uint64)
-    for row in rows:   # 8 mask bytes per comparison, no copy (L = 1024: 27 us against 38)
+    for row in rows:   # 8 mask bytes per comparison, no copy
         if not (np.array_equal(row[:n8].view(np.uint64), t64) and np.array_equal(row[n8:], tri[n8:])):
             return False
     return True
