@@ -69,7 +69,7 @@ def _levels_of(term, combine, ident):
     """The first tree pass of one kind over a row: its two segments' two segments (nv + 1 valid lanes below rem, nv above)."""
     l4, l5, l6, l7, l8 = (_level_loop(term, combine, ident, nv) for nv in (4, 5, 6, 7, 8))
 
-    @njit(**OPTS)
+    @njit(inline='always', **OPTS)
     def segment(d, base, q, nv, m):
         if nv == 8:
             l8(d, base, q, m)
@@ -82,7 +82,7 @@ def _levels_of(term, combine, ident):
         else:
             l4(d, base, q, m)
 
-    @njit(**OPTS)
+    @njit(inline='always', **OPTS)
     def levels(d, x, ncv, bn, m):
         q = bn // 8
         j = ncv // q

@@ -23,7 +23,7 @@ The softmax row form reads the row from the buffer once and keeps exp(x - m) in 
 Each row takes the same f32 operations in the same order as the instructions (the reductions'
 trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of the tile form.
 Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
-(f32 operands, unit column stride: addr.row_addrs) and BN is a power of two >= 128 holding
+(f32 operands, unit column stride: addr.row_addrs) and BN is a power of two >= ROW_FORM_MIN_BN holding
 the whole row, less than twice its length; otherwise they return 0 and the instructions run
 (with their own fused runs).
 """
@@ -33,15 +33,15 @@ import numpy as np
 from numba import carray, njit
 
 from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS,
-                    M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, RS_COMPACT, RS_FULL, RS_UNIFORM,
-                    RS_UNIFORM_ALL)
+                    M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM, RS_COMPACT, RS_FULL,
+                    RS_UNIFORM, RS_UNIFORM_ALL)
 from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs, row_uniform
 from ..bits import OPTS, ptr_f32
 from ..mathf import exp_into
 from ..reduce import is_pow2
-from ..rowtree import tree_p2_max, tree_p2_sum
+from ..rowtree import tree_p2
 from .common import apply_row, cached_row
 from .rowpart import levels_csqsum, levels_max, levels_sum
 
@@ -66,7 +66,7 @@ def _center(drow, xr, mv, n):
         drow[k] = ops.sub(xr[k], mv)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)
 def _scalar_op(op, a, b):
     """One lane of a chain op (abi.CHAIN_OPS), as jit/ops defines it."""
     if op == OP_SQRT:
@@ -130,7 +130,7 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
                w, b, bias, ta):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
-    bn: a power of two >= 128 below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
+    bn: a power of two >= ROW_FORM_MIN_BN below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
     read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
@@ -145,11 +145,11 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
-            F[s1][r] = tree_p2_sum(lvl, la, lb, q)
+            F[s1][r] = tree_p2(R_SUM, lvl, la, lb, q)
             _chain_row(instrs, dec, qa0, qa1, F, st, r)
             mv = F[m][r]
         levels_csqsum(lvl, xr, ncv, bn, mv)
-        F[s2][r] = tree_p2_sum(lvl, la, lb, q)
+        F[s2][r] = tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, qb0, qb1, F, st, r)
         _apply_row_c(carray(ptr_f32(ry[r]), ncv), xr, mv, centered, F[rs][r], w, b, ncv, bias)
 
@@ -166,12 +166,12 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         levels_max(lvl, xr, ncv, bn, z)
-        mv = tree_p2_max(lvl, la, lb, q)
+        mv = tree_p2(R_MAX, lvl, la, lb, q)
         _center(arow, xr, mv, ncv)
         F[m][r] = mv
         exp_into(erow, arow, ncv)   # the exp instruction's loop (jit/kernels: exp_into)
         levels_sum(lvl, erow, ncv, bn, z)
-        F[s][r] = tree_p2_sum(lvl, la, lb, q)
+        F[s][r] = tree_p2(R_SUM, lvl, la, lb, q)
         _chain_row(instrs, dec, q0, q1, F, st, r)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)
@@ -196,13 +196,16 @@ def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
     return ix[0]
 
 
+ROW_FORM_MIN_BN = 512   # narrower rows run faster through the tile forms (the row form's per-row calls cost more)
+
+
 @njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
-    """The tile's rows are whole, BN is a power of two >= 128 (the fused trees' width) and less
-    than twice the row (fused/rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the
-    row's next power of two)."""
+    """The tile's rows are whole, BN is a power of two >= ROW_FORM_MIN_BN and less than twice the
+    row (fused/rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the row's next
+    power of two)."""
     bn, cols = meta[M_BN], meta[M_COLS]
-    return aok and cols <= bn < 2 * cols and bn >= 128 and is_pow2(bn)
+    return aok and cols <= bn < 2 * cols and bn >= ROW_FORM_MIN_BN and is_pow2(bn)
 
 
 @njit(inline='always', **OPTS)
@@ -285,9 +288,10 @@ def fused_rows_piece(fra, pc, unused_a, unused_b):
     (its first column tile only); returns the instructions it did, 0 when it cannot take the
     tile (the instructions then run one by one)."""
     fr = fm.frame(fra)
-    fz, meta = fm.fuse(fr), fm.meta(fr)
-    if fr[FR_C0] != 0:
+    meta = fm.meta(fr)
+    if fr[FR_C0] != 0 or not _rows_fit(meta, fr[FR_AOK] != 0):
         return 0
+    fz = fm.fuse(fr)
     ins, dec = fm.instrs(fr), fm.decode(fr)
     aok, r0 = fr[FR_AOK] != 0, fr[FR_R0]
     F, fp, ix, sf, st = fm.bank_f(fr), fm.fptr(fr), fm.ix(fr), fm.sf(fr), fm.states(fr)
