@@ -406,6 +406,26 @@ def test_site_chooses_eager_when_nothing_fuses():
     assert site.choice is False and site.skips == S.SITE_PERIOD_FIRST
 
 
+def test_site_probe_that_fuses_after_an_untimed_eager_choice_measures_both():
+    """Eager chosen without a time (nothing fused), then a probe that fuses: there is no eager
+    time to compare it with, so both kinds are measured again (this raised IndexError)."""
+    site = S.Site()
+    for _ in range(S.SITE_WARM):
+        site.action()
+        site.observe(True, None, recorded_ops=True, fused=False)
+    site.observe(True, 1.0, recorded_ops=True, fused=False)
+    assert site.choice is False and not site.eager_t
+    for _ in range(site.period):
+        assert site.action() == S.SKIP
+    assert site.action() == S.RECORD_TIMED
+    site.observe(True, 0.5)                                        # this probe fused
+    assert site.choice is None and site.lazy_t == [0.5]
+    while site.choice is None:
+        a = site.action()
+        site.observe(a == S.RECORD_TIMED, 0.5 if a == S.RECORD_TIMED else 1.0)
+    assert site.choice is True
+
+
 def test_adaptive_measures_dvm_against_eager():
     t = F.Timing()
     picks = [t.choose() for _ in range(F.DVM_TRIALS + 1)]

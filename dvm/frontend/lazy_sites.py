@@ -94,8 +94,10 @@ class Site:
                 self._decided(_median(self.lazy_t) < _median(self.eager_t))
         elif self.probing:
             self.probing = False
-            chosen = _median(self.lazy_t if self.choice else self.eager_t)
-            if seconds < chosen:         # the other kind won its probe: measure both afresh
+            chosen = self.lazy_t if self.choice else self.eager_t
+            # the other kind won its probe, or the chosen kind was never timed (eager chosen
+            # untimed because nothing fused, and now a probe fused something): measure both afresh
+            if not chosen or seconds < _median(chosen):
                 del times[:-1]
                 other = self.eager_t if recorded else self.lazy_t
                 del other[:]
