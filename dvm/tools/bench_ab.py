@@ -1,0 +1,301 @@
+"""`dvm bench ab`: the speed of two checkouts of this project side by side, in one run.
+
+A is BASE (e.g. a checkout of the commit before a change), B the other checkout (by default the
+one this `dvm` was imported from). Each round runs, for each checkout in turn (A then B, then B
+then A in the next round, and so on), one fresh Python process per suite: bench_ab_child.py,
+executed by path with PYTHONPATH=<checkout> in a neutral working directory, imports THAT
+checkout's `dvm`, waits for its whole CPU VM and times every case (the median of several
+samples). Per case and checkout the best (lowest) of the rounds' medians is kept: the round least
+disturbed by the rest of the machine. The report is a table per suite (case, A, B, B/A, and
+"slower" / "faster" where B/A is beyond 1 +- the threshold), the list of the cases that moved,
+JSON and markdown. Progress goes to stderr, the tables to stdout. Exit 0 whatever the numbers say
+(a benchmark, not a test); 1 if a checkout's process failed; 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .bench_ab_child import MODEL_NAMES, SUITES
+from .bench_common import finish_report, loadavg, machine_info, progress
+from .bench_ops_cases import CASE_NAMES
+
+CHILD = Path(__file__).with_name("bench_ab_child.py")
+DEFAULT_JSON = os.path.join("bench-results", "ab.json")
+DEFAULT_MD = os.path.join("bench-results", "ab.md")
+DEFAULT_ROUNDS = 5
+DEFAULT_THRESHOLD = 0.10
+SUITE_NAMES = {"ops": CASE_NAMES, "models": MODEL_NAMES}   # what --cases matches, per suite
+GIT_TIMEOUT_S = 30
+US = 1e6
+LABELS = ("A", "B")
+EXIT_FAIL, EXIT_USAGE = 1, 2
+
+
+class ChildFailed(RuntimeError):
+    """A checkout's measuring process exited non-zero or reported the wrong `dvm`."""
+
+
+def say(msg: str) -> None:
+    progress("ab", msg)
+
+
+def _error(msg: str) -> None:
+    print(f"dvm: error: {msg}", file=sys.stderr)
+
+
+# -- arguments ----------------------------------------------------------------------------------
+def this_checkout() -> str:
+    """The checkout (the folder holding dvm/) this `dvm` was imported from."""
+    import dvm
+    return os.path.dirname(os.path.dirname(os.path.abspath(dvm.__file__)))
+
+
+def check_checkout(path: str, what: str) -> str:
+    """The absolute path of a checkout with dvm/ in it; ValueError otherwise."""
+    full = os.path.abspath(path)
+    if not os.path.isdir(full):
+        raise ValueError(f"{what} {path!r} is not a directory")
+    if not os.path.isfile(os.path.join(full, "dvm", "__init__.py")):
+        raise ValueError(f"{what} {path!r} is not a checkout of this project: it has no dvm/__init__.py")
+    return full
+
+
+def parse_suites(suite: str, filters: list[str]) -> list[str]:
+    """The suites to run: `suite` (ops, models or all) less those --cases selects nothing in;
+    ValueError when nothing is left."""
+    chosen = list(SUITES) if suite == "all" else [suite]
+    kept = [s for s in chosen if not filters or any(f in n for f in filters for n in SUITE_NAMES[s])]
+    if not kept:
+        raise ValueError(f"--cases {','.join(filters)} matches no case of suite {suite} "
+                         f"(cases: {', '.join(n for s in chosen for n in SUITE_NAMES[s])})")
+    for s in chosen:
+        if s not in kept:
+            say(f"suite {s}: no case matches --cases {','.join(filters)}; skipped")
+    return kept
+
+
+def split_list(text: str | None) -> list[str]:
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+# -- the checkouts' processes -------------------------------------------------------------------
+def _git(path: str, *args: str) -> str | None:
+    """`git -C path args` without taking the index lock (the checkouts are only read)."""
+    try:
+        r = subprocess.run(["git", "--no-optional-locks", "-C", path, *args], capture_output=True, text=True,
+                           timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def checkout_info(path: str) -> dict:
+    """Path, commit and whether tracked files differ from it (None where git cannot tell)."""
+    status = _git(path, "status", "--porcelain", "--untracked-files=no")
+    return {"path": path, "commit": _git(path, "rev-parse", "--short", "HEAD"),
+            "dirty": None if status is None else bool(status)}
+
+
+def _child_argv(suite: str, out: str, filters: list[str], sizes: list[str]) -> list[str]:
+    argv = [sys.executable, str(CHILD), "--suite", suite, "--out", out]
+    if filters:
+        argv += ["--cases", ",".join(filters)]
+    if sizes and suite == "ops":
+        argv += ["--sizes", ",".join(sizes)]
+    return argv
+
+
+def run_child(checkout: str, suite: str, out: str, filters: list[str], sizes: list[str], workdir: str) -> dict:
+    """One measuring process on `checkout`; its JSON ({"meta", "times"}). Its stderr passes through."""
+    env = dict(os.environ, PYTHONPATH=checkout)
+    r = subprocess.run(_child_argv(suite, out, filters, sizes), env=env, cwd=workdir, stdout=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise ChildFailed(f"the {suite} process on {checkout} exited with {r.returncode} (its stderr is above)")
+    try:
+        with open(out) as f:
+            result = json.load(f)
+        imported = result["meta"]["dvm_file"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ChildFailed(f"the {suite} process on {checkout} left no readable result in {out}: {e}") from None
+    imported = os.path.realpath(imported)
+    if not imported.startswith(os.path.join(os.path.realpath(checkout), "dvm") + os.sep):
+        raise ChildFailed(f"the {suite} process for {checkout} imported dvm from {imported}, not from the checkout")
+    return result
+
+
+def round_order(r: int) -> tuple[str, ...]:
+    """A, B in even rounds, B, A in odd ones (0-based): neither checkout always runs first."""
+    return LABELS if r % 2 == 0 else LABELS[::-1]
+
+
+def run_rounds(paths: dict, suites: list[str], rounds: int, filters: list[str], sizes: list[str]) -> dict:
+    """{"times": {label: [times of round 1, round 2, ...]}, "meta": {label: {suite: its process's meta}},
+    "suite_of": {case: suite}}."""
+    got: dict = {"times": {label: [{} for _ in range(rounds)] for label in LABELS},
+                 "meta": {label: {} for label in LABELS}, "suite_of": {}}
+    with tempfile.TemporaryDirectory(prefix="dvm-bench-ab-") as workdir:
+        for r in range(rounds):
+            for label in round_order(r):
+                for suite in suites:
+                    say(f"round {r + 1}/{rounds}: {label} {suite} ({paths[label]}) ...")
+                    t0 = time.perf_counter()
+                    out = os.path.join(workdir, f"{label}_{suite}_{r}.json")
+                    res = run_child(paths[label], suite, out, filters, sizes, workdir)
+                    got["times"][label][r].update(res["times"])
+                    got["meta"][label][suite] = res["meta"]
+                    got["suite_of"].update(dict.fromkeys(res["times"], suite))
+                    say(f"round {r + 1}/{rounds}: {label} {suite}: {len(res['times'])} cases in "
+                        f"{time.perf_counter() - t0:.1f} s")
+    return got
+
+
+# -- the comparison (pure) ----------------------------------------------------------------------
+def best_of_rounds(per_round: list[dict]) -> dict:
+    """Per case, the lowest of the rounds' medians; cases in the order they first appear."""
+    best: dict = {}
+    for times in per_round:
+        for case, t in times.items():
+            best[case] = min(best.get(case, t), t)
+    return best
+
+
+def flag(ratio: float | None, threshold: float) -> str:
+    """"slower" when B/A > 1 + threshold, "faster" when B/A < 1 - threshold, else ""."""
+    if ratio is None:
+        return ""
+    if ratio > 1 + threshold:
+        return "slower"
+    return "faster" if ratio < 1 - threshold else ""
+
+
+def compare(a: dict, b: dict, threshold: float) -> list[dict]:
+    """One row per case of A (then those only B has): both times (None where missing), B/A, flag."""
+    rows = []
+    for case in list(a) + [c for c in b if c not in a]:
+        ta, tb = a.get(case), b.get(case)
+        ratio = tb / ta if ta and tb is not None else None
+        rows.append({"case": case, "a_s": ta, "b_s": tb, "ratio": ratio, "flag": flag(ratio, threshold)})
+    return rows
+
+
+def moved(rows: list[dict]) -> dict:
+    """The flagged rows' cases and ratios: {"slower": [[case, ratio], ...], "faster": [...]}, the
+    largest moves first."""
+    out = {}
+    for kind, sign in (("slower", -1), ("faster", 1)):
+        hits = [[r["case"], r["ratio"]] for r in rows if r["flag"] == kind]
+        out[kind] = sorted(hits, key=lambda h: sign * h[1])
+    return out
+
+
+# -- the report ---------------------------------------------------------------------------------
+def _us(t: float | None) -> str:
+    if t is None:
+        return "—"
+    return f"{t * US:.1f}" if t * US < 1000 else f"{t * US:.0f}"
+
+
+def _describe(label: str, info: dict) -> str:
+    commit = info.get("commit") or "no git commit"
+    dirty = ", with uncommitted changes" if info.get("dirty") else ""
+    return f"{label} = `{info['path']}` ({commit}{dirty})"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    lines = ["| case | A µs | B µs | B/A | moved |", "| --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['case']} | {_us(r['a_s'])} | {_us(r['b_s'])} | {ratio} | {r['flag']} |")
+    return lines
+
+
+def _moved_lines(report: dict) -> list[str]:
+    pct = f"{100 * report['threshold']:.0f} %"
+    mv = report["moved"]
+    if not mv["slower"] and not mv["faster"]:
+        return [f"No case moved by more than {pct}."]
+    lines = [f"Moved by more than {pct} (B/A):"]
+    for kind in ("slower", "faster"):
+        if mv[kind]:
+            lines.append(f"- {kind} in B: " + ", ".join(f"{c} {ratio:.2f}" for c, ratio in mv[kind]))
+    return lines
+
+
+def _suite_note(report: dict, suite: str) -> str:
+    """VM and threads of the suite's processes, once where A's and B's agree."""
+    said = {label: report[label.lower()]["processes"].get(suite, {}) for label in LABELS}
+    each = {label: f"VM {m.get('vm')}, {m.get('threads')} thread(s), dvm {m.get('dvm_version')}"
+            for label, m in said.items()}
+    return each["A"] if each["A"] == each["B"] else "; ".join(f"{label}: {v}" for label, v in each.items())
+
+
+def markdown(report: dict) -> str:
+    m, load = report["machine"], report["loadavg_1min"]
+    lines = ["## dvm bench ab", "", _describe("A", report["a"]) + "; " + _describe("B", report["b"]) + ".",
+             f"Best of {report['rounds']} round(s)' medians per case (order alternating A,B / B,A); B/A > 1: "
+             f"B is slower; {m.get('cpu', '?')}, {m.get('cores', '?')} cores; 1-min load {load['start']} at "
+             f"start, {load['end']} at end; {report['seconds']:.0f} s in all.", ""]
+    for suite in report["suites"]:
+        rows = [r for r in report["results"] if r["suite"] == suite]
+        lines += [f"### {suite} ({_suite_note(report, suite)})", "", *_table(rows), ""]
+    return "\n".join(lines + _moved_lines(report))
+
+
+def _rows(got: dict, threshold: float) -> list[dict]:
+    times = got["times"]
+    rows = compare(best_of_rounds(times["A"]), best_of_rounds(times["B"]), threshold)
+    for r in rows:
+        r["suite"] = got["suite_of"][r["case"]]
+        for label in LABELS:
+            r[f"{label.lower()}_rounds"] = [t[r["case"]] for t in times[label] if r["case"] in t]
+    return rows
+
+
+def run(base: str, other: str, suites: list[str], rounds: int, filters: list[str], sizes: list[str],
+        threshold: float) -> dict:
+    """Run the rounds and return the report (the JSON's content)."""
+    load_start, t0 = loadavg(), time.time()
+    got = run_rounds({"A": base, "B": other}, suites, rounds, filters, sizes)
+    rows = _rows(got, threshold)
+    return {"benchmark": "ab", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 2),
+            "a": {**checkout_info(base), "processes": got["meta"]["A"]},
+            "b": {**checkout_info(other), "processes": got["meta"]["B"]},
+            "suites": suites, "rounds": rounds, "threshold": threshold, "cases": filters, "sizes": sizes,
+            "machine": machine_info(), "loadavg_1min": {"start": load_start, "end": loadavg()},
+            "results": rows, "moved": moved(rows), "failures": []}
+
+
+def _check_numbers(rounds: int, threshold: float) -> None:
+    if rounds < 1:
+        raise ValueError("--rounds must be at least 1")
+    if not 0 < threshold < 1:
+        raise ValueError(f"--threshold must be between 0 and 1 (a fraction: 0.10 is 10 %), got {threshold}")
+
+
+def main(base: str, other: str | None = None, suite: str = "ops", rounds: int = DEFAULT_ROUNDS,
+         cases: str | None = None, sizes: list[str] | None = None, threshold: float = DEFAULT_THRESHOLD,
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, out=None) -> int:
+    """Check the arguments (exit 2 when wrong), run the rounds, print and write the report. Exit 0,
+    or 1 when a checkout's process failed."""
+    out = out or sys.stdout
+    filters = split_list(cases)
+    try:
+        _check_numbers(rounds, threshold)
+        paths = check_checkout(base, "BASE"), check_checkout(other or this_checkout(), "--other")
+        suites = parse_suites(suite, filters)
+    except ValueError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    say(f"A = {paths[0]}, B = {paths[1]}; suites {', '.join(suites)}; {rounds} round(s)")
+    try:
+        report = run(*paths, suites, rounds, filters, sizes or [], threshold)
+    except ChildFailed as e:
+        _error(str(e))
+        return EXIT_FAIL
+    return finish_report(report, markdown(report), None, json_path, md_path, None, out, "checkouts")

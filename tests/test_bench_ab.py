@@ -1,0 +1,110 @@
+"""`dvm bench ab`: a one-round run with this checkout as both A and B (one small case: the table,
+the JSON, B/A), usage errors (a folder without dvm/, bad numbers, a filter matching nothing), a
+checkout whose process fails, and the comparison's pure parts on synthetic numbers. No timing
+assertions."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dvm.tools import bench_ab
+from dvm.tools.bench_ops import SIZES
+from dvm.tools.cli import main
+
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+SMALL_CASE = "silu_mul"   # two inputs, one cheap elementwise pass
+
+
+def test_one_round_on_this_checkout(tmp_path, capsys, vm):
+    if vm != "cpu":
+        pytest.skip("runs the CPU VM in its own processes: once is enough")
+    paths = {k: str(tmp_path / f"ab.{k}") for k in ("json", "md")}
+    rc = main(["bench", "ab", CHECKOUT, "--rounds", "1", "--cases", SMALL_CASE, "--sizes", "small",
+               "--json", paths["json"], "--md", paths["md"]])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert "round 1/1: A ops" in err and "round 1/1: B ops" in err
+    assert "| case | A µs | B µs | B/A |" in out
+    with open(paths["json"]) as f:
+        report = json.load(f)
+    assert report["benchmark"] == "ab" and report["suites"] == ["ops"] and report["failures"] == []
+    assert report["a"]["path"] == report["b"]["path"] == CHECKOUT   # --other defaults to this checkout
+    want = [f"{SMALL_CASE} {r}x{c}" for r, c in SIZES["small"]]
+    assert [r["case"] for r in report["results"]] == want
+    for r in report["results"]:
+        assert r["suite"] == "ops" and r["a_s"] > 0 and r["b_s"] > 0
+        assert math.isclose(r["ratio"], r["b_s"] / r["a_s"])
+        assert r["flag"] == bench_ab.flag(r["ratio"], report["threshold"])
+        assert r["a_rounds"] == [r["a_s"]] and r["b_rounds"] == [r["b_s"]]
+    with open(paths["md"]) as f:
+        md = f.read()
+    assert all(f"| {case} |" in md for case in want)
+
+
+def test_a_folder_without_dvm_is_a_usage_error(tmp_path, capsys):
+    assert main(["bench", "ab", str(tmp_path), "--json", "-", "--md", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a checkout of this project" in err and "dvm/__init__.py" in err and "Traceback" not in err
+    assert main(["bench", "ab", CHECKOUT, "--other", str(tmp_path / "missing"), "--json", "-", "--md", "-"]) == 2
+    assert "--other" in capsys.readouterr().err
+
+
+def test_a_failing_checkout_process_is_exit_1(tmp_path, capsys):
+    (tmp_path / "dvm").mkdir()
+    (tmp_path / "dvm" / "__init__.py").write_text("raise SystemExit(3)\n")   # the child stops at `import dvm`
+    assert main(["bench", "ab", str(tmp_path), "--rounds", "1", "--cases", SMALL_CASE, "--sizes", "small",
+                 "--json", "-", "--md", "-"]) == 1
+    err = capsys.readouterr().err
+    assert f"on {tmp_path} exited with 3" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--rounds", "0"], "--rounds"),
+    (["--threshold", "1.5"], "--threshold"),
+    (["--cases", "no_such_case"], "matches no case"),
+    (["--sizes", "huge"], "unknown size class"),
+    (["--suite", "zoo"], "invalid choice"),
+])
+def test_bad_arguments_are_usage_errors(argv, msg, capsys):
+    assert main(["bench", "ab", CHECKOUT, *argv, "--json", "-", "--md", "-"]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_suites_follow_the_case_filter():
+    assert bench_ab.parse_suites("all", []) == ["ops", "models"]
+    assert bench_ab.parse_suites("all", ["llama"]) == ["models"]
+    assert bench_ab.parse_suites("all", ["softmax", "qwen"]) == ["ops", "models"]
+    assert bench_ab.parse_suites("ops", ["max_"]) == ["ops"]
+    with pytest.raises(ValueError, match="matches no case"):
+        bench_ab.parse_suites("models", ["softmax"])
+
+
+def test_rounds_alternate_the_order():
+    assert [bench_ab.round_order(r) for r in range(3)] == [("A", "B"), ("B", "A"), ("A", "B")]
+
+
+def test_best_of_rounds_keeps_each_cases_minimum():
+    rounds = [{"x": 3.0, "y": 1.0}, {"x": 2.0, "y": 4.0, "z": 5.0}, {"x": 2.5}]
+    assert bench_ab.best_of_rounds(rounds) == {"x": 2.0, "y": 1.0, "z": 5.0}
+
+
+def test_moved_cases_on_synthetic_numbers():
+    a = {"slow": 1.0, "fast": 1.0, "same": 1.0, "much_faster": 2.0, "edge": 1.0, "only_a": 1.0}
+    b = {"slow": 1.25, "fast": 0.8, "same": 1.05, "much_faster": 1.0, "edge": 1.1, "only_b": 3.0}
+    rows = {r["case"]: r for r in bench_ab.compare(a, b, threshold=0.10)}
+    assert list(rows) == [*a, "only_b"]
+    assert rows["slow"]["ratio"] == pytest.approx(1.25)          # B / A, not A / B
+    assert rows["much_faster"]["ratio"] == pytest.approx(0.5)
+    assert {c: r["flag"] for c, r in rows.items()} == {
+        "slow": "slower", "fast": "faster", "same": "", "much_faster": "faster", "edge": "",   # 1.1 is not > 1.1
+        "only_a": "", "only_b": ""}
+    assert rows["only_a"]["b_s"] is None and rows["only_a"]["ratio"] is None
+    assert rows["only_b"]["a_s"] is None and rows["only_b"]["ratio"] is None
+    mv = bench_ab.moved(list(rows.values()))
+    assert mv["slower"] == [["slow", pytest.approx(1.25)]]
+    assert mv["faster"] == [["much_faster", pytest.approx(0.5)], ["fast", pytest.approx(0.8)]]   # largest first
+    assert bench_ab.moved(bench_ab.compare(a, a, 0.10)) == {"slower": [], "faster": []}
+    assert [r["flag"] for r in bench_ab.compare({"x": 1.0}, {"x": 1.25}, threshold=0.30)] == [""]
