@@ -106,7 +106,7 @@ def minimum_sw(a, b):
     return fmin(b, a)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # per row in the row forms: a call with its run-time dispatch cost more
 def binary(op, a, b):
     """One lane of the f32/f64 add, sub, mul, div, maximum, minimum (scalar contexts: a fused
     run's per-row chain)."""

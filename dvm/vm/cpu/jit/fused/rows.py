@@ -33,7 +33,7 @@ import numpy as np
 from numba import carray, njit
 
 from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS,
-                    M_ROWS, NO_SRC, OP_ADD, OP_DIV, OP_MUL, OP_RECIP, OP_RSQRT, OP_SQRT, OP_SUB, R_MAX, R_SUM, RS_COMPACT, RS_FULL,
+                    M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM, RS_COMPACT, RS_FULL,
                     RS_UNIFORM, RS_UNIFORM_ALL)
 from .. import frame as fm
 from .. import ops
@@ -69,19 +69,13 @@ def _center(drow, xr, mv, n):
 @njit(inline='always', **OPTS)
 def _scalar_op(op, a, b):
     """One lane of a chain op (abi.CHAIN_OPS), as jit/ops defines it."""
-    if op == OP_ADD:
-        return ops.add(a, b)
-    if op == OP_SUB:
-        return ops.sub(a, b)
-    if op == OP_MUL:
-        return ops.mul(a, b)
-    if op == OP_DIV:
-        return ops.div(a, b)
     if op == OP_SQRT:
         return ops.sqrt(a)
     if op == OP_RSQRT:
         return ops.rsqrt(a)
-    return ops.reciprocal(a)   # OP_RECIP (CHAIN_OPS has nothing else)
+    if op == OP_RECIP:
+        return ops.reciprocal(a)
+    return ops.binary(op, a, b)
 
 
 @njit(inline='always', **OPTS)
