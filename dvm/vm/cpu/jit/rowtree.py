@@ -1,5 +1,5 @@
 """The row trees of f32 row-major tiles in vector registers (the PC_ROWTREE piece), and the tree
-of a power-of-two row (tree_p2; per reduction: tree_p2_sum, tree_p2_max, for the fused runs).
+of a power-of-two row (tree_p2, inlined into row loops; tree_p2_sum, a call, for the fused tile runs).
 Bitwise the staged loops of jit/reduce: the same combines in the same order (the spec's pairwise-
 halving tree, docs/DECISIONS.md). f64 and i64 rows take the staged loops.
 """
@@ -83,17 +83,10 @@ def tree_p2(op, x, a, b, p):
     return vtree(op, b, p)
 
 
-def _tree_p2_of(op):
-    """tree_p2 for one reduction op (a constant: only its trees are compiled), called per row by
-    the fused runs."""
-    @njit(**OPTS)
-    def tree_p2_op(x, a, b, p):
-        return tree_p2(op, x, a, b, p)
-    return tree_p2_op
-
-
-tree_p2_sum = _tree_p2_of(R_SUM)
-tree_p2_max = _tree_p2_of(R_MAX)
+@njit(**OPTS)
+def tree_p2_sum(x, a, b, p):
+    """tree_p2 of a sum (only its trees compiled), called per row by the fused tile runs."""
+    return tree_p2(R_SUM, x, a, b, p)
 
 
 @njit(**OPTS)
