@@ -440,6 +440,38 @@ def test_adaptive_measures_dvm_against_eager():
     assert t.choose() is True                             # the slower path is timed again
 
 
+def test_a_plans_reprobe_of_its_eager_replay_is_not_a_verdict_against_dvm():
+    """A plan that prefers DVM times its eager replay every REPROBE flushes. That flush runs
+    eagerly as a probe (EAGER_PROBE), not because eager measured faster: the region's site must
+    not read it as "nothing fused" and switch the region to eager (it did, at 256x1024)."""
+    from dvm.frontend import lazy_mode as M
+
+    class _Plan:                                           # what lazy_mode._choose reads
+        error, graph, n_ops, timing = None, object(), 8, F.Timing()
+
+        def choose(self, nbytes):
+            return self.timing.choose()
+
+        def prefers_dvm(self, nbytes):
+            return self.timing.prefers_dvm()
+
+    plan = _Plan()
+    policy = M.Policy(adaptive=True, min_numel=0, min_bytes=0, min_ops=1, max_ops=1000)
+    t = plan.timing
+    for _ in range(F.DVM_TRIALS + 1):
+        assert M._choose(plan, 1 << 20, policy) == "dvm"
+        t.observe(True, 0.5)
+    for _ in range(F.EAGER_TRIALS):
+        assert M._choose(plan, 1 << 20, policy) == M.EAGER_PROBE   # the replay's trials
+        t.observe(False, 1.0)
+    assert M._choose(plan, 1 << 20, policy) == "dvm"
+    t.flushes = F.REPROBE - 1
+    assert M._choose(plan, 1 << 20, policy) == M.EAGER_PROBE       # a re-probe, DVM still preferred
+    for _ in range(F.WINDOW):
+        t.observe(False, 0.1)                                     # the replay measured faster
+    assert M._choose(plan, 1 << 20, policy) == M.EAGER_MEASURED
+
+
 def test_explain_without_arguments_reports_lazy_mode():
     with dvm.lazy(adaptive=False):
         y = torch.exp(X) * 2

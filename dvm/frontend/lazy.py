@@ -28,7 +28,7 @@ import sys
 import time
 
 from ..config import config
-from .lazy_mode import STATE, LazyMode, Policy, Stats, flush, install_hooks
+from .lazy_mode import EAGER_PROBE, STATE, LazyMode, Policy, Stats, flush, install_hooks
 from .lazy_report import report
 from .lazy_sites import _SITES, RECORD, RECORD_TIMED, SKIP, SKIP_TIMED, Site, site_at
 
@@ -148,7 +148,8 @@ class LazyRegion:
             if self.site is not None:
                 self.site.observe(True, time.perf_counter() - self.t0 if action == RECORD_TIMED else None,
                                   any(ev.n_ops for ev in stats.events),
-                                  any(ev.path == "dvm" and ev.kernels for ev in stats.events))
+                                  any((ev.path == "dvm" and ev.kernels) or ev.path == EAGER_PROBE
+                                      for ev in stats.events))
             if self.explain:
                 print(report(stats), file=sys.stderr)
         return False

@@ -80,6 +80,10 @@ class Plan:
             t = self.timing[bucket] = Timing()
         return t.choose()
 
+    def prefers_dvm(self, nbytes: int) -> bool:
+        t = self.timing.get(nbytes.bit_length())
+        return t is None or t.prefers_dvm()
+
     def observe(self, nbytes: int, dvm: bool, seconds: float) -> None:
         t = self.timing.get(nbytes.bit_length())
         if t is not None:
@@ -126,6 +130,10 @@ class Timing:
             return False
         faster = _median(self.dvm) <= _median(self.eager)
         return faster != (self.flushes % REPROBE == 0)
+
+    def prefers_dvm(self) -> bool:
+        """DVM is this size's choice so far (an eager replay now is a trial or a re-probe)."""
+        return len(self.eager) < EAGER_TRIALS or _median(self.dvm) <= _median(self.eager)
 
     def observe(self, dvm: bool, seconds: float) -> None:
         if dvm and not self.warm:       # the first run encoded its Program

@@ -123,7 +123,7 @@ def flush(reason: str, cause: str) -> None:
                     kernels = plan.kernels
             else:
                 F.replay(p, outs)
-            if path == "dvm" or path == EAGER_MEASURED:
+            if path == "dvm" or path in EAGER_TIMED:
                 plan.observe(nbytes, path == "dvm", time.perf_counter() - t1)
         ev = FlushEvent(reason, cause, p.n_ops, path, kernels, cached, (time.perf_counter() - t0) * 1e6,
                         plan if path == "dvm" else None)
@@ -136,6 +136,8 @@ def flush(reason: str, cause: str) -> None:
 
 
 EAGER_MEASURED = "eager: measured faster than DVM"
+EAGER_PROBE = "eager: timing the eager replay"   # DVM preferred so far; the replay's time is taken
+EAGER_TIMED = (EAGER_MEASURED, EAGER_PROBE)
 
 
 def _choose(plan, nbytes: int, policy: Policy) -> str:
@@ -149,7 +151,7 @@ def _choose(plan, nbytes: int, policy: Policy) -> str:
         if nbytes < policy.min_bytes:
             return "eager: too small to gain from fusion"
         if not plan.choose(nbytes):
-            return EAGER_MEASURED
+            return EAGER_PROBE if plan.prefers_dvm(nbytes) else EAGER_MEASURED
     return "dvm"
 
 
