@@ -355,6 +355,20 @@ def test_scalar_and_iota():
     assert_same(o4, tx + torch.arange(5, dtype=torch.float16).expand(3, 5), "f16 + iota")
 
 
+@pytest.mark.parametrize("src", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dst", ["float64", "int32", "int64"])
+def test_a_computed_low_precision_value_is_rounded_before_any_cast(src, dst):
+    """A computed f16/bf16 value lives in f32 inside a kernel; a cast out of it (to f64 or an
+    integer, not only to f32) sees the f16/bf16 value, as eager's product is one: bitwise."""
+    rng = np.random.default_rng(7)
+    x, y = (to_numpy(torch.from_numpy(rng.standard_normal(257) * 40).to(TORCH_DTYPE[src])) for _ in range(2))
+
+    @dvm.kernel
+    def f(k, a, b):
+        return k.store(k.cast(k.mul(k.load(a), k.load(b)), dst))
+    assert_same(f(x, y), (to_torch(x) * to_torch(y)).to(TORCH_DTYPE[dst]), f"cast({src} product) -> {dst}")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_chain_matches_rounded_f32(dtype):
     """f16/bf16 fuse in f32 and round once on store: compare a chain against eager in f32 then

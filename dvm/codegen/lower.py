@@ -155,6 +155,10 @@ class _Emitter:
                     self.emit(sec, "cast.f32.f32", reg, reg_in, int(src.dtype))
                     return reg
                 return reg_in
+            if src.dtype in (DType.FLOAT16, DType.BFLOAT16) and not self.exact(src):
+                rounded = self.new(Bank.F32)   # any other cast too sees the f16/bf16 value
+                self.emit(sec, "cast.f32.f32", rounded, reg_in, int(src.dtype))
+                reg_in = rounded
             reg = self.new(node.dtype.bank)
             self.emit(sec, f"cast.{src.dtype.bank.short}.{node.dtype.bank.short}", reg, reg_in, int(node.dtype))
             return reg
