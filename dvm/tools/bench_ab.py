@@ -299,3 +299,49 @@ def main(base: str, other: str | None = None, suite: str = "ops", rounds: int = 
         _error(str(e))
         return EXIT_FAIL
     return finish_report(report, markdown(report), None, json_path, md_path, None, out, "checkouts")
+
+
+def _command(args) -> int:
+    from . import bench_ops
+    from .cli import _path
+    try:
+        sizes = bench_ops.parse_sizes(args.sizes) if args.sizes is not None else None
+    except ValueError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    return main(args.base, other=args.other, suite=args.suite, rounds=args.rounds, cases=args.cases,
+                sizes=sizes, threshold=args.threshold, json_path=_path(args.json), md_path=_path(args.md))
+
+
+def add_parser(bsub) -> None:
+    """Register `dvm bench ab` under `dvm bench` (tools/cli.py)."""
+    from . import bench_ops
+    ba = bsub.add_parser("ab", help="the speed of two checkouts side by side, in one run (before / after a change)",
+                         description="Time the `dvm bench ops` kernels (and / or the Llama and Qwen2-MoE models "
+                                     "under torch.compile(backend='dvm'), one thread, batch 1 and 3, lengths "
+                                     "8-512) of two checkouts of this project in the same run: per round a fresh "
+                                     "process per checkout (order alternating A,B / B,A) imports that checkout's "
+                                     "dvm and waits for its whole CPU VM; per case the best of the rounds' "
+                                     "medians. Prints case, A, B, B/A and the cases that moved beyond the "
+                                     "threshold. Progress on stderr. Exit 0 whatever the numbers (1 if a "
+                                     "checkout's process fails, 2 for bad arguments).")
+    ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
+    ba.add_argument("--other", default=None, metavar="PATH",
+                    help="checkout B (default: the one this dvm was imported from)")
+    ba.add_argument("--suite", choices=("ops", "models", "all"), default="ops",
+                    help="ops: every case x size of `dvm bench ops`; models: llama and qwen2_moe; all: both "
+                         "(default ops)")
+    ba.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
+                    help="rounds; each runs both checkouts once (default %(default)s)")
+    ba.add_argument("--cases", default=None, metavar="LIST",
+                    help="comma-separated substrings; only cases (ops) or models whose name contains one "
+                         "(default all)")
+    ba.add_argument("--sizes", default=None, metavar="LIST",
+                    help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
+    ba.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="F",
+                    help="B/A beyond 1 +- F is flagged slower / faster (default %(default)s)")
+    for flag, default, what in (("--json", DEFAULT_JSON, "the results as JSON"),
+                                ("--md", DEFAULT_MD, "the markdown table")):
+        ba.add_argument(flag, default=default, metavar="PATH",
+                        help=f"where to write {what} (default {default}; '-' for none)")
+    ba.set_defaults(func=_command)

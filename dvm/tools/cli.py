@@ -218,17 +218,6 @@ def cmd_bench_lazy(args) -> int:
                            json_path=_path(args.json), md_path=_path(args.md), png_path=_path(args.png))
 
 
-def cmd_bench_ab(args) -> int:
-    from . import bench_ab, bench_ops
-    try:
-        sizes = bench_ops.parse_sizes(args.sizes) if args.sizes is not None else None
-    except ValueError as e:
-        _err(str(e))
-        return EXIT_USAGE
-    return bench_ab.main(args.base, other=args.other, suite=args.suite, rounds=args.rounds, cases=args.cases,
-                         sizes=sizes, threshold=args.threshold, json_path=_path(args.json), md_path=_path(args.md))
-
-
 def cmd_disasm(args) -> int:
     import dvm
     from dvm.errors import VerifyError
@@ -394,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where to write {what} (default {default}; '-' for none)")
     bm.set_defaults(func=cmd_bench_models)
     _lazy_parser(bsub)
-    _ab_parser(bsub)
+    from . import bench_ab
+    bench_ab.add_parser(bsub)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
     s = sub.add_parser("disasm", help="verify a saved Program (.npy) and print its disassembly",
@@ -460,39 +450,6 @@ def _lazy_parser(bsub) -> None:
         bl.add_argument(flag, default=default, metavar="PATH",
                         help=f"where to write {what} (default {default}; '-' for none)")
     bl.set_defaults(func=cmd_bench_lazy)
-
-
-def _ab_parser(bsub) -> None:
-    from . import bench_ab, bench_ops
-    ba = bsub.add_parser("ab", help="the speed of two checkouts side by side, in one run (before / after a change)",
-                         description="Time the `dvm bench ops` kernels (and / or the Llama and Qwen2-MoE models "
-                                     "under torch.compile(backend='dvm'), one thread, batch 1 and 3, lengths "
-                                     "8-512) of two checkouts of this project in the same run: per round a fresh "
-                                     "process per checkout (order alternating A,B / B,A) imports that checkout's "
-                                     "dvm and waits for its whole CPU VM; per case the best of the rounds' "
-                                     "medians. Prints case, A, B, B/A and the cases that moved beyond the "
-                                     "threshold. Progress on stderr. Exit 0 whatever the numbers (1 if a "
-                                     "checkout's process fails, 2 for bad arguments).")
-    ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
-    ba.add_argument("--other", default=None, metavar="PATH",
-                    help="checkout B (default: the one this dvm was imported from)")
-    ba.add_argument("--suite", choices=("ops", "models", "all"), default="ops",
-                    help="ops: every case x size of `dvm bench ops`; models: llama and qwen2_moe; all: both "
-                         "(default ops)")
-    ba.add_argument("--rounds", type=int, default=bench_ab.DEFAULT_ROUNDS, metavar="N",
-                    help="rounds; each runs both checkouts once (default %(default)s)")
-    ba.add_argument("--cases", default=None, metavar="LIST",
-                    help="comma-separated substrings; only cases (ops) or models whose name contains one "
-                         "(default all)")
-    ba.add_argument("--sizes", default=None, metavar="LIST",
-                    help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
-    ba.add_argument("--threshold", type=float, default=bench_ab.DEFAULT_THRESHOLD, metavar="F",
-                    help="B/A beyond 1 +- F is flagged slower / faster (default %(default)s)")
-    for flag, default, what in (("--json", bench_ab.DEFAULT_JSON, "the results as JSON"),
-                                ("--md", bench_ab.DEFAULT_MD, "the markdown table")):
-        ba.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
-    ba.set_defaults(func=cmd_bench_ab)
 
 
 def main(argv=None) -> int:
