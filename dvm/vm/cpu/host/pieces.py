@@ -56,7 +56,7 @@ PIECES = (   # in the order they compile: the build processes take them round-ro
     Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE),
     Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE),
     Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE),
-    Piece("ew_other", (abi.PC_EW_F64, abi.PC_EW_I64, abi.PC_EW_B8, abi.PC_CAST), f"{_PKG}.kernels",
+    Piece("ew_other", (abi.PC_EW_F64, abi.PC_EW_I64, abi.PC_EW_B8, abi.PC_CAST), f"{_PKG}.kernels_other",
           "ew_other_piece", CORE),
     Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
     Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE),
