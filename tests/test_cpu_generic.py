@@ -48,7 +48,8 @@ def test_chain_and_iota():
     test_cpu_vm.test_chain_and_iota()
 
 
-@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (13, 4096), (100, 17), (3, 70000)])
+@pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (6, 600), (7, 2000), (5, 300), (13, 4096), (100, 17),
+                                   (3, 70000)])
 def test_fused_kernels_give_the_bits_of_their_generic_paths(shape):
     """Softmax, the norms and row reductions, which run fused with the fast pieces (row forms, fused
     runs, register trees), give bitwise what the generic paths give: a process switching to the

@@ -25,13 +25,12 @@ from .program import (ARG_IN, ARG_OUT, ARG_WS, HEADER_WORDS, MAGIC, MAX_TILE, OP
 from .target import GENERIC, Target
 
 TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
-# rows of at least ROW_TILE_MIN_BN columns that fit one tile (softmax, norms) get up to this many
-# elements per tile: their instructions mostly touch one row at a time (row reductions, fused row
-# runs, compact row values), so a taller tile keeps their working set while it divides the
-# per-tile dispatch (~15 instructions) over more rows; elementwise kernels keep TILE_ELEMS: every
-# instruction makes a full-tile pass there
+# rows that fit one tile (softmax, norms, row reductions: the single-tile stream) get up to this
+# many elements per tile, whatever their width: their instructions mostly touch one row at a time
+# (row reductions, fused row runs, compact row values), so a taller tile keeps their working set
+# while it divides the per-tile dispatch (~15 instructions) over more rows; elementwise kernels
+# keep TILE_ELEMS: every instruction makes a full-tile pass there
 ROW_TILE_ELEMS = 16384
-ROW_TILE_MIN_BN = 128
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
@@ -214,7 +213,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
             bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
             bn = min(_pow2_at_least(max(C, 1)), MAX_BN, cap)
-        tile = min(ROW_TILE_ELEMS if single_stream and bn >= ROW_TILE_MIN_BN else TILE_ELEMS, cap)
+        tile = min(ROW_TILE_ELEMS if single_stream else TILE_ELEMS, cap)
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):

@@ -91,9 +91,20 @@ def tree_p2_sum(x, a, b, p):
 
 @njit(**OPTS)
 def _tree_p2_call(op, x, a, b, p):
-    """tree_p2 as one compiled function (its trees once), for the rows rowred_at's register
-    forms do not take: wide or partial rows, where a call per row costs nothing measurable."""
+    """tree_p2 as one compiled function (its trees once), for rows wider than ONE_STAGE_MAX, where
+    a call per row costs nothing measurable."""
     return tree_p2(op, x, a, b, p)
+
+
+ONE_STAGE_MAX = 8 * VTREE_MAX   # rows a staged pass brings into vector registers
+
+
+@njit(inline='always', **OPTS)
+def _tree_one_stage(op, x, a, p):
+    """tree_p2 over x[:p] for VTREE_MAX < p <= ONE_STAGE_MAX (a power of two): its staged pass into
+    scratch a (not x), then the register tree; the same combines in the same order. Inlined into
+    rowred_at's row loops: a call per row (tree_p2's arrays passed) costs ~10 ns a 1024-lane row."""
+    return vtree(op, a, _stage(op, a, x, p))
 
 
 ROW_STAGED, ROW_P2, ROW_MASKED, ROW_PADDED = 0, 1, 2, 3   # row_form
@@ -135,6 +146,9 @@ def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
     elif form == ROW_PADDED:
         for r in range(nrv):
             o[r] = vtree_pad(op, carray(ptr_f32(ra[r]), ncv), ncv, bn)
+    elif p2 and ncv == bn and VTREE_MAX < bn <= ONE_STAGE_MAX:
+        for r in range(nrv):
+            o[r] = _tree_one_stage(op, carray(ptr_f32(ra[r]), bn), a, bn)
     elif p2 and ncv == bn:
         for r in range(nrv):
             o[r] = _tree_p2_call(op, carray(ptr_f32(ra[r]), bn), a, b, bn)
@@ -147,7 +161,12 @@ def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
                 levels_sum(lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn, z)
             else:
                 levels_max(lvl, carray(ptr_f32(ra[r]), ncv), ncv, bn, z)
-            o[r] = _tree_p2_call(op, lvl, la, lb, q)
+            o[r] = vtree(op, lvl, q) if q <= VTREE_MAX else _tree_p2_call(op, lvl, la, lb, q)
+    elif p2 and VTREE_MAX < bn <= ONE_STAGE_MAX:
+        for r in range(nrv):
+            copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
+            accinit(op, a[ncv:bn], np.bool_(True))
+            o[r] = _tree_one_stage(op, a, b, bn)
     else:
         for r in range(nrv):
             copy(a[:ncv], carray(ptr_f32(ra[r]), ncv))
