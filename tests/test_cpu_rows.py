@@ -109,3 +109,50 @@ def test_row_forms_leave_tiles_over_twice_the_row_to_the_tile_form(monkeypatch):
     want = run_on(reference.run, softmax, x)[0]
     for n in (1, 2):
         np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def _silu_gate(k, a, b):
+    return k.store(k.mul(k.silu(k.load(a)), k.load(b)))
+
+
+silu_gate, silu_gate_again = dvm.kernel(_silu_gate), dvm.kernel(_silu_gate)   # (each caches its Programs)
+
+
+def test_streaming_kernels_take_stream_tiles(monkeypatch):
+    """Kernels of STREAM_ELEMS lanes or more (elementwise and single-tile-stream ones) get tiles of
+    STREAM_TILE_ELEMS lanes, the sweeps keep theirs; bitwise the reference VM's (SiLU, whose exp
+    differs between the VMs: bitwise the CPU VM's own on ordinary tiles)."""
+    n = encoder.STREAM_ELEMS
+    a, b = (RNG.standard_normal(n).astype(np.float32) for _ in range(2))
+    kl = dvm.verify(silu_gate.program(a, b)).kernels[0]
+    assert (kl.bm, kl.bn) == (1, encoder.STREAM_TILE_ELEMS)
+    streamed = [run_on(_threads(t), silu_gate, a, b)[0] for t in (1, 2)]
+    with monkeypatch.context() as m:
+        m.setattr(encoder, "STREAM_ELEMS", 2 * n)
+        assert dvm.verify(silu_gate_again.program(a, b)).kernels[0].bn == encoder.MAX_BN
+        tiled = run_on(_threads(2), silu_gate_again, a, b)[0]
+    for got in streamed:
+        assert got.tobytes() == tiled.tobytes()
+    x = a.reshape(2048, -1)
+    kl = dvm.verify(bias_mix.program(x, x[0])).kernels[0]
+    assert kl.bm * kl.bn == encoder.STREAM_TILE_ELEMS
+    _bitwise_as_reference(bias_mix, x, x[0], why=("rows",))
+    for kfn in (sum_last, max_last):
+        assert re.search(rf"tile {encoder.STREAM_TILE_ELEMS // x.shape[1]}x{x.shape[1]} ",
+                         disasm(kfn.program(x))), kfn
+    _bitwise_as_reference(max_last, x, why=("rows",))
+    wide = a.reshape(4, -1)   # 1 M columns: the sweeps, with their own tiles
+    assert "tile 1x4096 " in disasm(sum_last.program(wide))
+
+
+@pytest.mark.parametrize("kfn", [bias_mix, sum_last, layernorm, residual_norms])
+def test_stream_tiles_on_smaller_data(monkeypatch, kfn):
+    """The stream tiles on data past a lowered STREAM_ELEMS (tall and partial tiles, row vectors,
+    the row forms and fused runs over 16-row tiles): bitwise the reference VM's."""
+    monkeypatch.setattr(encoder, "STREAM_ELEMS", 1 << 12)
+    x = RNG.standard_normal((1001, 300)).astype(np.float32)
+    w = RNG.standard_normal(300).astype(np.float32)
+    args = {bias_mix: (x, w), sum_last: (x,), layernorm: (x, w, w), residual_norms: (x, x, w)}[kfn]
+    kl = dvm.verify(kfn.program(*args)).kernels[0]
+    assert kl.bm * kl.bn > encoder.ROW_TILE_ELEMS, (kl.bm, kl.bn)
+    _bitwise_as_reference(kfn, *args, why=("stream tiles",))

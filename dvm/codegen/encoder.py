@@ -31,6 +31,12 @@ TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 # while it divides the per-tile dispatch (~15 instructions) over more rows; elementwise kernels
 # keep TILE_ELEMS: every instruction makes a full-tile pass there
 ROW_TILE_ELEMS = 16384
+# kernels of at least STREAM_ELEMS lanes (elementwise and single-tile-stream ones) stream their
+# operands from memory (4 M f32 lanes and 2-3 operands: past a 32 MiB last-level cache), and the
+# VM's per-tile dispatch, whose own tables the stream has evicted, costs most there: their tiles
+# get STREAM_TILE_ELEMS lanes (64 or more tiles, still enough for every thread)
+STREAM_ELEMS = 1 << 22
+STREAM_TILE_ELEMS = 1 << 16
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
@@ -207,13 +213,15 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         bm, tile = min(bm, cap), min(tile, cap)
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
+        streaming = R * C >= STREAM_ELEMS and (single_stream or not c.col_axes)   # (not the sweeps)
         if not c.col_axes:
-            bn = _even_bn(C, min(MAX_BN, cap))
+            bn = _even_bn(C, min(STREAM_TILE_ELEMS if streaming else MAX_BN, cap))
         elif single_stream:   # 0 < C <= min(WIDE_ROW_COLS, cap) (powers of two)
             bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
             bn = min(_pow2_at_least(max(C, 1)), MAX_BN, cap)
-        tile = min(ROW_TILE_ELEMS if single_stream else TILE_ELEMS, cap)
+        tile = STREAM_TILE_ELEMS if streaming else (ROW_TILE_ELEMS if single_stream else TILE_ELEMS)
+        tile = min(tile, cap)
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
     for (spec, _), (_, offset), rs, cs in zip(c.opnds, per_opnd, row_strides, col_strides):

@@ -73,7 +73,7 @@ def direct_addr(j, optab, dims, meta, addrs, r0, c0):
     return addrs[optab[j, 1]] + 4 * base
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # per tile in the fused runs: a call passes every view's fields
 def row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
     """o[r] = the address of lane c0 of row r0 + r of operand j (r < nrows), when j is an f32
     operand of row-major tiles with one unit-stride column dim, whatever its row strides; False

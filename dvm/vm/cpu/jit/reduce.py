@@ -252,7 +252,7 @@ def rowred_staged(op, o, x, bm, bn, ncv, s, is_float):
         o[r] = a[0]
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site (reduce_piece): a call would pass every view's fields
 def _red(g, op, bank, f1, f2, f3, F, D, I, B, fp, bm, bn, ncv, c0, sf, sd, si, si2, tl):
     """Instruction group g (accinit, acc, rowred, rfin) of reduction op on bank `bank`, except the
     row trees of non-arg rowred / rfin of row-major tiles (_row_trees). tl: column-major tiles

@@ -218,7 +218,7 @@ def _bracket(fp, st, instrs, pc, n, state):
         st[0, instrs[q, 1]] = state
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
     """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
     scale's FK_APPLY run, rs, w's and b's sources as FK_APPLY's): the whole norm row by row, its
@@ -259,7 +259,7 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
     return n
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r0, ix, sf, st):
     """FK_ROWSOFTMAX = (kind, n, x's operand, pc of the final mul or div, r): the whole softmax
     row by row, its output rows written into the store's buffer. 0 when it cannot take the tile."""

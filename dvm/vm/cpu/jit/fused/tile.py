@@ -121,7 +121,7 @@ def _apply_to_rows(ra, x, s, w, b, nrows, ncv, bn, bias):
         apply_row(carray(ptr_f32(ra[r]), ncv), x[r * bn:r * bn + ncv], s[r], w, b, ncv, bias)
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
     """FK_LOADACC = (kind, 2, o, x, a, op): the load's tile combined into a from the buffer, for an
     f32 operand with one column dim: row by row (row-major tiles, unit column stride: _row_addrs)

@@ -84,7 +84,7 @@ def _un_bin(uop, bop, swap, o, x, z):
     return True
 
 
-@njit(**OPTS)
+@njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap), o: the load's operand or NO_LOAD. Returns the
     instructions done (the store after the run too when y is written straight into its tile),
