@@ -180,6 +180,33 @@ def test_chain_and_iota():
     compare(chain, a[::2, ::3], b[::2, ::3])   # sliced views
 
 
+def _iota_kernel(axis):
+    @dvm.kernel
+    def iota_plus(k, x):
+        v = k.load(x)
+        return k.store(k.add(k.iota(v.shape, axis), k.cast(k.gt(v, 0), "int64")))
+    return iota_plus
+
+
+def _iota_col_sum_kernel(axis):
+    @dvm.kernel
+    def iota_col_sum(k, x):   # a reduction over axis 0 of a strided view: column-major tiles
+        v = k.load(x)
+        return k.store(k.sum(k.add(k.iota(v.shape, axis), k.cast(k.gt(v, 0), "int64")), axis=0))
+    return iota_col_sum
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 300), (2, 3, 4100), (4, 1024, 2, 16), (5000, 3)])
+def test_iota_along_every_axis(shape):
+    """The index tiles (the CPU VM's odometer over the column dims, a row's offset added per row),
+    on folded row and column dims, partial tiles and transposed views: the reference VM's values."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    for axis in range(len(shape)):
+        compare(_iota_kernel(axis), x)
+        compare(_iota_kernel(axis), np.swapaxes(x, 0, -1))
+        compare(_iota_col_sum_kernel(axis), x)
+
+
 # --- reductions ------------------------------------------------------------------------------------
 REDS = ("sum", "prod", "max", "min", "argmax", "argmin", "mean")
 

@@ -223,14 +223,34 @@ def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
 
 @njit(**OPTS)
 def _index(o, j, optab, dims, meta, r0, c0, fin):
+    """o = the element index of operand j at each lane of the tile: its offset, plus the (clamped)
+    row's offset over the row dims, plus the (clamped) column's over the column dims. The column
+    offsets are found once a tile, in row 0's lanes (an odometer on the innermost column dim: one
+    elem_offset, with its divisions, per wrap), and every other row adds its row's difference."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
-    for i in range(bm):
-        r = min(r0 + i, rows - 1)
-        base = optab[j, 3] + elem_offset(j, r, optab, dims, nr - nr, nr)
+    zero = r0 * 0
+    b0 = optab[j, 3] + elem_offset(j, min(r0, rows - 1), optab, dims, zero, nr)
+    last = zero if fin else cols - 1   # the columns past it repeat its offset (a finalize: column 0)
+    c = min(zero if fin else c0, last)
+    off = elem_offset(j, c, optab, dims, nr, nr + nc)
+    dl = max(dims[nr + nc - 1], 1) if nc > 0 else 1
+    sl = optab[j, _S + nr + nc - 1] if nc > 0 else zero
+    t = c % dl
+    for k in range(bn):
+        if k > 0 and c < last:
+            c += 1
+            t += 1
+            if t == dl:
+                t = zero
+                off = elem_offset(j, c, optab, dims, nr, nr + nc)
+            else:
+                off += sl
+        o[k] = b0 + off
+    for i in range(1, bm):
+        d = optab[j, 3] + elem_offset(j, min(r0 + i, rows - 1), optab, dims, zero, nr) - b0
         for k in range(bn):
-            c = 0 if fin else min(c0 + k, cols - 1)
-            o[i * bn + k] = base + elem_offset(j, c, optab, dims, nr, nr + nc)
+            o[i * bn + k] = o[k] + d
 
 
 

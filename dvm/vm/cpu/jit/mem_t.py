@@ -78,14 +78,18 @@ def mem_tile_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, on
 
 @njit(**OPTS)
 def _index_t(o, j, optab, dims, meta, r0, c0, fin):
+    """jit/mem._index for a column-major tile: the row offsets once, in column 0's lanes; every
+    other column adds its column's difference."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
-    for k in range(bn):
+    cb0 = optab[j, 3] + elem_offset(j, 0 if fin else min(c0, cols - 1), optab, dims, nr, nr + nc)
+    for i in range(bm):
+        o[i] = cb0 + elem_offset(j, min(r0 + i, rows - 1), optab, dims, nr - nr, nr)
+    for k in range(1, bn):
         c = 0 if fin else min(c0 + k, cols - 1)
-        cb = optab[j, 3] + elem_offset(j, c, optab, dims, nr, nr + nc)
+        d = optab[j, 3] + elem_offset(j, c, optab, dims, nr, nr + nc) - cb0
         for i in range(bm):
-            r = min(r0 + i, rows - 1)
-            o[k * bm + i] = cb + elem_offset(j, r, optab, dims, nr - nr, nr)
+            o[k * bm + i] = o[i] + d
 
 
 
