@@ -394,3 +394,24 @@ def test_small_kernels_run_as_one_chain(shape):
     d[-1] = 0
     with pytest.raises(ZeroDivisionError):
         run_on(_threads(1), stacked, x, d)
+
+
+@dvm.kernel
+def scale_shift(k, x, c):
+    """x * c + c for a c broadcast over x's outer dims, and its copy: loads read in place when the
+    tile's rows lie in one contiguous block of c (addr.direct_addr), copied row by row otherwise."""
+    x, c = k.load(x), k.load(c)
+    return k.store(k.add(k.mul(x, c), c)), k.store(k.neg(c))
+
+
+@pytest.mark.parametrize("shape", [(4, 1024, 32), (3, 100, 48), (2, 5, 7, 64), (6, 2, 16), (2, 3, 2, 2, 40)])
+def test_operands_broadcast_over_outer_dims(shape):
+    """Row offsets (addr.row_bases: an odometer on the two innermost row dims) and in-place tiles
+    of an operand with stride 0 over the outer dims, on contiguous, transposed and reversed
+    views, tiles inside and across the operand's contiguous blocks: the reference VM's bits."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    c = RNG.standard_normal((1,) + shape[1:]).astype(np.float32)
+    _bitwise_as_reference(scale_shift, x, np.broadcast_to(c, shape), why=(shape,))
+    _bitwise_as_reference(scale_shift, x[..., ::-1, :], np.broadcast_to(c[..., ::-1, :], shape), why=(shape, "rev"))
+    xt = np.ascontiguousarray(np.swapaxes(x, 0, -2)).swapaxes(0, -2)
+    _bitwise_as_reference(scale_shift, xt, np.broadcast_to(c, shape), why=(shape, "transposed"))

@@ -28,19 +28,28 @@ def elem_offset(j, idx, optab, dims, d0, d1):
 
 @njit(**OPTS)
 def row_bases(o, j, optab, dims, r0, n, nr):
-    """o[i] = element offset of rows r0 + i (i < n) over the nr row dims: an odometer on the
-    innermost one, with one elem_offset (divisions) per wrap instead of one per row."""
+    """o[i] = element offset of rows r0 + i (i < n) over the nr row dims: an odometer on the two
+    innermost ones, with one elem_offset (divisions) per wrap of the second instead of one per row
+    (a short innermost dim, as the halves of a rotary embedding's rows, wraps every few rows)."""
     zero = r0 * 0
     dl = max(dims[nr - 1], 1)
     sl = optab[j, _S + nr - 1]
+    d2 = max(dims[nr - 2], 1) if nr > 1 else 1
+    s2 = optab[j, _S + nr - 2] if nr > 1 else zero
     t = r0 % dl
+    t2 = (r0 // dl) % d2
     b = elem_offset(j, r0, optab, dims, zero, nr)
     for i in range(n):
         if i > 0:
             t += 1
             if t == dl:
                 t = zero
-                b = elem_offset(j, r0 + i, optab, dims, zero, nr)
+                t2 += 1
+                if t2 == d2:
+                    t2 = zero
+                    b = elem_offset(j, r0 + i, optab, dims, zero, nr)
+                else:
+                    b += s2 - (dl - 1) * sl
             else:
                 b += sl
         o[i] = b
@@ -63,12 +72,16 @@ def direct_addr(j, optab, dims, meta, addrs, r0, c0):
         return 0
     if r0 + bm > meta[M_ROWS] or c0 + bn > meta[M_COLS]:
         return 0
-    if bm > 1:   # the tile's rows must lie back to back: row strides of a row-major block
-        step = bn
+    if bm > 1:   # the tile's rows must lie back to back: inside one block of the innermost row dims
+        step = bn  # whose strides are a row-major block's (all of them: any tile; else a tile that
+        block = 1  # does not cross the block, as a per-head tile of an operand broadcast over heads)
         for d in range(nr - 1, -1, -1):
             if dims[d] != 1 and optab[j, _S + d] != step:
-                return 0
+                break
             step *= dims[d]
+            block *= dims[d]
+        if r0 % block + bm > block:
+            return 0
     base = optab[j, 3] + elem_offset(j, r0, optab, dims, nr - nr, nr) + c0
     return addrs[optab[j, 1]] + 4 * base
 

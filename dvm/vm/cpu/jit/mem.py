@@ -222,15 +222,21 @@ def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
 
 
 @njit(**OPTS)
-def _index(o, j, optab, dims, meta, r0, c0, fin):
+def _index(o, j, optab, dims, meta, r0, c0, fin, rb):
     """o = the element index of operand j at each lane of the tile: its offset, plus the (clamped)
     row's offset over the row dims, plus the (clamped) column's over the column dims. The column
-    offsets are found once a tile, in row 0's lanes (an odometer on the innermost column dim: one
-    elem_offset, with its divisions, per wrap), and every other row adds its row's difference."""
+    offsets are found once a tile, in row 0's lanes, and the rows' offsets into rb (BM lanes of
+    scratch), each by an odometer on the innermost dim (one elem_offset, with its divisions, per
+    wrap); every other row adds its row's difference."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
     zero = r0 * 0
-    b0 = optab[j, 3] + elem_offset(j, min(r0, rows - 1), optab, dims, zero, nr)
+    nrv = max(min(bm, rows - r0), 1)   # rows past the last valid one repeat its offset
+    if nr > 0:
+        row_bases(rb, j, optab, dims, min(r0, rows - 1), nrv, nr)
+    else:
+        rb[:nrv] = zero
+    b0 = optab[j, 3] + rb[0]
     last = zero if fin else cols - 1   # the columns past it repeat its offset (a finalize: column 0)
     c = min(zero if fin else c0, last)
     off = elem_offset(j, c, optab, dims, nr, nr + nc)
@@ -248,7 +254,7 @@ def _index(o, j, optab, dims, meta, r0, c0, fin):
                 off += sl
         o[k] = b0 + off
     for i in range(1, bm):
-        d = optab[j, 3] + elem_offset(j, min(r0 + i, rows - 1), optab, dims, zero, nr) - b0
+        d = rb[min(i, nrv - 1)] - rb[0]
         for k in range(bn):
             o[i * bn + k] = o[k] + d
 
@@ -298,7 +304,7 @@ def mem_piece(fra, pc, what, flags):
     optab, dims, meta = fm.optab(fr), fm.dims(fr), fm.meta(fr)
     r0, c0, fin = fr[FR_R0], fr[FR_C0], fr[FR_FIN] != 0
     if what == MEM_INDEX:
-        _index(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
+        _index(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin, fm.ix(fr)[:meta[M_BM]])
         return 0
     if what == MEM_COMPACT:
         ok = _load_compact(d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr), fm.bank_d(fr),

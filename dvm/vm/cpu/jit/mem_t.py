@@ -77,14 +77,19 @@ def mem_tile_t(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, on
 
 
 @njit(**OPTS)
-def _index_t(o, j, optab, dims, meta, r0, c0, fin):
-    """jit/mem._index for a column-major tile: the row offsets once, in column 0's lanes; every
-    other column adds its column's difference."""
+def _index_t(o, j, optab, dims, meta, r0, c0, fin, rb):
+    """jit/mem._index for a column-major tile: the row offsets once (an odometer, rb: BM lanes of
+    scratch), in column 0's lanes; every other column adds its column's difference."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
+    nrv = max(min(bm, rows - r0), 1)   # rows past the last valid one repeat its offset
+    if nr > 0:
+        row_bases(rb, j, optab, dims, min(r0, rows - 1), nrv, nr)
+    else:
+        rb[:nrv] = r0 * 0
     cb0 = optab[j, 3] + elem_offset(j, 0 if fin else min(c0, cols - 1), optab, dims, nr, nr + nc)
     for i in range(bm):
-        o[i] = cb0 + elem_offset(j, min(r0 + i, rows - 1), optab, dims, nr - nr, nr)
+        o[i] = cb0 + rb[min(i, nrv - 1)]
     for k in range(1, bn):
         c = 0 if fin else min(c0 + k, cols - 1)
         d = optab[j, 3] + elem_offset(j, c, optab, dims, nr, nr + nc) - cb0
@@ -107,7 +112,7 @@ def mem_t_piece(fra, pc, what, flags):
     optab, dims, meta = fm.optab(fr), fm.dims(fr), fm.meta(fr)
     r0, c0, fin = fr[FR_R0], fr[FR_C0], fr[FR_FIN] != 0
     if what == MEM_INDEX:
-        _index_t(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin)
+        _index_t(fm.bank_i(fr)[d], j, optab, dims, meta, r0, c0, fin, fm.ix(fr)[:meta[M_BM]])
         return 0
     return _memop_t(what != MEM_LOAD, d, j, optab, dims, meta, fm.addrs(fr), fm.numels(fr), fm.bank_f(fr),
                     fm.bank_d(fr), fm.bank_i(fr), fm.bank_b(fr), fm.fptr(fr), r0, c0,
