@@ -71,6 +71,32 @@ def test_compiled_attention_matches_eager_on_both_paths():
     assert after.get("torch_sdpa_masked", 0) - before.get("torch_sdpa_masked", 0) == 3
 
 
+def test_a_mask_keeping_every_key_runs_unmasked():
+    """A padding mask without padding (every entry True, as an encoder's unpadded batch): sdpa runs
+    with no mask, bitwise eager's masked result (the mask's zeros add nothing); a mask with a hole
+    runs masked, its additive form made once per mask and version."""
+    torch._dynamo.reset()
+    fn = torch.compile(_attention, backend="dvm", dynamic=True)
+    before = counters.snapshot()
+    for L in (3, 17):
+        q, k, v = (torch.randn(2, 3, L, 8) for _ in range(3))
+        keep = torch.ones(2, 1, L, L, dtype=torch.bool)
+        torch.testing.assert_close(fn(q, k, v, keep), _attention(q, k, v, keep), rtol=0, atol=0)
+        keep[1, 0, 0, L - 1] = False
+        torch.testing.assert_close(fn(q, k, v, keep), _attention(q, k, v, keep))
+    after = counters.snapshot()
+    assert after.get("torch_sdpa_unmasked", 0) - before.get("torch_sdpa_unmasked", 0) == 2
+    assert after.get("torch_sdpa_masked", 0) - before.get("torch_sdpa_masked", 0) == 2
+    keep = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    assert fx_sdpa.keeps_every_key(keep)
+    mask = fx_sdpa.additive_mask(keep, torch.float32)
+    assert fx_sdpa.additive_mask(keep, torch.float32) is mask and not mask.any()
+    assert fx_sdpa.additive_mask(keep, torch.float64).dtype == torch.float64
+    keep[0, 0, 1, 2] = False   # bumps the version counter: both facts found again
+    assert not fx_sdpa.keeps_every_key(keep)
+    assert fx_sdpa.additive_mask(keep, torch.float32)[0, 0, 1, 2] == -math.inf
+
+
 @pytest.mark.cpu_vm   # runs its graph on the default (CPU) VM
 def test_rewrite_leaves_other_masks_alone():
     """A where that is not (keep, 0, -inf) keeps the plain sdpa with its mask."""
