@@ -7,6 +7,7 @@ integer outputs exactly.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 
 import numpy as np
@@ -412,6 +413,16 @@ def test_spinning_workers_take_posted_jobs(spin_us):
         got = run_on(two, softmax, x)
         assert got[0].tobytes() == want[0].tobytes()
     assert sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox) > taken
+    if sys.platform.startswith("linux"):   # past the first 1/SPIN_ALONE of the window the spin yields the
+        assert all(mb[cpu_sync.MB_YIELD] != 0 for mb in cpu_run._WORKERS.mbox)   # core, still taking jobs
+        taken = sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox)
+        for _ in range(20):
+            time.sleep(200_000 / cpu_sync.SPIN_ALONE * 2 / 1e6)
+            assert any(mb[cpu_sync.MB_STATE] == cpu_sync.SPINNING for mb in cpu_run._WORKERS.mbox)
+            assert run_on(two, softmax, x)[0].tobytes() == want[0].tobytes()
+            if sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox) > taken:
+                break
+        assert sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox) > taken
     a = np.arange(1 << 17, dtype=np.int64)
     b = np.ones(1 << 17, dtype=np.int64)
     b[-5] = 0   # in the last units: the worker may be the one that runs them

@@ -111,7 +111,10 @@ ST_ROWS = ST_CACHE + 1   # st: the four banks' register states, then the row-vec
 WORKER = -7   # run_units(WORKER, spin_ticks, mailbox, table, mailbox, mailbox, False): a worker's spin
 TSC_NOW = -8  # run_units(TSC_NOW, ...) returns the time-stamp counter (host/threads calibrates with it)
 SLEEPING, SPINNING, POSTED, TAKEN = 0, 1, 2, 3
-MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN = range(10)
+MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_TAKEN, MB_YIELD = range(11)
+# MB_YIELD: the address of a C function int(void) a spinning worker calls at each turn (the C
+# library's sched_yield; 0: none), written by host/threads when it makes the mailbox
+SPIN_ALONE = 8   # a worker spins the first 1 / SPIN_ALONE of DVM_SPIN_US without yielding the core
 MB_WIDTH = 16
 S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
 

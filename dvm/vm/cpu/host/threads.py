@@ -4,6 +4,7 @@ mailboxes (jit/sync) while they spin after a job. numba's threading layer is nev
 spinning OpenMP threads slow PyTorch in the same process 10-40x."""
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 import time
@@ -91,11 +92,24 @@ class Workers:
         return max(err, int(sched[abi.S_ERR]))
 
 
+def _sched_yield_address() -> int:
+    """The C library's sched_yield, or 0 where there is none to call."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError, TypeError):  # pragma: no cover - no C library by that name
+        return 0
+
+
+_SCHED_YIELD = _sched_yield_address()
+
+
 def _mailbox() -> np.ndarray:
     """A worker's mailbox: MB_WIDTH int64 words alone in their 64-byte cache lines."""
     raw = np.zeros(2 * abi.MB_WIDTH, np.int64)
     skip = (-raw.ctypes.data % 64) // 8
-    return raw[skip:skip + abi.MB_WIDTH]
+    row = raw[skip:skip + abi.MB_WIDTH]
+    row[abi.MB_YIELD] = _SCHED_YIELD
+    return row
 
 
 def _tsc_per_us() -> float:

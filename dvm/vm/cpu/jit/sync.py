@@ -3,7 +3,10 @@
 A worker that has finished a job spins for a short while (DVM_SPIN_US) on its mailbox before it
 goes back to sleep on the Python queue: a launch that comes within that window hands the worker
 its job through memory instead of a kernel wake-up, which costs as much as a 256 K-element
-kernel's whole run.
+kernel's whole run. After the first SPIN_ALONE-th of that window the spin calls the mailbox's
+MB_YIELD function (sched_yield) at each turn: in a model the next op is often PyTorch's, whose
+threads would otherwise wait for the spinning worker's time slice on a core they need, while
+back-to-back launches come within the first part.
 
 Mailbox: one int64 row per worker (MB_WIDTH words, so two workers never share a cache line);
 MB_TAKEN counts the jobs the worker took from it. Its state word moves only by compare-and-swap,
@@ -25,8 +28,8 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from ..abi import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_WIDTH, POSTED,
-                   S_NPOST, S_POST, SLEEPING, SPINNING, TAKEN)
+from ..abi import (MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, MB_U1, MB_WIDTH,
+                   MB_YIELD, POSTED, SLEEPING, SPINNING, SPIN_ALONE, S_NPOST, S_POST, TAKEN)
 from .bits import OPTS, ptr_i64
 
 
@@ -100,10 +103,26 @@ def pause(typingctx):
     return types.none(), codegen
 
 
+@intrinsic
+def call_void(typingctx, addr):
+    """(*(int (*)(void)) addr)(): a C function of no arguments, by address."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
+        return context.get_dummy_value()
+    return types.none(addr), codegen
+
+
 @njit(**OPTS)
 def await_post(mb, ticks):
-    """Spin on the mailbox at address mb for up to `ticks` TSC ticks: True with the job taken
-    (state TAKEN), or False with the worker gone to sleep (state SLEEPING)."""
+    """Spin on the mailbox at address mb for up to `ticks` TSC ticks, yielding the core at each
+    turn (MB_YIELD) after the first ticks / SPIN_ALONE: True with the job taken (state TAKEN), or
+    False with the worker gone to sleep (state SLEEPING)."""
+    yield_fn = carray(ptr_i64(mb), MB_WIDTH)[MB_YIELD]
+    alone = ticks // SPIN_ALONE
     t0 = tsc()
     while True:
         s = atomic_load(mb)
@@ -114,6 +133,8 @@ def await_post(mb, ticks):
             if cas(mb, SPINNING, SLEEPING):
                 return False
         pause()
+        if yield_fn != 0 and tsc() - t0 >= alone:
+            call_void(yield_fn)
 
 
 @njit(**OPTS)
