@@ -420,11 +420,13 @@ def test_spinning_workers_take_posted_jobs(spin_us):
 
         def taken_now() -> int:
             return sum(int(mb[cpu_sync.MB_TAKEN]) for mb in cpu_run._WORKERS.mbox)
-        for _ in range(10):   # (a loaded machine may run all units before the worker is scheduled)
+        big = RNG.standard_normal((2000, 4000)).astype(np.float32)   # a job long enough for a worker
+        want_big = run_on(functools.partial(cpu.run, threads=1), softmax, big)   # that yielded its core
+        for _ in range(10):   # to be scheduled on a loaded machine (other pytest workers)
             run_on(two, softmax, x)   # the worker spins anew after this job (or after its queued copy)
             time.sleep(2 * window_us / cpu_sync.SPIN_ALONE / 1e6)
             taken = taken_now()
-            assert run_on(two, softmax, x)[0].tobytes() == want[0].tobytes()
+            assert run_on(two, softmax, big)[0].tobytes() == want_big[0].tobytes()
             if taken_now() > taken:
                 break
         assert taken_now() > taken

@@ -27,18 +27,23 @@ def elem_offset(j, idx, optab, dims, d0, d1):
 
 
 @njit(**OPTS)
-def row_bases(o, j, optab, dims, r0, n, nr):
-    """o[i] = element offset of rows r0 + i (i < n) over the nr row dims: an odometer on the two
-    innermost ones, with one elem_offset (divisions) per wrap of the second instead of one per row
-    (a short innermost dim, as the halves of a rotary embedding's rows, wraps every few rows)."""
-    zero = r0 * 0
-    dl = max(dims[nr - 1], 1)
-    sl = optab[j, _S + nr - 1]
-    d2 = max(dims[nr - 2], 1) if nr > 1 else 1
-    s2 = optab[j, _S + nr - 2] if nr > 1 else zero
-    t = r0 % dl
-    t2 = (r0 // dl) % d2
-    b = elem_offset(j, r0, optab, dims, zero, nr)
+def dim_offsets(o, j, optab, dims, start, n, d0, d1):
+    """o[i] = element offset of flat index start + i (i < n) over dims[d0:d1] (row-major) for
+    operand j: an odometer on the two innermost dims, with one elem_offset (divisions) per wrap of
+    the second instead of one per index (a short innermost dim, as the halves of a rotary
+    embedding's rows, wraps every few indices). No dims: zeros."""
+    zero = start * 0
+    if d1 <= d0:
+        for i in range(n):
+            o[i] = zero
+        return
+    dl = max(dims[d1 - 1], 1)
+    sl = optab[j, _S + d1 - 1]
+    d2 = max(dims[d1 - 2], 1) if d1 - d0 > 1 else 1
+    s2 = optab[j, _S + d1 - 2] if d1 - d0 > 1 else zero
+    t = start % dl
+    t2 = (start // dl) % d2
+    b = elem_offset(j, start, optab, dims, d0, d1)
     for i in range(n):
         if i > 0:
             t += 1
@@ -47,12 +52,18 @@ def row_bases(o, j, optab, dims, r0, n, nr):
                 t2 += 1
                 if t2 == d2:
                     t2 = zero
-                    b = elem_offset(j, r0 + i, optab, dims, zero, nr)
+                    b = elem_offset(j, start + i, optab, dims, d0, d1)
                 else:
                     b += s2 - (dl - 1) * sl
             else:
                 b += sl
         o[i] = b
+
+
+@njit(inline='always', **OPTS)
+def row_bases(o, j, optab, dims, r0, n, nr):
+    """o[i] = element offset of rows r0 + i (i < n) over the nr row dims (dim_offsets)."""
+    dim_offsets(o, j, optab, dims, r0, n, r0 * 0, nr)
 
 
 @njit(**OPTS)

@@ -16,7 +16,7 @@ from ..abi import (DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, ERR
                    MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS,
                    OPTAB_FIXED)
 from . import frame as fm
-from .addr import elem_offset, freg, row_bases
+from .addr import dim_offsets, freg, row_bases
 from .bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u16, ptr_u8
 from .moves import move_rows, move_run, raw_copy, repeat_row
 
@@ -134,8 +134,7 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
     general = (not fin) and nc > 1
     stride = 0 if (fin or nc == 0) else optab[j, _S + nr]
     if general:
-        for k in range(ncv):
-            ix[k] = elem_offset(j, c0 + k, optab, dims, nr, nr + nc)
+        dim_offsets(ix, j, optab, dims, c0, ncv, nr, nr + nc)
     rb = ix[2 * bn:2 * bn + nrv]   # row bases (ix[:2*bn] holds the general column indices)
     if nr > 0:
         row_bases(rb, j, optab, dims, r0, nrv, nr)
@@ -224,35 +223,20 @@ def _load_compact(d, j, optab, dims, meta, addrs, numels, F, D, I, B, r0, ix):
 @njit(**OPTS)
 def _index(o, j, optab, dims, meta, r0, c0, fin, rb):
     """o = the element index of operand j at each lane of the tile: its offset, plus the (clamped)
-    row's offset over the row dims, plus the (clamped) column's over the column dims. The column
-    offsets are found once a tile, in row 0's lanes, and the rows' offsets into rb (BM lanes of
-    scratch), each by an odometer on the innermost dim (one elem_offset, with its divisions, per
-    wrap); every other row adds its row's difference."""
+    row's offset over the row dims, plus the (clamped) column's over the column dims. The columns'
+    offsets are found once a tile, in row 0's lanes, the rows' into rb (BM lanes of scratch), both
+    by addr.dim_offsets; every other row adds its row's difference."""
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
-    zero = r0 * 0
-    nrv = max(min(bm, rows - r0), 1)   # rows past the last valid one repeat its offset
-    if nr > 0:
-        row_bases(rb, j, optab, dims, min(r0, rows - 1), nrv, nr)
-    else:
-        rb[:nrv] = zero
+    nrv = max(min(bm, rows - r0), 1)   # rows and columns past the last valid one repeat its offset
+    ncv = 1 if fin else max(min(bn, cols - c0), 1)   # (a finalize: column 0)
+    dim_offsets(rb, j, optab, dims, min(r0, rows - 1), nrv, nr - nr, nr)
+    dim_offsets(o, j, optab, dims, 0 if fin else min(c0, cols - 1), ncv, nr, nr + nc)
     b0 = optab[j, 3] + rb[0]
-    last = zero if fin else cols - 1   # the columns past it repeat its offset (a finalize: column 0)
-    c = min(zero if fin else c0, last)
-    off = elem_offset(j, c, optab, dims, nr, nr + nc)
-    dl = max(dims[nr + nc - 1], 1) if nc > 0 else 1
-    sl = optab[j, _S + nr + nc - 1] if nc > 0 else zero
-    t = c % dl
-    for k in range(bn):
-        if k > 0 and c < last:
-            c += 1
-            t += 1
-            if t == dl:
-                t = zero
-                off = elem_offset(j, c, optab, dims, nr, nr + nc)
-            else:
-                off += sl
-        o[k] = b0 + off
+    for k in range(ncv):
+        o[k] += b0
+    for k in range(ncv, bn):
+        o[k] = o[ncv - 1]
     for i in range(1, bm):
         d = rb[min(i, nrv - 1)] - rb[0]
         for k in range(bn):

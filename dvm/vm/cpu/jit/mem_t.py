@@ -83,10 +83,7 @@ def _index_t(o, j, optab, dims, meta, r0, c0, fin, rb):
     nr, nc, bm, bn = meta[M_NR], meta[M_NC], meta[M_BM], meta[M_BN]
     rows, cols = meta[M_ROWS], meta[M_COLS]
     nrv = max(min(bm, rows - r0), 1)   # rows past the last valid one repeat its offset
-    if nr > 0:
-        row_bases(rb, j, optab, dims, min(r0, rows - 1), nrv, nr)
-    else:
-        rb[:nrv] = r0 * 0
+    row_bases(rb, j, optab, dims, min(r0, rows - 1), nrv, nr)   # (zeros without row dims)
     cb0 = optab[j, 3] + elem_offset(j, 0 if fin else min(c0, cols - 1), optab, dims, nr, nr + nc)
     for i in range(bm):
         o[i] = cb0 + rb[min(i, nrv - 1)]
