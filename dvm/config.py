@@ -13,6 +13,8 @@ DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all builder traces) may hold
                    in all (default 256; codegen/lru)
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
+DVM_OPENMP         1 (default): where the process has an OpenMP runtime loaded (PyTorch's), the CPU VM's
+                   parallel kernels run on its threads (vm/cpu/host/openmp); 0: on the VM's own workers
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu/jit/sync)
 DVM_VERIFY         1: accuracy verification mode (tools/verify): every torch-backend segment that runs
@@ -42,6 +44,7 @@ class Config:
     spin_us: int
     verify: bool = False
     lazy: bool = True
+    openmp: bool = True
     gpu_specialize: int = 2
     gpu_cache: str = ""
 
@@ -70,6 +73,7 @@ def config() -> Config:
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
                   spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
                   verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)),
+                  openmp=bool(_int("DVM_OPENMP", 1, 0, 1)),
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
                   os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),

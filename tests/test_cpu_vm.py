@@ -381,13 +381,76 @@ def test_deterministic_across_runs_and_threads():
 
 @pytest.fixture
 def spin_us(monkeypatch):
-    """Set DVM_SPIN_US within one test (config reloaded)."""
+    """Set DVM_SPIN_US within one test (config reloaded), on the VM's own workers (DVM_OPENMP=0:
+    this process has PyTorch's OpenMP runtime)."""
+    monkeypatch.setenv("DVM_OPENMP", "0")
+
     def set_spin(us: int) -> None:
         monkeypatch.setenv("DVM_SPIN_US", str(us))
         dvm_config.reload()
+    set_spin(dvm_config.config().spin_us)
     yield set_spin
     monkeypatch.delenv("DVM_SPIN_US")
+    monkeypatch.delenv("DVM_OPENMP")
     dvm_config.reload()   # a worker still spinning stops within the last spin time set
+
+
+@pytest.fixture
+def openmp_team():
+    """The OpenMP team of this process (PyTorch's), with its GOMP_parallel calls counted."""
+    cpu.warm_up(wait_fast=True)   # the team body is a fast piece
+    team = cpu_run._TEAM
+    if not team.usable():
+        pytest.skip(f"no OpenMP team: {cpu.thread_pool()}")
+    real, calls = team._parallel, []
+
+    def counted(*args):
+        calls.append(args[2])   # the team's size
+        return real(*args)
+    team._parallel = counted
+    yield calls
+    team._parallel = real
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="looks the runtime up in /proc/self/maps")
+def test_openmp_runtime_found_with_torch():
+    from dvm.vm.cpu.host import openmp
+    assert torch.get_num_threads() >= 1   # PyTorch's runtime is loaded by now
+    path = openmp.loaded_runtime()
+    assert path is not None and "omp" in path.rsplit("/", 1)[-1]
+    assert openmp._gomp_parallel(path) is not None
+
+
+def test_openmp_team_runs_parallel_kernels(openmp_team, monkeypatch):
+    """Parallel kernels on the OpenMP team: bitwise the results of one thread, for every team
+    size, a division by zero still raises; DVM_OPENMP=0 takes the VM's own workers."""
+    x = RNG.standard_normal((300, 3000)).astype(np.float32)
+    big = RNG.standard_normal(1 << 20).astype(np.float32)
+    gelu = ew_kernel("gelu", 1)
+    one = functools.partial(cpu.run, threads=1)
+    want = (run_on(one, softmax, x) + run_on(one, gelu, big) + run_on(one, layernorm, x, x[0], x[1]))
+    for n in (2, 3, 2):
+        run_n = functools.partial(cpu.run, threads=n)
+        del openmp_team[:]
+        got = run_on(run_n, softmax, x) + run_on(run_n, gelu, big) + run_on(run_n, layernorm, x, x[0], x[1])
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+        assert len(openmp_team) >= 3 and max(openmp_team) == n   # (fewer where a kernel has fewer units)
+    a = np.arange(1 << 17, dtype=np.int64)
+    b = np.ones(1 << 17, dtype=np.int64)
+    b[-5] = 0   # in the last units: another thread of the team may run them
+    with pytest.raises(ZeroDivisionError):
+        run_on(functools.partial(cpu.run, threads=2), ew_kernel("floor_divide", 2), a, b)
+    monkeypatch.setenv("DVM_OPENMP", "0")
+    dvm_config.reload()
+    try:
+        n_calls = len(openmp_team)
+        assert "DVM_OPENMP=0" in cpu.thread_pool()
+        assert run_on(functools.partial(cpu.run, threads=2), softmax, x)[0].tobytes() == want[0].tobytes()
+        assert len(openmp_team) == n_calls
+    finally:
+        monkeypatch.delenv("DVM_OPENMP")
+        dvm_config.reload()
+    assert "OpenMP team" in cpu.thread_pool()
 
 
 def _wait_all(state: int, seconds: float = 5.0) -> bool:
@@ -444,3 +507,4 @@ def test_spinning_workers_take_posted_jobs(spin_us):
     assert _wait_all(cpu_sync.SLEEPING)
     assert run_on(two, softmax, x)[0].tobytes() == want[0].tobytes()
     assert _wait_all(cpu_sync.SLEEPING)
+

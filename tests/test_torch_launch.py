@@ -3,6 +3,7 @@ called again with the same signature runs on its tensors' data pointers, without
 conversions or a launch-cache lookup, and gives what eager gives; the generated run graph is
 boxed for the backward too."""
 import os
+import sys
 import warnings
 
 import pytest
@@ -195,3 +196,38 @@ def test_last_call_shortcut_never_runs_another_signature(slow_path_calls):
         (got,) = launcher({"n": 5}, [t, w])
         torch.testing.assert_close(got, t - w, rtol=0, atol=0)
     assert len(slow_path_calls) == 3, "one NumPy-path launch per signature"
+
+
+# --- huge pages for large fresh outputs (runtime/hugepages) ------------------------------------------
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
+def test_hugepage_advice_covers_whole_huge_pages_only():
+    from dvm.runtime import hugepages
+    big = torch.empty(3 * hugepages.HUGE_PAGE, dtype=torch.uint8)   # holds at least two whole huge pages
+    small = torch.empty(hugepages.HUGE_PAGE // 2, dtype=torch.uint8)   # holds none
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(thp) and "[never]" not in open(thp).read():
+        assert hugepages.advise(big.data_ptr(), big.nbytes)
+    assert not hugepages.advise(small.data_ptr(), small.nbytes)
+    big.fill_(7)   # the advice changes no byte
+    assert bool((big == 7).all())
+
+
+def test_large_torch_outputs_get_huge_page_advice(monkeypatch):
+    """The torch launch advises outputs of HUGE_OUTPUT_BYTES or more, before the VM writes them,
+    and only those; the results are eager's."""
+    from dvm.frontend import torch_launch
+    from dvm.runtime import hugepages
+    advised = []
+    monkeypatch.setattr(hugepages, "advise", lambda at, n: advised.append(n) or True)
+
+    def f(x, y):
+        return torch.softmax(x * 2.0, -1), y + 1.0
+    g = torch.compile(f, backend="dvm", dynamic=True)
+    x = torch.randn(4, 512, 1024)   # 8 MiB
+    y = torch.randn(64, 64)
+    for _ in range(2):
+        got = g(x, y)
+        torch.testing.assert_close(got[0], torch.softmax(x * 2.0, -1))
+        torch.testing.assert_close(got[1], y + 1.0)
+    assert advised and set(advised) == {x.nbytes}
+    assert torch_launch.hugepages is hugepages

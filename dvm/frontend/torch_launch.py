@@ -18,6 +18,7 @@ need that.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Callable, Sequence
 
@@ -27,7 +28,7 @@ import torch
 
 from ..config import config
 from ..graph.dtypes import DType
-from ..runtime import counters
+from ..runtime import counters, hugepages
 from ..graph.views import contiguous_strides
 from ..runtime.compiled import CompiledGraph, Launch, launch_bytes, launch_cache, remember
 from .gpu_arrays import graph_launcher, vm_for
@@ -128,12 +129,14 @@ class _TensorLaunch:
     """A cached Launch on a VM that binds launches (the CPU VM), fed with data pointers (see the module
     invariant). `same`: tensor_check of the tensors it was made for; `resolve`: the inputs whose
     negative or conjugate bit is resolved first."""
-    __slots__ = ("launch", "outs", "same", "run", "resolve")
+    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge")
 
     def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor], resolve: tuple[int, ...] = ()):
         self.launch, self.resolve = launch, resolve
         self.same = tensor_check(tensors)
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
+        self.huge = tuple(i for i, (shape, _, dt) in enumerate(self.outs)   # runtime/hugepages
+                          if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
 
@@ -151,6 +154,8 @@ class _TensorLaunch:
         outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs] if into is None else \
             [_empty_strided_cpu(shape, strides, dt) if t is None else t
              for t, (shape, strides, dt) in zip(into, self.outs)]
+        for i in self.huge:   # before the VM's first touch
+            hugepages.advise(_data_ptr(outs[i]), outs[i].nbytes)
         addrs = [*map(_data_ptr, tensors), *map(_data_ptr, outs)]
         if self.run is not None:
             counters.bump_launch(cached)

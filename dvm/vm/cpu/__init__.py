@@ -1,7 +1,8 @@
 """The CPU VM: runs verified Programs with a numba interpreter compiled once per machine, in pieces.
 
   abi.py   every constant shared between the Python side and the compiled code
-  host/    the Python side: decode table, descriptors, launches, threads, pieces and their compile
+  host/    the Python side: decode table, descriptors, launches, threads (the OpenMP team or its own
+           workers), pieces and their compile
   jit/     the compiled code: the core (jit/entry, jit/interp) and the pieces it calls per
            instruction (jit/kernels, mem, reduce, rowlevel; fast paths: jit/rowtree, jit/fused/)
 
@@ -36,6 +37,12 @@ def fast_ready() -> bool:
     return startup.fast_ready()
 
 
+def thread_pool() -> str:
+    """Which threads share the parallel kernels now (host/openmp), in words."""
+    from .host.run import _TEAM
+    return _TEAM.describe()
+
+
 class CpuVM(VM):
     """The numba CPU VM under the VM contract."""
     name = "cpu"
@@ -61,4 +68,4 @@ class CpuVM(VM):
 _TARGET = Target("cpu", whole_row_forms=whole_row_forms)
 VM_INSTANCE = CpuVM()
 
-__all__ = ["DECODE", "VM_INSTANCE", "fast_ready", "handled", "run", "run_addrs", "warm_up"]
+__all__ = ["DECODE", "VM_INSTANCE", "fast_ready", "handled", "run", "run_addrs", "thread_pool", "warm_up"]

@@ -117,6 +117,13 @@ MB_STATE, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N, MB_SCHED, MB_SCHED_N, MB_U0, M
 SPIN_ALONE = 8   # a worker spins the first 1 / SPIN_ALONE of DVM_SPIN_US without yielding the core
 MB_WIDTH = 16
 S_NEXT, S_DONE, S_ERR, S_CHUNK, S_NPOST, S_POST = range(6)
+# A job run by an OpenMP team (jit/team.team_body, called by every thread of the team): one int64
+# array, 64-byte aligned, written by host/openmp: the kernel's blob and the VM table as (address,
+# length), its units [J_U0, J_U1) and the number of buffers; at J_SCHED (its own cache line) the
+# sched words S_NEXT..S_CHUNK; at J_BUFS the launch's bufs (addresses, then element counts)
+J_BLOB, J_BLOB_N, J_TAB, J_TAB_N, J_U0, J_U1, J_NBUFS = range(7)
+J_SCHED = 8
+J_BUFS = 16
 
 # --- pieces: separately compiled functions the core calls through the VM table ---------------------
 # The VM table (host/pieces.vm_table) is one int64 array: N_PIECES piece addresses (0: not loaded;

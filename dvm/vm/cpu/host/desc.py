@@ -37,7 +37,7 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
 
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "blob", "transposed", "rio", "fuse")
+                 "blob", "blob_at", "transposed", "rio", "fuse")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
@@ -66,6 +66,7 @@ class _Desc:
         self.n_units = n_rb * n_ct if self.tile_par else n_rb
         self.work = rows * max(cols, 1) * len(kl.sweeps)
         self.blob = None   # set by _prog (needs the program's element sizes)
+        self.blob_at = 0   # and its address
 
 
 def _desc(kl: KernelLayout, n_args: int) -> _Desc:
@@ -137,6 +138,7 @@ def prog_desc(layout: ProgramLayout) -> tuple:
         for d, kl in zip(descs, layout.kernels):
             if d.blob is None:
                 d.blob = _blob(d, kl, argsz)
+                d.blob_at = d.blob.ctypes.data
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
         pd = (argsz, descs, outs, _chain(descs))
         object.__setattr__(layout, "_cpu_prog", pd)

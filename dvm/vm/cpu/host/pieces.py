@@ -42,11 +42,12 @@ _PKG = "dvm.vm.cpu.jit"
 @dataclass(frozen=True)
 class Piece:
     name: str
-    slots: tuple   # the abi.PC_* slots it fills, or () for the function Python calls (the core's entry)
+    slots: tuple   # the abi.PC_* slots it fills; () for a function called from outside the table
     module: str
     function: str
     tier: int
-    py_sig: tuple = ()
+    py_sig: tuple = ()   # the argument types of the function Python calls (the core's entry)
+    c_sig: str = ""      # a C function's signature other than a table piece's (PIECE_SIG)
 
 
 _ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
@@ -63,6 +64,7 @@ PIECES = (   # in the order they compile: the build processes take them round-ro
     Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
     Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST),
     Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
+    Piece("team", (), f"{_PKG}.team", "team_body", FAST, c_sig="void(int64)"),   # host/threads.OpenMPTeam
 )
 BY_NAME = {p.name: p for p in PIECES}
 assert sorted(s for p in PIECES for s in p.slots) == list(range(abi.N_PIECES))
@@ -144,13 +146,14 @@ class _Loaded:
     def __init__(self, piece: Piece):
         self.piece = piece
         fn = getattr(importlib.import_module(piece.module), piece.function)
-        if not piece.slots:
+        if piece.py_sig:
             self.obj, self.sig = fn, piece.py_sig
         else:
-            self.obj = CFunc(fn, PIECE_SIG, locals={}, options=dict(nogil=True, error_model="numpy"))
+            sig = sigutils.normalize_signature(piece.c_sig) if piece.c_sig else PIECE_SIG
+            self.obj = CFunc(fn, sig, locals={}, options=dict(nogil=True, error_model="numpy"))
             self.sig = self.obj._sig
         self.cache = cache.install(self.obj, source_hash(piece))
-        self.address = 0       # a C piece's address, once loaded
+        self.address = 0       # a C function's address, once loaded
         self.entry = None      # a Python-called piece's compiled entry point, once loaded
 
     @property
@@ -167,7 +170,7 @@ class _Loaded:
             return True
         if self.cache is None:
             return False
-        if not self.piece.slots:
+        if self.piece.py_sig:
             cres = self.cache.load_overload(self.sig, self.obj.targetctx)
             if cres is None:
                 return False
@@ -187,7 +190,7 @@ class _Loaded:
         with cache.piece_lock(self.cache, self.piece.name), global_compiler_lock:
             if self._try_load():
                 return
-            if not self.piece.slots:
+            if self.piece.py_sig:
                 self.obj.compile(self.sig)
                 self.entry = self.obj.overloads[tuple(self.sig)].entry_point
             else:

@@ -1,7 +1,9 @@
 """Running a verified Program on the CPU VM: buffers or addresses in, the compiled core called once
 per launch of small kernels, or once per kernel with the big ones' work units shared between the
-calling thread and DVM_NUM_THREADS - 1 persistent workers (host/threads; numba's own threading
-layer is never used: its spinning OpenMP threads slow PyTorch in the same process 10-40x).
+calling thread and DVM_NUM_THREADS - 1 helpers: the OpenMP team of the process where it has one
+(host/openmp: PyTorch's), else the VM's own persistent workers (host/threads). numba's own
+threading layer is never used: its spinning OpenMP threads slow PyTorch in the same process 10-40x.
+Counted: cpu_parallel_openmp, cpu_parallel_workers.
 
 Work units are row blocks (each runs all sweeps of its rows, so reductions never cross threads and
 results do not depend on the thread count), or, for kernels with one sweep and no init/fin,
@@ -13,15 +15,18 @@ import numpy as np
 
 from ....codegen.program import ProgramLayout
 from ....config import config
+from ....runtime.counters import bump
 from ...buffers import data_ptr
 from .. import abi
 from .desc import PARALLEL_MIN_ELEMS, prog_desc
 from .pieces import TABLE
 from . import startup
+from .openmp import OpenMPTeam
 from .threads import Workers
 
 NO_SCHED = np.zeros(0, np.int64)
 _WORKERS = Workers()
+_TEAM = OpenMPTeam()
 
 
 def check(err: int) -> None:
@@ -34,14 +39,19 @@ def check(err: int) -> None:
 
 def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> int:
     """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
-    DVM_NUM_THREADS - 1 worker threads: the caller starts at once and workers join when they wake
-    up (a sleeping worker's handoff costs tens of microseconds, a spinning one's a fraction of one,
-    see jit/sync), claiming chunks of units from an atomic counter, so a late worker costs nothing."""
+    DVM_NUM_THREADS - 1 helpers (the OpenMP team's threads or the VM's workers): the caller starts
+    at once and helpers join when they wake up (a sleeping worker's handoff costs tens of
+    microseconds, a spinning one's a fraction of one, see jit/sync), claiming chunks of units from
+    an atomic counter, so a late helper costs nothing."""
     nthreads = 1
     if d.work >= PARALLEL_MIN_ELEMS:
         nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
     if nthreads == 1:
         return startup.ENTRY(0, d.n_units, blob, TABLE, bufs, NO_SCHED, False)
+    if _TEAM.usable():
+        bump("cpu_parallel_openmp")
+        return _TEAM.launch(d, bufs, nthreads)
+    bump("cpu_parallel_workers")
     _WORKERS.ensure(nthreads - 1)
     return _WORKERS.launch(d, blob, bufs, nthreads - 1)
 

@@ -1,0 +1,117 @@
+"""Parallel kernels on the OpenMP team of the process, where it has one (PyTorch's).
+
+PyTorch's OpenMP threads spin on their cores for a while after each of its parallel ops (libgomp:
+about 300,000 turns). The VM's own workers (host/threads) then share two cores with them, and a
+kernel right after a matmul ran at about half speed. Run through GOMP_parallel, the kernel gets
+that team itself: threads already awake, no thread more than PyTorch's, and the same spin after
+it that PyTorch's next op expects. GOMP_parallel is exported by libgomp and, for compatibility, by
+LLVM's libomp and Intel's libiomp5. A runtime is only looked up among the libraries the process
+has loaded: the VM never loads one itself.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+import threading
+
+import numpy as np
+
+from ....config import config
+from .. import abi
+from .pieces import TABLE, loaded
+from .threads import CHUNKS_PER_THREAD
+
+_RUNTIME = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
+
+
+def loaded_runtime() -> str | None:
+    """The path of an OpenMP runtime mapped into this process, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").partition("/")[2]
+                if path and _RUNTIME.search("/" + path):
+                    return "/" + path
+    except OSError:   # pragma: no cover - no procfs: the VM's own workers run
+        pass
+    return None
+
+
+def _gomp_parallel(path: str):
+    """GOMP_parallel(fn, data, num_threads, flags) of the runtime at `path`, already loaded."""
+    try:
+        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL)
+        fn = lib.GOMP_parallel
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+    fn.restype = None
+    return fn
+
+
+class OpenMPTeam:
+    """Launches a kernel's work units on the process's OpenMP team, once both the runtime and the
+    VM's team body (the FAST piece "team", jit/team) are there; `usable()` says whether they are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parallel = None
+        self._body = 0
+        self._modules_seen = -1   # len(sys.modules) at the last look for a runtime
+        self._jobs = threading.local()   # per launching thread: {buffer count: (job, its address)}
+
+    def usable(self) -> bool:
+        if not config().openmp:
+            return False
+        if self._body:
+            return True
+        if len(sys.modules) == self._modules_seen:
+            return False
+        with self._lock:
+            if self._parallel is None:
+                self._modules_seen = len(sys.modules)   # a runtime is loaded by an import
+                path = loaded_runtime()
+                self._parallel = _gomp_parallel(path) if path else None
+            body = loaded("team")
+            if self._parallel is not None and body.ready:
+                self._body = body.address
+        return self._body != 0
+
+    def describe(self) -> str:
+        """Which threads run the parallel kernels now, in words."""
+        if self.usable():
+            return f"the OpenMP team of {loaded_runtime()}"
+        if not config().openmp:
+            return "the VM's own workers (DVM_OPENMP=0)"
+        if self._parallel is not None:
+            return "the VM's own workers until the team body is compiled"
+        return "the VM's own workers (no OpenMP runtime in this process)"
+
+    def launch(self, d, bufs: np.ndarray, nthreads: int) -> int:
+        """Run the units of kernel d (host/desc) on nthreads threads of the team, this one among
+        them; returns the VM's error code. The job array is this thread's own, re-used: the call
+        returns after the team's end barrier, when no thread reads it any more."""
+        job, at = self._job(bufs.shape[0])
+        job[abi.J_U1] = d.n_units
+        job[abi.J_BLOB], job[abi.J_BLOB_N] = d.blob_at, d.blob.shape[0]
+        job[abi.J_SCHED:abi.J_SCHED + abi.S_CHUNK] = 0
+        job[abi.J_SCHED + abi.S_CHUNK] = max(1, d.n_units // (nthreads * CHUNKS_PER_THREAD))
+        job[abi.J_BUFS:] = bufs
+        self._parallel(self._body, at, nthreads, 0)
+        return int(job[abi.J_SCHED + abi.S_ERR])
+
+    def _job(self, n_words: int) -> tuple:
+        jobs = getattr(self._jobs, "by_size", None)
+        if jobs is None:
+            jobs = self._jobs.by_size = {}
+        got = jobs.get(n_words)
+        if got is None:
+            raw = np.zeros(abi.J_BUFS + n_words + 8, np.int64)
+            skip = (-raw.ctypes.data % 64) // 8   # J_SCHED starts a cache line
+            job = raw[skip:skip + abi.J_BUFS + n_words]
+            job[abi.J_TAB], job[abi.J_TAB_N] = TABLE.ctypes.data, TABLE.shape[0]
+            job[abi.J_NBUFS] = n_words // 2
+            got = jobs[n_words] = (job, job.ctypes.data)
+        return got
