@@ -7,6 +7,7 @@ integer outputs exactly.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 
@@ -451,6 +452,38 @@ def test_openmp_team_runs_parallel_kernels(openmp_team, monkeypatch):
         monkeypatch.delenv("DVM_OPENMP")
         dvm_config.reload()
     assert "OpenMP team" in cpu.thread_pool()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_forked_process_runs_parallel_kernels_without_the_team(openmp_team):
+    """A process forked after the team ran (a DataLoader worker) must not enter a parallel region
+    of its parent's OpenMP pool (it would wait forever): it runs on the VM's workers, with the
+    same results."""
+    x = RNG.standard_normal((300, 3000)).astype(np.float32)
+    two = functools.partial(cpu.run, threads=2)
+    want = run_on(two, softmax, x)[0]
+    assert openmp_team   # the parent ran it on the team
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover - the child reports through the pipe
+        ok = 0
+        try:
+            ok = int("forked" in cpu.thread_pool() and run_on(two, softmax, x)[0].tobytes() == want.tobytes())
+        finally:
+            os.write(write, bytes([ok]))
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 120
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked process hung in a parallel kernel")
+        time.sleep(0.05)
+    assert os.read(read, 1) == b"\x01"
+    os.close(read)
+    assert "OpenMP team" in cpu.thread_pool()   # the parent keeps its team
+
 
 
 def _wait_all(state: int, seconds: float = 5.0) -> bool:

@@ -1,7 +1,7 @@
 """Transparent huge pages for large fresh outputs.
 
 A fresh output is mapped page by page on first touch: writing 16 MiB into new memory takes 4096
-page faults, ~6 ms on the 2-core machine, three times the time of a fused softmax over it. Where
+page faults, ~6 ms on the 2-core machine, twice the time of a fused softmax over it. Where
 the kernel maps transparent huge pages on request (Linux, THP "madvise" or "always"), a large
 output's aligned interior is advised MADV_HUGEPAGE before anything touches it: 2 MiB pages, 512
 times fewer faults, as NumPy does for its own large arrays. Nothing changes in the memory's

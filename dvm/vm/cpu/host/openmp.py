@@ -6,7 +6,9 @@ kernel right after a matmul ran at about half speed. Run through GOMP_parallel, 
 that team itself: threads already awake, no thread more than PyTorch's, and the same spin after
 it that PyTorch's next op expects. GOMP_parallel is exported by libgomp and, for compatibility, by
 LLVM's libomp and Intel's libiomp5. A runtime is only looked up among the libraries the process
-has loaded: the VM never loads one itself.
+has loaded: the VM never loads one itself. A process forked from this one never uses the team:
+libgomp's pool is its parent's, and a parallel region there waits forever (PyTorch's own matmul
+does); it runs on the VM's workers.
 """
 from __future__ import annotations
 
@@ -61,9 +63,15 @@ class OpenMPTeam:
         self._body = 0
         self._modules_seen = -1   # len(sys.modules) at the last look for a runtime
         self._jobs = threading.local()   # per launching thread: {buffer count: (job, its address)}
+        self._forked = False
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._forked, self._body = True, 0
 
     def usable(self) -> bool:
-        if not config().openmp:
+        if not config().openmp or self._forked:
             return False
         if self._body:
             return True
@@ -85,6 +93,8 @@ class OpenMPTeam:
             return f"the OpenMP team of {loaded_runtime()}"
         if not config().openmp:
             return "the VM's own workers (DVM_OPENMP=0)"
+        if self._forked:
+            return "the VM's own workers (a forked process: the OpenMP team is its parent's)"
         if self._parallel is not None:
             return "the VM's own workers until the team body is compiled"
         return "the VM's own workers (no OpenMP runtime in this process)"
