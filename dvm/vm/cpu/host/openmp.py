@@ -23,7 +23,7 @@ import numpy as np
 from ....config import config
 from .. import abi
 from .pieces import TABLE, loaded
-from .threads import CHUNKS_PER_THREAD
+from .threads import chunk_size, line_aligned_words
 
 _RUNTIME = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
 
@@ -60,6 +60,7 @@ class OpenMPTeam:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parallel = None
+        self._path = None   # the runtime's file
         self._body = 0
         self._modules_seen = -1   # len(sys.modules) at the last look for a runtime
         self._jobs = threading.local()   # per launching thread: {buffer count: (job, its address)}
@@ -80,8 +81,8 @@ class OpenMPTeam:
         with self._lock:
             if self._parallel is None:
                 self._modules_seen = len(sys.modules)   # a runtime is loaded by an import
-                path = loaded_runtime()
-                self._parallel = _gomp_parallel(path) if path else None
+                self._path = loaded_runtime()
+                self._parallel = _gomp_parallel(self._path) if self._path else None
             body = loaded("team")
             if self._parallel is not None and body.ready:
                 self._body = body.address
@@ -90,7 +91,7 @@ class OpenMPTeam:
     def describe(self) -> str:
         """Which threads run the parallel kernels now, in words."""
         if self.usable():
-            return f"the OpenMP team of {loaded_runtime()}"
+            return f"the OpenMP team of {self._path}"
         if not config().openmp:
             return "the VM's own workers (DVM_OPENMP=0)"
         if self._forked:
@@ -107,7 +108,7 @@ class OpenMPTeam:
         job[abi.J_U1] = d.n_units
         job[abi.J_BLOB], job[abi.J_BLOB_N] = d.blob_at, d.blob.shape[0]
         job[abi.J_SCHED:abi.J_SCHED + abi.S_CHUNK] = 0
-        job[abi.J_SCHED + abi.S_CHUNK] = max(1, d.n_units // (nthreads * CHUNKS_PER_THREAD))
+        job[abi.J_SCHED + abi.S_CHUNK] = chunk_size(d.n_units, nthreads)
         job[abi.J_BUFS:] = bufs
         self._parallel(self._body, at, nthreads, 0)
         return int(job[abi.J_SCHED + abi.S_ERR])
@@ -118,9 +119,7 @@ class OpenMPTeam:
             jobs = self._jobs.by_size = {}
         got = jobs.get(n_words)
         if got is None:
-            raw = np.zeros(abi.J_BUFS + n_words + 8, np.int64)
-            skip = (-raw.ctypes.data % 64) // 8   # J_SCHED starts a cache line
-            job = raw[skip:skip + abi.J_BUFS + n_words]
+            job = line_aligned_words(abi.J_BUFS + n_words)   # J_SCHED starts a cache line too
             job[abi.J_TAB], job[abi.J_TAB_N] = TABLE.ctypes.data, TABLE.shape[0]
             job[abi.J_NBUFS] = n_words // 2
             got = jobs[n_words] = (job, job.ctypes.data)

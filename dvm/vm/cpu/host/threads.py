@@ -19,6 +19,19 @@ from .pieces import TABLE
 
 assert (abi.S_CHUNK, abi.S_NPOST, abi.S_POST) == (3, 4, 5)   # sched, as _run builds it
 CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
+CACHE_LINE = 64
+
+
+def chunk_size(n_units: int, threads: int) -> int:
+    """How many units a thread claims at a time (sched[S_CHUNK])."""
+    return max(1, n_units // (threads * CHUNKS_PER_THREAD))
+
+
+def line_aligned_words(n: int) -> np.ndarray:
+    """n zeroed int64 words starting on a cache line (kept alive by the view's base)."""
+    raw = np.zeros(n + CACHE_LINE // 8, np.int64)
+    skip = (-raw.ctypes.data % CACHE_LINE) // 8
+    return raw[skip:skip + n]
 
 
 class Workers:
@@ -81,7 +94,7 @@ class Workers:
     def _run(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int, spinning: list) -> int:
         """The compiled caller writes the job's fields into the listed mailboxes and posts them
         (jit/sync.post_all): in Python, each `.ctypes.data` costs about a microsecond."""
-        chunk = max(1, d.n_units // ((helpers + 1) * CHUNKS_PER_THREAD))
+        chunk = chunk_size(d.n_units, helpers + 1)
         sched = np.array([0, 0, 0, chunk, len(spinning)] + [self.mbox_addr[k] for k in spinning], np.int64)
         for k in spinning:
             self.keep[k] = (blob, bufs, sched)   # alive until this mailbox's next post
@@ -105,9 +118,7 @@ _SCHED_YIELD = _sched_yield_address()
 
 def _mailbox() -> np.ndarray:
     """A worker's mailbox: MB_WIDTH int64 words alone in their 64-byte cache lines."""
-    raw = np.zeros(2 * abi.MB_WIDTH, np.int64)
-    skip = (-raw.ctypes.data % 64) // 8
-    row = raw[skip:skip + abi.MB_WIDTH]
+    row = line_aligned_words(abi.MB_WIDTH)
     row[abi.MB_YIELD] = _SCHED_YIELD
     return row
 
