@@ -130,3 +130,28 @@ def test_a_graph_dvm_cannot_compile_runs_rewritten_in_pytorch(monkeypatch):
         torch.testing.assert_close(fn(q, k, v), _attention(q, k, v))
     after = sum(v for k, v in counters.snapshot().items() if k.startswith("fallback:graph:RuntimeError"))
     assert after > before
+
+
+def _padded_keep(x, pad):
+    """x [b, 1, n, n] masked by pad [b, n] the way transformers' masking_utils builds a padding
+    mask: pad indexed by broadcast batch and key aranges, and-ed with a query-side test."""
+    b, n = pad.shape
+    batch_idx, kv_idx, q_idx = torch.arange(b), torch.arange(n), torch.arange(n)
+    keep = pad[batch_idx[:, None, None, None], kv_idx[None, None, None, :]]
+    keep = keep & (q_idx >= 0)[None, None, :, None]
+    return torch.where(keep, x, -1.0)
+
+
+def test_index_positions_stay_in_the_graph_where_the_indexing_is_a_view():
+    """Aranges that only index (mask[batch_arange[:, None, ...], kv_arange]) are not size-only
+    values: left in the graph, the indexing is a view of the mask inside a segment instead of a
+    gather through PyTorch; the query-side test is still computed once per size."""
+    torch._dynamo.reset()
+    fn = torch.compile(_padded_keep, backend="dvm", dynamic=True)
+    for b, n in ((2, 5), (3, 7), (2, 9)):
+        x, pad = torch.randn(b, 1, n, n), torch.rand(b, n) > 0.3
+        torch.testing.assert_close(fn(x, pad), _padded_keep(x, pad), rtol=0, atol=0)
+    graph = COMPILED[-1]
+    text = graph.describe()
+    assert " 0 fallback op(s)" in text and "index.Tensor" in text
+    assert graph.consts is not None    # (q_idx >= 0) is remembered per size

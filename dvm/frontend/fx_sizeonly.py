@@ -93,7 +93,24 @@ def size_only(gm: fx.GraphModule) -> list[fx.Node]:
         if all(a in ok for a in args):
             ok.add(n)
             found.append(n)
+    positions = _index_positions(found, ok)
+    found = [n for n in found if n not in positions]
     return found if any(isinstance(fake(n), torch.Tensor) for n in found) else []
+
+
+def _index_positions(found: list, size_only_set: set) -> set:
+    """The size-only nodes that only feed the index tensors of `aten.index.Tensor` nodes that are
+    not size-only themselves (directly or through other such nodes): the positions of an indexing
+    like mask[batch_arange[:, None], kv_arange]. Left in the graph, the aranges stay visible to
+    the indexing, which a segment then takes as a view (aten_views.index), not a gather."""
+    positions: set = set()
+    for n in reversed(found):
+        if not isinstance(fake(n), torch.Tensor) or not n.users:
+            continue
+        if all(u in positions or (u.target is torch.ops.aten.index.Tensor and u not in size_only_set
+                                  and u.args[0] is not n) for u in n.users):
+            positions.add(n)
+    return positions
 
 
 def move_first(gm: fx.GraphModule, nodes: list[fx.Node]) -> None:
