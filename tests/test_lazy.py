@@ -368,6 +368,16 @@ def test_adaptive_small_ops_run_at_once_and_region_is_skipped():
     assert site.choice is False and site.entries <= 2    # recorded nothing: runs eagerly, probed rarely
 
 
+def _enter(site, lazy_s: float, eager_s: float) -> int:
+    """One entry of a site as LazyRegion runs it: the action, then its outcome (timed or not)."""
+    a = site.action()
+    if a in (S.RECORD, S.RECORD_TIMED):
+        site.observe(True, lazy_s if a == S.RECORD_TIMED else None)
+    elif a == S.SKIP_TIMED:
+        site.observe(False, eager_s)
+    return a
+
+
 def test_site_measures_recording_against_eager():
     site = S.Site()
     for _ in range(S.SITE_WARM):
@@ -375,25 +385,41 @@ def test_site_measures_recording_against_eager():
         site.observe(True, None)
     kinds = []
     while site.choice is None:
-        a = site.action()
-        kinds.append(a)
-        site.observe(a == S.RECORD_TIMED, 2.0 if a == S.RECORD_TIMED else 1.0)
+        kinds.append(_enter(site, 2.0, 1.0))
     assert kinds.count(S.RECORD_TIMED) == kinds.count(S.SKIP_TIMED) == S.SITE_TRIALS
+    # each timed entry follows one of its own kind: a switch of kind starts with an untimed lead-in
+    assert kinds[:5] == [S.RECORD_TIMED, S.SKIP, S.SKIP_TIMED, S.RECORD, S.RECORD_TIMED]
     assert site.choice is False                       # eager measured faster
     acts = [site.action() for _ in range(site.period)]
     assert set(acts) == {S.SKIP} and site.skips == 0
-    assert site.action() == S.RECORD_TIMED            # the probe: slower, the choice stands
-    site.observe(True, 3.0)
+    assert _enter(site, 9.0, 1.0) == S.RECORD          # the probe's lead-in: untimed
+    assert site.choice is False and site.period == S.SITE_PERIOD_FIRST
+    assert _enter(site, 3.0, 1.0) == S.RECORD_TIMED   # the probe: slower, the choice stands
     assert site.choice is False and site.period == 2 * S.SITE_PERIOD_FIRST
     for _ in range(site.period):
         assert site.action() == S.SKIP
-    assert site.action() == S.RECORD_TIMED            # a probe faster than eager: measure again
-    site.observe(True, 0.1)
+    assert _enter(site, 9.0, 1.0) == S.RECORD
+    assert _enter(site, 0.1, 1.0) == S.RECORD_TIMED   # a probe faster than eager: measure again
     assert site.choice is None
     while site.choice is None:
-        a = site.action()
-        site.observe(a == S.RECORD_TIMED, 0.1 if a == S.RECORD_TIMED else 1.0)
+        _enter(site, 0.1, 1.0)
     assert site.choice is True
+
+
+def test_site_probes_eager_after_a_lead_in_when_recording_is_chosen():
+    """Recording chosen: its entries are timed (the window stays fresh); after `period` of them
+    eager is probed, its first entry untimed, and the next recorded entry is a lead-in again."""
+    site = S.Site()
+    for _ in range(S.SITE_WARM):
+        _enter(site, 1.0, 2.0)
+    while site.choice is None:
+        _enter(site, 1.0, 2.0)
+    assert site.choice is True
+    kinds = [_enter(site, 1.0, 2.0) for _ in range(site.period + 3)]
+    # the last trial ran eagerly: the first recorded entry after the choice is a lead-in
+    assert kinds == [S.RECORD] + [S.RECORD_TIMED] * (S.SITE_PERIOD_FIRST - 1) + [S.SKIP, S.SKIP_TIMED, S.RECORD]
+    assert site.choice is True and site.period == 2 * S.SITE_PERIOD_FIRST
+    assert site.lazy_t == [1.0] * S.SITE_WINDOW and site.eager_t == [2.0] * (S.SITE_TRIALS + 1)
 
 
 def test_site_chooses_eager_when_nothing_fuses():
@@ -417,12 +443,11 @@ def test_site_probe_that_fuses_after_an_untimed_eager_choice_measures_both():
     assert site.choice is False and not site.eager_t
     for _ in range(site.period):
         assert site.action() == S.SKIP
-    assert site.action() == S.RECORD_TIMED
-    site.observe(True, 0.5)                                        # this probe fused
+    assert _enter(site, 0.5, 1.0) == S.RECORD                      # the probe's lead-in
+    assert _enter(site, 0.5, 1.0) == S.RECORD_TIMED                # this probe fused
     assert site.choice is None and site.lazy_t == [0.5]
     while site.choice is None:
-        a = site.action()
-        site.observe(a == S.RECORD_TIMED, 0.5 if a == S.RECORD_TIMED else 1.0)
+        _enter(site, 0.5, 1.0)
     assert site.choice is True
 
 

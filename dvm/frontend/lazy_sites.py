@@ -5,7 +5,10 @@ dvm.lazy. Its first SITE_WARM entries record (the plans they compile learn their
 choice meanwhile, lazy_flush.Timing); then entries alternate between recording and running
 eagerly (lazy mode off: no dispatch mode at all), each timed end to end, until both have
 SITE_TRIALS times; the faster (median of the last SITE_WINDOW times) is taken from then on, and
-the other is timed again after `period` entries: a probe slower than the chosen kind's median
+the other is timed again after `period` entries. Only steady-state entries are timed: the first
+entry of a kind after one of the other kind is a lead-in, run untimed (switching costs the
+first entry more, up to several times a recording's usual time, and a probe timed across the
+switch would favour the kind already chosen). A probe slower than the chosen kind's median
 doubles the period (up to SITE_PERIOD_MAX), a faster one starts the measurement again (windows
 cleared: times from before may be stale, e.g. from a plan's own trials). A recording entry that recorded
 nothing at all (every call too small, or none recordable), or past the warm-up fused nothing on
@@ -39,7 +42,7 @@ def _median(xs: list) -> float:
 
 class Site:
     __slots__ = ("entries", "lazy_t", "eager_t", "choice", "countdown", "skips", "period", "warm", "probing",
-                 "code")
+                 "code", "last")
 
     def __init__(self, code=None):
         self.code = code                   # a `with` statement's code object (its key's check)
@@ -52,24 +55,34 @@ class Site:
         self.period = SITE_PERIOD_FIRST    # callers' fast paths count these down themselves)
         self.warm = SITE_WARM
         self.probing = False
+        self.last = True                   # the kind of the last entry (True: recorded)
 
     def action(self) -> int:
         """What this entry does (RECORD*, SKIP*)."""
         self.entries += 1
         if self.skips:
             self.skips -= 1
+            self.last = False
             return SKIP
         if self.warm:
+            self.last = True
             return RECORD
         if self.choice is None:
-            if len(self.lazy_t) < SITE_TRIALS and len(self.lazy_t) <= len(self.eager_t):
-                return RECORD_TIMED
-            return SKIP_TIMED
+            return self._timed(len(self.lazy_t) < SITE_TRIALS and len(self.lazy_t) <= len(self.eager_t))
         if self.countdown:
             self.countdown -= 1
-            return RECORD_TIMED
-        self.probing = True
-        return SKIP_TIMED if self.choice else RECORD_TIMED
+            return self._timed(True)
+        act = self._timed(not self.choice)
+        self.probing = act in (RECORD_TIMED, SKIP_TIMED)
+        return act
+
+    def _timed(self, record: bool) -> int:
+        """A timed entry of the kind, or its untimed lead-in when the last entry was the other kind."""
+        lead_in = record is not self.last
+        self.last = record
+        if record:
+            return RECORD if lead_in else RECORD_TIMED
+        return SKIP if lead_in else SKIP_TIMED
 
     def observe(self, recorded: bool, seconds: float | None, recorded_ops: bool = True, fused: bool = True) -> None:
         """An entry's outcome: recorded or eager, its time (None: untimed), whether it recorded
@@ -113,6 +126,8 @@ class Site:
             counters.bump("lazy_sites_chose_lazy" if record else "lazy_sites_chose_eager")
         self.choice = record
         self.countdown, self.skips = (self.period, 0) if record else (0, self.period)
+        if not record:
+            self.last = False              # the skips run eagerly without asking action()
 
 
 def site_at(frame) -> Site:
