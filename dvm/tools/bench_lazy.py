@@ -2,8 +2,9 @@
 
 Chains (bench_lazy_cases): RMSNorm, SwiGLU, bias+GELU, an 8-op elementwise chain, LayerNorm,
 softmax-with-temperature sampling math and an Adam step over a parameter list, all written with
-plain tensor ops, at the small / medium / large shapes of `dvm bench ops`. Systems, side by side
-in interleaved rounds (each round times every system once; the median over rounds is reported):
+plain tensor ops, at the small / medium / large shapes of `dvm bench ops`. Systems, side by side,
+their timed samples interleaved one by one (the median sample per system is reported; --rounds
+scales how many):
 
   eager   the function as written
   lazy    the function decorated with dvm.lazy (the default, adaptive policy: what a user gets)
@@ -26,12 +27,14 @@ Progress goes to stderr; the markdown to stdout; JSON, markdown and a PNG under 
 """
 from __future__ import annotations
 
+import gc
+import math
 import os
 import sys
 import time
 
 from .bench_common import (finish_report, loadavg, machine_info, progress, restore_vm_threads, set_vm_threads,
-                           time_call, vm_extra, whole_vm)
+                           vm_extra, whole_vm)
 from .bench_lazy_cases import CHAIN_NAMES, CHAINS, models
 from .bench_lazy_probes import recording_costs
 from .bench_lazy_report import markdown, plot
@@ -74,12 +77,43 @@ def _per_call(delta: dict, n: int) -> dict:
             "reasons": {k[len("lazy_flush:"):]: v / n for k, v in delta.items() if k.startswith("lazy_flush:")}}
 
 
+SAMPLE_S = 20e-6   # a sample lasts at least this long (back-to-back calls): timer overhead < 1 %
+
+
 def _rounds(calls: dict, rounds: int, min_total_s: float) -> dict:
-    """Median seconds per call of each system, timed in interleaved rounds."""
+    """Median seconds per call of each system, its samples interleaved with the others' one by one
+    (a sample: back-to-back calls lasting SAMPLE_S or more), about rounds * min_total_s of samples
+    per system (3 * rounds at least). The host's speed here shifts between states lasting tens of
+    milliseconds (the same eager SwiGLU: 49 or 66 us a call); blocks of one system's calls that
+    long made one system look 10-20 % faster than another running the very same code. Each sample
+    follows an untimed call of its own system: the first call after another system's pays for the
+    switch (caches, allocator), up to 10 % of a 50 us call, and would favour the system timed after
+    the cheapest one."""
+    clock = time.perf_counter
+
+    def once(fn) -> float:
+        t0 = clock()
+        fn()
+        return clock() - t0
+    calls = dict(calls)
+    for fn in calls.values():
+        fn()                                           # warm-up
+    one = {k: max(min(once(fn) for _ in range(3)), 1e-9) for k, fn in calls.items()}
+    number = {k: max(1, math.ceil(SAMPLE_S / t)) for k, t in one.items()}
+    n = max(3 * rounds, min(1000, int(rounds * min_total_s / max(number[k] * one[k] for k in calls))))
     samples: dict = {k: [] for k in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            samples[name].append(time_call(fn, repeat=3, min_total_s=min_total_s, warmup=1)["median_s"])
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(n):
+            for name, fn in calls.items():
+                fn()           # a lead-in: the sample times this system's calls, not the switch to it
+                t0 = clock()
+                for _ in range(number[name]):
+                    fn()
+                samples[name].append((clock() - t0) / number[name])
+    finally:
+        gc.enable()
     return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 
 

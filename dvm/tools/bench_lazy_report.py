@@ -87,7 +87,8 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     out = [f"## dvm bench lazy ({report['date']})", "",
            f"{m['cpu']}, {m['cores']} cores; torch {report['versions']['torch']}; VM {report['vm']}; "
-           f"{report['threads']} threads (torch and the VM); median of {report['rounds']} interleaved rounds; "
+           f"{report['threads']} threads (torch and the VM); median of samples interleaved one by one "
+           f"(--rounds {report['rounds']}); "
            f"1-min load {report['loadavg_1min']['start']} → {report['loadavg_1min']['end']}.", "",
            "eager: the function as written; lazy: decorated with `dvm.lazy` (adaptive, the default); "
            "forced: `dvm.lazy(adaptive=False)` (everything recorded and fused). Ratios are eager time / "
