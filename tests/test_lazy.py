@@ -503,3 +503,20 @@ def test_explain_without_arguments_reports_lazy_mode():
         y.sum().item()
     text = dvm.explain()
     assert "item <- _local_scalar_dense" in text and "lazy counters" in text
+
+
+def test_a_plan_compares_the_fastest_runs_of_its_paths():
+    """DVM's first timed runs can be slower than its later ones (fresh outputs getting their pages):
+    the paths are compared by their fastest runs, so DVM's steady state wins where it is faster, and
+    a run stalled by another process (only ever slower) decides nothing."""
+    t = F.Timing()
+    for _ in range(F.DVM_TRIALS + 1):
+        t.choose()
+    for s in (9.0, 1.42, 1.33, 0.78):                   # (the first: the untimed warm-up run)
+        t.observe(True, s)
+    assert t.choose() is False
+    for _ in range(F.EAGER_TRIALS):
+        t.observe(False, 1.09)
+    assert t.choose() is True and t.prefers_dvm()       # 0.78 < 1.09 (the medians: 1.33 > 1.09)
+    t.observe(False, 0.5)                               # a faster replay later: it takes over
+    assert t.choose() is False

@@ -102,10 +102,12 @@ class Plan:
 
 # Measured adaptivity: per plan and size bucket (bytes read + written, by powers of two), the
 # first DVM run (it encodes the Program) is not timed; then DVM_TRIALS DVM runs and EAGER_TRIALS
-# eager replays are timed, the path with the smaller median of its last WINDOW times is taken,
+# eager replays are timed, the path with the smaller minimum of its last WINDOW times is taken,
 # and the other one is timed again every REPROBE flushes (times move with the machine's load and
-# the sizes within the bucket). A median, not a mean: another process stalling one run on a
-# shared machine must not flip the choice.
+# the sizes within the bucket). The minimum, not a mean or a median: another process stalling a
+# run only adds time, and a path's first runs can be slower than its later ones (an Adam step
+# over 16 M-element parameters: DVM 142, 133, then 78 ms a flush while fresh outputs got their
+# huge pages, the replay 109 ms from the start; the median kept the replay, 1.4x slower).
 DVM_TRIALS = 3
 EAGER_TRIALS = 3
 WINDOW = 5
@@ -128,12 +130,12 @@ class Timing:
             return True
         if len(self.eager) < EAGER_TRIALS:
             return False
-        faster = _median(self.dvm) <= _median(self.eager)
+        faster = min(self.dvm) <= min(self.eager)
         return faster != (self.flushes % REPROBE == 0)
 
     def prefers_dvm(self) -> bool:
         """DVM is this size's choice so far (an eager replay now is a trial or a re-probe)."""
-        return len(self.eager) < EAGER_TRIALS or _median(self.dvm) <= _median(self.eager)
+        return len(self.eager) < EAGER_TRIALS or min(self.dvm) <= min(self.eager)
 
     def observe(self, dvm: bool, seconds: float) -> None:
         if dvm and not self.warm:       # the first run encoded its Program
@@ -143,11 +145,6 @@ class Timing:
         times.append(seconds)
         if len(times) > WINDOW:
             del times[0]
-
-
-def _median(xs: list) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2]
 
 
 def _scalar_buffer(dt):
