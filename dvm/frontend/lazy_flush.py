@@ -105,9 +105,8 @@ class Plan:
 # eager replays are timed, the path with the smaller minimum of its last WINDOW times is taken,
 # and the other one is timed again every REPROBE flushes (times move with the machine's load and
 # the sizes within the bucket). The minimum, not a mean or a median: another process stalling a
-# run only adds time, and a path's first runs can be slower than its later ones (an Adam step
-# over 16 M-element parameters: DVM 142, 133, then 78 ms a flush while fresh outputs got their
-# huge pages, the replay 109 ms from the start; the median kept the replay, 1.4x slower).
+# run only adds time, and a path's first runs can be much slower than its later ones (a step
+# writing fresh 64 MB outputs: their pages), which a median of three trials would keep.
 DVM_TRIALS = 3
 EAGER_TRIALS = 3
 WINDOW = 5

@@ -83,12 +83,11 @@ SAMPLE_S = 20e-6   # a sample lasts at least this long (back-to-back calls): tim
 def _rounds(calls: dict, rounds: int, min_total_s: float) -> dict:
     """Median seconds per call of each system, its samples interleaved with the others' one by one
     (a sample: back-to-back calls lasting SAMPLE_S or more), about rounds * min_total_s of samples
-    per system (3 * rounds at least). The host's speed here shifts between states lasting tens of
-    milliseconds (the same eager SwiGLU: 49 or 66 us a call); blocks of one system's calls that
-    long made one system look 10-20 % faster than another running the very same code. Each sample
+    per system (3 * rounds at least). The host's speed shifts between states lasting tens of
+    milliseconds (the same eager SwiGLU: 49 or 66 us a call), so blocks of one system's calls that
+    long can make it look 10-20 % faster than another running the very same code. Each sample
     follows an untimed call of its own system: the first call after another system's pays for the
-    switch (caches, allocator), up to 10 % of a 50 us call, and would favour the system timed after
-    the cheapest one."""
+    switch (caches, allocator), up to 10 % of a 50 us call."""
     clock = time.perf_counter
 
     def once(fn) -> float:

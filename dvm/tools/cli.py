@@ -437,8 +437,8 @@ def _lazy_parser(bsub) -> None:
                     help=f"new tokens per generate() (default {bench_lazy.DEFAULT_TOKENS}; "
                          f"{bench_lazy.QUICK_TOKENS} with --quick)")
     bl.add_argument("--rounds", type=int, default=None, metavar="N",
-                    help=f"timing rounds: each system gets about N x 20 ms of samples (a chain), interleaved one by one with "
-                         f"the others', the median is reported (default {bench_lazy.DEFAULT_ROUNDS}; "
+                    help=f"timing rounds: each system gets about N x 20 ms of samples (a chain), interleaved "
+                         f"one by one with the others', the median is reported (default {bench_lazy.DEFAULT_ROUNDS}; "
                          f"{bench_lazy.QUICK_ROUNDS} with --quick)")
     bl.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
     bl.add_argument("--calibrate", action="store_true",
