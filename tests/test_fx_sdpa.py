@@ -145,3 +145,62 @@ def test_repeated_keys_and_values_are_passed_grouped(rep):
     want = torch.autograd.grad(_grouped(q, k, v, keep, rep).sum(), (q, k, v))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+class _ScaledQueryAttention(torch.nn.Module):
+    """OPT's attention shape: the query projection times a float attribute, then views and sdpa."""
+
+    def __init__(self, scaling, scale=None, heads=4, dim=64):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
+        self.scaling, self.scale, self.heads = scaling, scale, heads
+
+    def forward(self, h):
+        b, t, d = h.shape
+
+        def split(x):
+            return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        q = self.q(h) * self.scaling
+        return F.scaled_dot_product_attention(split(q), split(self.k(h)), split(self.v(h)), is_causal=True,
+                                              scale=self.scale)
+
+
+@pytest.mark.parametrize("scale", [None, 1.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_scaled_query_folds_into_the_attention_scale(scale, dtype):
+    """sdpa(q * c) runs as sdpa(q, scale=c * scale): no product over the query, eager's results
+    within the dtype's assert_close tolerances, for c a float Dynamo passes as a tensor."""
+    torch.manual_seed(0)
+    mod = _ScaledQueryAttention(16 ** -0.5, scale).to(dtype).eval()
+    torch._dynamo.reset()
+    fn = torch.compile(mod, backend="dvm", dynamic=True)
+    before = counters.snapshot().get("torch_sdpa_query_scale_folded", 0)
+    with torch.no_grad():
+        for t in (5, 9, 33):
+            h = torch.randn(2, t, 64, dtype=dtype)
+            torch.testing.assert_close(fn(h), mod(h))
+    if dtype == torch.bfloat16:
+        return   # (the bf16 product is computed in f32 and rounded back: not folded, still eager's values)
+    assert counters.snapshot().get("torch_sdpa_query_scale_folded", 0) > before
+    from dvm.frontend.torch_runtime import COMPILED
+    assert "mul" not in COMPILED[-1].describe()       # no segment left for the product
+
+
+def test_query_scale_rounds_as_the_conversions_do():
+    s = torch.tensor(1 / 3, dtype=torch.float64)
+    as_f32 = float(torch.tensor(1 / 3, dtype=torch.float32))
+    assert fx_sdpa.query_scale(s, (torch.float32,), 2.0) == as_f32 * 2.0
+    assert fx_sdpa.query_scale(s, (torch.float64, torch.bfloat16), 1.0) == float(torch.tensor(1 / 3).bfloat16())
+    assert fx_sdpa.query_scale(s, (), 0.5) == (1 / 3) * 0.5
+
+
+def test_a_scaled_query_read_elsewhere_is_left_alone():
+    def fn(q, k, v, c):
+        qs = q * c
+        return F.scaled_dot_product_attention(qs, k, v), qs.sum()
+    q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
+    torch._dynamo.reset()
+    before = counters.snapshot().get("torch_sdpa_query_scale_folded", 0)
+    got = torch.compile(fn, backend="dvm", dynamic=True)(q, k, v, 0.5)
+    torch.testing.assert_close(got, fn(q, k, v, 0.5))
+    assert counters.snapshot().get("torch_sdpa_query_scale_folded", 0) == before

@@ -16,6 +16,10 @@ counted (`torch_sdpa_causal`, `torch_sdpa_masked`). The check (an exact comparis
 bytes, ~0.13 ms at L = 1024) runs once per mask tensor: the layers of a forward share it.
 Training graphs keep the where (its mask is saved for the backward, so it has another user).
 
+A query scaled before attention (`sdpa(q * c, k, v, scale=s)`, OPT's `q_proj(h) * scaling`) runs
+as `sdpa(q, k, v, scale=c * s)`: c is a number or a 0-d float graph input, read at run time
+(`query_scale`); the product's pass and its launch go (counted: `torch_sdpa_query_scale_folded`).
+
 With a mask, HF also repeats grouped keys and values to the query's head count (`repeat_kv`: an
 expand and a copy each) where eager passes them grouped with `enable_gqa`. The flash kernel
 groups heads itself (query head i reads key / value head i // r; bitwise the same results), so
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import math
+import struct
 
 import numpy as np
 import torch
@@ -62,6 +67,7 @@ def rewrite(gm: fx.GraphModule) -> int:
         if n.op != "call_function" or n.target != SDPA:
             continue
         _ungroup_kv(gm.graph, n)
+        _fold_query_scale(gm.graph, n)
         mask = n.kwargs.get("attn_mask")
         dropout = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
         causal = n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False)
@@ -151,6 +157,87 @@ def _ungroup_kv(graph: fx.Graph, n: fx.Node) -> None:
     for node in k[2] + v[2]:   # each chain from its top: each node is then unread
         graph.erase_node(node)
     counters.bump("torch_sdpa_grouped_kv")
+
+
+# views of the scaled query between the product and sdpa (a scalar product commutes with each)
+_QUERY_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.transpose.int,
+                aten.permute.default, aten.unsqueeze.default)
+_CONVERTS = (torch.ops.prims.convert_element_type.default, aten._to_copy.default)
+_ROUND = {torch.float64: lambda x: x, torch.float32: lambda x: struct.unpack("f", struct.pack("f", x))[0],
+          torch.float16: lambda x: struct.unpack("e", struct.pack("e", x))[0],
+          torch.bfloat16: lambda x: torch.tensor(x, dtype=torch.bfloat16).item()}
+
+
+def _scalar_source(s):
+    """(graph input, the dtypes it is converted to in order) when s is a 0-d float tensor read from
+    a graph input (a float Dynamo passes as a tensor) through dtype conversions only; else None."""
+    dtypes: list = []
+    while isinstance(s, fx.Node) and s.op == "call_function" and s.target in _CONVERTS:
+        dt = s.args[1] if s.target is _CONVERTS[0] and len(s.args) > 1 else s.kwargs.get("dtype")
+        if dt not in _ROUND or (s.target is _CONVERTS[1] and set(s.kwargs) - {"dtype"}):
+            return None
+        dtypes.append(dt)
+        s = s.args[0]
+    v = getattr(s, "meta", {}).get("val")
+    ok = isinstance(s, fx.Node) and s.op == "placeholder" and isinstance(v, torch.Tensor) and v.dim() == 0 \
+        and v.dtype in _ROUND
+    return (s, tuple(reversed(dtypes))) if ok else None
+
+
+def query_scale(s: torch.Tensor, dtypes: tuple, base: float) -> float:
+    """The float sdpa's scale becomes when the query's scalar factor s (converted to dtypes in
+    order, each conversion rounding as PyTorch's would) is folded into it."""
+    x = s.item()
+    for dt in dtypes:
+        x = _ROUND[dt](x)
+    return x * base
+
+
+def _fold_query_scale(graph: fx.Graph, n: fx.Node) -> None:
+    """sdpa(views(x * c), k, v, scale=s) -> sdpa(views(x), k, v, scale=c * s), c a Python number or a
+    0-d float graph input (OPT scales its query projection: `q_proj(h) * scaling`; Dynamo passes
+    the float as a tensor): the product's pass over the query goes, and with it a DVM launch per
+    layer. The result differs from eager's by the rounding of x * c (c is applied to q k^T in the
+    kernel instead). Only where nothing else reads the product or the views, and the default scale
+    is known (a static head size)."""
+    chain, q = [], n.args[0] if n.args else None
+    while _only_view(q):
+        chain.append(q)
+        q = q.args[0]
+    if not (isinstance(q, fx.Node) and q.op == "call_function" and q.target == aten.mul.Tensor
+            and len(q.users) == 1 and len(q.args) == 2 and not q.kwargs):
+        return
+    qv, head = q.meta.get("val"), n.args[0].meta.get("val")   # (the query as sdpa reads it: its head size)
+    base = n.kwargs.get("scale")
+    if base is None and isinstance(head, torch.Tensor) and isinstance(head.shape[-1], int) and head.shape[-1] > 0:
+        base = 1.0 / math.sqrt(head.shape[-1])
+    if not isinstance(base, (int, float)) or isinstance(base, bool) or not isinstance(qv, torch.Tensor):
+        return
+    for x, c in (q.args, q.args[::-1]):
+        xv = getattr(x, "meta", {}).get("val")
+        if not (isinstance(xv, torch.Tensor) and xv.dim() > 0 and xv.dtype == qv.dtype and xv.is_floating_point()):
+            continue
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            scale = float(c) * base
+        else:
+            src = _scalar_source(c)
+            if src is None:
+                continue
+            with graph.inserting_before(n):
+                scale = graph.call_function(query_scale, (src[0], src[1], float(base)))
+        first = chain[-1] if chain else n
+        first.args = (x, *first.args[1:])
+        n.kwargs = {**n.kwargs, "scale": scale}
+        graph.erase_node(q)
+        while isinstance(c, fx.Node) and c.op == "call_function" and not c.users:   # its conversions
+            c, dead = c.args[0], c
+            graph.erase_node(dead)
+        counters.bump("torch_sdpa_query_scale_folded")
+        return
+
+
+def _only_view(n) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in _QUERY_VIEWS and len(n.users) == 1
 
 
 class _KeepMaskSDPA:
