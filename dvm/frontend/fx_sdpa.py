@@ -169,8 +169,8 @@ _ROUND = {torch.float64: lambda x: x, torch.float32: lambda x: struct.unpack("f"
 
 
 def _scalar_source(s):
-    """(graph input, the dtypes it is converted to in order) when s is a 0-d float tensor read from
-    a graph input (a float Dynamo passes as a tensor) through dtype conversions only; else None."""
+    """(graph input, the dtypes it is converted to in order) when s is a 0-d float CPU tensor read
+    from a graph input (a float Dynamo passes as a tensor) through dtype conversions only; else None."""
     dtypes: list = []
     while isinstance(s, fx.Node) and s.op == "call_function" and s.target in _CONVERTS:
         dt = s.args[1] if s.target is _CONVERTS[0] and len(s.args) > 1 else s.kwargs.get("dtype")
@@ -180,7 +180,7 @@ def _scalar_source(s):
         s = s.args[0]
     v = getattr(s, "meta", {}).get("val")
     ok = isinstance(s, fx.Node) and s.op == "placeholder" and isinstance(v, torch.Tensor) and v.dim() == 0 \
-        and v.dtype in _ROUND
+        and v.dtype in _ROUND and v.device.type == "cpu"    # (read with .item(): no device sync)
     return (s, tuple(reversed(dtypes))) if ok else None
 
 
