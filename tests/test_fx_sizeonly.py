@@ -155,3 +155,22 @@ def test_index_positions_stay_in_the_graph_where_the_indexing_is_a_view():
     text = graph.describe()
     assert " 0 fallback op(s)" in text and "index.Tensor" in text
     assert graph.consts is not None    # (q_idx >= 0) is remembered per size
+
+
+def _first_rows(x, k):
+    """x[arange(k)[:, None], arange(cols)]: x[:k] written as transformers' padding-mask indexing,
+    with k a size of its own (a batch size passed beside the mask)."""
+    return x[torch.arange(k)[:, None], torch.arange(x.shape[1])[None, :]] * 2
+
+
+def test_an_arange_shorter_than_its_axis_indexes_a_slice():
+    """An arange of k over an axis not known to have k entries is x[:k] there: a view inside the
+    segment, its bound checked at run time (k past the axis raises, as eager's index does)."""
+    torch._dynamo.reset()
+    fn = torch.compile(_first_rows, backend="dvm", dynamic=True)
+    for n, c, k in ((5, 7, 3), (6, 7, 6), (4, 9, 2), (8, 3, 5)):
+        x = torch.randn(n, c)
+        torch.testing.assert_close(fn(x, k), _first_rows(x, k), rtol=0, atol=0)
+    assert " 0 fallback op(s)" in COMPILED[-1].describe()
+    with pytest.raises(Exception):
+        fn(torch.randn(3, 7), 5)

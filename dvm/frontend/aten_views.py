@@ -134,18 +134,24 @@ def _first_unit(shape) -> int:
 
 
 def index(lw, x, indices):
-    """x[i_0, ..., i_{k-1}] with each i_j an arange over all of x's axis j, varying along its
-    own axis of the broadcast index shape: a view of x (reshape, permute, broadcast), in
-    bounds by construction. Other indexing (gathers) runs through PyTorch."""
+    """x[i_0, ..., i_{k-1}] with each i_j an arange over x's axis j, varying along its own axis of
+    the broadcast index shape: a view of x (reshape, permute, broadcast). An arange of n over an
+    axis not known to have n entries reads x[:n] there: a slice, whose bounds are checked at run
+    time where they cannot be decided (a batch size passed as its own argument, beside a mask's
+    batch axis). Other indexing (gathers) runs through PyTorch."""
     if any(i is None or not isinstance(i, Node) for i in indices) or len(indices) > x.ndim:
         raise Unsupported("index with None / non-tensor / too many indices")
     k, out_shape = len(indices), lw.out_shape
     m = len(out_shape) - (x.ndim - k)
     place: dict = {}
+    iotas = [_iota_axis(i) for i in indices]
+    if any(r is None for r in iotas):
+        raise Unsupported("index tensors that are not aranges over the indexed axis")
+    for j, r in enumerate(iotas):
+        if build.decide_eq(r[1], x.shape[j]) is not True:
+            x = build.slice_view(lw.ctx, x, j, 0, r[1])
     for j, i in enumerate(indices):
-        r = _iota_axis(i)
-        if r is None or build.decide_eq(r[1], x.shape[j]) is not True:
-            raise Unsupported("index tensors that are not aranges over the indexed axis")
+        r = iotas[j]
         if build.is_one(r[1]):
             continue             # index 0 of a size-1 axis: the axis drops out
         a = r[0] + m - i.ndim
