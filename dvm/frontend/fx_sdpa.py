@@ -98,8 +98,9 @@ _FULL_END = 2 ** 63 - 1
 _REPEAT_VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
 
 
-def _only_user(n, target) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target == target and len(n.users) == 1
+def _only_user(n, *targets) -> bool:
+    """n is a call of one of `targets` whose value has one reader."""
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and len(n.users) == 1
 
 
 def _skip_full_slices(n, chain: list):
@@ -201,7 +202,7 @@ def _fold_query_scale(graph: fx.Graph, n: fx.Node) -> None:
     kernel instead). Only where nothing else reads the product or the views, and the default scale
     is known (a static head size)."""
     chain, q = [], n.args[0] if n.args else None
-    while _only_view(q):
+    while _only_user(q, *_QUERY_VIEWS):
         chain.append(q)
         q = q.args[0]
     if not (isinstance(q, fx.Node) and q.op == "call_function" and q.target == aten.mul.Tensor
@@ -234,10 +235,6 @@ def _fold_query_scale(graph: fx.Graph, n: fx.Node) -> None:
             graph.erase_node(dead)
         counters.bump("torch_sdpa_query_scale_folded")
         return
-
-
-def _only_view(n) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in _QUERY_VIEWS and len(n.users) == 1
 
 
 class _KeepMaskSDPA:

@@ -94,7 +94,6 @@ def _rounds(calls: dict, rounds: int, min_total_s: float) -> dict:
         t0 = clock()
         fn()
         return clock() - t0
-    calls = dict(calls)
     for fn in calls.values():
         fn()                                           # warm-up
     one = {k: max(min(once(fn) for _ in range(3)), 1e-9) for k, fn in calls.items()}

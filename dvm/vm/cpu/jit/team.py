@@ -1,4 +1,4 @@
-"""The body an OpenMP team runs for one parallel kernel of the CPU VM (host/threads.OpenMPTeam).
+"""The body an OpenMP team runs for one parallel kernel of the CPU VM (host/openmp.OpenMPTeam).
 
 A process with PyTorch has an OpenMP runtime whose threads spin for a while after each of
 PyTorch's parallel ops. The VM's own workers would share the cores with those spinning threads;
