@@ -66,7 +66,7 @@ def test_a_failing_checkout_process_is_exit_1(tmp_path, capsys):
     (["--threshold", "1.5"], "--threshold"),
     (["--cases", "no_such_case"], "matches no case"),
     (["--sizes", "huge"], "unknown size class"),
-    (["--suite", "zoo"], "invalid choice"),
+    (["--suite", "zooo"], "invalid choice"),
 ])
 def test_bad_arguments_are_usage_errors(argv, msg, capsys):
     assert main(["bench", "ab", CHECKOUT, *argv, "--json", "-", "--md", "-"]) == 2
@@ -78,6 +78,7 @@ def test_suites_follow_the_case_filter():
     assert bench_ab.parse_suites("all", ["llama"]) == ["models"]
     assert bench_ab.parse_suites("all", ["softmax", "qwen"]) == ["ops", "models"]
     assert bench_ab.parse_suites("ops", ["max_"]) == ["ops"]
+    assert bench_ab.parse_suites("zoo", ["opt", "bert"]) == ["zoo"]   # asked for by name only
     with pytest.raises(ValueError, match="matches no case"):
         bench_ab.parse_suites("models", ["softmax"])
 

@@ -14,6 +14,7 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
+from .reshape_push import ReshapePusher, pushable, push_reshapes, renames_axes
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -81,10 +82,12 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
 
 
 def offending_reshape(chain: list[Node], start: int) -> int:
-    """Index of the first reshape in chain[start:] that follows a permute/broadcast, or -1."""
+    """Index of the first reshape in chain[start:] that follows a permute / broadcast / slice
+    and merges or splits axes (strides may not exist), or -1."""
     moved = False
     for i in range(start, len(chain)):
-        if chain[i].op == "reshape" and moved:
+        v = chain[i]
+        if v.op == "reshape" and moved and not renames_axes(v.inputs[0].shape, v.shape):
             return i
         moved |= chain[i].op != "reshape"
     return -1
@@ -99,6 +102,7 @@ class Partitioner:
         self.workspaces: list[Node] = []
         self.slot_of: dict[Node, int] = {}
         self._memo: dict[Node, frozenset] = {}
+        self.pusher = ReshapePusher()
 
     # -- what inlining a node reads: (root, through_workspace) pairs ----------------------------
     def deps(self, node: Node) -> frozenset:
@@ -154,9 +158,21 @@ class Partitioner:
         g = next((self.groups[i] for i in order
                   if i >= lo and fits(value.shape, self.groups[i].shape, self.groups[i].axes)), None)
         if g is None:
-            g = self.new_group(value.shape, frozenset())
+            g, value = self.reshaped_home(value) or (self.new_group(value.shape, frozenset()), value)
         g.stores.append(Store(value, slot, view))
         return g.index
+
+    def reshaped_home(self, value: Node) -> tuple[Group, Node] | None:
+        """(group, value reshaped to its domain) for elementwise work with no group of its shape:
+        stored row-major, the reshaped value writes the same elements, in one kernel fewer."""
+        if not pushable(value):
+            return None
+        for g in reversed(self.groups):
+            moved = self.pusher.pushed(value, g.shape)
+            if moved is not None and fits(moved.shape, g.shape, g.axes) == "full" \
+                    and self.lowest_group(self.inline_deps(moved)) <= g.index:
+                return g, moved
+        return None
 
     def materialize(self, node: Node) -> None:
         if node in self.slot_of:
@@ -205,4 +221,8 @@ class Partitioner:
 
 
 def partition(n_inputs: int, outputs: list[Node]) -> Plan:
-    return Partitioner(n_inputs, outputs).run()
+    """Plan.outputs are `outputs` with reshapes of elementwise work moved onto their loads
+    (fusion/reshape_push): equal values, of the same shapes and dtypes."""
+    p = Partitioner(n_inputs, outputs)
+    p.outputs = push_reshapes(outputs, p.pusher)
+    return p.run()

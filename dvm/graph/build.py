@@ -302,6 +302,12 @@ def reshape(ctx: ShapeContext, x: Node, shape: Sequence) -> Node:
             raise ShapeError(f"reshape: invalid size {d} in {render(shape)}")
     ctx.require_eq(numel, prod(shape), f"reshape of {render(x.shape)} to {render(shape)} "
                                        "must keep the number of elements")
+    return reshape_node(x, shape)
+
+
+def reshape_node(x: Node, shape: tuple) -> Node:
+    """The reshape view of x as `shape` (same number of elements), a reshape of a reshape
+    collapsed."""
     if shape == x.shape:
         return x
     if x.op == "reshape":

@@ -21,16 +21,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_ab_child import MODEL_NAMES, SUITES
+from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_LENGTHS, ZOO_THREADS
 from .bench_common import finish_report, loadavg, machine_info, progress
 from .bench_ops_cases import CASE_NAMES
+from .bench_zoo_models import ZOO
 
 CHILD = Path(__file__).with_name("bench_ab_child.py")
 DEFAULT_JSON = os.path.join("bench-results", "ab.json")
 DEFAULT_MD = os.path.join("bench-results", "ab.md")
 DEFAULT_ROUNDS = 5
 DEFAULT_THRESHOLD = 0.10
-SUITE_NAMES = {"ops": CASE_NAMES, "models": MODEL_NAMES}   # what --cases matches, per suite
+SUITE_NAMES = {"ops": CASE_NAMES, "models": MODEL_NAMES, "zoo": tuple(ZOO)}   # what --cases matches
+ALL_SUITES = ("ops", "models")   # --suite all (the zoo takes ~10x as long: asked for by name)
 GIT_TIMEOUT_S = 30
 US = 1e6
 LABELS = ("A", "B")
@@ -67,9 +69,9 @@ def check_checkout(path: str, what: str) -> str:
 
 
 def parse_suites(suite: str, filters: list[str]) -> list[str]:
-    """The suites to run: `suite` (ops, models or all) less those --cases selects nothing in;
+    """The suites to run: `suite` (ops, models, zoo or all) less those --cases selects nothing in;
     ValueError when nothing is left."""
-    chosen = list(SUITES) if suite == "all" else [suite]
+    chosen = list(ALL_SUITES) if suite == "all" else [suite]
     kept = [s for s in chosen if not filters or any(f in n for f in filters for n in SUITE_NAMES[s])]
     if not kept:
         raise ValueError(f"--cases {','.join(filters)} matches no case of suite {suite} "
@@ -328,13 +330,15 @@ def add_parser(bsub) -> None:
     ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
     ba.add_argument("--other", default=None, metavar="PATH",
                     help="checkout B (default: the one this dvm was imported from)")
-    ba.add_argument("--suite", choices=("ops", "models", "all"), default="ops",
-                    help="ops: every case x size of `dvm bench ops`; models: llama and qwen2_moe; all: both "
-                         "(default ops)")
+    ba.add_argument("--suite", choices=("ops", "models", "zoo", "all"), default="ops",
+                    help="ops: every case x size of `dvm bench ops`; models: llama and qwen2_moe; zoo: the "
+                         f"`dvm bench models --zoo` models, {ZOO_THREADS} threads, batch "
+                         f"{'/'.join(map(str, ZOO_BATCHES))}, L {'/'.join(map(str, ZOO_LENGTHS))} (about a "
+                         "minute a model a round); all: ops and models (default ops)")
     ba.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
                     help="rounds; each runs both checkouts once (default %(default)s)")
     ba.add_argument("--cases", default=None, metavar="LIST",
-                    help="comma-separated substrings; only cases (ops) or models whose name contains one "
+                    help="comma-separated substrings; only cases (ops) or models (models, zoo) whose name contains one "
                          "(default all)")
     ba.add_argument("--sizes", default=None, metavar="LIST",
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")

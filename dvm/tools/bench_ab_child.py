@@ -14,6 +14,8 @@ seconds}}, cases in the order they ran. Suites:
   ops     every case of bench_ops_cases.CASES x every shape of bench_ops.SIZES (optionally fewer)
   models  Llama and Qwen2-MoE under torch.compile(backend="dvm", dynamic=True), one thread,
           batch 1 and 3, lengths 8, 17, 64, 200, 512; steady state
+  zoo     the `dvm bench models --zoo` architectures (bench_zoo_models.ZOO and inputs, since
+          d2ec6f5) the same way, two threads, batch 1 and 4, lengths 8, 64, 256
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUITES = ("ops", "models")
+SUITES = ("ops", "models", "zoo")
 
 OPS_REPEAT = 7               # time_call samples, at least
 OPS_MIN_TOTAL_S = 0.03       # timing per (case, shape), at least
@@ -37,6 +39,9 @@ MODEL_REPEAT = 5
 MODEL_MIN_TOTAL_S = 0.1
 MODEL_WARM_CALLS = 2         # untimed calls per (batch, length) first: the compile, then one more
 MODEL_SEED = 0
+ZOO_BATCHES = (1, 4)
+ZOO_LENGTHS = (8, 64, 256)
+ZOO_THREADS = 2
 
 
 def _own_folder_off_path() -> None:
@@ -96,10 +101,10 @@ def run_ops(filters: list[str], sizes: list[str]) -> dict:
     return times
 
 
-def _time_model(fn, ids, time_call) -> float:
+def _time_model(fn, kwargs: dict, time_call) -> float:
     for _ in range(MODEL_WARM_CALLS):
-        fn(input_ids=ids)
-    return time_call(lambda: fn(input_ids=ids), repeat=MODEL_REPEAT, min_total_s=MODEL_MIN_TOTAL_S)["median_s"]
+        fn(**kwargs)
+    return time_call(lambda: fn(**kwargs), repeat=MODEL_REPEAT, min_total_s=MODEL_MIN_TOTAL_S)["median_s"]
 
 
 def run_models(filters: list[str]) -> dict:
@@ -116,7 +121,26 @@ def run_models(filters: list[str]) -> dict:
         with torch.no_grad():
             for b in MODEL_BATCHES:
                 for length in MODEL_LENGTHS:
-                    times[f"{name} b{b} L{length}"] = _time_model(fn, _ids(b, length, MODEL_SEED), time_call)
+                    times[f"{name} b{b} L{length}"] = _time_model(fn, {"input_ids": _ids(b, length, MODEL_SEED)},
+                                                                  time_call)
+    return times
+
+
+def run_zoo(filters: list[str]) -> dict:
+    import torch
+    torch.set_num_threads(ZOO_THREADS)
+    from dvm.tools.bench_common import time_call
+    from dvm.tools.bench_zoo_models import ZOO, inputs
+    times = {}
+    for name, zoo_model in ZOO.items():
+        if not _selected(name, filters):
+            continue
+        torch._dynamo.reset()
+        fn = torch.compile(zoo_model.build(), backend="dvm", dynamic=True)
+        with torch.no_grad():
+            for b in ZOO_BATCHES:
+                for length in ZOO_LENGTHS:
+                    times[f"{name} b{b} L{length}"] = _time_model(fn, inputs(zoo_model, b, length), time_call)
     return times
 
 
@@ -135,13 +159,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.suite == "models":   # before torch, transformers or dvm read them
-        os.environ["DVM_NUM_THREADS"] = str(MODEL_THREADS)
+    if args.suite in ("models", "zoo"):   # before torch, transformers or dvm read them
+        os.environ["DVM_NUM_THREADS"] = str(MODEL_THREADS if args.suite == "models" else ZOO_THREADS)
         os.environ["HF_HUB_OFFLINE"] = "1"
     _own_folder_off_path()
     warmed = _warm_up()
     filters = _split(args.cases)
-    times = run_ops(filters, _split(args.sizes)) if args.suite == "ops" else run_models(filters)
+    run = {"ops": lambda: run_ops(filters, _split(args.sizes)), "models": lambda: run_models(filters),
+           "zoo": lambda: run_zoo(filters)}[args.suite]
+    times = run()
     with open(args.out, "w") as f:
         json.dump({"meta": _meta(warmed), "times": times}, f, indent=1)
     return 0

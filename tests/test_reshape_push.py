@@ -1,0 +1,159 @@
+"""Reshapes of elementwise work moved onto its loads (fusion/reshape_push), on both VMs: the
+residual + LayerNorm of OPT-style blocks in one kernel, merges of batch and length, operands
+broadcast over part of a merged group (left alone), views and reductions under the reshape,
+and random reshapes of random broadcasts against NumPy (Hypothesis)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dvm.fusion.reshape_push import axis_groups, renames_axes
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph
+
+F32 = np.float32
+
+
+def _input(shape, index):
+    return Node.make("input", DType.FLOAT32, shape, index=index)
+
+
+def _ew(ctx, name, *args):
+    return build.elementwise(ctx, name, *args)
+
+
+def _layer_norm(ctx, v, w):
+    mean = build.reduce(ctx, "mean", v, v.ndim - 1, True)
+    d = _ew(ctx, "sub", v, mean)
+    var = build.reduce(ctx, "mean", _ew(ctx, "mul", d, d), v.ndim - 1, True)
+    return _ew(ctx, "mul", _ew(ctx, "mul", d, _ew(ctx, "rsqrt", _ew(ctx, "add", var, build.const(1e-5)))), w)
+
+
+def _np_layer_norm(v, w):
+    d = v - v.mean(-1, keepdims=True, dtype=F32)
+    return d / np.sqrt((d * d).mean(-1, keepdims=True, dtype=F32) + F32(1e-5)) * w
+
+
+def test_axis_groups():
+    s, b = sym("s"), sym("b")
+    assert axis_groups((b, s, 4), (b * s, 4)) == [([0, 1], [0]), ([2], [1])]
+    assert axis_groups((1, s, 4), (s, 1, 4)) == [([1], [0]), ([2], [2])]
+    assert axis_groups((s, 6), (s, 2, 3)) == [([0], [0]), ([1], [1, 2])]
+    assert axis_groups((s, 4), (b, 4)) is None                 # counts not provably equal
+    assert axis_groups((2, 0), (0, 2)) is None                 # empty: nothing to gain
+    assert renames_axes((1, s, 4), (s, 4, 1)) and not renames_axes((b, s), (b * s,))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_residual_and_layer_norm_are_one_kernel(vm, batch):
+    """OPT: h = x + r (an output, 3-D) viewed as (rows, hidden) and normalized: one kernel, no
+    workspace; the 3-D sum is stored from the 2-D kernel."""
+    ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
+    lead = (1,) if batch == 1 else (b,)
+    x, r, w = _input((*lead, s, 16), 0), _input((*lead, s, 16), 1), _input((16,), 2)
+    h = _ew(ctx, "add", x, r)
+    rows = s if batch == 1 else b * s
+    y = _layer_norm(ctx, build.reshape(ctx, h, (rows, 16)), w)
+    g = CompiledGraph([x, r, w], [y, h])
+    assert len(g.plan.groups) == 1 and not g.plan.workspaces
+    rng = np.random.default_rng(batch)
+    xa, ra = (rng.standard_normal((batch, 7, 16)).astype(F32) for _ in range(2))
+    wa = rng.standard_normal(16).astype(F32)
+    got_y, got_h = g.run({"s": 7, "b": batch}, [xa, ra, wa])
+    np.testing.assert_array_equal(got_h, xa + ra)
+    np.testing.assert_allclose(got_y, _np_layer_norm((xa + ra).reshape(-1, 16), wa), rtol=1e-5, atol=1e-5)
+
+
+def test_partial_broadcast_over_a_merged_group_is_left_alone(vm):
+    """(b, 1, h) broadcast against (b, s, h) does not survive merging b and s: the sum is
+    materialized as before, and the results are the same."""
+    ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
+    x, p = _input((b, s, 8), 0), _input((b, 1, 8), 1)
+    flat = build.reshape(ctx, _ew(ctx, "add", x, p), (b * s, 8))
+    y = build.reduce(ctx, "sum", flat, 1)
+    g = CompiledGraph([x, p], [y])
+    assert len(g.plan.workspaces) == 1
+    xa = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(F32)
+    pa = np.random.default_rng(1).standard_normal((3, 1, 8)).astype(F32)
+    (got,) = g.run({"s": 5, "b": 3}, [xa, pa])
+    np.testing.assert_allclose(got, (xa + pa).reshape(15, 8).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_views_and_reductions_under_the_reshape(vm):
+    """A unit-axis reshape over a transposed input is a view (no copy kernel); a reshape over
+    a reduction's result is not moved onto it (the normalized value is stored through a view)."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = _input((8, n), 0)
+    t = build.permute(ctx, x, (1, 0))                                  # (n, 8)
+    e = build.reshape(ctx, _ew(ctx, "exp", t), (1, n, 8))
+    norm = _ew(ctx, "div", t, build.reduce(ctx, "sum", t, 1, True))
+    flat = build.reshape(ctx, norm, (n * 8,))
+    g = CompiledGraph([x], [e, flat])
+    assert not g.plan.workspaces
+    xa = np.random.default_rng(2).standard_normal((8, 6)).astype(F32)
+    got_e, got_flat = g.run({"n": 6}, [xa])
+    np.testing.assert_allclose(got_e, np.exp(xa.T)[None], rtol=1e-6)
+    np.testing.assert_allclose(got_flat, (xa.T / xa.T.sum(1, keepdims=True, dtype=F32)).reshape(-1), rtol=1e-5)
+
+
+@st.composite
+def _cases(draw):
+    """Random old shape (unit, symbolic and constant axes), a random merge / unit-axis edit of
+    it, and operands each full or broadcast on random axes (lower ranks included)."""
+    rank = draw(st.integers(1, 4))
+    sizes = [draw(st.sampled_from([1, 2, 3, 5])) for _ in range(rank)]
+    symbolic = [draw(st.booleans()) and d > 1 for d in sizes]
+    old = tuple(sym(f"d{i}") if symbolic[i] else d for i, d in enumerate(sizes))
+    env = {f"d{i}": d for i, d in enumerate(sizes) if symbolic[i]}
+    new, new_sizes, i = [], [], 0
+    while i < rank:
+        k = draw(st.integers(1, rank - i))                            # merge k axes
+        dim, size = 1, 1
+        for j in range(i, i + k):
+            dim, size = dim * old[j], size * sizes[j]
+        if draw(st.booleans()):
+            new.append(1)
+            new_sizes.append(1)
+        new.append(dim)
+        new_sizes.append(size)
+        i += k
+    operands = []
+    for _ in range(draw(st.integers(1, 3))):
+        drop = draw(st.integers(0, rank - 1))
+        keep = [draw(st.booleans()) for _ in range(rank - drop)]
+        operands.append(tuple(d if kept else 1 for d, kept in zip(sizes[drop:], keep)))
+    ops = draw(st.lists(st.sampled_from(["add", "mul", "sub", "maximum"]), min_size=len(operands),
+                        max_size=len(operands)))
+    return old, sizes, env, tuple(new), tuple(new_sizes), operands, ops
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_cases())
+def test_random_reshapes_of_broadcasts(vm, case):
+    old, sizes, env, new, new_sizes, operand_sizes, ops = case
+    ctx = build.ShapeContext()
+    x = _input(old, 0)
+    sym_of = dict(zip(range(len(old)), old))
+    inputs, value, arrays = [x], x, []
+    rng = np.random.default_rng(len(operand_sizes))
+    xa = rng.standard_normal(sizes).astype(F32)
+    want = xa
+    for k, (shape, op) in enumerate(zip(operand_sizes, ops)):
+        drop = len(old) - len(shape)
+        dims = tuple(1 if d == 1 else sym_of[drop + i] for i, d in enumerate(shape))
+        o = _input(dims, k + 1)
+        inputs.append(o)
+        value = _ew(ctx, op, value, o)
+        a = rng.standard_normal(shape).astype(F32)
+        arrays.append(a)
+        want = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum}[op](want, a)
+    flat = build.reshape(ctx, _ew(ctx, "exp", value), new)
+    red = build.reduce(ctx, "sum", flat, len(new) - 1)
+    g = CompiledGraph(inputs, [flat, red, value])
+    got_flat, got_red, got_value = g.run(env, [xa, *arrays])
+    np.testing.assert_array_equal(got_value, want)
+    np.testing.assert_allclose(got_flat, np.exp(want).reshape(new_sizes), rtol=1e-6)
+    np.testing.assert_allclose(got_red, np.exp(want).reshape(new_sizes).sum(-1, dtype=F32), rtol=1e-5)
