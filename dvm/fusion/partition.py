@@ -14,7 +14,7 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
-from .view_push import ViewPusher, pushable, push_views, splits_axes
+from .reshape_push import ReshapePusher, pushable, push_reshapes, renames_axes
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -83,20 +83,14 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
 
 def offending_reshape(chain: list[Node], start: int) -> int:
     """Index of the first reshape in chain[start:] that follows a permute / broadcast / slice
-    and merges axes (strides may not exist), or -1."""
+    and merges or splits axes (strides may not exist), or -1."""
     moved = False
     for i in range(start, len(chain)):
         v = chain[i]
-        if v.op == "reshape" and moved and not splits_axes(v.inputs[0].shape, v.shape):
+        if v.op == "reshape" and moved and not renames_axes(v.inputs[0].shape, v.shape):
             return i
         moved |= chain[i].op != "reshape"
     return -1
-
-
-def _loads_only(node: Node) -> bool:
-    """True when every view in node's work is a view of an input or index (probing it
-    materializes nothing)."""
-    return all(split_chain(n)[0].op in LEAF_OPS for n in topo_order([node]) if n.op in VIEW_OPS)
 
 
 class Partitioner:
@@ -108,7 +102,7 @@ class Partitioner:
         self.workspaces: list[Node] = []
         self.slot_of: dict[Node, int] = {}
         self._memo: dict[Node, frozenset] = {}
-        self.pusher = ViewPusher()
+        self.pusher = ReshapePusher()
 
     # -- what inlining a node reads: (root, through_workspace) pairs ----------------------------
     def deps(self, node: Node) -> frozenset:
@@ -174,8 +168,8 @@ class Partitioner:
         if not pushable(value):
             return None
         for g in reversed(self.groups):
-            moved = self.pusher.pushed(value, ("reshape", tuple(g.shape)))
-            if moved is not None and fits(moved.shape, g.shape, g.axes) == "full" and _loads_only(moved) \
+            moved = self.pusher.pushed(value, g.shape)
+            if moved is not None and fits(moved.shape, g.shape, g.axes) == "full" \
                     and self.lowest_group(self.inline_deps(moved)) <= g.index:
                 return g, moved
         return None
@@ -227,8 +221,8 @@ class Partitioner:
 
 
 def partition(n_inputs: int, outputs: list[Node]) -> Plan:
-    """Plan.outputs are `outputs` with views of elementwise work moved onto their loads
-    (fusion/view_push): equal values, of the same shapes and dtypes."""
+    """Plan.outputs are `outputs` with reshapes of elementwise work moved onto their loads
+    (fusion/reshape_push): equal values, of the same shapes and dtypes."""
     p = Partitioner(n_inputs, outputs)
-    p.outputs = push_views(outputs, p.pusher)
+    p.outputs = push_reshapes(outputs, p.pusher)
     return p.run()

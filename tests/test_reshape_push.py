@@ -1,14 +1,13 @@
-"""Views of elementwise work moved onto its loads (fusion/view_push), on both VMs: the residual
-+ LayerNorm of OPT-style blocks in one kernel, merges of batch and length, operands broadcast
-over part of a merged group (left alone), views and reductions under the view, a 0-d output
-beside a bigger kernel, and random reshapes, permutes and slices of random broadcasts against
-NumPy (Hypothesis)."""
+"""Reshapes of elementwise work moved onto its loads (fusion/reshape_push), on both VMs: the
+residual + LayerNorm of OPT-style blocks in one kernel, merges of batch and length, operands
+broadcast over part of a merged group (left alone), views and reductions under the reshape,
+and random reshapes of random broadcasts against NumPy (Hypothesis)."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dvm.fusion.view_push import axis_groups, renames_axes, splits_axes
+from dvm.fusion.reshape_push import axis_groups, renames_axes
 from dvm.graph import build
 from dvm.graph.dtypes import DType
 from dvm.graph.node import Node
@@ -66,21 +65,6 @@ def test_residual_and_layer_norm_are_one_kernel(vm, batch):
     got_y, got_h = g.run({"s": 7, "b": batch}, [xa, ra, wa])
     np.testing.assert_array_equal(got_h, xa + ra)
     np.testing.assert_allclose(got_y, _np_layer_norm((xa + ra).reshape(-1, 16), wa), rtol=1e-5, atol=1e-5)
-
-
-def test_a_scalar_output_keeps_its_own_kernel(vm):
-    """GPT-2's GELU beside sqrt(2 / pi) from 0-d inputs: the 0-d output is not stored from the
-    elementwise kernel (a reshape must keep the element count)."""
-    ctx, s = build.ShapeContext(), sym("s")
-    x = _input((1, s, 8), 0)
-    a, b = (Node.make("input", DType.FLOAT64, (), index=i) for i in (1, 2))
-    c = _ew(ctx, "sqrt", _ew(ctx, "div", a, b))
-    y = _ew(ctx, "mul", x, build.cast(c, DType.FLOAT32))
-    g = CompiledGraph([x, a, b], [y, c])
-    xa = np.arange(24, dtype=F32).reshape(1, 3, 8)
-    got_y, got_c = g.run({"s": 3}, [xa, np.array(2.0), np.array(8.0)])
-    assert got_c.shape == () and got_c == 0.5
-    np.testing.assert_array_equal(got_y, xa * F32(0.5))
 
 
 def test_partial_broadcast_over_a_merged_group_is_left_alone(vm):
@@ -173,83 +157,3 @@ def test_random_reshapes_of_broadcasts(vm, case):
     np.testing.assert_array_equal(got_value, want)
     np.testing.assert_allclose(got_flat, np.exp(want).reshape(new_sizes), rtol=1e-6)
     np.testing.assert_allclose(got_red, np.exp(want).reshape(new_sizes).sum(-1, dtype=F32), rtol=1e-5)
-
-
-@st.composite
-def _view_chains(draw):
-    """A random (rank 2-4) value of random broadcasts and a random chain of permutes, slices
-    (reversed, strided, selects) and unit-axis reshapes of it, as NumPy index steps."""
-    rank = draw(st.integers(2, 4))
-    sizes = [draw(st.sampled_from([1, 2, 3, 5])) for _ in range(rank)]
-    masks = [tuple(draw(st.booleans()) for _ in range(rank)) for _ in range(draw(st.integers(1, 3)))]
-    steps, shape = [], list(sizes)
-    for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["permute", "slice", "select", "unsqueeze"] if shape else ["unsqueeze"]))
-        if kind == "permute":
-            dims = tuple(draw(st.permutations(range(len(shape)))))
-            steps.append(("permute", dims))
-            shape = [shape[d] for d in dims]
-        elif kind == "unsqueeze":
-            at = draw(st.integers(0, len(shape)))
-            steps.append(("unsqueeze", at))
-            shape.insert(at, 1)
-        else:
-            axis = draw(st.integers(0, len(shape) - 1))
-            n = shape[axis]
-            if kind == "select":
-                steps.append(("select", axis, draw(st.integers(0, n - 1))))
-                del shape[axis]
-            else:
-                step = draw(st.sampled_from([1, 2, -1]))
-                start = n - 1 if step < 0 else draw(st.integers(0, n - 1))
-                length = draw(st.integers(1, (start + 1) if step < 0 else (n - start + step - 1) // step))
-                steps.append(("slice", axis, start, length, step))
-                shape[axis] = length
-    return sizes, masks, steps
-
-
-def _apply_steps(ctx, node, arr, steps):
-    for step in steps:
-        if step[0] == "permute":
-            node, arr = build.permute(ctx, node, step[1]), arr.transpose(step[1])
-        elif step[0] == "unsqueeze":
-            shape = list(node.shape)
-            shape.insert(step[1], 1)
-            node, arr = build.reshape(ctx, node, tuple(shape)), np.expand_dims(arr, step[1])
-        elif step[0] == "select":
-            _, axis, i = step
-            node = build.slice_view(ctx, node, axis, i, 1, keep=False)
-            arr = np.take(arr, i, axis)
-        else:
-            _, axis, start, length, st_ = step
-            node = build.slice_view(ctx, node, axis, start, length, st_)
-            idx = [slice(None)] * arr.ndim
-            idx[axis] = slice(start, start + st_ * length if start + st_ * length >= 0 else None, st_)
-            arr = arr[tuple(idx)]
-    return node, arr
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=_view_chains())
-def test_random_views_of_elementwise_work(vm, case):
-    """Permutes, slices and selects of computed values (moved onto the loads) give NumPy's
-    results, with a reduction over the viewed value's last axis in the same graph."""
-    sizes, masks, steps = case
-    ctx = build.ShapeContext()
-    rng = np.random.default_rng(len(steps))
-    x = _input(tuple(sizes), 0)
-    xa = rng.standard_normal(sizes).astype(F32)
-    inputs, arrays, value, want = [x], [xa], x, xa
-    for k, mask in enumerate(masks):
-        shape = tuple(d if keep else 1 for d, keep in zip(sizes, mask))
-        o = _input(shape, k + 1)
-        a = rng.standard_normal(shape).astype(F32)
-        inputs.append(o)
-        arrays.append(a)
-        value, want = _ew(ctx, "mul" if k % 2 else "add", value, o), (want * a if k % 2 else want + a)
-    viewed, want_view = _apply_steps(ctx, _ew(ctx, "exp", value), np.exp(want), steps)
-    outs = [viewed] + ([build.reduce(ctx, "sum", viewed, viewed.ndim - 1)] if viewed.ndim else [])
-    got = CompiledGraph(inputs, outs).run({}, arrays)
-    np.testing.assert_allclose(got[0], want_view, rtol=1e-6)
-    if viewed.ndim:
-        np.testing.assert_allclose(got[1], want_view.sum(-1, dtype=F32), rtol=1e-5, atol=1e-6)

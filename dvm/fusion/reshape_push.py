@@ -1,0 +1,125 @@
+"""Reshapes of elementwise work moved onto its operands, decided once on symbolic shapes.
+
+A load expresses a reshape of an input as strides, but not a reshape of a computed value: the
+partitioner stores such a value to a workspace and reads it back in a later kernel. For
+elementwise work (casts included), reshape(f(a, b)) is f(reshape(a'), reshape(b')), a' and b'
+the operands as they broadcast against the value, so the view moves to the loads and the work
+stays in registers. A reshape moves only where, for each group of axes it merges or splits,
+every operand spans the whole group or is broadcast over all of it, and only onto loads that
+can take it: inputs (a row-major copy where their strides cannot), inputs' reshapes, constants,
+and views or indices whose reshape only adds or drops unit axes. Anywhere else it stays put.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..graph.build import reshape_node
+from ..graph.node import Node, topo_order
+from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
+from ..graph.symbolic import Dim, is_one, prod
+
+_PUSHABLE = (Kind.ELEMENTWISE, Kind.CAST)
+
+AxisGroups = list[tuple[list[int], list[int]]]
+
+
+def renames_axes(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
+    """True when reshaping `old` to `new` only adds or drops unit axes (strides always exist)."""
+    return [d for d in old if not is_one(d)] == [d for d in new if not is_one(d)]
+
+
+def pushable(node: Node) -> bool:
+    return OP_TABLE[node.op].kind in _PUSHABLE
+
+
+def axis_groups(old: Sequence[Dim], new: Sequence[Dim]) -> AxisGroups | None:
+    """The non-unit axes of `old` and `new` paired into consecutive groups of provably equal
+    products (what a reshape merges or splits), or None when they do not pair up."""
+    if any(isinstance(d, int) and d == 0 for d in (*old, *new)):
+        return None
+    o = [i for i, d in enumerate(old) if not is_one(d)]
+    n = [j for j, d in enumerate(new) if not is_one(d)]
+    cum_new, acc = [], 1
+    for j in n:
+        acc = acc * new[j]
+        cum_new.append(acc)
+    groups, i0, j0, acc = [], 0, 0, 1
+    for i, axis in enumerate(o):
+        acc = acc * old[axis]
+        # sizes are >= 2, so running products rise and each boundary matches once
+        j = next((j for j in range(j0, len(n)) if cum_new[j] == acc), None)
+        if j is not None:
+            groups.append((o[i0:i + 1], n[j0:j + 1]))
+            i0, j0 = i + 1, j + 1
+    if i0 != len(o) or j0 != len(n) or prod(old[i] for i in o) != prod(new[j] for j in n):
+        return None
+    return groups
+
+
+def operand_shape(shape: Sequence[Dim], old: Sequence[Dim], new: Sequence[Dim],
+                  groups: AxisGroups) -> tuple | None:
+    """The shape an operand of `shape` (broadcast against `old`) takes when `old` becomes
+    `new`, or None when it is broadcast over part of a group only."""
+    pad = (1,) * (len(old) - len(shape)) + tuple(shape)
+    out: list[Dim] = [1] * len(new)
+    for old_axes, new_axes in groups:
+        if all(is_one(pad[i]) for i in old_axes):
+            continue
+        if any(pad[i] != old[i] for i in old_axes):
+            return None
+        for j in new_axes:
+            out[j] = new[j]
+    return tuple(out)
+
+
+class ReshapePusher:
+    """`pushed(node, shape)`: a node equal to reshape(node, shape) with the reshape moved onto
+    loads, or None; memoized per (node, shape), so shared work is rebuilt once."""
+
+    def __init__(self):
+        self._memo: dict[tuple[Node, tuple], Node | None] = {}
+
+    def pushed(self, node: Node, shape: tuple) -> Node | None:
+        if tuple(node.shape) == shape:
+            return node
+        key = (node, shape)
+        if key not in self._memo:
+            self._memo[key] = self._push(node, shape)
+        return self._memo[key]
+
+    def _push(self, node: Node, shape: tuple) -> Node | None:
+        if node.op == "input" or (node.op == "reshape" and node.inputs[0].op == "input"):
+            return reshape_node(node, shape)
+        if node.op == "iota" or node.op in MOVEMENTS:
+            return reshape_node(node, shape) if renames_axes(node.shape, shape) else None
+        if not pushable(node):
+            return None
+        groups = axis_groups(node.shape, shape)
+        if groups is None:
+            return None
+        inputs = []
+        for a in node.inputs:
+            if a.ndim == 0:
+                inputs.append(a)
+                continue
+            target = operand_shape(a.shape, node.shape, shape, groups)
+            moved = None if target is None else self.pushed(a, target)
+            if moved is None:
+                return None
+            inputs.append(moved)
+        return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
+
+
+def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
+    """`outputs` with every reshape of elementwise work that can move moved onto its loads."""
+    new: dict[int, Node] = {}
+    for node in topo_order(outputs):
+        inputs = tuple(new[id(i)] for i in node.inputs)
+        if node.op == "reshape" and pushable(inputs[0]):
+            moved = pusher.pushed(inputs[0], tuple(node.shape))
+            if moved is not None:
+                new[id(node)] = moved
+                continue
+        same = all(a is b for a, b in zip(inputs, node.inputs))
+        new[id(node)] = node if same else Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+    return [new[id(o)] for o in outputs]
