@@ -1,7 +1,8 @@
 """Reshapes of elementwise work moved onto its loads (fusion/reshape_push), on both VMs: the
 residual + LayerNorm of OPT-style blocks in one kernel, merges of batch and length, operands
-broadcast over part of a merged group (left alone), views and reductions under the reshape,
-and random reshapes of random broadcasts against NumPy (Hypothesis)."""
+broadcast over part of a merged group, work read twice or broadcast (left alone), views and
+reductions under the reshape, unit-axis reshapes of slices (views), and random reshapes of
+random broadcasts against NumPy (Hypothesis)."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -67,6 +68,45 @@ def test_residual_and_layer_norm_are_one_kernel(vm, batch):
     np.testing.assert_allclose(got_y, _np_layer_norm((xa + ra).reshape(-1, 16), wa), rtol=1e-5, atol=1e-5)
 
 
+def test_a_scalar_output_keeps_its_own_kernel(vm):
+    """GPT-2's GELU beside sqrt(2 / pi) from 0-d inputs: the 0-d output is not stored from the
+    elementwise kernel (a reshape keeps the element count)."""
+    ctx, s = build.ShapeContext(), sym("s")
+    x = _input((1, s, 8), 0)
+    a, b = (Node.make("input", DType.FLOAT64, (), index=i) for i in (1, 2))
+    c = _ew(ctx, "sqrt", _ew(ctx, "div", a, b))
+    y = _ew(ctx, "mul", x, build.cast(c, DType.FLOAT32))
+    g = CompiledGraph([x, a, b], [y, c])
+    xa = np.arange(24, dtype=F32).reshape(1, 3, 8)
+    got_y, got_c = g.run({"s": 3}, [xa, np.array(2.0), np.array(8.0)])
+    assert got_c.shape == () and got_c == 0.5
+    np.testing.assert_array_equal(got_y, xa * F32(0.5))
+
+
+@pytest.mark.parametrize("reader", ["broadcast", "shared"])
+def test_work_that_would_be_redone_stays_put(vm, reader):
+    """T5's position bias (4, s, s) viewed as (1, 4, s, s) and added to a (b, 1, 1, s) mask, and a
+    value read both reshaped and as it is: moved, the work would run once per copy, so the value
+    is stored once and read back, as before."""
+    ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
+    x, m = _input((4, s, s), 0), _input((b, 1, 1, s), 1)
+    e = _ew(ctx, "exp", x)
+    v = build.reshape(ctx, e, (1, 4, s, s))
+    outs = [_ew(ctx, "add", v, m)] if reader == "broadcast" else \
+        [build.reduce(ctx, "sum", v, 3), _ew(ctx, "neg", e)]
+    g = CompiledGraph([x, m], outs)
+    assert len(g.plan.workspaces) == 1
+    xa = np.random.default_rng(4).standard_normal((4, 5, 5)).astype(F32)
+    ma = np.random.default_rng(5).standard_normal((2, 1, 1, 5)).astype(F32)
+    got = g.run({"s": 5, "b": 2}, [xa, ma])
+    ea = np.exp(xa)
+    if reader == "broadcast":
+        np.testing.assert_allclose(got[0], ea[None] + ma, rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_allclose(got[0], ea[None].sum(3, dtype=F32), rtol=1e-6)
+        np.testing.assert_allclose(got[1], -ea, rtol=1e-6)
+
+
 def test_partial_broadcast_over_a_merged_group_is_left_alone(vm):
     """(b, 1, h) broadcast against (b, s, h) does not survive merging b and s: the sum is
     materialized as before, and the results are the same."""
@@ -82,9 +122,26 @@ def test_partial_broadcast_over_a_merged_group_is_left_alone(vm):
     np.testing.assert_allclose(got, (xa + pa).reshape(15, 8).sum(1), rtol=1e-5, atol=1e-5)
 
 
+def test_unit_axis_reshape_of_a_slice_is_a_view(vm):
+    """Qwen2-MoE's top-2 combine: the two halves of a (2n, h) input sliced, reshaped with a unit
+    axis and added: read in place, no copy kernel; after a permute, the copy stays."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = _input((2 * n, 8), 0)
+    pairs = build.reshape(ctx, x, (n, 2, 8))
+    halves = [build.reshape(ctx, build.slice_view(ctx, pairs, 1, k, 1), (1, n, 8)) for k in (0, 1)]
+    g = CompiledGraph([x], [_ew(ctx, "add", *halves)])
+    assert not g.plan.workspaces
+    xa = np.random.default_rng(6).standard_normal((10, 8)).astype(F32)
+    (got,) = g.run({"n": 5}, [xa])
+    np.testing.assert_array_equal(got, (xa[0::2] + xa[1::2])[None])
+    t = build.reshape(ctx, build.permute(ctx, _input((8, n), 0), (1, 0)), (1, n, 8))
+    assert len(CompiledGraph([t.inputs[0].inputs[0]], [_ew(ctx, "neg", t)]).plan.workspaces) == 1
+
+
 def test_views_and_reductions_under_the_reshape(vm):
-    """A unit-axis reshape over a transposed input is a view (no copy kernel); a reshape over
-    a reduction's result is not moved onto it (the normalized value is stored through a view)."""
+    """A unit-axis reshape over exp of a transposed input moves onto the input (its view chain
+    is copied once, as the exp was stored before); a reshape over a reduction's result is not
+    moved onto it (the normalized value is stored through a view)."""
     ctx, n = build.ShapeContext(), sym("n")
     x = _input((8, n), 0)
     t = build.permute(ctx, x, (1, 0))                                  # (n, 8)
@@ -92,7 +149,7 @@ def test_views_and_reductions_under_the_reshape(vm):
     norm = _ew(ctx, "div", t, build.reduce(ctx, "sum", t, 1, True))
     flat = build.reshape(ctx, norm, (n * 8,))
     g = CompiledGraph([x], [e, flat])
-    assert not g.plan.workspaces
+    assert len(g.plan.workspaces) == 1
     xa = np.random.default_rng(2).standard_normal((8, 6)).astype(F32)
     got_e, got_flat = g.run({"n": 6}, [xa])
     np.testing.assert_allclose(got_e, np.exp(xa.T)[None], rtol=1e-6)

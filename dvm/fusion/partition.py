@@ -82,14 +82,16 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
 
 
 def offending_reshape(chain: list[Node], start: int) -> int:
-    """Index of the first reshape in chain[start:] that follows a permute / broadcast / slice
-    and merges or splits axes (strides may not exist), or -1."""
-    moved = False
+    """Index of the first reshape in chain[start:] that follows a permute, or that follows a
+    broadcast or slice and merges or splits axes, or -1: strides may not express it. (A
+    permuted view's copy is kept: read in another order, it would be strided.)"""
+    moved = permuted = False
     for i in range(start, len(chain)):
         v = chain[i]
-        if v.op == "reshape" and moved and not renames_axes(v.inputs[0].shape, v.shape):
+        if v.op == "reshape" and (permuted or (moved and not renames_axes(v.inputs[0].shape, v.shape))):
             return i
-        moved |= chain[i].op != "reshape"
+        moved |= v.op != "reshape"
+        permuted |= v.op == "permute"
     return -1
 
 
@@ -164,15 +166,24 @@ class Partitioner:
 
     def reshaped_home(self, value: Node) -> tuple[Group, Node] | None:
         """(group, value reshaped to its domain) for elementwise work with no group of its shape:
-        stored row-major, the reshaped value writes the same elements, in one kernel fewer."""
+        stored row-major, the reshaped value writes the same elements, in one kernel fewer. A
+        value whose reshape was moved (it has a twin) goes only where the twin is computed, so
+        that the work is not done twice."""
         if not pushable(value):
             return None
+        twin = self.pusher.twins.get(value)
         for g in reversed(self.groups):
             moved = self.pusher.pushed(value, g.shape)
             if moved is not None and fits(moved.shape, g.shape, g.axes) == "full" \
+                    and (twin is None or (moved is twin and twin in self.work_of(g))) \
                     and self.lowest_group(self.inline_deps(moved)) <= g.index:
                 return g, moved
         return None
+
+    def work_of(self, g: Group) -> set:
+        """The nodes group g computes (as far as placed)."""
+        roots = [r.inputs[0] for r in g.reductions] + [s.value for s in g.stores]
+        return set(topo_order(roots))
 
     def materialize(self, node: Node) -> None:
         if node in self.slot_of:

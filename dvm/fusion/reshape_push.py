@@ -74,10 +74,12 @@ def operand_shape(shape: Sequence[Dim], old: Sequence[Dim], new: Sequence[Dim],
 
 class ReshapePusher:
     """`pushed(node, shape)`: a node equal to reshape(node, shape) with the reshape moved onto
-    loads, or None; memoized per (node, shape), so shared work is rebuilt once."""
+    loads, or None; memoized per (node, shape), so shared work is rebuilt once. `twins`: the
+    values whose reshape push_reshapes replaced, each with what replaced it."""
 
     def __init__(self):
         self._memo: dict[tuple[Node, tuple], Node | None] = {}
+        self.twins: dict[Node, Node] = {}
 
     def pushed(self, node: Node, shape: tuple) -> Node | None:
         if tuple(node.shape) == shape:
@@ -110,15 +112,38 @@ class ReshapePusher:
         return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
 
 
+def _users(outputs: Sequence[Node]) -> dict[int, list[Node]]:
+    users: dict[int, list[Node]] = {}
+    for node in topo_order(outputs):
+        for i in dict.fromkeys(node.inputs):
+            users.setdefault(id(i), []).append(node)
+    return users
+
+
+def _broadcast(view: Node, users: dict[int, list[Node]]) -> bool:
+    """True when some computation reads `view` broadcast (through further views too): the work
+    moved under the view would then be redone for every copy."""
+    for u in users.get(id(view), ()):
+        if u.op == "broadcast_to" or (u.op in MOVEMENTS and _broadcast(u, users)):
+            return True
+        if u.op not in MOVEMENTS and OP_TABLE[u.op].kind is not Kind.REDUCE and tuple(u.shape) != tuple(view.shape):
+            return True
+    return False
+
+
 def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
-    """`outputs` with every reshape of elementwise work that can move moved onto its loads."""
+    """`outputs` with reshapes of elementwise work moved onto its loads, where that does not
+    compute anything more: the reshape is the work's only reader (being an output aside) and
+    nothing reads the reshape broadcast."""
+    users = _users(outputs)
     new: dict[int, Node] = {}
     for node in topo_order(outputs):
         inputs = tuple(new[id(i)] for i in node.inputs)
-        if node.op == "reshape" and pushable(inputs[0]):
+        if node.op == "reshape" and pushable(inputs[0]) and users[id(node.inputs[0])] == [node] \
+                and not _broadcast(node, users):
             moved = pusher.pushed(inputs[0], tuple(node.shape))
             if moved is not None:
-                new[id(node)] = moved
+                new[id(node)] = pusher.twins[inputs[0]] = moved
                 continue
         same = all(a is b for a, b in zip(inputs, node.inputs))
         new[id(node)] = node if same else Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
