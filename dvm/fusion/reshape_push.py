@@ -7,7 +7,9 @@ the operands as they broadcast against the value, so the view moves to the loads
 stays in registers. A reshape moves only where, for each group of axes it merges or splits,
 every operand spans the whole group or is broadcast over all of it, and only onto loads that
 can take it: inputs (a row-major copy where their strides cannot), inputs' reshapes, constants,
-and views or indices whose reshape only adds or drops unit axes. Anywhere else it stays put.
+and views or indices whose reshape only adds or drops unit axes. And only where nothing is then
+computed twice: no other node reads the work, and none reads the reshape broadcast (the work
+would run once per copy). Anywhere else it stays put.
 """
 from __future__ import annotations
 
