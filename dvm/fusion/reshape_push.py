@@ -111,7 +111,12 @@ class ReshapePusher:
             if moved is None:
                 return None
             inputs.append(moved)
-        return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
+        return _remade(node, shape, inputs)
+
+
+def _remade(node: Node, shape: Sequence[Dim], inputs: Sequence[Node]) -> Node:
+    """node's op, dtype and attributes over other inputs, at `shape`."""
+    return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
 
 
 def _users(outputs: Sequence[Node]) -> dict[int, list[Node]]:
@@ -148,5 +153,5 @@ def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
                 new[id(node)] = pusher.twins[inputs[0]] = moved
                 continue
         same = all(a is b for a, b in zip(inputs, node.inputs))
-        new[id(node)] = node if same else Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+        new[id(node)] = node if same else _remade(node, node.shape, inputs)
     return [new[id(o)] for o in outputs]

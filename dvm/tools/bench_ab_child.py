@@ -107,40 +107,40 @@ def _time_model(fn, kwargs: dict, time_call) -> float:
     return time_call(lambda: fn(**kwargs), repeat=MODEL_REPEAT, min_total_s=MODEL_MIN_TOTAL_S)["median_s"]
 
 
+def _time_grid(times: dict, name: str, model, batches, lengths, kwargs_of) -> None:
+    """Steady-state medians of `model` under torch.compile(backend="dvm", dynamic=True) per
+    (batch, length), into times["name bB LL"]; kwargs_of(b, length) gives the forward's inputs."""
+    import torch
+    from dvm.tools.bench_common import time_call
+    fn = torch.compile(model, backend="dvm", dynamic=True)
+    with torch.no_grad():
+        for b in batches:
+            for length in lengths:
+                times[f"{name} b{b} L{length}"] = _time_model(fn, kwargs_of(b, length), time_call)
+
+
 def run_models(filters: list[str]) -> dict:
     import torch
     torch.set_num_threads(MODEL_THREADS)
-    from dvm.tools.bench_common import time_call
     from dvm.tools.bench_models import MODELS, _ids
     times = {}
     for name in MODEL_NAMES:
-        if not _selected(name, filters):
-            continue
-        model = MODELS[name][0](MODEL_SEED).eval()
-        fn = torch.compile(model, backend="dvm", dynamic=True)
-        with torch.no_grad():
-            for b in MODEL_BATCHES:
-                for length in MODEL_LENGTHS:
-                    times[f"{name} b{b} L{length}"] = _time_model(fn, {"input_ids": _ids(b, length, MODEL_SEED)},
-                                                                  time_call)
+        if _selected(name, filters):
+            _time_grid(times, name, MODELS[name][0](MODEL_SEED).eval(), MODEL_BATCHES, MODEL_LENGTHS,
+                       lambda b, length: {"input_ids": _ids(b, length, MODEL_SEED)})
     return times
 
 
 def run_zoo(filters: list[str]) -> dict:
     import torch
     torch.set_num_threads(ZOO_THREADS)
-    from dvm.tools.bench_common import time_call
     from dvm.tools.bench_zoo_models import ZOO, inputs
     times = {}
     for name, zoo_model in ZOO.items():
-        if not _selected(name, filters):
-            continue
-        torch._dynamo.reset()
-        fn = torch.compile(zoo_model.build(), backend="dvm", dynamic=True)
-        with torch.no_grad():
-            for b in ZOO_BATCHES:
-                for length in ZOO_LENGTHS:
-                    times[f"{name} b{b} L{length}"] = _time_model(fn, inputs(zoo_model, b, length), time_call)
+        if _selected(name, filters):
+            torch._dynamo.reset()
+            _time_grid(times, name, zoo_model.build(), ZOO_BATCHES, ZOO_LENGTHS,
+                       lambda b, length, m=zoo_model: inputs(m, b, length))
     return times
 
 
