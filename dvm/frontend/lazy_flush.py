@@ -226,10 +226,17 @@ def _launch(plan: Plan, pending, outs: list, scalars):
     results = ()
     if plan.graph is not None:
         into = [None] * len(plan.graph.outputs)
+        spans = None
         for i, (var, dst, (kind, k)) in enumerate(zip(outs, dsts, plan.source)):
-            if kind == "out" and into[k] is None and not var.external and dst is not None:
-                into[k] = dst if var.perm is None else dst.permute(var.perm)
-                written[i] = True
+            if kind != "out" or into[k] is not None or dst is None:
+                continue
+            if var.external:
+                spans = spans if spans is not None else _input_spans(pending.slots)
+                if not _writable_in_place(plan, pending, k, dst, spans):
+                    continue
+                counters.bump("lazy_written_in_place")
+            into[k] = dst if var.perm is None else dst.permute(var.perm)
+            written[i] = True
         results = plan.launcher(env, tensors, into)
 
     def write_back() -> None:
@@ -239,6 +246,36 @@ def _launch(plan: Plan, pending, outs: list, scalars):
             src = tensors[k] if kind == "in" else results[k]
             dst.copy_(src if var.perm is None or kind == "in" else src.permute(_inverse(var.perm)))
     return write_back
+
+
+def _writable_in_place(plan: Plan, pending, k: int, dst: torch.Tensor, spans: list) -> bool:
+    """Whether output k (dst's new value) can be written into dst by the launch itself, not
+    copied in after it: dst is row-major and overlaps no input of the graph except itself, read
+    only where the graph allows writing over it (runtime/in_place), and no result is dst's old
+    value passed through (copied out after the launch). spans: _input_spans(pending.slots)."""
+    if not dst.is_contiguous() or not dst.numel() or dst.dtype is not TORCH_OF[plan.graph.outputs[k].dtype]:
+        return False
+    slot = pending.slot_of.get(id(dst))
+    if slot is not None and pending.slots[slot] is not dst:
+        slot = None
+    lo = dst.data_ptr()
+    hi = lo + dst.nbytes
+    for j, a, b in spans:
+        if a < hi and lo < b and j != slot:
+            return False
+    return slot is None or (("in", slot) not in plan.source and plan.graph.overwrites(k, slot))
+
+
+def _input_spans(slots: list) -> list[tuple[int, int, int]]:
+    """(slot, lo, hi): the bytes [lo, hi) each input tensor's elements occupy (PyTorch strides
+    are never negative)."""
+    out = []
+    for j, t in enumerate(slots):
+        if isinstance(t, torch.Tensor) and t.numel():
+            lo = t.data_ptr()
+            n = t.numel() if t.is_contiguous() else 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
+            out.append((j, lo, lo + n * t.element_size()))
+    return out
 
 
 def _inverse(perm: tuple) -> tuple:

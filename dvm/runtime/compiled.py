@@ -23,6 +23,7 @@ from ..graph.node import Node
 from ..graph.symbolic import evaluate
 from ..graph.views import Layout, contiguous_strides
 from . import buffer_pool, counters, debug
+from .in_place import may_overwrite
 from ..codegen.verifier import check_buffers, verify
 from ..vm import registry
 from ..vm.buffers import data_ptr
@@ -100,9 +101,20 @@ class CompiledGraph:
         self._programs = program_cache()
         self._lock = threading.Lock()
         self._launches = launch_cache()
+        self._overwrites: dict[tuple[int, int], bool] = {}
         counters.bump("graphs_compiled")
         counters.bump("kernels_vector", len(self.templates))
         debug.on_compile(self)
+
+    def overwrites(self, out: int, slot: int) -> bool:
+        """Whether output `out` may be written into the memory of input `slot` (runtime/in_place:
+        the caller then passes that input's tensor as the output, row-major, overlapping no other
+        input)."""
+        ok = self._overwrites.get((out, slot))
+        if ok is None:
+            ok = self._overwrites[(out, slot)] = may_overwrite(
+                self.templates, len(self.inputs), self.inputs, self.outputs, out, slot)
+        return ok
 
     def program(self, env: Mapping[str, int], layouts: Sequence[Layout], target: Target = GENERIC) -> Program:
         """The Program for these sizes and input layouts, encoded for `target` (its VM's choices)."""

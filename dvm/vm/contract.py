@@ -4,7 +4,9 @@ codegen/ never imports a VM: what a VM wants of its Programs reaches the encoder
 A VM runs Programs that passed the verifier (codegen.verifier.verify) on buffers that passed
 codegen.verifier.check_buffers, with the reference VM's semantics (vm/reference.py), bit for bit
 where the reference VM is exact. A VM never re-checks what the verifier guaranteed and never
-writes outside the extents check_buffers accepted.
+writes outside the extents check_buffers accepted. An output buffer may be exactly an input's
+memory where runtime/in_place allows it: a VM runs each tile's stream in order, so each element
+is loaded before the instruction computing its stored value and never read after.
 """
 from __future__ import annotations
 

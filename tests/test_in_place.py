@@ -1,0 +1,85 @@
+"""An output written into the memory of an input (runtime/in_place): which graphs allow it, and
+every VM computing the same values when the output buffer is the input buffer itself."""
+import numpy as np
+import pytest
+
+from dvm.codegen.verifier import verify
+from dvm.config import config
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph, as_buffer
+from dvm.vm import registry
+
+S, C = sym("s"), 37
+
+
+def _input(shape, index, dtype=DType.FLOAT32):
+    return Node.make("input", dtype, shape, index=index)
+
+
+def _ew(ctx, name, *args):
+    return build.elementwise(ctx, name, *args)
+
+
+def _adam_like(ctx, p, g, m):
+    """m' = 0.9 m + 0.1 g; p' = p - 0.01 m' / (|m'| + 1): two outputs over their inputs."""
+    m2 = _ew(ctx, "add", _ew(ctx, "mul", m, build.const(0.9)), _ew(ctx, "mul", g, build.const(0.1)))
+    den = _ew(ctx, "add", _ew(ctx, "abs", m2), build.const(1.0))
+    return _ew(ctx, "sub", p, _ew(ctx, "div", _ew(ctx, "mul", m2, build.const(0.01)), den)), m2
+
+
+def _graphs():
+    """name -> (inputs, outputs, {(out, slot): may it be written over})."""
+    ctx = build.ShapeContext()
+    p, g, m = _input((S, C), 0), _input((S, C), 1), _input((S, C), 2)
+    p2, m2 = _adam_like(ctx, p, g, m)
+    row = _input((C,), 1)
+    t = _input((C, C), 0)
+    x = _input((S, C), 0)
+    mean = build.reduce(ctx, "mean", x, 1, True)
+    y = _ew(ctx, "mul", x, build.const(2.0))
+    return {
+        # p, g and m read once each, unviewed, by the kernel storing p' and m' (from all three)
+        "adam": ([p, g, m], [p2, m2], {(0, 0): True, (1, 2): True, (0, 1): True}),
+        # the broadcast row is read at other points than those storing it; shapes differ anyway
+        "broadcast": ([p, row], [_ew(ctx, "add", p, row)], {(0, 0): True, (0, 1): False}),
+        # t read transposed too: another element than the one stored over
+        "transposed": ([t], [_ew(ctx, "add", t, build.permute(ctx, t, (1, 0)))], {(0, 0): False}),
+        # a reduction reads the row before the kernel stores it (another sweep, or a kernel before)
+        "reduction": ([x], [_ew(ctx, "sub", x, mean)], {(0, 0): False}),
+        # the new value does not depend on the input: the store may come before the load
+        "independent": ([x, _input((S, C), 1)], [_ew(ctx, "exp", _input((S, C), 1)), y],
+                        {(0, 0): False, (1, 0): True}),
+        # a second kernel reads x after the first has stored over it
+        "two_readers": ([x], [y, build.reduce(ctx, "sum", _ew(ctx, "exp", x), 1, False)],
+                        {(0, 0): False}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_graphs()))
+def test_which_outputs_may_overwrite_an_input(name):
+    inputs, outputs, cases = _graphs()[name]
+    graph = CompiledGraph(inputs, outputs)
+    for (out, slot), want in cases.items():
+        assert graph.overwrites(out, slot) is want, (out, slot)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_vm_writes_over_its_input(rows):
+    """The CPU VM and the reference VM on the Adam-like graph with p' in p's buffer and m' in
+    m's: the values of a run into fresh outputs."""
+    inputs, outputs, _ = _graphs()["adam"]
+    graph = CompiledGraph(inputs, outputs)
+    rng = np.random.default_rng(rows)
+    arrays = [rng.standard_normal((rows, C)).astype(np.float32) for _ in inputs]
+    want = graph.run({"s": rows}, [a.copy() for a in arrays])
+    p, g, m = (a.copy() for a in arrays)
+    layouts = [as_buffer(a)[1] for a in (p, g, m)]
+    vm = registry.get(config().vm)
+    layout = verify(graph.program({"s": rows}, layouts, vm.target))
+    vm.run(layout, [p.reshape(-1), g.reshape(-1), m.reshape(-1), p.reshape(-1), m.reshape(-1)])
+    np.testing.assert_array_equal(p, want[0])
+    np.testing.assert_array_equal(m, want[1])
+    np.testing.assert_array_equal(g, arrays[1])
