@@ -47,6 +47,7 @@ class Segment:
     closed: bool = False
     patterns: list = field(default_factory=list)     # recognized patterns lowered here (explain)
     views: dict = field(default_factory=dict)        # PyTorch view FX node -> its Node here
+    writes: list = field(default_factory=list)       # (copy_ FX node, value, graph input it updates)
 
 
 _RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
@@ -105,7 +106,7 @@ class Planner:
                 self.need_torch(x)
             self.steps.append(TorchStep(a, "view"))
             self.torch_views.add(a)
-        else:
+        elif a not in seg.outputs:   # (a write into an input may have made it an output already)
             seg.outputs.append(a)
         self.ready.add(a)
 
@@ -286,6 +287,8 @@ class Planner:
                     self.close()
             else:
                 raise Unsupported(f"FX op {n.op}")
+        if self.open is not None and self.open.writes:   # its results go into inputs only
+            self.close()
 
     def visit(self, n: fx.Node) -> None:
         if n in self.absorbed:          # computed by its match's root (or planned there)
@@ -348,6 +351,8 @@ class Planner:
             return
         if n.target is fx_sdpa.sdpa_keep_mask:
             return self.to_torch(n, fx_sdpa.REASON)
+        if n.target is _COPY_ and self.absorb_write(n):
+            return
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
         if reason is None:
             return
@@ -368,6 +373,33 @@ class Planner:
         self.ready.add(n)
 
 
+    def absorb_write(self, n: fx.Node) -> bool:
+        """`copy_(x, v)` of a graph input x (an input mutation AOTAutograd keeps in the graph: an
+        optimizer's update) with v a value of the open segment: the segment stores v into x
+        itself where that is safe at run time (SegmentRunner), else copies it in after its launch.
+        Only when nothing else reads v, and every other reader of x comes before n (then it is a
+        member of the segment or runs before its launch)."""
+        seg, (dst, src) = self.open, (n.args + (None, None))[:2]
+        if seg is None or n.kwargs or len(n.args) != 2 or n.users or not isinstance(src, fx.Node) \
+                or self.seg_of.get(src) is not seg or not isinstance(dst, fx.Node) or dst.op != "placeholder":
+            return False
+        fs, fd = fake(src), fake(dst)
+        if not (_is_tensor(fs) and _is_tensor(fd)) or fs.dtype != fd.dtype or fs.dim() != fd.dim() or \
+                not all(decide_eq(a, b) is True for a, b in zip(self.syms.shape(fs), self.syms.shape(fd))):
+            return False
+        position = {m: i for i, m in enumerate(self.gm.graph.nodes)}
+        if any(u is not n and u.target is not _COPY_ and position[u] > position[n] for u in dst.users) or \
+                any(u not in seg.value and u.target is not _COPY_ for u in src.users):
+            return False
+        if src not in seg.outputs:
+            seg.outputs.append(src)
+        seg.writes.append((n, src, dst))
+        return True
+
+
+_COPY_ = torch.ops.aten.copy_.default
+
+
 def _numel(shape):
     out = 1
     for d in shape:
@@ -385,6 +417,10 @@ class _Lower:
     @property
     def out_shape(self) -> tuple:
         return self.syms.shape(self.out)
+
+    def element(self, i: int) -> "_Lower":
+        """What a handler sees for result i of a list-returning op (a _foreach_ op)."""
+        return _Lower(self.ctx, self.out[i], self.syms)
 
 
 def plan(gm: fx.GraphModule, prefix_last: fx.Node | None = None) -> Planner:

@@ -29,7 +29,7 @@ from ..runtime.compiled import CompiledGraph
 from .lazy_ops import Kind, out_variant
 from .lazy_record import Ref
 from .lazy_trie import TORCH_OF
-from .torch_launch import TensorLauncher, to_numpy
+from .torch_launch import TensorLauncher, input_spans, to_numpy, writable_over
 
 PLAN_CACHE_MAX = 256
 _PLANS: OrderedDict = OrderedDict()
@@ -231,7 +231,7 @@ def _launch(plan: Plan, pending, outs: list, scalars):
             if kind != "out" or into[k] is not None or dst is None:
                 continue
             if var.external:
-                spans = spans if spans is not None else _input_spans(pending.slots)
+                spans = spans if spans is not None else input_spans(pending.slots)
                 if not _writable_in_place(plan, pending, k, dst, spans):
                     continue
                 counters.bump("lazy_written_in_place")
@@ -250,32 +250,12 @@ def _launch(plan: Plan, pending, outs: list, scalars):
 
 def _writable_in_place(plan: Plan, pending, k: int, dst: torch.Tensor, spans: list) -> bool:
     """Whether output k (dst's new value) can be written into dst by the launch itself, not
-    copied in after it: dst is row-major and overlaps no input of the graph except itself, read
-    only where the graph allows writing over it (runtime/in_place), and no result is dst's old
-    value passed through (copied out after the launch). spans: _input_spans(pending.slots)."""
-    if not dst.is_contiguous() or not dst.numel() or dst.dtype is not TORCH_OF[plan.graph.outputs[k].dtype]:
-        return False
+    copied in after it (torch_launch.writable_over), and no result is dst's old value passed
+    through (copied out after the launch)."""
     slot = pending.slot_of.get(id(dst))
     if slot is not None and pending.slots[slot] is not dst:
         slot = None
-    lo = dst.data_ptr()
-    hi = lo + dst.nbytes
-    for j, a, b in spans:
-        if a < hi and lo < b and j != slot:
-            return False
-    return slot is None or (("in", slot) not in plan.source and plan.graph.overwrites(k, slot))
-
-
-def _input_spans(slots: list) -> list[tuple[int, int, int]]:
-    """(slot, lo, hi): the bytes [lo, hi) each input tensor's elements occupy (PyTorch strides
-    are never negative)."""
-    out = []
-    for j, t in enumerate(slots):
-        if isinstance(t, torch.Tensor) and t.numel():
-            lo = t.data_ptr()
-            n = t.numel() if t.is_contiguous() else 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
-            out.append((j, lo, lo + n * t.element_size()))
-    return out
+    return (slot is None or ("in", slot) not in plan.source) and writable_over(plan.graph, k, dst, spans, slot)
 
 
 def _inverse(perm: tuple) -> tuple:

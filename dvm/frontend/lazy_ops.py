@@ -151,7 +151,7 @@ def _cube(func) -> bool:
 
 def _base_kind(func) -> Kind:
     """RECORD, DECOMP or OTHER for an out-of-place op."""
-    if func in T.LOWERINGS and func not in _NOT_RECORDED and func not in T.VIEW_OPS:
+    if func in T.LOWERINGS and func not in _NOT_RECORDED and func not in T.VIEW_OPS and func not in T.FOREACH_OPS:
         return Kind.RECORD
     if func in _decompositions() or _implicit(func):
         return Kind.DECOMP

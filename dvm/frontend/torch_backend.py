@@ -16,12 +16,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
 from ..runtime import counters
-from .aten_table import decompositions
+from .aten_table import decompositions, register_late_ops
 from .torch_runtime import COMPILED, CompiledFx
 
 
 def _compiler(kind: str):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
+        register_late_ops()
         try:
             return CompiledFx(gm, example_inputs, kind)
         except Exception as e:  # never a wrong result: the graph runs through PyTorch
@@ -34,7 +35,8 @@ def _compiler(kind: str):
 @functools.lru_cache(maxsize=1)
 def _aot():
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"), decompositions=decompositions())
+                        inference_compiler=_compiler("inference"), decompositions=decompositions(),
+                        keep_inference_input_mutations=True)
 
 
 def dvm_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

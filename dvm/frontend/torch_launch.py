@@ -31,6 +31,7 @@ from ..graph.dtypes import DType
 from ..runtime import counters, hugepages
 from ..graph.views import contiguous_strides
 from ..runtime.compiled import CompiledGraph, Launch, launch_bytes, launch_cache, remember
+from .aten_common import TORCH_TO_DVM
 from .gpu_arrays import graph_launcher, vm_for
 
 try:   # Inductor's allocator for its CPU outputs: one C++ call, ~3x cheaper than torch.empty
@@ -97,6 +98,34 @@ def guarded_signature(env: dict, tensors: Sequence[torch.Tensor]) -> tuple:
     keys (the neg bit among them), from which every value's device and neg bit follow. is_cpu and
     is_neg() cost ~0.55 us a tensor of the ~0.9 us signature() takes."""
     return (*env.values(), config().vm, *[(t.dtype, t.shape, t.stride()) for t in tensors])
+
+
+def input_spans(tensors: Sequence) -> list[tuple[int, int, int]]:
+    """(index, lo, hi) per non-empty tensor among `tensors`: the bytes [lo, hi) its elements
+    span (PyTorch strides are never negative)."""
+    out = []
+    for j, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.numel():
+            lo = t.data_ptr()
+            n = t.nbytes if t.is_contiguous() else \
+                (1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()))) * t.element_size()
+            out.append((j, lo, lo + n))
+    return out
+
+
+def writable_over(graph: CompiledGraph, k: int, dst: torch.Tensor, spans: list, slot: int | None) -> bool:
+    """Whether a launch of `graph` may write output k into dst (a tensor updated in place)
+    instead of a new tensor: dst is row-major of the output's dtype, overlaps no input (`spans`:
+    input_spans of the launch's inputs) except input `slot` (dst itself, or None), and the graph
+    reads that input only where it writes it (CompiledGraph.overwrites)."""
+    if not dst.is_contiguous() or not dst.numel() or TORCH_TO_DVM.get(dst.dtype) is not graph.outputs[k].dtype:
+        return False
+    lo = dst.data_ptr()
+    hi = lo + dst.nbytes
+    for j, a, b in spans:
+        if a < hi and lo < b and j != slot:
+            return False
+    return slot is None or graph.overwrites(k, slot)
 
 
 def neg_or_conj(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:

@@ -74,8 +74,9 @@ def _reads(step, runners: dict, folds: dict) -> list:
     if isinstance(step, SegmentStep):
         runner = runners[id(step)]
         if isinstance(runner, SegmentRunner):
-            return [x.x if isinstance(x, Rolled) else x for x in runner.inputs if not isinstance(x, HalfSigns)]
-        for m in step.segment.members:
+            return [x.x if isinstance(x, Rolled) else x for x in runner.inputs if not isinstance(x, HalfSigns)] + \
+                runner.write_dsts
+        for m in step.segment.members + [n for n, _, _ in step.segment.writes]:
             fx.node.map_arg((m.args, m.kwargs), lambda a: out.append(a) or a)
         return out
     if step.node in folds:
@@ -146,6 +147,8 @@ class _Emitter:
                 ts = TorchStep(n, "fallback", f"segment not compiled: {type(runner).__name__}: {runner}")
                 self.owner.torch_steps.append(ts)
                 counters.bump(f"fallback:{n.target}:{ts.reason}")
+            for n, _, _ in step.segment.writes:
+                remap[n] = _emit_torch(g, n, remap, row_major)
             return
         for x in runner.inputs:   # inputs computed for segments only (fx_patterns)
             if isinstance(x, Rolled) and x not in remap:   # rotate_half's halves swapped
@@ -153,7 +156,8 @@ class _Emitter:
                 counters.bump("torch_rotate_half_rolls")
             elif isinstance(x, HalfSigns) and x not in remap:
                 remap[x] = g.call_function(_signs_call(x), ())
-        call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs]))
+        call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs],
+                                            *[remap[x] for x in runner.write_dsts]))
         for k, fxn in enumerate(runner.outputs):
             remap[fxn] = g.call_function(operator.getitem, (call, k))
             if runner.results[k][2] is None:   # stored row-major (not permuted back)

@@ -21,7 +21,7 @@ from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from .fx_segments import fake
-from .torch_launch import TensorLauncher
+from .torch_launch import TensorLauncher, input_spans, writable_over
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
 STORE_IN_TORCH_ORDER = False
@@ -96,6 +96,17 @@ class SegmentRunner:
         self.inputs = list(seg.inputs)
         self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
         self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
+        # graph inputs updated by the segment (fx_segments.absorb_write), passed after the inputs:
+        # (index in run()'s results, launch output or None (a copy), input slot of the same tensor)
+        # (an input passed through is copied after the launch: its old value, so never written over)
+        self.write_dsts = [dst for _, _, dst in seg.writes]
+        self.writes = []
+        passed = {k for is_input, k, _ in self.results if is_input}
+        for _, src, dst in seg.writes:
+            is_input, k, inv = self.results[self.outputs.index(src)]
+            slot = self.inputs.index(dst) if dst in self.inputs else None
+            direct = None if is_input or inv is not None or slot in passed else k
+            self.writes.append((self.outputs.index(src), direct, slot))
         # the launch's outputs are the results, in order: run() returns them as they come
         self._direct = self.results == [(False, k, None) for k in range(len(self.results))]
         t0 = time.perf_counter()
@@ -122,7 +133,11 @@ class SegmentRunner:
         self._checked.add(key)
 
     def run(self, env: dict, *tensors: torch.Tensor) -> Sequence[torch.Tensor]:
-        """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order)."""
+        """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order),
+        then the graph inputs it updates (self.write_dsts' order)."""
+        dsts = ()
+        if self.writes:
+            tensors, dsts = tensors[:len(self.inputs)], tensors[len(self.inputs):]
         if self.binds:
             env = dict(env)
             for i, j, name in self.binds:
@@ -130,12 +145,28 @@ class SegmentRunner:
         if self.checks:
             self.check(env)
         counters.bump_segment()
-        outs = self.launch(env, tensors) if self.launch is not None else ()
+        into = self._into(tensors, dsts) if dsts and VERIFY is None else None
+        outs = self.launch(env, tensors, into) if self.launch is not None else ()
         if VERIFY is not None:
             VERIFY(self, env, tensors, outs)
-        if self._direct:
-            return outs
-        # an input passed through is copied row-major, like every DVM output: later views work
-        return tuple([tensors[k].clone(memory_format=torch.contiguous_format) if is_input
-                      else outs[k] if inv is None else outs[k].permute(inv)
-                      for is_input, k, inv in self.results])
+        results = outs if self._direct else tuple(
+            # an input passed through is copied row-major, like every DVM output: later views work
+            [tensors[k].clone(memory_format=torch.contiguous_format) if is_input
+             else outs[k] if inv is None else outs[k].permute(inv) for is_input, k, inv in self.results])
+        for (j, _, _), dst in zip(self.writes, dsts):
+            if results[j] is not dst:
+                dst.copy_(results[j])
+                counters.bump("torch_input_updates_copied")
+        return results
+
+    def _into(self, tensors: Sequence, dsts: Sequence) -> list | None:
+        """The launch's outputs that are written straight into the graph inputs they update."""
+        into = spans = None
+        for (_, k, slot), dst in zip(self.writes, dsts):
+            if k is None or (into is not None and into[k] is not None):
+                continue
+            spans = spans if spans is not None else input_spans(tensors)
+            if writable_over(self.graph, k, dst, spans, slot):
+                into = into or [None] * len(self.graph.outputs)
+                into[k] = dst
+        return into
