@@ -95,9 +95,40 @@ def offending_reshape(chain: list[Node], start: int) -> int:
     return -1
 
 
+# Ops a VM applies to a one-element operand on the fly (the CPU VM's uniform registers, DECISIONS);
+# any other op on a one-element value is computed over every lane of a tile
+ON_THE_FLY_OPS = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+
+
+def scalar_work(outputs: list[Node]) -> list[Node]:
+    """Computed one-element values that larger values read and that involve an op other than
+    casts and ON_THE_FLY_OPS (an optimizer's bias corrections from its step count): each is
+    computed once, in a kernel of its own domain, and read broadcast; inlined, it would be
+    recomputed for every element. Innermost first."""
+    order = topo_order(outputs)
+    larger_reader: set = set()
+    for n in reversed(order):           # readers first
+        if not _one_element(n):
+            larger_reader.update(n.inputs)
+        elif n.op in VIEW_OPS:          # a one-element view read by larger values reads its base
+            if n in larger_reader:
+                larger_reader.update(n.inputs)
+    costly: dict = {}
+    for n in order:
+        computed = _one_element(n) and OP_TABLE[n.op].kind in (Kind.ELEMENTWISE, Kind.CAST)
+        costly[n] = computed and (n.op not in ON_THE_FLY_OPS and OP_TABLE[n.op].kind is not Kind.CAST
+                                  or any(costly.get(i, False) for i in n.inputs))
+    return [n for n in order if costly[n] and n in larger_reader]
+
+
+def _one_element(n: Node) -> bool:
+    return all(is_one(d) for d in n.shape)
+
+
 class Partitioner:
     def __init__(self, n_inputs: int, outputs: list[Node]):
         self.n_inputs, self.outputs = n_inputs, outputs
+        self.uniform: set = set()       # scalar_work, materialized: read through their workspaces
         self.groups: list[Group] = []
         self.group_of: dict[Node, int] = {}
         self.sweep_of: dict[Node, int] = {}
@@ -108,6 +139,8 @@ class Partitioner:
 
     # -- what inlining a node reads: (root, through_workspace) pairs ----------------------------
     def deps(self, node: Node) -> frozenset:
+        if node in self.uniform:
+            return frozenset({(node, True)})
         memo = self._memo.get(node)
         if memo is None:
             if is_reduce(node):
@@ -209,6 +242,9 @@ class Partitioner:
         return out
 
     def run(self) -> Plan:
+        for node in scalar_work(self.outputs):
+            self.materialize(node)
+            self.uniform.add(node)
         for node in topo_order(self.outputs):
             if is_reduce(node):
                 self.place_reduction(node)

@@ -1,0 +1,67 @@
+"""One-element values computed with more than casts and + - * / max min (fusion/partition.scalar_work:
+an optimizer's bias correction from its step count) are computed once, by a kernel of their own,
+and read broadcast by the larger kernels; cheap ones stay inlined. Both VMs against NumPy."""
+import numpy as np
+import pytest
+
+from dvm.fusion.partition import scalar_work
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph
+
+S, C = sym("s"), 24
+
+
+def _input(shape, index):
+    return Node.make("input", DType.FLOAT32, shape, index=index)
+
+
+def _ew(ctx, name, *args):
+    return build.elementwise(ctx, name, *args)
+
+
+def _bias_corrected(ctx):
+    """x * sqrt(1 - 0.9 ** t) + t: the correction (pow, sqrt) on the 0-d step t."""
+    x, t = _input((S, C), 0), _input((), 1)
+    corr = _ew(ctx, "sqrt", _ew(ctx, "sub", build.const(1.0), _ew(ctx, "pow", build.const(0.9), t)))
+    return [x, t], [_ew(ctx, "add", _ew(ctx, "mul", x, corr), t)], corr
+
+
+def test_costly_scalar_work_is_its_own_kernel(vm):
+    ctx = build.ShapeContext()
+    inputs, outputs, corr = _bias_corrected(ctx)
+    assert scalar_work(outputs) == [corr]
+    graph = CompiledGraph(inputs, outputs)
+    assert [tuple(g.shape) for g in graph.plan.groups] == [(), (S, C)]
+    rng = np.random.default_rng(0)
+    for rows, step in ((1, 1.0), (5, 3.0), (300, 17.0)):
+        x, t = rng.standard_normal((rows, C)).astype(np.float32), np.array(step, np.float32)
+        (got,) = graph.run({"s": rows}, [x, t])
+        want = x * np.sqrt(np.float32(1) - np.float32(0.9) ** t) + t
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_cheap_scalar_work_stays_inlined():
+    ctx = build.ShapeContext()
+    x, t = _input((S, C), 0), _input((), 1)
+    y = _ew(ctx, "mul", x, _ew(ctx, "add", build.cast(t, DType.FLOAT32), build.const(1.0)))
+    assert scalar_work([y]) == []
+    assert len(CompiledGraph([x, t], [y]).plan.groups) == 1
+
+
+@pytest.mark.parametrize("also_stored", [False, True])
+def test_scalar_work_also_an_output(vm, also_stored):
+    """The correction stored as an output too (and read by the larger kernel): computed once."""
+    ctx = build.ShapeContext()
+    inputs, outputs, corr = _bias_corrected(ctx)
+    if also_stored:
+        outputs.append(corr)
+    graph = CompiledGraph(inputs, outputs)
+    x, t = np.ones((4, C), np.float32), np.array(2.0, np.float32)
+    res = graph.run({"s": 4}, [x, t])
+    c = np.sqrt(np.float32(1) - np.float32(0.9) ** t)
+    np.testing.assert_allclose(res[0], x * c + t, rtol=1e-6)
+    if also_stored:
+        np.testing.assert_allclose(res[1], c, rtol=1e-6)
