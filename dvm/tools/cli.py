@@ -13,6 +13,8 @@
                      [--quick] [--repeat N] [--json PATH] [--md PATH] [--png PATH]   (bench_zoo)
     dvm bench lazy [--sizes small,medium,large] [--cases C,..] [--models llama,qwen2_moe | --no-models]
                    [--tokens N] [--rounds N] [--threads N] [--calibrate] [--quick] [--json/--md/--png PATH]
+    dvm bench optim [--sizes small,medium,large] [--optimizers adam,adamw,sgd] [--rounds N] [--threads N]
+                    [--quick] [--json/--md/--png PATH]   torch.compile(optimizer.step) vs eager, Inductor
     dvm bench ab BASE [--other PATH] [--suite ops|models|all] [--rounds N] [--cases SUBSTR,..]
                  [--sizes small,..] [--threshold 0.10] [--json PATH] [--md PATH]   two checkouts side by side
     dvm disasm FILE.npy                               verify a saved Program and print it
@@ -383,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where to write {what} (default {default}; '-' for none)")
     bm.set_defaults(func=cmd_bench_models)
     _lazy_parser(bsub)
-    from . import bench_ab
+    from . import bench_ab, bench_optim
+    bench_optim.add_parser(bsub)
     bench_ab.add_parser(bsub)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
