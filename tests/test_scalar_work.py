@@ -65,3 +65,19 @@ def test_scalar_work_also_an_output(vm, also_stored):
     np.testing.assert_allclose(res[0], x * c + t, rtol=1e-6)
     if also_stored:
         np.testing.assert_allclose(res[1], c, rtol=1e-6)
+
+
+def test_nested_scalar_work_is_one_kernel(vm):
+    """m read by the larger kernel and by n = exp(m), read by it too: one one-element kernel."""
+    ctx = build.ShapeContext()
+    x, t = _input((S, C), 0), _input((), 1)
+    m = _ew(ctx, "sqrt", _ew(ctx, "sub", build.const(1.0), _ew(ctx, "pow", build.const(0.9), t)))
+    n = _ew(ctx, "exp", m)
+    y = _ew(ctx, "add", _ew(ctx, "mul", x, m), n)
+    assert scalar_work([y]) == [m, n]
+    graph = CompiledGraph([x, t], [y])
+    assert [tuple(g.shape) for g in graph.plan.groups] == [(), (S, C)]
+    xv, tv = np.full((3, C), 2.0, np.float32), np.array(4.0, np.float32)
+    (got,) = graph.run({"s": 3}, [xv, tv])
+    mv = np.sqrt(np.float32(1) - np.float32(0.9) ** tv)
+    np.testing.assert_allclose(got, xv * mv + np.exp(mv), rtol=1e-6)

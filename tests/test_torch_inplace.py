@@ -74,19 +74,19 @@ def test_compiled_optimizer_step_matches_eager(name, foreach):
     assert _count("torch_input_updates_copied") - copied <= 3 * len(shapes)
 
 
-def _check(fn, *args, direct=None):
-    """fn compiled vs eager on clones of args: results and the arguments' in-place effects;
-    `direct`: how many input updates each call stores straight into the input."""
+def _check(fn, *args) -> tuple[int, int]:
+    """fn compiled vs eager on clones of args: results and the arguments' in-place effects.
+    Returns the input updates the call stored into the inputs and those it copied in after."""
     torch._dynamo.reset()
     a1 = [a.clone() for a in args]
     a2 = [a.clone() for a in args]
     cf = torch.compile(fn, backend="dvm", dynamic=True)
-    copied = _count("torch_input_updates_copied")
+    stored, copied = _count("torch_input_updates_stored"), _count("torch_input_updates_copied")
     want, got = fn(*a1), cf(*a2)
     torch.testing.assert_close(got, want)
     for x1, x2 in zip(a1, a2):
         torch.testing.assert_close(x2, x1)
-    return _count("torch_input_updates_copied") - copied
+    return _count("torch_input_updates_stored") - stored, _count("torch_input_updates_copied") - copied
 
 
 X = torch.randn(12, 10, generator=torch.Generator().manual_seed(1))
@@ -97,7 +97,7 @@ def test_update_written_into_the_input():
     def f(x, w):
         x.mul_(0.9).add_(w, alpha=0.1)
         return x * 2
-    assert _check(f, X, W) == 0
+    assert _check(f, X, W) == (1, 0)
 
 
 def test_update_read_after_by_a_reduction_is_copied_in():
@@ -105,7 +105,7 @@ def test_update_read_after_by_a_reduction_is_copied_in():
     def f(x, w):
         x.mul_(0.9).add_(w, alpha=0.1)
         return x.sum()
-    assert _check(f, X, W) == 1
+    assert _check(f, X, W) == (0, 1)
 
 
 def test_update_read_by_a_reduction_is_copied_in():
@@ -114,7 +114,7 @@ def test_update_read_by_a_reduction_is_copied_in():
         s = (x * x).sum(0)
         x.add_(w)
         return s
-    assert _check(f, X, W) == 1
+    assert _check(f, X, W) == (0, 1)
 
 
 def test_update_read_transposed_is_copied_in():
@@ -124,7 +124,7 @@ def test_update_read_transposed_is_copied_in():
         y = x.t() * 2
         x.mul_(3)
         return y
-    assert _check(f, sq) == 1
+    assert _check(f, sq) == (0, 1)
 
 
 def test_update_of_a_non_contiguous_input():
@@ -166,3 +166,33 @@ def test_foreach_ops():
     got = torch.compile(f, backend="dvm")(xs, ys)
     torch.testing.assert_close(got, f(xs, ys))
     _no_fallbacks(before)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from test_lazy_programs import _interpret, programs  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_programs_with_in_place_updates(prog):
+    """Random programs of elementwise ops, reductions, views and in-place updates of the inputs
+    (directly and through views), compiled: eager's results and eager's updated inputs."""
+    shapes, dtype, seed, program = prog
+    program = [step for step in program if step[0] != "sync"]
+    gen = torch.Generator().manual_seed(seed)
+    inputs = [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
+
+    def fn(*xs):
+        return _interpret(program, list(xs), [])
+    a1, a2 = [x.clone() for x in inputs], [x.clone() for x in inputs]
+    want = fn(*a1)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="dvm", dynamic=True)(*a2)
+    assert len(got) == len(want)
+    for x, y in zip(want, got):
+        torch.testing.assert_close(y, x, equal_nan=True)
+    for x, y in zip(a1, a2):
+        torch.testing.assert_close(y, x, equal_nan=True)
+

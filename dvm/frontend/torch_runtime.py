@@ -306,6 +306,10 @@ class CompiledFx:
                                             for n in s.seg.views)
                 lines.append("    views of PyTorch values replayed here: "
                              + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in views.items()))
+            if s.writes:
+                direct = sum(k is not None for _, k, _ in s.writes)
+                lines.append(f"    updates {len(s.writes)} graph input(s) (copy_): {direct} stored into the input where "
+                             "safe at run time, the rest copied in after the launch")
             if s.seg.patterns:
                 pats = collections.Counter(s.seg.patterns)
                 lines.append("    recognized: " + ", ".join(f"{k} x{v}" for k, v in sorted(pats.items())))

@@ -169,4 +169,5 @@ class SegmentRunner:
             if writable_over(self.graph, k, dst, spans, slot):
                 into = into or [None] * len(self.graph.outputs)
                 into[k] = dst
+                counters.bump("torch_input_updates_stored")
         return into

@@ -242,9 +242,10 @@ class Partitioner:
         return out
 
     def run(self) -> Plan:
-        for node in scalar_work(self.outputs):
+        work = scalar_work(self.outputs)
+        for node in work:          # (inlined into each other: one kernel of one-element domain)
             self.materialize(node)
-            self.uniform.add(node)
+        self.uniform.update(work)
         for node in topo_order(self.outputs):
             if is_reduce(node):
                 self.place_reduction(node)
