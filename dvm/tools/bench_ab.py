@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_LENGTHS, ZOO_THREADS
-from .bench_common import finish_report, loadavg, machine_info, progress
+from .bench_common import add_output_options, finish_report, loadavg, machine_info, progress
 from .bench_ops_cases import CASE_NAMES
 from .bench_zoo_models import ZOO
 
@@ -344,8 +344,6 @@ def add_parser(bsub) -> None:
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
     ba.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="F",
                     help="B/A beyond 1 +- F is flagged slower / faster (default %(default)s)")
-    for flag, default, what in (("--json", DEFAULT_JSON, "the results as JSON"),
-                                ("--md", DEFAULT_MD, "the markdown table")):
-        ba.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(ba, ("--json", DEFAULT_JSON, "the results as JSON"),
+                       ("--md", DEFAULT_MD, "the markdown table"))
     ba.set_defaults(func=_command)

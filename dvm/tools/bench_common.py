@@ -209,3 +209,11 @@ def fmt_time(seconds: float | None) -> str:
             v = seconds / scale
             return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
     return f"{seconds:.3g} s"  # pragma: no cover
+
+
+def add_output_options(parser, *outputs: tuple[str, str, str]) -> None:
+    """The output-file options of a benchmark: (flag, default path, what the file holds) each;
+    '' or '-' writes none."""
+    for flag, default, what in outputs:
+        parser.add_argument(flag, default=default, metavar="PATH",
+                            help=f"where to write {what} (default {default}; '-' for none)")

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
+from .bench_common import (add_output_options, finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
                            set_vm_threads, vm_extra, whole_vm)
 from .bench_lazy import _rounds, parse_list
 
@@ -232,8 +232,6 @@ def add_parser(bsub) -> None:
     bo.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
     bo.add_argument("--quick", action="store_true", help="a short run: small and medium sizes, fewer rounds")
     bo.add_argument("--seed", type=int, default=0, help="random seed for parameters and gradients (default 0)")
-    for flag, default, what in (("--json", DEFAULT_JSON, "the results as JSON"),
-                                ("--md", DEFAULT_MD, "the markdown table"), ("--png", DEFAULT_PNG, "the plot (PNG)")):
-        bo.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(bo, ("--json", DEFAULT_JSON, "the results as JSON"),
+                       ("--md", DEFAULT_MD, "the markdown table"), ("--png", DEFAULT_PNG, "the plot (PNG)"))
     bo.set_defaults(func=_command)

@@ -246,6 +246,7 @@ def cmd_disasm(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import bench_encode, bench_floor, bench_models, bench_ops
+    from .bench_common import add_output_options
     p = argparse.ArgumentParser(prog="dvm", description="DVM: a real-time operator compiler "
                                 "(fused kernels encoded to bytecode per instance, run by a VM).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -309,11 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the GPU VM on a CUDA GPU beside eager, native kernels, Inductor and the copy "
                          "roofline (bench_gpu; JSON and markdown, no plot; exit 2 without a CUDA device)")
-    for flag, default, what in (("--json", bench_ops.DEFAULT_JSON, "the results as JSON"),
-                                ("--md", bench_ops.DEFAULT_MD, "the markdown tables"),
-                                ("--png", bench_ops.DEFAULT_PNG, "the plot (PNG)")):
-        bo.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(bo, ("--json", bench_ops.DEFAULT_JSON, "the results as JSON"),
+                       ("--md", bench_ops.DEFAULT_MD, "the markdown tables"),
+                       ("--png", bench_ops.DEFAULT_PNG, "the plot (PNG)"))
     bo.set_defaults(func=cmd_bench_ops)
     bf = bsub.add_parser("floor", help="the elementwise chains on the VM vs hand-fused C loops and the copy",
                          description="Time the elementwise chains of `dvm bench ops` on the CPU VM side by "
@@ -330,10 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default {bench_floor.DEFAULT_REPEAT})")
     bf.add_argument("--threads", type=int, default=2, metavar="N", help="DVM and OpenMP threads (default 2)")
     bf.add_argument("--seed", type=int, default=0, help="random seed for the data (default 0)")
-    for flag, default, what in (("--json", bench_floor.DEFAULT_JSON, "the results as JSON"),
-                                ("--md", bench_floor.DEFAULT_MD, "the markdown table")):
-        bf.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(bf, ("--json", bench_floor.DEFAULT_JSON, "the results as JSON"),
+                       ("--md", bench_floor.DEFAULT_MD, "the markdown table"))
     bf.set_defaults(func=cmd_bench_floor)
     bm = bsub.add_parser("models", help="Hugging Face models over changing sequence lengths: eager, "
                                         "Inductor, DVM",
@@ -378,11 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--threads", type=int, default=bench_models.DEFAULT_THREADS, metavar="N",
                     help=f"torch and DVM CPU VM threads, the same for every system (default "
                          f"{bench_models.DEFAULT_THREADS}: tiny models on a shared machine)")
-    for flag, default, what in (("--json", bench_models.DEFAULT_JSON, "the results as JSON"),
-                                ("--md", bench_models.DEFAULT_MD, "the markdown tables"),
-                                ("--png", bench_models.DEFAULT_PNG, "the plots (PNG)")):
-        bm.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(bm, ("--json", bench_models.DEFAULT_JSON, "the results as JSON"),
+                       ("--md", bench_models.DEFAULT_MD, "the markdown tables"),
+                       ("--png", bench_models.DEFAULT_PNG, "the plots (PNG)"))
     bm.set_defaults(func=cmd_bench_models)
     _lazy_parser(bsub)
     from . import bench_ab, bench_optim
@@ -419,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _lazy_parser(bsub) -> None:
     from . import bench_lazy
+    from .bench_common import add_output_options
     from .bench_lazy_cases import CHAIN_NAMES
     bl = bsub.add_parser("lazy", help="eager PyTorch code inside dvm.lazy() vs eager: chains and generate()",
                          description="Eager chains written with plain tensor ops (RMSNorm, SwiGLU, bias+GELU, an "
@@ -448,11 +444,9 @@ def _lazy_parser(bsub) -> None:
                     help="also measure the sizes from which recording and fusing pays (2, 4, 8-op chains)")
     bl.add_argument("--quick", action="store_true", help="a short run: small and medium sizes, fewer rounds and tokens")
     bl.add_argument("--seed", type=int, default=0, help="random seed for data and weights (default 0)")
-    for flag, default, what in (("--json", bench_lazy.DEFAULT_JSON, "the results as JSON"),
-                                ("--md", bench_lazy.DEFAULT_MD, "the markdown tables"),
-                                ("--png", bench_lazy.DEFAULT_PNG, "the plot (PNG)")):
-        bl.add_argument(flag, default=default, metavar="PATH",
-                        help=f"where to write {what} (default {default}; '-' for none)")
+    add_output_options(bl, ("--json", bench_lazy.DEFAULT_JSON, "the results as JSON"),
+                       ("--md", bench_lazy.DEFAULT_MD, "the markdown tables"),
+                       ("--png", bench_lazy.DEFAULT_PNG, "the plot (PNG)"))
     bl.set_defaults(func=cmd_bench_lazy)
 
 
