@@ -544,8 +544,9 @@ def test_a_plans_reprobe_of_its_eager_replay_is_not_a_verdict_against_dvm():
 
 
 def test_explain_without_arguments_reports_lazy_mode():
+    big = torch.randn(64, 128, generator=g)   # past lazy_flush.PEEK_MAX_NUMEL: .item() flushes
     with dvm.lazy(adaptive=False):
-        y = torch.exp(X) * 2
+        y = torch.exp(big) * 2
         y.sum().item()
     text = dvm.explain()
     assert "item <- _local_scalar_dense" in text and "lazy counters" in text

@@ -44,11 +44,31 @@ def _check(reason: str, before: dict, cause: str | None = None, n: int = 1):
 
 
 def test_item():
+    big = torch.linspace(-1.0, 1.0, 8192).reshape(64, 128)   # past lazy_flush.PEEK_MAX_NUMEL
     before = _flushes()
     with _lazy():
-        v = _pending_chain().sum().item()
-    assert v == pytest.approx(WANT.sum().item(), rel=1e-5)
+        v = (torch.exp(big * 0.25) + 1.0).sum().item()
+    assert v == pytest.approx((torch.exp(big * 0.25) + 1.0).sum().item(), rel=1e-5)
     _check("item", before, "_local_scalar_dense")
+
+
+def test_item_of_a_small_value_is_computed_alone():
+    """.item() of a value computed from a few small inputs (an optimizer's step count, updated in
+    place) leaves the rest pending: one flush, at the region's end, for everything."""
+    step, p = torch.zeros(()), X.clone()
+    want_p, want_step = X.clone(), torch.zeros(())
+    for _ in range(2):
+        want_step += 1
+        want_p.mul_(0.5).add_(W * (1 - 0.9 ** want_step.item()))
+    before, alone = _flushes(), counters.snapshot().get("lazy_item_computed_alone", 0)
+    with _lazy():
+        for _ in range(2):
+            step += 1
+            p.mul_(0.5).add_(W * (1 - 0.9 ** step.item()))
+    torch.testing.assert_close(p, want_p)
+    torch.testing.assert_close(step, want_step)
+    assert counters.snapshot().get("lazy_item_computed_alone", 0) - alone == 2
+    assert _delta(before) == {"exit": 1}
 
 
 def test_bool_control_flow():

@@ -262,6 +262,60 @@ def _inverse(perm: tuple) -> tuple:
     return tuple(perm.index(i) for i in range(len(perm)))
 
 
+# -- a value alone, the rest left pending -----------------------------------------------------------
+# `.item()` of a pending value computed from at most PEEK_MAX_OPS recorded ops whose tensor inputs
+# have at most PEEK_MAX_NUMEL elements (an optimizer's step count) is computed alone (peek): a
+# flush there would cut the pending graph in two (torch.optim's Adam reads its step this way
+# between the moments' and the parameter's updates)
+PEEK_MAX_OPS = 16
+PEEK_MAX_NUMEL = 4096
+
+
+def peek(pending, var):
+    """Var's pending value computed now from its ancestors in the log, writing nothing (an
+    in-place op through its functional form, in the target's dtype); None when they are more or
+    larger than the PEEK limits, or not all recorded ops (the caller flushes)."""
+    need, picked = {var.value}, []
+    for entry in reversed(pending.log):
+        info, rargs, rkwargs, values, _ = entry
+        if not need.intersection(values):
+            continue
+        if len(picked) == PEEK_MAX_OPS or info.kind not in (Kind.RECORD, Kind.INPLACE) or \
+                (info.kind is Kind.INPLACE and info.functional is None):
+            return None
+        picked.append(entry)
+        need.difference_update(values)
+        for a in _flat((rargs, rkwargs)):
+            if isinstance(a, Ref):
+                need.add(a.j)
+            elif isinstance(a, torch.Tensor) and a.numel() > PEEK_MAX_NUMEL:
+                return None
+    if need:
+        return None
+    vals: dict = {}
+    for info, rargs, rkwargs, values, _ in reversed(picked):
+        args = [_resolve(a, vals) for a in rargs]
+        kwargs = {k: _resolve(v, vals) for k, v in rkwargs.items()}
+        if info.kind is Kind.INPLACE:
+            r = (info.functional(*args, **kwargs).to(args[0].dtype),)
+        else:
+            r = info.func(*args, **kwargs)
+        for j, t in zip(values, r if isinstance(r, (tuple, list)) else (r,)):
+            vals[j] = t
+    return vals[var.value]
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _flat(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _flat(v)
+    else:
+        yield x
+
+
 # -- the eager replay ------------------------------------------------------------------------------
 def _resolve(x, vals: dict):
     if isinstance(x, Ref):

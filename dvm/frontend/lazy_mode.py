@@ -238,6 +238,10 @@ class LazyMode(TorchDispatchMode):
                 p.record_view(info, args, kwargs, real)
                 return real
             return func(*args, **kwargs)
+        if func is _LOCAL_SCALAR and not p.empty:
+            value = _peek(p, args[0])
+            if value is not None:
+                return func(value)
         if not p.empty and ((err is not None and err.flush) or p.touches(info, args, kwargs)):
             flush(_reason(info, err), info.name + (f" ({err.reason})" if err is not None else ""))
         if st.stats is not None:
@@ -253,6 +257,31 @@ class LazyMode(TorchDispatchMode):
                 return args[0].copy_(r)
         with self:
             return decomposition(info.func)(*args, **kwargs)
+
+
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default   # .item()
+
+
+def _peek(p, t):
+    """t's pending value computed alone (lazy_flush.peek, counted), or None."""
+    var = p.var_of(t) if isinstance(t, _Tensor) else None
+    if var is None or var.root is not None or var.value is None:
+        return None
+    st = STATE
+    st.busy = True
+    below = torch._C._AutoDispatchBelowADInplaceOrView()
+    below.__enter__()
+    plain = torch._C._DisableTorchDispatch()
+    plain.__enter__()
+    try:
+        value = F.peek(p, var)
+    finally:
+        plain.__exit__(None, None, None)
+        below.__exit__(None, None, None)
+        st.busy = False
+    if value is not None:
+        counters.bump("lazy_item_computed_alone")
+    return value
 
 
 # -- Tensor methods that leave PyTorch ---------------------------------------------------------------

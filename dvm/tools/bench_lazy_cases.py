@@ -1,6 +1,6 @@
 """What `dvm bench lazy` runs: eager chains written with plain tensor ops (the forms of
 `dvm bench ops`, plus softmax-with-temperature sampling math and an Adam step over a list of
-parameters) and the models whose greedy generate() it times."""
+parameters), torch.optim's own Adam step, and the models whose greedy generate() it times."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,6 +81,23 @@ def _adam(rows, cols, gen):
     return opt.step, (), opt
 
 
+def _torch_adam(rows, cols, gen):
+    """torch.optim.Adam itself (its single-tensor loop, PyTorch's default for CPU parameters) over
+    the same parameter list: it reads its step count with .item() between the moments' and the
+    parameters' updates."""
+    import torch
+    shapes = [(rows, cols), (cols,), (rows, cols), (cols,)]
+    params = [torch.nn.Parameter(_randn(s, gen)) for s in shapes]
+    for p in params:
+        p.grad = _randn(p.shape, gen) * 0.01
+    opt = torch.optim.Adam(params, lr=LR, foreach=False)
+
+    def step():
+        opt.step()
+        return [p.detach() for p in params]
+    return step, (), opt
+
+
 CHAINS = {c.name: c for c in (
     Chain("rmsnorm", "x * rsqrt(mean(x*x, -1) + eps) * w", True, _plain("rmsnorm", lambda r, c: [(r, c), (c,)])),
     Chain("swiglu", "silu(gate) * up", True, _plain("silu_mul", lambda r, c: [(r, c), (r, c)])),
@@ -92,6 +109,7 @@ CHAINS = {c.name: c for c in (
     Chain("sampling", "softmax(x / T), log_softmax, entropy, min-p filter, renormalize", False,
           lambda r, c, gen: (sampling, (_randn((r, c), gen) * 3,), None)),
     Chain("adam", "Adam step with tensor ops over 4 parameters (2 rows x cols, 2 cols)", True, _adam),
+    Chain("torch_adam", "torch.optim.Adam(foreach=False).step() over the same parameters", False, _torch_adam),
 )}
 CHAIN_NAMES = tuple(CHAINS)
 
