@@ -93,6 +93,7 @@ class Planner:
         self._new_views: dict = {}      # views replayed by the lowering being tried
         self.matches = fx_patterns.find(gm)               # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
+        self._position: dict | None = None   # FX node -> its index in the graph (absorb_write)
 
     # -- torch availability -------------------------------------------------------------------
     def need_torch(self, a) -> None:
@@ -372,7 +373,6 @@ class Planner:
         self.steps.append(TorchStep(n, kind, reason))
         self.ready.add(n)
 
-
     def absorb_write(self, n: fx.Node) -> bool:
         """`copy_(x, v)` of a graph input x (an input mutation AOTAutograd keeps in the graph: an
         optimizer's update) with v a value of the open segment: the segment stores v into x
@@ -387,7 +387,9 @@ class Planner:
         if not (_is_tensor(fs) and _is_tensor(fd)) or fs.dtype != fd.dtype or fs.dim() != fd.dim() or \
                 not all(decide_eq(a, b) is True for a, b in zip(self.syms.shape(fs), self.syms.shape(fd))):
             return False
-        position = {m: i for i, m in enumerate(self.gm.graph.nodes)}
+        if self._position is None:
+            self._position = {m: i for i, m in enumerate(self.gm.graph.nodes)}
+        position = self._position
         if any(u is not n and u.target is not _COPY_ and position[u] > position[n] for u in dst.users) or \
                 any(u not in seg.value and u.target is not _COPY_ for u in src.users):
             return False
