@@ -118,14 +118,23 @@ def _silu_gate(k, a, b):
 silu_gate, silu_gate_again = dvm.kernel(_silu_gate), dvm.kernel(_silu_gate)   # (each caches its Programs)
 
 
+def _stream_tile(kl) -> int:
+    """The encoder's stream tile of an elementwise kernel: STREAM_TILE_ELEMS lanes, fewer where its
+    registers would pass STREAM_REGISTER_BYTES."""
+    lane = sum(n * w for n, w in zip(kl.nregs, (4, 8, 8, 1)))
+    fits = encoder.STREAM_REGISTER_BYTES // lane
+    return max(encoder.MAX_BN, min(encoder.STREAM_TILE_ELEMS, 1 << (fits.bit_length() - 1)))
+
+
 def test_streaming_kernels_take_stream_tiles(monkeypatch):
     """Kernels of STREAM_ELEMS lanes or more (elementwise and single-tile-stream ones) get tiles of
-    STREAM_TILE_ELEMS lanes, the sweeps keep theirs; bitwise the reference VM's (SiLU, whose exp
+    STREAM_TILE_ELEMS lanes (elementwise ones fewer where their registers would pass
+    STREAM_REGISTER_BYTES), the sweeps keep theirs; bitwise the reference VM's (SiLU, whose exp
     differs between the VMs: bitwise the CPU VM's own on ordinary tiles)."""
     n = encoder.STREAM_ELEMS
     a, b = (RNG.standard_normal(n).astype(np.float32) for _ in range(2))
     kl = dvm.verify(silu_gate.program(a, b)).kernels[0]
-    assert (kl.bm, kl.bn) == (1, encoder.STREAM_TILE_ELEMS)
+    assert (kl.bm, kl.bn) == (1, _stream_tile(kl))
     streamed = [run_on(_threads(t), silu_gate, a, b)[0] for t in (1, 2)]
     with monkeypatch.context() as m:
         m.setattr(encoder, "STREAM_ELEMS", 2 * n)
@@ -135,7 +144,7 @@ def test_streaming_kernels_take_stream_tiles(monkeypatch):
         assert got.tobytes() == tiled.tobytes()
     x = a.reshape(2048, -1)
     kl = dvm.verify(bias_mix.program(x, x[0])).kernels[0]
-    assert kl.bm * kl.bn == encoder.STREAM_TILE_ELEMS
+    assert kl.bm * kl.bn == _stream_tile(kl) < encoder.STREAM_TILE_ELEMS   # 6 registers: 32768 lanes
     _bitwise_as_reference(bias_mix, x, x[0], why=("rows",))
     for kfn in (sum_last, max_last):
         assert re.search(rf"tile {encoder.STREAM_TILE_ELEMS // x.shape[1]}x{x.shape[1]} ",
@@ -143,6 +152,33 @@ def test_streaming_kernels_take_stream_tiles(monkeypatch):
     _bitwise_as_reference(max_last, x, why=("rows",))
     wide = a.reshape(4, -1)   # 1 M columns: the sweeps, with their own tiles
     assert "tile 1x4096 " in disasm(sum_last.program(wide))
+
+
+def _many_registers(k, a, b, c):
+    a, b, c = k.load(a), k.load(b), k.load(c)
+    m = k.add(k.mul(a, 0.9), k.mul(b, 0.1))
+    v = k.add(k.mul(c, 0.999), k.mul(k.mul(b, b), 0.001))
+    d = k.add(k.div(k.sqrt(v), 0.5), 1e-8)
+    return k.store(k.sub(a, k.div(k.mul(m, 0.01), d))), k.store(m), k.store(v)
+
+
+adam_like, adam_like_again = dvm.kernel(_many_registers), dvm.kernel(_many_registers)
+
+
+def test_register_heavy_streaming_kernels_take_smaller_tiles(monkeypatch):
+    """An Adam-like elementwise kernel streams in tiles that keep its registers within
+    STREAM_REGISTER_BYTES; bitwise the same as with STREAM_TILE_ELEMS-lane tiles."""
+    a, b, c = (RNG.standard_normal(encoder.STREAM_ELEMS).astype(np.float32) for _ in range(3))
+    c = np.abs(c)
+    kl = dvm.verify(adam_like.program(a, b, c)).kernels[0]
+    assert kl.bm * kl.bn == _stream_tile(kl) < encoder.STREAM_TILE_ELEMS
+    small = run_on(_threads(2), adam_like, a, b, c)
+    with monkeypatch.context() as m:
+        m.setattr(encoder, "STREAM_REGISTER_BYTES", 1 << 40)
+        assert dvm.verify(adam_like_again.program(a, b, c)).kernels[0].bn == encoder.STREAM_TILE_ELEMS
+        big = run_on(_threads(2), adam_like_again, a, b, c)
+    for x, y in zip(small, big):
+        assert x.tobytes() == y.tobytes()
 
 
 @pytest.mark.parametrize("kfn", [bias_mix, sum_last, layernorm, residual_norms])
