@@ -21,7 +21,7 @@ from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .aten_table import Unsupported
 from .fx_segments import fake
-from .torch_launch import TensorLauncher, input_spans, writable_over
+from .torch_launch import TensorLauncher, _data_ptr, input_spans, tensor_check, writable_over
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
 STORE_IN_TORCH_ORDER = False
@@ -100,6 +100,7 @@ class SegmentRunner:
         # (index in run()'s results, launch output or None (a copy), input slot of the same tensor)
         # (an input passed through is copied after the launch: its old value, so never written over)
         self.write_dsts = [dst for _, _, dst in seg.writes]
+        self._into_memo: tuple | None = None   # (tensor check, addresses, writes stored directly)
         self.writes = []
         passed = {k for is_input, k, _ in self.results if is_input}
         for _, src, dst in seg.writes:
@@ -107,6 +108,7 @@ class SegmentRunner:
             slot = self.inputs.index(dst) if dst in self.inputs else None
             direct = None if is_input or inv is not None or slot in passed else k
             self.writes.append((self.outputs.index(src), direct, slot))
+        self._outside = [i for i, (_, _, slot) in enumerate(self.writes) if slot is None]
         # the launch's outputs are the results, in order: run() returns them as they come
         self._direct = self.results == [(False, k, None) for k in range(len(self.results))]
         t0 = time.perf_counter()
@@ -160,14 +162,28 @@ class SegmentRunner:
         return results
 
     def _into(self, tensors: Sequence, dsts: Sequence) -> list | None:
-        """The launch's outputs that are written straight into the graph inputs they update."""
-        into = spans = None
-        for (_, k, slot), dst in zip(self.writes, dsts):
-            if k is None or (into is not None and into[k] is not None):
-                continue
-            spans = spans if spans is not None else input_spans(tensors)
-            if writable_over(self.graph, k, dst, spans, slot):
-                into = into or [None] * len(self.graph.outputs)
-                into[k] = dst
-                counters.bump("torch_input_updates_stored")
+        """The launch's outputs that are written straight into the graph inputs they update. The
+        answer depends only on the tensors' addresses, dtypes, sizes and strides: it is kept for
+        the next call with the same ones (an optimizer's step: the same tensors every time)."""
+        memo = self._into_memo
+        # (each tensor once: a check of the same tensor twice fails; a dst read by the segment is
+        # one of its inputs)
+        every = (*tensors, *[dsts[i] for i in self._outside])
+        ptrs = tuple(map(_data_ptr, every))
+        if memo is not None and memo[1] == ptrs and memo[0](*every):
+            direct = memo[2]
+        else:
+            direct, taken, spans = [], set(), input_spans(tensors)
+            for i, ((_, k, slot), dst) in enumerate(zip(self.writes, dsts)):
+                if k is not None and k not in taken and writable_over(self.graph, k, dst, spans, slot):
+                    direct.append(i)
+                    taken.add(k)
+            same = tensor_check(every)
+            self._into_memo = None if same is None else (same, ptrs, direct)
+        if not direct:
+            return None
+        into = [None] * len(self.graph.outputs)
+        for i in direct:
+            into[self.writes[i][1]] = dsts[i]
+        counters.bump("torch_input_updates_stored", len(direct))
         return into
