@@ -1,9 +1,13 @@
-"""What every ATen lowering module shares: the dtype map and the Unsupported signal."""
+"""What every ATen lowering module shares: the dtype map, the Unsupported signal, scalars as
+nodes."""
 from __future__ import annotations
 
 import torch
 
+from ..graph import build
 from ..graph.dtypes import DType
+from ..graph.node import Node
+from ..graph.symbolic import SymExpr
 
 TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: DType.INT64,
                 torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
@@ -19,3 +23,13 @@ def dvm_dtype(dt) -> DType:
     if d is None:
         raise Unsupported(f"dtype {dt}")
     return d
+
+
+def scalar(v) -> Node:
+    """A handler's operand as a node: a node itself, or a Python number / size expression as a
+    constant."""
+    if isinstance(v, Node):
+        return v
+    if isinstance(v, (SymExpr, bool, int, float)):
+        return build.const(v)
+    raise Unsupported(f"argument of type {type(v).__name__}")

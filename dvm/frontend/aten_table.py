@@ -15,27 +15,25 @@ platform library, DESIGN.md §4).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..graph import build
 from ..graph.dtypes import DType
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr
+from . import aten_updates as U
 from . import aten_views as V
 from .aten_common import Unsupported, dvm_dtype  # (Unsupported is imported from here by the planner)
+from .aten_common import scalar
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
 def _scalar(lw, v) -> Node:
-    if isinstance(v, Node):
-        return v
-    if isinstance(v, SymExpr):
-        return build.const(v)
-    if isinstance(v, (bool, int, float)):
-        return build.const(v)
-    raise Unsupported(f"argument of type {type(v).__name__}")
+    return scalar(v)
 
 
 def _ew(name):
@@ -220,19 +218,6 @@ def _to_copy(lw, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
     return build.cast(x, dvm_dtype(dtype))
 
 
-def _copy(lw, dst, src, non_blocking=False):
-    """aten.copy (copy_ made functional): src broadcast to dst's shape, in dst's dtype."""
-    return build.broadcast_view(lw.ctx, build.cast(_scalar(lw, src), dvm_dtype(lw.out.dtype)), lw.out_shape)
-
-
-def _fma(lw, a, b, c):
-    """prims.fma (Dynamo's addcmul_ / addcdiv_ / add_ with a tensor alpha): a * b + c, rounded
-    twice (DVM has no fused multiply-add): within one rounding of the fused result."""
-    dt = dvm_dtype(lw.out.dtype)
-    prod = build.elementwise(lw.ctx, "mul", build.cast(_scalar(lw, a), dt), _scalar(lw, b))
-    return build.cast(build.elementwise(lw.ctx, "add", prod, build.cast(_scalar(lw, c), dt)), dt)
-
-
 def _identity(lw, x, *args, **kwargs):
     if kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
         raise Unsupported(f"memory_format {kwargs['memory_format']}")
@@ -296,39 +281,6 @@ def _new_full(value):
 
 def _new_full_value(lw, x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _full(lw, size, fill_value, device=device)
-
-
-def _lerp(lw, start, end, weight):
-    """start + weight * (end - start), as PyTorch's CPU kernel and reference: from end when
-    |weight| >= 0.5 (end - (end - start) * (1 - weight)), which is exact at weight 1."""
-    dt = dvm_dtype(lw.out.dtype)
-    start, end = build.cast(_scalar(lw, start), dt), build.cast(_scalar(lw, end), dt)
-    diff = build.elementwise(lw.ctx, "sub", end, start)
-    if isinstance(weight, (int, float)) and not isinstance(weight, bool):
-        far = abs(weight) >= 0.5
-        coeff = build.const(weight - 1 if far else weight)
-        return build.cast(build.elementwise(lw.ctx, "add", build.elementwise(lw.ctx, "mul", coeff, diff),
-                                            end if far else start), dt)
-    w = build.cast(_scalar(lw, weight), dt)
-    far = build.elementwise(lw.ctx, "ge", build.elementwise(lw.ctx, "abs", w), build.const(0.5))
-    coeff = build.elementwise(lw.ctx, "where", far, build.elementwise(lw.ctx, "sub", w, build.const(1)), w)
-    base = build.elementwise(lw.ctx, "where", far, end, start)
-    return build.cast(build.elementwise(lw.ctx, "add", build.elementwise(lw.ctx, "mul", coeff, diff), base), dt)
-
-
-def _foreach(single):
-    """_foreach_<op>: the op on each element of the list operands (lists pair by index; a
-    scalar or a 0-d tensor is shared), one result each."""
-    def fn(lw, *args, **kwargs):
-        n = len(lw.out)
-        if any(isinstance(a, (list, tuple)) and len(a) != n for a in (*args, *kwargs.values())):
-            raise Unsupported("foreach lists of different lengths")
-
-        def pick(a, i):
-            return a[i] if isinstance(a, (list, tuple)) else a
-        return tuple(single(lw.element(i), *[pick(a, i) for a in args], **{k: pick(v, i) for k, v in kwargs.items()})
-                     for i in range(n))
-    return fn
 
 
 def _new_tensor(value):
@@ -433,38 +385,11 @@ LOWERINGS.update({
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
     aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1),
     aten.arange.start: _arange_start, aten.arange.start_step: _arange_start,
-    aten.lift_fresh_copy.default: _identity, aten.copy.default: _copy,
-    aten.new_full.default: _new_full_value,
-    aten.lerp.Scalar: _lerp, aten.lerp.Tensor: _lerp,
+    aten.lift_fresh_copy.default: _identity, aten.new_full.default: _new_full_value,
+    **U.UPDATE_LOWERINGS,
 })
-# _foreach_<op>.<overload> (optimizers' multi-tensor steps): <op>'s handler per list element
-_FOREACH_SINGLE = {"Scalar": ("Tensor", "Scalar", "default"), "List": ("Tensor", "default"),
-                   "ScalarList": ("Tensor", "Scalar", "default"), "Tensor": ("Tensor", "default"),
-                   "ScalarAndTensor": ("Scalar",), "default": ("default", "Tensor")}
-FOREACH_OPS: set = set()
-for _name in sorted({n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
-                     if n.startswith("aten::_foreach_") and not n.split(".")[0].endswith("_")}):
-    _single = getattr(aten, _name[len("_foreach_"):], None)
-    for _ov in getattr(aten, _name).overloads():
-        if _ov == "Tensor" and _name in ("_foreach_addcmul", "_foreach_addcdiv"):
-            continue   # a 1-D tensor of one value per element, not a shared operand
-        _h = next((LOWERINGS[getattr(_single, o)] for o in _FOREACH_SINGLE.get(_ov, ())
-                   if _single is not None and hasattr(_single, o) and getattr(_single, o) in LOWERINGS), None)
-        if _h is not None:
-            LOWERINGS[getattr(getattr(aten, _name), _ov)] = _foreach(_h)
-            FOREACH_OPS.add(getattr(getattr(aten, _name), _ov))
-FOREACH_OPS = frozenset(FOREACH_OPS)
-
-
-def register_late_ops() -> None:
-    """Add the ops that exist only once another module registered them: Inductor's prims.fma,
-    which Dynamo emits for addcmul_ / addcdiv_ (importing it here would cost ~1 s). Called before
-    a graph is lowered."""
-    if _LATE_FMA not in LOWERINGS.values() and hasattr(prims, "fma"):
-        LOWERINGS[prims.fma.default] = _LATE_FMA
-
-
-_LATE_FMA = _fma
+FOREACH_OPS = U.add_foreach(LOWERINGS)   # (not recorded by lazy mode: lists of results)
+register_late_ops = functools.partial(U.register_late_ops, LOWERINGS)
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the
 # elementwise / reduction ops above, so training graphs fuse; forward composites that DVM has as

@@ -24,7 +24,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
-from . import fx_patterns, fx_sdpa
+from . import fx_patterns, fx_sdpa, fx_updates
 from .aten_table import Unsupported
 from .fx_syms import Syms
 from .gpu_arrays import device_supported
@@ -93,7 +93,7 @@ class Planner:
         self._new_views: dict = {}      # views replayed by the lowering being tried
         self.matches = fx_patterns.find(gm)               # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
-        self._position: dict | None = None   # FX node -> its index in the graph (absorb_write)
+        self.position: dict | None = None    # FX node -> its index in the graph (fx_updates)
 
     # -- torch availability -------------------------------------------------------------------
     def need_torch(self, a) -> None:
@@ -352,7 +352,7 @@ class Planner:
             return
         if n.target is fx_sdpa.sdpa_keep_mask:
             return self.to_torch(n, fx_sdpa.REASON)
-        if n.target is _COPY_ and self.absorb_write(n):
+        if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
             return
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
         if reason is None:
@@ -372,34 +372,6 @@ class Planner:
             kind = "python" if reason == "python" else "fallback"
         self.steps.append(TorchStep(n, kind, reason))
         self.ready.add(n)
-
-    def absorb_write(self, n: fx.Node) -> bool:
-        """`copy_(x, v)` of a graph input x (an input mutation AOTAutograd keeps in the graph: an
-        optimizer's update) with v a value of the open segment: the segment stores v into x
-        itself where that is safe at run time (SegmentRunner), else copies it in after its launch.
-        Only when nothing else reads v, and every other reader of x comes before n (then it is a
-        member of the segment or runs before its launch)."""
-        seg, (dst, src) = self.open, (n.args + (None, None))[:2]
-        if seg is None or n.kwargs or len(n.args) != 2 or n.users or not isinstance(src, fx.Node) \
-                or self.seg_of.get(src) is not seg or not isinstance(dst, fx.Node) or dst.op != "placeholder":
-            return False
-        fs, fd = fake(src), fake(dst)
-        if not (_is_tensor(fs) and _is_tensor(fd)) or fs.dtype != fd.dtype or fs.dim() != fd.dim() or \
-                not all(decide_eq(a, b) is True for a, b in zip(self.syms.shape(fs), self.syms.shape(fd))):
-            return False
-        if self._position is None:
-            self._position = {m: i for i, m in enumerate(self.gm.graph.nodes)}
-        position = self._position
-        if any(u is not n and u.target is not _COPY_ and position[u] > position[n] for u in dst.users) or \
-                any(u not in seg.value and u.target is not _COPY_ for u in src.users):
-            return False
-        if src not in seg.outputs:
-            seg.outputs.append(src)
-        seg.writes.append((n, src, dst))
-        return True
-
-
-_COPY_ = torch.ops.aten.copy_.default
 
 
 def _numel(shape):

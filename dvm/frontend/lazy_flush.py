@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..graph.build import ShapeContext, permute
 from ..graph.node import topo_order
@@ -285,7 +286,7 @@ def peek(pending, var):
             return None
         picked.append(entry)
         need.difference_update(values)
-        for a in _flat((rargs, rkwargs)):
+        for a in tree_leaves((rargs, rkwargs)):
             if isinstance(a, Ref):
                 need.add(a.j)
             elif isinstance(a, torch.Tensor) and a.numel() > PEEK_MAX_NUMEL:
@@ -303,17 +304,6 @@ def peek(pending, var):
         for j, t in zip(values, r if isinstance(r, (tuple, list)) else (r,)):
             vals[j] = t
     return vals[var.value]
-
-
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _flat(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _flat(v)
-    else:
-        yield x
 
 
 # -- the eager replay ------------------------------------------------------------------------------

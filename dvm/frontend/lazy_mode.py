@@ -93,16 +93,8 @@ def flush(reason: str, cause: str) -> None:
     p = st.pending
     if p.empty or st.busy:
         return
-    st.busy = True
     t0 = time.perf_counter()
-    # below autograd and the in-place/view bookkeeping: they ran when the calls were recorded
-    # (grad_fn, version counters); the flush only computes values, as the kernels would have.
-    # No Python dispatch either: the replay and the copies are plain kernels (through this mode
-    # each would cost ~3 us more)
-    below = torch._C._AutoDispatchBelowADInplaceOrView()   # (a guard takes its state when made:
-    below.__enter__()                                       # make each right before entering it)
-    plain = torch._C._DisableTorchDispatch()
-    plain.__enter__()
+    guards = _plain_kernels(st)
     try:
         outs = [v for v in p.vars if v.alive()]
         kernels, cached, path, plan = 0, False, "dead", None
@@ -129,10 +121,29 @@ def flush(reason: str, cause: str) -> None:
                         plan if path == "dvm" else None)
         _count(ev, p)
     finally:
-        plain.__exit__(None, None, None)
-        below.__exit__(None, None, None)
+        _leave(guards)
         p.reset()
         st.busy = False
+
+
+def _plain_kernels(st) -> tuple:
+    """Enter computing pending values (the thread's mode busy): below autograd and the
+    in-place/view bookkeeping, which ran when the calls were recorded (grad_fn, version
+    counters); only values are computed, as the kernels would have. No Python dispatch either:
+    the replay and the copies are plain kernels (through this mode each would cost ~3 us more).
+    Returns the guards for _leave (the caller clears st.busy after it)."""
+    st.busy = True
+    below = torch._C._AutoDispatchBelowADInplaceOrView()   # (a guard takes its state when made:
+    below.__enter__()                                       # make each right before entering it)
+    plain = torch._C._DisableTorchDispatch()
+    plain.__enter__()
+    return below, plain
+
+
+def _leave(guards: tuple) -> None:
+    below, plain = guards
+    plain.__exit__(None, None, None)
+    below.__exit__(None, None, None)
 
 
 EAGER_MEASURED = "eager: measured faster than DVM"
@@ -268,16 +279,11 @@ def _peek(p, t):
     if var is None or var.root is not None or var.value is None:
         return None
     st = STATE
-    st.busy = True
-    below = torch._C._AutoDispatchBelowADInplaceOrView()
-    below.__enter__()
-    plain = torch._C._DisableTorchDispatch()
-    plain.__enter__()
+    guards = _plain_kernels(st)
     try:
         value = F.peek(p, var)
     finally:
-        plain.__exit__(None, None, None)
-        below.__exit__(None, None, None)
+        _leave(guards)
         st.busy = False
     if value is not None:
         counters.bump("lazy_item_computed_alone")
