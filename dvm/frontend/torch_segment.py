@@ -96,7 +96,7 @@ class SegmentRunner:
         self.inputs = list(seg.inputs)
         self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
         self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
-        # graph inputs updated by the segment (fx_segments.absorb_write), passed after the inputs:
+        # graph inputs updated by the segment (fx_updates.absorb_write), passed after the inputs:
         # (index in run()'s results, launch output or None (a copy), input slot of the same tensor)
         # (an input passed through is copied after the launch: its old value, so never written over)
         self.write_dsts = [dst for _, _, dst in seg.writes]
