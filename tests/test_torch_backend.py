@@ -160,7 +160,7 @@ def test_float_reaching_a_non_tensor_argument_is_specialized_without_a_restart(m
         torch.testing.assert_close(cm(q), m(q))
     assert len(calls) == 1, "one AOT trace: no restart, no recompile for eps or the size"
     placeholders = {n.name: len(n.users) for n in calls[0].graph.nodes if n.op == "placeholder"}
-    assert [k for k, users in placeholders.items() if "scale" in k and users == 0], placeholders
+    assert not [k for k in placeholders if "scale" in k], placeholders   # removed: not built per call
     assert [k for k, users in placeholders.items() if "eps" in k and users > 0], placeholders
     assert counters.snapshot().get("torch_float_inputs_specialized", 0) == specialized + 1
     m.scale = 0.5   # the guard on the specialized value: recompiles, uses the new scale

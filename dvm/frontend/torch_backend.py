@@ -41,7 +41,7 @@ def _aot():
 
 def dvm_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The Dynamo backend: AOTAutograd with DVM's forward / backward / inference compilers."""
-    specialize_untensorifiable_floats(gm)
+    example_inputs = specialize_untensorifiable_floats(gm, example_inputs)
     compiled = _aot()(gm, example_inputs, **kwargs)   # may raise Dynamo's restart exceptions
     counters.bump("torch_dynamo_graphs")               # graphs actually compiled
     return compiled
@@ -53,7 +53,7 @@ _TENSORIFIABLE = frozenset({operator.add, operator.sub, operator.mul, operator.t
                             operator.lt, operator.ge, operator.le, operator.eq, operator.ne})
 
 
-def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
+def specialize_untensorifiable_floats(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     """Specialize now the float inputs that AOTAutograd's tensorify pass would give up on.
 
     With dynamic shapes Dynamo passes Python float attributes (an RMSNorm's eps, attention's
@@ -62,19 +62,20 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
     raises TensorifyScalarRestartAnalysis: Dynamo traces the frame again with the float a
     constant. That second trace was ~45 % of the tiny Llama's first call (5.6 s). Here the
     `.item()` of such an input is replaced by its value under a guard (guard_scalar: a changed
-    value recompiles, as after the restart) and the float is marked specialized, so the pass has
-    nothing left to restart for; the 0-d input stays, unused. The same rewrite Dynamo itself does
-    on a restarted trace (OutputGraph.remove_tensorify_specialized_graphargs). A float used only by
-    arithmetic stays an input. Returns the specialized input names."""
+    value recompiles, as after the restart), the float is marked specialized, so the pass has
+    nothing left to restart for, and its placeholder is removed: `gm.graph` is Dynamo's own
+    graph, whose placeholders name the arguments its frame code builds for every call after the
+    backend returns (a 0-d tensor made per float per call: 16 of them cost a BERT forward
+    ~50 us). The same rewrite Dynamo itself does on a restarted trace
+    (OutputGraph.remove_tensorify_specialized_graphargs). A float used only by arithmetic stays
+    an input. Returns the example inputs of the placeholders left."""
     try:
         from torch._dynamo.symbolic_convert import TensorifyState
         from torch.fx.experimental.symbolic_shapes import guard_scalar
     except ImportError:  # pragma: no cover - torch internals moved: Dynamo's restart does it
-        return []
-    done = []
-    for node in list(gm.graph.nodes):
-        if node.op != "placeholder":
-            continue
+        return example_inputs
+    dropped = set()
+    for position, node in enumerate(gm.graph.find_nodes(op="placeholder")):
         memo = getattr(node.meta.get("example_value"), "item_memo", None)
         if not isinstance(memo, torch.SymFloat) or \
                 not all(u.op == "call_method" and u.target == "item" for u in node.users):
@@ -89,11 +90,12 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule) -> list[str]:
         for u in list(node.users):
             u.replace_all_uses_with(value)
             gm.graph.erase_node(u)
-        done.append(node.name)
-    if done:
+        gm.graph.erase_node(node)
+        dropped.add(position)
+    if dropped:
         gm.recompile()
-        counters.bump("torch_float_inputs_specialized", len(done))   # shown by dvm.explain
-    return done
+        counters.bump("torch_float_inputs_specialized", len(dropped))   # shown by dvm.explain
+    return [x for i, x in enumerate(example_inputs) if i not in dropped]
 
 
 def compile(model=None, **kwargs):  # noqa: A001 (mirrors torch.compile)

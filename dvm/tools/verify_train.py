@@ -104,8 +104,7 @@ def graph_backend():
                        decompositions=decompositions())
 
     def graph_eager(gm, example_inputs, **kwargs):
-        specialize_untensorifiable_floats(gm)
-        return aot(gm, example_inputs, **kwargs)
+        return aot(gm, specialize_untensorifiable_floats(gm, example_inputs), **kwargs)
     return graph_eager
 
 
