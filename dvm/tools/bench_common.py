@@ -83,6 +83,19 @@ def progress(bench: str, msg: str, quiet: bool = False) -> None:
         print(f"[dvm bench {bench}] {msg}", file=sys.stderr, flush=True)
 
 
+class BenchRun:
+    """A benchmark run's settings, its failures so far and its progress lines (`bench`: the
+    benchmark's name in them); a benchmark subclasses it with its cases."""
+    bench = ""
+
+    def __init__(self, rounds: int, seed: int, quiet: bool):
+        self.rounds, self.seed, self.quiet = rounds, seed, quiet
+        self.failures: list = []
+
+    def log(self, msg: str) -> None:
+        progress(self.bench, msg, self.quiet)
+
+
 def write_json(path: str, report: dict) -> None:
     d = os.path.dirname(path)
     if d:

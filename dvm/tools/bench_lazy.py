@@ -33,7 +33,7 @@ import os
 import sys
 import time
 
-from .bench_common import (finish_report, loadavg, machine_info, progress, restore_vm_threads, set_vm_threads,
+from .bench_common import (BenchRun, finish_report, loadavg, machine_info, restore_vm_threads, set_vm_threads,
                            vm_extra, whole_vm)
 from .bench_lazy_cases import CHAIN_NAMES, CHAINS, models
 from .bench_lazy_probes import recording_costs
@@ -126,13 +126,8 @@ def _warm_up(fn, site, calls: int):
     return out
 
 
-class _Run:
-    def __init__(self, rounds: int, seed: int, quiet: bool):
-        self.rounds, self.seed, self.quiet = rounds, seed, quiet
-        self.failures: list = []
-
-    def log(self, msg: str) -> None:
-        progress("lazy", msg, self.quiet)
+class _Run(BenchRun):
+    bench = "lazy"
 
     # -- chains ------------------------------------------------------------------------------------
     def check(self, chain, shape) -> str | None:

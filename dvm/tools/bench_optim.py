@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-from .bench_common import (add_output_options, finish_report, fmt_time, loadavg, machine_info, progress, restore_vm_threads,
-                           set_vm_threads, vm_extra, whole_vm)
+from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, loadavg, machine_info,
+                           restore_vm_threads, set_vm_threads, vm_extra, whole_vm)
 from .bench_lazy import _rounds, parse_list
 
 DEFAULT_JSON = os.path.join("bench-results", "optim.json")
@@ -63,13 +63,8 @@ def _counts() -> dict:
     return {k: snap.get(k, 0) for k in ("torch_segment_launches", "torch_input_updates_copied")}
 
 
-class _Run:
-    def __init__(self, rounds: int, seed: int, quiet: bool):
-        self.rounds, self.seed, self.quiet = rounds, seed, quiet
-        self.failures: list = []
-
-    def log(self, msg: str) -> None:
-        progress("optim", msg, self.quiet)
+class _Run(BenchRun):
+    bench = "optim"
 
     def case(self, name: str, foreach: bool, size: str, shape: tuple) -> dict:
         import torch
