@@ -95,6 +95,16 @@ class BenchRun:
     def log(self, msg: str) -> None:
         progress(self.bench, msg, self.quiet)
 
+    def report(self, started: float, load, threads: int, **results) -> dict:
+        """The run's JSON report: what ran where (started: its time.time(), load: loadavg() then),
+        then `results`, then the failures."""
+        import torch
+        return {"benchmark": self.bench, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "seconds": round(time.time() - started, 1), "vm": dvm_config.config().vm, "threads": threads,
+                "rounds": self.rounds, "seed": self.seed, "machine": machine_info(),
+                "versions": {"torch": torch.__version__, **vm_extra()},
+                "loadavg_1min": {"start": load, "end": loadavg()}, **results, "failures": self.failures}
+
 
 def write_json(path: str, report: dict) -> None:
     d = os.path.dirname(path)

@@ -33,8 +33,7 @@ import os
 import sys
 import time
 
-from .bench_common import (BenchRun, finish_report, loadavg, machine_info, restore_vm_threads, set_vm_threads,
-                           vm_extra, whole_vm)
+from .bench_common import BenchRun, finish_report, loadavg, restore_vm_threads, set_vm_threads, whole_vm
 from .bench_lazy_cases import CHAIN_NAMES, CHAINS, models
 from .bench_lazy_probes import recording_costs
 from .bench_lazy_report import markdown, plot
@@ -266,11 +265,7 @@ def run(sizes=SIZE_ORDER, cases=CHAIN_NAMES, model_names=None, tokens: int = DEF
     finally:
         torch.set_num_threads(old_threads)
         restore_vm_threads(old_vm)
-    return {"benchmark": "lazy", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 1),
-            "vm": dvm.config.config().vm, "threads": threads, "rounds": rounds, "seed": seed,
-            "machine": machine_info(), "versions": {"torch": torch.__version__, **vm_extra()},
-            "loadavg_1min": {"start": load, "end": loadavg()},
-            "chains": chains, "generate": gens, "calibration": cal, "failures": r.failures}
+    return r.report(t0, load, threads, chains=chains, generate=gens, calibration=cal)
 
 
 def parse_list(text: str, what: str, choices) -> list:

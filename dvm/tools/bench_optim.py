@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, loadavg, machine_info,
-                           restore_vm_threads, set_vm_threads, vm_extra, whole_vm)
+from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, loadavg, restore_vm_threads,
+                           set_vm_threads, whole_vm)
 from .bench_lazy import _rounds, parse_list
 
 DEFAULT_JSON = os.path.join("bench-results", "optim.json")
@@ -133,10 +133,7 @@ def run(sizes=SIZE_ORDER, optimizers=OPTIMIZERS, rounds: int = DEFAULT_ROUNDS, s
     finally:
         torch.set_num_threads(old_threads)
         restore_vm_threads(old_vm)
-    return {"benchmark": "optim", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 1),
-            "vm": dvm.config.config().vm, "threads": threads, "rounds": rounds, "seed": seed,
-            "machine": machine_info(), "versions": {"torch": torch.__version__, **vm_extra()},
-            "loadavg_1min": {"start": load, "end": loadavg()}, "cases": cases, "failures": r.failures}
+    return r.report(t0, load, threads, cases=cases)
 
 
 def markdown(report: dict) -> str:
