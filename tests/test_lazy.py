@@ -91,6 +91,7 @@ CASES = {
     "clone_contiguous": (lambda x: (x * 2).t().contiguous().clone() + 1, (X,)),
     "reductions": (lambda x: torch.stack([x.sum(), x.mean(), x.amax(), x.amin(), x.prod()]), (X * 0.5,)),
     "argmax_max_dim": (lambda x: (x * 2).max(-1).indices + (x + 1).argmax(0).sum(), (X,)),
+    "cat_unequal": (lambda x, b: (torch.cat([x.exp(), b * 2, x[:, :3]], -1) + 1).softmax(-1), (X, B)),
 }
 
 

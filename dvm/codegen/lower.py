@@ -231,7 +231,10 @@ class _Emitter:
                     and not cast_is_noop(src.inputs[0].dtype, src.dtype):
                 src = src.inputs[0]  # the store rounds/wraps exactly like this narrowing cast
             reg = self.value(src, sec)
-            spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
+            if st.view is not None and st.view.op == "slice":   # a concat's piece: into its slice
+                spec = OperandSpec(OPND_ARG, st.slot, v.dtype, tuple(st.view.inputs[0].shape), None, (st.view,))
+            else:
+                spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())
             kind = "storerow" if self.single and row else "store"
             self.emit(sec, f"{kind}.{v.dtype.bank.short}", reg, self.operand(spec))
 

@@ -1,5 +1,6 @@
 """ATen lowerings that move data without computing: slices and selects (DVM 'slice' views), cat
-of equal pieces (a where over a new axis, then a reshape) and indexing with aranges (views).
+(of equal pieces: a where over a new axis, then a reshape; else a concat node) and indexing with
+aranges (views).
 Part of the one table in aten_table (LOWERINGS); the same handler conventions apply."""
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def slice_backward(lw, g, input_sizes, dim, start, end, step):
 def cat(lw, tensors, dim=0):
     """cat of pieces of one size along `dim`: stack them on a new axis in front of dim (each
     piece broadcast along it, selected with where on the axis' index: only in-bounds reads),
-    then merge the two axes. Pieces of different sizes run through PyTorch."""
+    then merge the two axes. Pieces of different sizes: a concat node (each piece stored into
+    its slice of one buffer)."""
     dt = dvm_dtype(lw.out.dtype)
     pieces = [build.cast(t, dt) for t in tensors if not (t.ndim == 1 and build.decide_eq(t.shape[0], 0) is True)]
     if not pieces:
@@ -68,9 +70,10 @@ def cat(lw, tensors, dim=0):
         return pieces[0]
     dim %= pieces[0].ndim
     n = pieces[0].shape[dim]
-    for p in pieces:
-        if p.ndim != pieces[0].ndim or build.decide_eq(p.shape[dim], n) is not True:
-            raise Unsupported("cat of pieces of different sizes")
+    if any(p.ndim != pieces[0].ndim for p in pieces):
+        raise Unsupported("cat of pieces of different ranks")
+    if any(build.decide_eq(p.shape[dim], n) is not True for p in pieces):
+        return build.reshape(lw.ctx, build.concat(lw.ctx, pieces, dim), lw.out_shape)
     return stack_merge(lw.ctx, pieces, dim, lw.out_shape)
 
 

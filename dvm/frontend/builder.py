@@ -25,7 +25,7 @@ from ..config import config
 from ..errors import ArgumentError, DTypeError, ShapeError, TraceError
 from ..graph import build
 from ..graph.build import ShapeContext
-from ..graph.dtypes import DType, dtype_of
+from ..graph.dtypes import DType, dtype_of, result_type
 from ..graph.node import Node
 from ..graph.ops import BINARY, OP_TABLE, REDUCTIONS, TERNARY, UNARY
 from ..graph.symbolic import Dim, SymExpr, evaluate, render, sym
@@ -143,6 +143,14 @@ class KernelBuilder:
 
     def broadcast_to(self, x, shape: Sequence[Dim]) -> Value:
         return self._wrap(build.broadcast_to(self.ctx, self._v(x), shape))
+
+    def cat(self, xs: Sequence, axis: int = 0) -> Value:
+        """torch.cat: the values (promoted to one dtype) joined along `axis`."""
+        nodes = [self._v(x, "k.cat argument") for x in xs]
+        if not nodes:
+            raise TraceError("k.cat needs at least one value")
+        dt = result_type([n.dtype for n in nodes], [], [])
+        return self._wrap(build.concat(self.ctx, [build.cast(n, dt) for n in nodes], axis))
 
     # -- composites with keyword forms ----------------------------------------------------------
     def clamp(self, x, min=None, max=None) -> Value:  # noqa: A002 (PyTorch's names)

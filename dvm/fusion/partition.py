@@ -4,12 +4,15 @@ A group has one domain: a shape S and a set A of reduced axes. Elementwise work 
 (recomputed) into every group that needs it; reductions and stored values are group roots.
 Values crossing groups go through workspace buffers. Invariant: group indices are a
 topological order — a group reads workspaces only of groups with a smaller index, and reads
-reductions of its own group from registers.
+reductions of its own group from registers. A concat is never inlined: each piece is stored into
+its slice of the concat's buffer (an output's, else a workspace), by a group that stores nothing
+else there, and readers load the buffer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..graph.build import concat_slices
 from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
@@ -41,8 +44,9 @@ class Group:
 
     def describe(self) -> str:
         red = ", ".join(f"{r.op}{sorted(r.attr('axes'))}" for r in self.reductions) or "none"
+        sliced = sum(s.view is not None and s.view.op == "slice" for s in self.stores)
         return f"group {self.index}: domain {self.shape} reduce {sorted(self.axes)}; " \
-               f"reductions {red}; {len(self.stores)} store(s)"
+               f"reductions {red}; {len(self.stores)} store(s)" + (f", {sliced} into a cat's slice" if sliced else "")
 
 
 @dataclass
@@ -152,6 +156,9 @@ class Partitioner:
         return memo
 
     def inline_deps(self, node: Node) -> frozenset:
+        if node.op == "concat":
+            self.materialize(node)
+            return frozenset({(node, True)})
         if node.op in VIEW_OPS:
             base, _ = self.resolve_view(node)
             return frozenset({(base, True)}) if base in self.slot_of else frozenset()
@@ -186,16 +193,26 @@ class Partitioner:
         self.group_of[r] = g.index
 
     def place_store(self, value: Node, slot: int, view: Node | None) -> int:
+        """view: None, the output node when it is a reshape of value, or a concat's slice that
+        value fills. A group stores at most once into a slot."""
         deps = self.inline_deps(value) if not is_reduce(value) else self.deps(value)
         lo = self.lowest_group(deps)
         homes = sorted({self.group_of[d] for d, ws in deps if not ws}, reverse=True)
         order = homes + [g.index for g in reversed(self.groups) if g.index not in homes]
         g = next((self.groups[i] for i in order
-                  if i >= lo and fits(value.shape, self.groups[i].shape, self.groups[i].axes)), None)
+                  if i >= lo and fits(value.shape, self.groups[i].shape, self.groups[i].axes)
+                  and all(s.slot != slot for s in self.groups[i].stores)), None)
         if g is None:
-            g, value = self.reshaped_home(value) or (self.new_group(value.shape, frozenset()), value)
+            sliced = view is not None and view.op == "slice"
+            g, value = (None if sliced else self.reshaped_home(value)) or \
+                (self.new_group(value.shape, frozenset()), value)
         g.stores.append(Store(value, slot, view))
         return g.index
+
+    def place_concat(self, node: Node, slot: int) -> None:
+        """Each piece stored into its slice of `slot`; readers of the node load it after the last."""
+        self.slot_of[node] = slot
+        self.group_of[node] = max(self.place_store(p, slot, v) for p, v in zip(node.inputs, concat_slices(node)))
 
     def reshaped_home(self, value: Node) -> tuple[Group, Node] | None:
         """(group, value reshaped to its domain) for elementwise work with no group of its shape:
@@ -227,6 +244,8 @@ class Partitioner:
         if is_reduce(node):
             self.place_reduction(node)
             self.groups[self.group_of[node]].stores.append(Store(node, slot, None))
+        elif node.op == "concat":
+            self.place_concat(node, slot)
         else:
             self.group_of[node] = self.place_store(node, slot, None)
 
@@ -246,12 +265,20 @@ class Partitioner:
         for node in work:          # (inlined into each other: one kernel of one-element domain)
             self.materialize(node)
         self.uniform.update(work)
+        placed = set()
+        for i, out in enumerate(self.outputs):   # concats fill their outputs: readers load them there
+            cat = out if out.op == "concat" else out.inputs[0] if out.op == "reshape" else None
+            if cat is not None and cat.op == "concat" and cat not in self.slot_of:
+                self.place_concat(cat, self.n_inputs + i)   # (a reshape of a row-major buffer: the same memory)
+                placed.add(i)
         for node in topo_order(self.outputs):
             if is_reduce(node):
                 self.place_reduction(node)
         for i, out in enumerate(self.outputs):
             slot = self.n_inputs + i
             base, _ = split_chain(out)
+            if i in placed:
+                continue
             if out.op == "reshape" and out.inputs[0].op not in VIEW_OPS and base.op not in LEAF_OPS:
                 self.place_store(out.inputs[0], slot, out)
             else:

@@ -338,6 +338,44 @@ def broadcast_to(ctx: ShapeContext, x: Node, shape: Sequence) -> Node:
     return Node.make("broadcast_to", x.dtype, shape, (x,))
 
 
+def concat(ctx: ShapeContext, pieces: Sequence[Node], axis: int) -> Node:
+    """The pieces (one dtype and rank) joined along `axis`; every other size must be equal (a
+    run-time check where that is not decided now). Not a view: each piece is stored into its
+    slice of one buffer (concat_slices; fusion/partition)."""
+    if not pieces:
+        raise ShapeError("cat: no tensors to join")
+    first = pieces[0]
+    if first.ndim == 0:
+        raise ShapeError("cat: a zero-dimensional value cannot be joined")
+    if not isinstance(axis, int) or not -first.ndim <= axis < first.ndim:
+        raise ShapeError(f"cat: axis {axis} invalid for rank {first.ndim}")
+    axis %= first.ndim
+    for p in pieces:
+        if p.ndim != first.ndim or p.dtype != first.dtype:
+            raise ShapeError(f"cat: pieces of rank {p.ndim} / {p.dtype.value} and {first.ndim} / {first.dtype.value}")
+        for d in range(first.ndim):
+            if d != axis:
+                ctx.require_eq(p.shape[d], first.shape[d], f"cat: sizes {render(p.shape)} and "
+                                                           f"{render(first.shape)} off axis {axis}")
+    if len(pieces) == 1:
+        return first
+    length = pieces[0].shape[axis]
+    for p in pieces[1:]:
+        length = length + p.shape[axis]
+    shape = first.shape[:axis] + (length,) + first.shape[axis + 1:]
+    return Node.make("concat", first.dtype, shape, tuple(pieces), axis=axis)
+
+
+def concat_slices(node: Node) -> list[Node]:
+    """Per piece of a concat node: the slice view of the node that the piece fills."""
+    axis, start, out = node.attr("axis"), 0, []
+    for p in node.inputs:
+        shape = node.shape[:axis] + (p.shape[axis],) + node.shape[axis + 1:]
+        out.append(Node.make("slice", node.dtype, shape, (node,), axis=axis, start=start, step=1, keep=True))
+        start = start + p.shape[axis]
+    return out
+
+
 def _require_nonneg(ctx: ShapeContext, d: Dim, why: str) -> None:
     """Record `d >= 0` (as max(d, 0) == d when it is not decided now)."""
     lo, hi = bounds(d)

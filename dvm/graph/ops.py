@@ -33,6 +33,7 @@ class Kind(enum.Enum):
     INDEX = "index"
     CONST = "const"
     CAST = "cast"
+    CONCAT = "concat"
 
 
 class Promo(enum.Enum):
@@ -256,6 +257,8 @@ _OPS: list[OpDef] = [
     OpDef("reshape", Kind.MOVEMENT, 1, doc="view with a new shape"),
     OpDef("permute", Kind.MOVEMENT, 1, doc="view with permuted axes"),
     OpDef("broadcast_to", Kind.MOVEMENT, 1, doc="view broadcast to a shape"),
+    OpDef("concat", Kind.CONCAT, -1, doc="the inputs joined along attrs['axis'] (any number; equal sizes on "
+          "every other axis): each input is stored into its slice of one buffer"),
     OpDef("slice", Kind.MOVEMENT, 1, doc="view of every attrs['step']-th element along attrs['axis'] "
           "from attrs['start'] (step < 0: reversed); attrs['keep'] False drops the axis (select)"),
 ]
