@@ -288,6 +288,26 @@ def test_cat_of_different_sizes():
     assert not _fallbacks(counters.snapshot(), "cat")
 
 
+def test_constant_index_lists_that_are_slices():
+    """x[:, [k]] / x[..., [a, a+s, ...]] with literal lists (Falcon's query / key / value split):
+    slices replayed in the segment, no gather; other lists (reordered, repeated) stay gathers."""
+    w = torch.nn.Parameter(torch.randn(3, 6), requires_grad=False)   # static sizes, as a model's
+
+    def f(x):
+        y = x[:, :, None] * w              # (a literal list indexes a concrete axis only)
+        return y[:, :, [-2]] + 1, y[..., [0, 2, 4]].exp(), y[:, [1]], y[:, :, [3, 1]] - 1, y[:, :, [2, 2]]
+    counters.reset()
+    check(f, lambda n: (torch.randn(n, 3),), max_graphs=2)
+    assert counters.snapshot().get("torch_const_index_as_slice", 0) >= 3
+    assert _fallbacks(counters.snapshot(), "index")   # the two gathers: PyTorch
+
+    def out_of_bounds(x):
+        return (x[:, :, None] * w)[:, :, [7]]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="out of bounds|out of range"):
+        torch.compile(out_of_bounds, backend="dvm", dynamic=True)(torch.randn(4, 3))
+
+
 def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)

@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
-from . import fx_sdpa
+from . import fx_const_index, fx_sdpa
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
@@ -204,6 +204,7 @@ class CompiledFx:
                     self.binds.append((i, j, name))
                     syms.add(name)
         fx_sdpa.rewrite(gm)
+        fx_const_index.rewrite(gm)
         consts = size_only(gm)
         move_first(gm, consts)
         planner = plan(gm, consts[-1] if consts else None)
