@@ -22,8 +22,6 @@ DVM_VERIFY         1: accuracy verification mode (tools/verify): every torch-bac
                    per failing kernel (in DVM_DUMP_DIR, else ./dvm-verify); default 0
 DVM_LAZY           1 (default): dvm.lazy() records and fuses eager PyTorch code; 0: dvm.lazy() is a
                    no-op (A/B runs)
-DVM_LONE_OPS       1 (default): the torch backend leaves a lone elementwise op (a segment of one op)
-                   to PyTorch; 0: DVM runs it too (tests of the lowerings, `dvm verify opinfo`)
 """
 from __future__ import annotations
 
@@ -49,7 +47,6 @@ class Config:
     openmp: bool = True
     gpu_specialize: int = 2
     gpu_cache: str = ""
-    lone_ops_in_torch: bool = True
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -80,8 +77,7 @@ def config() -> Config:
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
                   os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),
-                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20),
-                  lone_ops_in_torch=bool(_int("DVM_LONE_OPS", 1, 0, 1)))
+                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20))
 
 
 def reload() -> Config:

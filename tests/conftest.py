@@ -30,18 +30,6 @@ def vm(request, monkeypatch):
     dvm_config.reload()
 
 
-@pytest.fixture(autouse=True)
-def lone_ops(monkeypatch):
-    """The torch backend lowers a lone elementwise op too (DVM_LONE_OPS=0), so that a test of one
-    op checks DVM's lowering of it; the model tests override this fixture (the default: PyTorch
-    runs such ops)."""
-    monkeypatch.setenv("DVM_LONE_OPS", "0")
-    dvm_config.reload()
-    yield
-    monkeypatch.delenv("DVM_LONE_OPS", raising=False)
-    dvm_config.reload()
-
-
 def _whole_cpu_vm():
     """The CPU VM with its fast paths loaded (on a cold cache they compile in the background;
     tests of the generic paths take them out themselves: helpers.generic_paths)."""

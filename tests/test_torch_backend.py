@@ -288,35 +288,6 @@ def test_cat_of_different_sizes():
     assert not _fallbacks(counters.snapshot(), "cat")
 
 
-def test_a_lone_elementwise_op_runs_in_pytorch(monkeypatch):
-    """DVM_LONE_OPS=1 (the default outside the tests): a segment of one elementwise op (viewed
-    after or not) is PyTorch's, bitwise eager; two ops, or one with a reduction, stay DVM's."""
-    from dvm import config as dvm_config
-    from dvm.frontend.torch_runtime import COMPILED
-    monkeypatch.setenv("DVM_LONE_OPS", "1")
-    dvm_config.reload()
-    w = torch.randn(16, 16) * 0.2
-
-    def f(x):                                     # (each matmul reads the segment before: three)
-        a = F.gelu(x @ w)                         # lone, viewed after
-        b = (a @ w).exp() * 2                     # two ops: DVM
-        return a.reshape(-1), b, torch.softmax(b @ w, -1)   # a reduction: DVM
-
-    COMPILED.clear()
-    counters.reset()
-    cf = check(f, lambda n: (torch.randn(n, 16),))
-    x = torch.randn(5, 16)
-    assert torch.equal(cf(x)[0], f(x)[0])        # eager's own kernel
-    snap = counters.snapshot()
-    assert snap.get("torch:aten.gelu.default") and not snap.get("torch:aten.exp.default")
-    assert "a lone elementwise op" in COMPILED[-1].describe()
-    monkeypatch.setenv("DVM_LONE_OPS", "0")
-    dvm_config.reload()
-    counters.reset()
-    check(f, lambda n: (torch.randn(n, 16),))
-    assert not counters.snapshot().get("torch:aten.gelu.default")
-
-
 def test_constant_index_lists_that_are_slices():
     """x[:, [k]] / x[..., [a, a+s, ...]] with literal lists (Falcon's query / key / value split):
     slices replayed in the segment, no gather; other lists (reordered, repeated) stay gathers."""

@@ -24,12 +24,6 @@ TOL = dict(rtol=1e-4, atol=1e-4)   # as tests/test_hf_models.py: f32 sums in ano
 
 
 @pytest.fixture(autouse=True)
-def lone_ops():
-    """Whole models run as users run them (DVM_LONE_OPS's default: PyTorch runs a lone op)."""
-    yield
-
-
-@pytest.fixture(autouse=True)
 def vm():
     """Runs once, on the VM DVM_VM selects (whole models; the reference VM is slow)."""
     yield os.environ.get("DVM_VM", "cpu")

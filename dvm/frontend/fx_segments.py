@@ -21,9 +21,7 @@ import torch
 import torch.fx as fx
 
 from ..graph.build import ShapeContext, reshape
-from ..config import config
-from ..fusion.partition import is_reduce
-from ..graph.node import Node, topo_order
+from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
 from . import fx_patterns, fx_sdpa, fx_updates
@@ -399,40 +397,9 @@ class _Lower:
         return _Lower(self.ctx, self.out[i], self.syms)
 
 
-LONE_OP = "a lone elementwise op: PyTorch's one kernel reads and writes as much, without a launch"
-
-
-def _computes_alone(seg: Segment) -> list[TorchStep] | None:
-    """A segment that computes one elementwise (or cast) op, maybe viewed after, and nothing
-    else (no reduction, pattern or graph-input update), as PyTorch steps. DVM can save no memory
-    traffic there; PyTorch runs the op as one kernel without a DVM launch's fixed cost, and
-    with eager's own arithmetic."""
-    ops = [m for m in seg.members if m.target not in T.VIEW_OPS]
-    if len(ops) != 1 or seg.writes or seg.patterns or not set(seg.outputs) <= set(seg.members):
-        return None
-    value = seg.value.get(ops[0])
-    if not isinstance(value, Node) or not _is_tensor(fake(ops[0])) or any(is_reduce(v) for v in topo_order([value])):
-        return None
-    return [TorchStep(m, "view", "") if m.target in T.VIEW_OPS else TorchStep(m, "torch", LONE_OP)
-            for m in seg.members]
-
-
 def plan(gm: fx.GraphModule, prefix_last: fx.Node | None = None) -> Planner:
     p = Planner(gm, prefix_last)
     p.run()
-    prefix = set()   # the size-only prefix runs once per size: its segments stay
-    if prefix_last is not None:
-        for n in gm.graph.nodes:
-            prefix.add(n)
-            if n is prefix_last:
-                break
-    steps, lone = [], config().lone_ops_in_torch
-    for step in p.steps:
-        alone = None
-        if lone and isinstance(step, SegmentStep) and not prefix.intersection(step.segment.members):
-            alone = _computes_alone(step.segment)
-        steps.extend(alone or [step])
-    p.steps = steps
     return p
 
 

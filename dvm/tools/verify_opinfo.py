@@ -17,12 +17,9 @@ in max abs error and in RMSE, on that sample.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 
-from .. import config as dvm_config
 from .bench_common import finish_report, loadavg, machine_info, progress
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -177,30 +174,6 @@ def main(limit: int | None = DEFAULT_SAMPLES, dtypes=None, ops=None, json_path: 
     report = {"benchmark": "verify-opinfo", "machine": machine_info(), "loadavg": loadavg(),
               "samples_per_op": limit, "dtypes": dtypes, "cases": [], "failures": []}
     t0 = time.perf_counter()
-    with lone_ops_on_dvm():
-        _run_cases(report, limit, dtypes, ops, t0)
-    return finish_report(report, markdown(report), None, json_path, md_path, None, out, "OpInfo sample(s)")
-
-
-@contextlib.contextmanager
-def lone_ops_on_dvm():
-    """A sample is mostly one op, which the torch backend would leave to PyTorch (DVM_LONE_OPS):
-    DVM runs it here, or nothing of DVM's would be checked."""
-    old = os.environ.get("DVM_LONE_OPS")
-    os.environ["DVM_LONE_OPS"] = "0"
-    dvm_config.reload()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("DVM_LONE_OPS", None)
-        else:
-            os.environ["DVM_LONE_OPS"] = old
-        dvm_config.reload()
-
-
-def _run_cases(report: dict, limit, dtypes, ops, t0: float) -> None:
-    import torch
     for op in selected(ops):
         for dtype in dtypes:
             extra = EXPECTED.get((op_name(op), dtype), (None, None, ()))[2] if limit is not None else ()
@@ -213,6 +186,7 @@ def _run_cases(report: dict, limit, dtypes, ops, t0: float) -> None:
                     report["failures"].append(f"{case['op']} {dtype} sample {i}: {r.get('message', '')}")
         progress("verify opinfo", f"{op_name(op)}: {sum(c['op'] == op_name(op) for c in report['cases'])} "
                  f"samples [{time.perf_counter() - t0:.0f} s]")
+    return finish_report(report, markdown(report), None, json_path, md_path, None, out, "OpInfo sample(s)")
 
 
 def markdown(report: dict) -> str:
