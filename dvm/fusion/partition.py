@@ -275,10 +275,10 @@ class Partitioner:
             if is_reduce(node):
                 self.place_reduction(node)
         for i, out in enumerate(self.outputs):
-            slot = self.n_inputs + i
-            base, _ = split_chain(out)
             if i in placed:
                 continue
+            slot = self.n_inputs + i
+            base, _ = split_chain(out)
             if out.op == "reshape" and out.inputs[0].op not in VIEW_OPS and base.op not in LEAF_OPS:
                 self.place_store(out.inputs[0], slot, out)
             else:
