@@ -225,6 +225,17 @@ def test_iota_index_and_int_chain():
     compare(f, RNG.standard_normal((5, 23)).astype(np.float32))
 
 
+def test_cat_pieces_stored_into_slices():
+    """A cat of unequal pieces: each piece's kernel stores into its slice of one output (strided
+    stores with an offset), which a later kernel reads back."""
+    @dvm.kernel
+    def f(k, a, b):
+        c = k.cat([k.exp(k.load(a)), k.load(b)], axis=-1)
+        return k.store(c), k.store(k.sum(c, axis=-1))
+    a = RNG.standard_normal((5, 3)).astype(np.float32)
+    compare(f, a, RNG.standard_normal((7, 5)).astype(np.float32).T)
+
+
 def test_sequence_stacked_kernels():
     """Several kernels in one Program (workspaces between them): one launch per kernel block."""
     @dvm.kernel
