@@ -3,7 +3,7 @@ microseconds and run by virtual machines compiled once."""
 from .codegen.disasm import disasm
 from .codegen.program import Program
 from .codegen.verifier import verify as _verify_program
-from .errors import ArgumentError, DTypeError, DvmError, ShapeError, TraceError, VerifyError
+from .errors import ArgumentError, DTypeError, DvmError, ProgramLimitError, ShapeError, TraceError, VerifyError
 from .frontend.builder import KernelFunction, kernel
 from .frontend.explain import explain
 from .runtime.counters import reset as reset_counters
@@ -43,4 +43,4 @@ def __getattr__(name: str):
 
 __all__ = ["kernel", "KernelFunction", "explain", "compile", "lazy", "sync", "Program", "disasm", "verify", "execute",
            "counters", "reset_counters", "DvmError", "DTypeError", "ShapeError", "TraceError", "VerifyError",
-           "ArgumentError"]
+           "ArgumentError", "ProgramLimitError"]

@@ -30,6 +30,12 @@ class VerifyError(DvmError, ValueError):
         super().__init__(f"[{rule}]{where}: {message}")
 
 
+class ProgramLimitError(DvmError, ValueError):
+    """A graph needs more arguments (inputs, outputs, workspaces) or kernels than one Program
+    holds (codegen/program.MAX_ARGS, MAX_KERNELS); the torch backend and lazy mode then run
+    it through PyTorch, with this reason."""
+
+
 class TraceError(DvmError):
     """A kernel function used the builder API incorrectly."""
 

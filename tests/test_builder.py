@@ -153,3 +153,16 @@ def test_and_with_true_or_with_false_is_no_instruction():
     assert (a == (x < y)).all() and (b == (x < y)).all() and not c.any()
     text = dvm.disasm(_masks.program(x, y))
     assert "bitwise_and" not in text and "logical_or" not in text and text.count("logical_and.b8") == 1
+
+
+def test_a_kernel_beyond_a_programs_arguments_is_refused(monkeypatch):
+    """More buffers than a Program holds: a clear error when the kernel is traced, not a
+    verifier's rejection of the encoded bytes."""
+    from dvm.runtime import compiled
+    monkeypatch.setattr(compiled, "MAX_ARGS", 8)
+
+    @dvm.kernel
+    def many(k, a, b, c, d, e):
+        return tuple(k.store(k.load(x) * 2.0) for x in (a, b, c, d, e))
+    with pytest.raises(dvm.ProgramLimitError, match="at most 8"):
+        many(*[np.ones(3, np.float32)] * 5)

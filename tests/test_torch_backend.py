@@ -288,6 +288,19 @@ def test_cat_of_different_sizes():
     assert not _fallbacks(counters.snapshot(), "cat")
 
 
+def test_a_segment_beyond_a_programs_arguments_runs_in_pytorch(monkeypatch):
+    """A segment needing more buffers than a Program holds (here: the limit lowered to 16) runs
+    through PyTorch, counted with the reason, instead of failing at its first launch."""
+    from dvm.runtime import compiled
+    monkeypatch.setattr(compiled, "MAX_ARGS", 16)
+
+    def g(*xs):
+        return [x * 2 + 1 for x in xs]      # 12 inputs and 12 outputs: one segment of 24 buffers
+    counters.reset()
+    check(g, lambda n: tuple(torch.randn(n, 3) for _ in range(12)))
+    assert any("ProgramLimitError" in k for k in _fallbacks(counters.snapshot(), "mul"))
+
+
 def test_constant_index_lists_that_are_slices():
     """x[:, [k]] / x[..., [a, a+s, ...]] with literal lists (Falcon's query / key / value split):
     slices replayed in the segment, no gather; other lists (reordered, repeated) stay gathers."""
@@ -354,14 +367,16 @@ def test_rope_is_recognized_and_exact():
 def test_rope_same_values_as_unrecognized(monkeypatch):
     """The rewrite changes only the shape the work is done in: bitwise the same as the plain
     lowering of the same ops (bf16, a broadcast cos, a contiguous and a strided input)."""
-    w = torch.randn(4, 16, dtype=torch.bfloat16)
-    cos = torch.rand(8, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 16, generator=g).bfloat16()
+    cos = torch.rand(8, generator=g).bfloat16()
 
     def f(q, s):
         x = (q @ w).view(q.shape[0], -1, 8)
         y = x.transpose(0, 1) * 3
         return x * cos + _rotate_half(x) * s, y * cos + _rotate_half(y) * s
-    args = [(torch.randn(n, 4, dtype=torch.bfloat16), torch.randn(1, 1, dtype=torch.bfloat16)) for n in (3, 5, 17)]
+    args = [(torch.randn(n, 4, generator=g).bfloat16(), torch.randn(1, 1, generator=g).bfloat16())
+            for n in (3, 5, 17)]
     results = []
     for enabled in (True, False):
         monkeypatch.setattr(fx_patterns, "ENABLED", enabled)
@@ -371,9 +386,11 @@ def test_rope_same_values_as_unrecognized(monkeypatch):
     for got, want in zip(*results):
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e, rtol=0, atol=0)
-    for (q, s), got in zip(args, results[0]):   # and close to eager (bf16 rounding of the products)
-        for g, e in zip(got, f(q, s)):
-            torch.testing.assert_close(g.float(), e.float(), rtol=0.02, atol=0.02)
+    # and close to eager: eager rounds each product to bf16, DVM rounds the f32 sum once, so where
+    # the sum cancels they differ by a few bf16 ulps of the products (|y| up to ~20: atol 0.1)
+    for (q, s), got in zip(args, results[0]):
+        for r, e in zip(got, f(q, s)):
+            torch.testing.assert_close(r.float(), e.float(), rtol=0.02, atol=0.1)
 
 
 def test_rotate_half_alone_and_odd_shapes():

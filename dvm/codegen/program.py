@@ -44,6 +44,8 @@ MAX_DIMS = 8
 MAX_TILE = 1 << 18
 MAX_REGS = 256
 MAX_SWEEPS = 64
+MAX_ARGS = 1024      # arguments (inputs, outputs, workspaces) of one Program
+MAX_KERNELS = 1024   # kernels of one Program
 
 ARG_IN, ARG_OUT, ARG_WS = 0, 1, 2
 ARG_ROLES = {ARG_IN: "in", ARG_OUT: "out", ARG_WS: "ws"}

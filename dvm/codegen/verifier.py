@@ -38,7 +38,8 @@ from ..graph.dtypes import DType
 from . import isa, lru
 from .limits import MAX_ELEMS, pow2_at_least
 from .program import (ARG_IN, ARG_ROLES, ARG_WORDS, CONST_WORDS, HEADER_WORDS, ISA_HASH_WORD,
-                      KHEAD_WORDS, KTABLE_WORDS, MAGIC, MAX_DIMS, MAX_REGS, MAX_SWEEPS, MAX_TILE,
+                      KHEAD_WORDS, KTABLE_WORDS, MAGIC, MAX_ARGS, MAX_DIMS, MAX_KERNELS, MAX_REGS,
+                      MAX_SWEEPS, MAX_TILE,
                       OPND_FIXED_WORDS, SWEEP_WORDS, VERSION, ArgInfo, KernelLayout, Program, ProgramLayout)
 from .verifier_stream import CACHES, N_DTYPES, Stream, cached_stream
 
@@ -77,7 +78,7 @@ def _verify_words(w: np.ndarray) -> ProgramLayout:
         raise VerifyError("isa", f"encoded for the ISA with hash {int(w[ISA_HASH_WORD]):#x}; this DVM's "
                                  f"ISA table has hash {isa.ISA_HASH:#x} (opcodes would mean other instructions)")
     n_args, n_kernels = int(w[3]), int(w[4])
-    if not 0 <= n_args <= 1024 or not 1 <= n_kernels <= 1024:
+    if not 0 <= n_args <= MAX_ARGS or not 1 <= n_kernels <= MAX_KERNELS:
         raise VerifyError("header", f"bad counts: {n_args} args, {n_kernels} kernels")
     pos = HEADER_WORDS
     end_tables = pos + n_args * ARG_WORDS + n_kernels * KTABLE_WORDS

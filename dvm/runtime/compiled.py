@@ -15,9 +15,10 @@ import numpy as np
 from ..codegen import encoder, lru
 from ..codegen.encoder import ArgSpec, NeedsCopy, encode_program
 from ..codegen.lower import lower
-from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, Program
+from ..codegen.program import ARG_IN, ARG_OUT, ARG_WS, MAX_ARGS, MAX_KERNELS, Program
 from ..codegen.target import GENERIC, Target
 from ..config import config
+from ..errors import ProgramLimitError
 from ..fusion.partition import partition
 from ..graph.node import Node
 from ..graph.symbolic import evaluate
@@ -91,6 +92,10 @@ class CompiledGraph:
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node]):
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.plan = partition(len(inputs), self.outputs)
+        if self.plan.n_slots > MAX_ARGS or len(self.plan.groups) > MAX_KERNELS:
+            raise ProgramLimitError(f"a graph of {self.plan.n_slots} buffers (inputs, outputs, workspaces) and "
+                                    f"{len(self.plan.groups)} kernels: a Program holds at most {MAX_ARGS} "
+                                    f"and {MAX_KERNELS}")
         slot_dtypes = [n.dtype for n in self.inputs] + [o.dtype for o in self.outputs] + \
             [w.dtype for w in self.plan.workspaces]
         self.templates = [lower(self.plan, g, slot_dtypes) for g in self.plan.groups]
