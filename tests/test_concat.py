@@ -88,6 +88,21 @@ def test_nested_viewed_and_symbolic(vm):
         np.testing.assert_array_equal(got[2], cat.T + np.float32(1))
 
 
+def test_builder_errors():
+    @dvm.kernel
+    def one_value(k, a):
+        return k.store(k.cat(k.load(a)))
+
+    @dvm.kernel
+    def with_a_scalar(k, a):
+        return k.store(k.cat([k.load(a), 2.0]))
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(dvm.TraceError, match="list or tuple"):
+        one_value(x)
+    with pytest.raises(ShapeError, match="rank 0"):
+        with_a_scalar(x)
+
+
 def test_shape_errors():
     ctx = build.ShapeContext()
     x, y, s = _input((3, 4), 0), _input((3, 5), 1), _input((), 2)

@@ -146,9 +146,9 @@ class KernelBuilder:
 
     def cat(self, xs: Sequence, axis: int = 0) -> Value:
         """torch.cat: the values (promoted to one dtype) joined along `axis`."""
+        if not isinstance(xs, (list, tuple)) or not xs:
+            raise TraceError(f"k.cat takes a non-empty list or tuple of values, got {type(xs).__name__}")
         nodes = [self._v(x, "k.cat argument") for x in xs]
-        if not nodes:
-            raise TraceError("k.cat needs at least one value")
         dt = result_type([n.dtype for n in nodes], [], [])
         return self._wrap(build.concat(self.ctx, [build.cast(n, dt) for n in nodes], axis))
 

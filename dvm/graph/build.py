@@ -352,7 +352,8 @@ def concat(ctx: ShapeContext, pieces: Sequence[Node], axis: int) -> Node:
     axis %= first.ndim
     for p in pieces:
         if p.ndim != first.ndim or p.dtype != first.dtype:
-            raise ShapeError(f"cat: pieces of rank {p.ndim} / {p.dtype.value} and {first.ndim} / {first.dtype.value}")
+            raise ShapeError(f"cat: a piece of rank {p.ndim} ({p.dtype.name.lower()}) beside one of rank "
+                             f"{first.ndim} ({first.dtype.name.lower()})")
         for d in range(first.ndim):
             if d != axis:
                 ctx.require_eq(p.shape[d], first.shape[d], f"cat: sizes {render(p.shape)} and "
