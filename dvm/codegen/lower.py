@@ -231,7 +231,7 @@ class _Emitter:
                     and not cast_is_noop(src.inputs[0].dtype, src.dtype):
                 src = src.inputs[0]  # the store rounds/wraps exactly like this narrowing cast
             reg = self.value(src, sec)
-            if st.view is not None and st.view.op == "slice":   # a concat's piece: into its slice
+            if st.fills_slice:   # a concat's piece: into its slice of the concat's row-major buffer
                 spec = OperandSpec(OPND_ARG, st.slot, v.dtype, tuple(st.view.inputs[0].shape), None, (st.view,))
             else:
                 spec = OperandSpec(OPND_ARG, st.slot, v.dtype, shape, None, ())

@@ -73,16 +73,17 @@ def rewrite(gm: fx.GraphModule) -> int:
         view.meta = {**n.meta, "val": aten.slice.Tensor(xv, *args[1:])}   # a view's strides
         n.replace_all_uses_with(view)
         gm.graph.erase_node(n)
-        _erase_unused(gm.graph, indices[axis])
+        erase_dead_chain(gm.graph, indices[axis])
         count += 1
     if count:
         counters.bump("torch_const_index_as_slice", count)
     return count
 
 
-def _erase_unused(graph: fx.Graph, n) -> None:
-    """n and the copies it was made from, as far as nothing else reads them."""
-    while isinstance(n, fx.Node) and not n.users:
+def erase_dead_chain(graph: fx.Graph, n) -> None:
+    """n and the nodes it was made from through first arguments (conversions, copies, the
+    constant they start from), as far as nothing else reads them; never a placeholder."""
+    while isinstance(n, fx.Node) and n.op in ("call_function", "get_attr") and not n.users:
         src = n.args[0] if n.op == "call_function" and n.args else None
         graph.erase_node(n)
         n = src

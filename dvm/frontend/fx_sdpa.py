@@ -39,6 +39,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
+from .fx_const_index import erase_dead_chain
 
 aten = torch.ops.aten
 SDPA = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -230,9 +231,7 @@ def _fold_query_scale(graph: fx.Graph, n: fx.Node) -> None:
         first.args = (x, *first.args[1:])
         n.kwargs = {**n.kwargs, "scale": scale}
         graph.erase_node(q)
-        while isinstance(c, fx.Node) and c.op == "call_function" and not c.users:   # its conversions
-            c, dead = c.args[0], c
-            graph.erase_node(dead)
+        erase_dead_chain(graph, c)   # its conversions
         counters.bump("torch_sdpa_query_scale_folded")
         return
 

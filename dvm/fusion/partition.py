@@ -31,7 +31,12 @@ def is_reduce(node: Node) -> bool:
 class Store:
     value: Node          # computed (or loaded) in the group
     slot: int            # argument slot written
-    view: Node | None    # the output node when it is a reshape of `value` (stored through a view)
+    view: Node | None    # the output node when it is a reshape of `value` (stored through a view),
+                         # or the slice of a concat's buffer that `value` fills
+
+    @property
+    def fills_slice(self) -> bool:
+        return self.view is not None and self.view.op == "slice"
 
 
 @dataclass
@@ -44,7 +49,7 @@ class Group:
 
     def describe(self) -> str:
         red = ", ".join(f"{r.op}{sorted(r.attr('axes'))}" for r in self.reductions) or "none"
-        sliced = sum(s.view is not None and s.view.op == "slice" for s in self.stores)
+        sliced = sum(s.fills_slice for s in self.stores)
         return f"group {self.index}: domain {self.shape} reduce {sorted(self.axes)}; " \
                f"reductions {red}; {len(self.stores)} store(s)" + (f", {sliced} into a cat's slice" if sliced else "")
 
@@ -202,11 +207,11 @@ class Partitioner:
         g = next((self.groups[i] for i in order
                   if i >= lo and fits(value.shape, self.groups[i].shape, self.groups[i].axes)
                   and all(s.slot != slot for s in self.groups[i].stores)), None)
+        store = Store(value, slot, view)
         if g is None:
-            sliced = view is not None and view.op == "slice"
-            g, value = (None if sliced else self.reshaped_home(value)) or \
+            g, store.value = (None if store.fills_slice else self.reshaped_home(value)) or \
                 (self.new_group(value.shape, frozenset()), value)
-        g.stores.append(Store(value, slot, view))
+        g.stores.append(store)
         return g.index
 
     def place_concat(self, node: Node, slot: int) -> None:

@@ -360,10 +360,7 @@ def concat(ctx: ShapeContext, pieces: Sequence[Node], axis: int) -> Node:
                                                            f"{render(first.shape)} off axis {axis}")
     if len(pieces) == 1:
         return first
-    length = pieces[0].shape[axis]
-    for p in pieces[1:]:
-        length = length + p.shape[axis]
-    shape = first.shape[:axis] + (length,) + first.shape[axis + 1:]
+    shape = first.shape[:axis] + (sum(p.shape[axis] for p in pieces),) + first.shape[axis + 1:]
     return Node.make("concat", first.dtype, shape, tuple(pieces), axis=axis)
 
 
