@@ -94,6 +94,44 @@ def test_linear_layers_fold_into_one_call(shape):
     torch.testing.assert_close(g, w)
 
 
+class _OtherLinears(torch.nn.Module):
+    """Linear layers as Falcon (x @ w.permute(1, 0)) and GPT-2's Conv1D (addmm with an (in, out)
+    weight) write them."""
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24, 16))
+        self.conv_w = torch.nn.Parameter(torch.randn(24, 8))
+        self.conv_b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        h = torch.relu(x @ self.w.permute(1, 0))
+        flat = torch.addmm(self.conv_b, h.view(-1, h.shape[-1]), self.conv_w)
+        return flat.view(h.shape[:-1] + (8,))
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 16), (1, 1, 16)])
+def test_permuted_and_in_out_weights_fold_into_one_call(shape):
+    """x @ w.permute(1, 0) and addmm(b, view(x), w) with w stored (in, out) become one F.linear
+    each (the second on w.t()); results match eager; in training nothing folds and gradients
+    still match."""
+    import dvm
+    from dvm.frontend.torch_runtime import COMPILED
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _OtherLinears()
+    x = torch.randn(*shape)
+    before = counters.snapshot().get("torch_linear_folds", 0)
+    with torch.no_grad():
+        torch.testing.assert_close(dvm.compile(m)(x), m(x))
+    assert counters.snapshot().get("torch_linear_folds", 0) == before + 2
+    code = COMPILED[-1].runner.code
+    assert "torch.mm" not in code and "torch.addmm" not in code and "permute" not in code, code
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
+    (w,) = torch.autograd.grad(m(xg).sum(), xg)
+    torch.testing.assert_close(g, w)
+
+
 def _heads(x, w):
     """Views of a linear layer's output and of DVM outputs, one with a transposed traced layout
     (x.transpose(1, 2) * 2 follows its input's memory order in PyTorch, is row-major in DVM)."""
@@ -107,8 +145,9 @@ def _heads(x, w):
 def test_views_of_row_major_values_are_plain_views():
     """A view of F.linear's output, of a DVM output (stored row-major whatever PyTorch's layout
     would be: t's is transposed) or of such a view is called as Tensor.view, with no
-    is_contiguous test (a view of any other value keeps it: the test above). Results match eager,
-    no view copies."""
+    is_contiguous test (a view of any other value keeps it: the test above); q's view read only
+    by the reshape is merged into it (three views, not four). Results match eager, no view
+    copies."""
     from dvm.frontend.torch_runtime import COMPILED
     torch._dynamo.reset()
     fn = torch.compile(_heads, backend="dvm", dynamic=True)
@@ -120,7 +159,8 @@ def test_views_of_row_major_values_are_plain_views():
             for got, want in zip(fn(x, w), _heads(x, w)):
                 torch.testing.assert_close(got, want)
     code = COMPILED[-1].runner.code
-    assert code.count("torch_Tensor_view(") == 4 and "_view_or_reshape" not in code, code
+    assert code.count("torch_Tensor_view(") == 3 and "_view_or_reshape" not in code, code
+    assert "torch_Tensor_view(linear, [-1, 4])" in code, code
     assert counters.snapshot().get("torch_view_copies", 0) == before
 
 

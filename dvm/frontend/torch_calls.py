@@ -7,14 +7,16 @@ such calls (views, transposes, matmuls) around its 11 DVM launches. `OpOverload.
 where they take the same positional arguments, the run graph calls those instead (same ATen op,
 same result). Ops with keyword arguments, and every other op, keep the OpOverload.
 
-A linear layer reaches the ATen graph as four ops: `t(w)`, a view of x to 2-D, `mm` (`addmm`
-with a bias), and a view back. Where all four run in PyTorch and nothing else reads the middle
-values, the run graph calls `torch.nn.functional.linear(x, w[, b])` once instead (the same BLAS
-call on the same operands: at::linear flattens x the same way; bitwise equal).
+A linear layer reaches the ATen graph as four ops: `t(w)` (or `permute(w, [1, 0])`), a view of
+x to 2-D, `mm` (`addmm` with a bias), and a view back. Where all four run in PyTorch and nothing
+else reads the middle values, the run graph calls `torch.nn.functional.linear(x, w[, b])` once
+instead (the same BLAS call on the same operands: at::linear flattens x the same way; bitwise
+equal). A weight stored (in, out) (GPT-2's Conv1D: `addmm(b, view(x), w)`) folds the same way,
+as `linear(x, w.t(), b)`: at::linear's own `t()` gives back w.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -39,6 +41,9 @@ _SAME_OP: dict = {
     aten.cat.default: torch.cat,
 }
 
+# Run-graph callables whose result is a new row-major tensor, whatever their operands' layouts.
+ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear})
+
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
 # take on its layout but not on ours is taken as a reshape (a counted copy).
 _RESHAPE_INSTEAD = (aten.view.default, aten._unsafe_view.default)
@@ -54,46 +59,97 @@ def _view_or_reshape(x: torch.Tensor, size) -> torch.Tensor:
     return out
 
 
+_SAME_SHAPE_IS_IDENTITY = (aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def identity_of(n, val: Callable):
+    """The node n only renames: a view, reshape or expand of its input to the input's own shape
+    (the same sizes and strides), read by no graph output (an output keeps its own tensor). None
+    otherwise. val: FX node -> its fake value."""
+    if n.target not in _SAME_SHAPE_IS_IDENTITY or not isinstance(n.args[0], torch.fx.Node) or \
+            any(u.op == "output" for u in n.users):
+        return None
+    x, out = val(n.args[0]), val(n)
+    if not (isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor)) or x.ndim != out.ndim:
+        return None
+    return n.args[0] if all(statically_known_true(a == b) for a, b in zip(x.shape, out.shape)) else None
+
+
 def _slice(x: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1) -> torch.Tensor:
     """aten.slice.Tensor as basic indexing (the same view; out-of-range bounds clamp alike)."""
     return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
 
 
+class LinearFold(NamedTuple):
+    """`view(mm(view(x, [n, k]), w'), [..., m])` as one F.linear: w' is t(w) of an (m, k) weight w,
+    or (stored_kxm) the (k, m) weight itself, passed to F.linear as w.t()."""
+    x: torch.fx.Node
+    w: torch.fx.Node
+    bias: torch.fx.Node | None
+    stored_kxm: bool
+
+    def reads(self) -> list:
+        return [self.x, self.w] + ([self.bias] if self.bias is not None else [])
+
+
+def _transposed_weight(tw) -> torch.fx.Node | None:
+    """w where tw is a transposition of a 2-D w (t, permute [1, 0], transpose 0 1), else None."""
+    if tw.target is aten.t.default:
+        return tw.args[0]
+    if tw.target is aten.permute.default and [d % 2 for d in tw.args[1]] == [1, 0]:
+        return tw.args[0]
+    if tw.target is aten.transpose.int and sorted(d % 2 for d in tw.args[1:3]) == [0, 1]:
+        return tw.args[0]
+    return None
+
+
+def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
+    """The fold of mm / addmm node n and the inner nodes it skips, or None."""
+    bias = n.args[0] if n.target is aten.addmm.default else None
+    flat, tw = n.args[-2:]
+    if bias is not None and (len(n.args) != 3 or not isinstance(bias, torch.fx.Node)):
+        return None
+    (back,) = n.users
+    if not all(isinstance(v, torch.fx.Node) for v in (flat, tw)) or flat.target not in _RESHAPE_INSTEAD or \
+            back.target not in _RESHAPE_INSTEAD or len(flat.users) != 1:
+        return None
+    w = _transposed_weight(tw) if tw.op == "call_function" and len(tw.users) == 1 else None
+    inner = {n, flat} | ({tw} if w is not None else set())
+    if not inner | {back} <= in_torch:
+        return None
+    stored_kxm = w is None
+    w = tw if stored_kxm else w
+    xv, wv, out = val(flat.args[0]), val(w), val(back)
+    # 2-D and more: at::linear's mm / addmm (a 1-D x would be a matrix-vector product)
+    if not all(isinstance(v, torch.Tensor) for v in (xv, wv, out)) or wv.ndim != 2 or xv.ndim < 2:
+        return None
+    k, m = (wv.shape[0], wv.shape[1]) if stored_kxm else (wv.shape[1], wv.shape[0])
+    bv = val(bias) if bias is not None else None
+    if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
+                                 and statically_known_true(bv.shape[0] == m)):
+        return None
+    want = tuple(xv.shape[:-1]) + (m,)
+    same = [statically_known_true(a == b) for a, b in zip(want, out.shape)]
+    if len(want) != out.ndim or not all(same) or not statically_known_true(xv.shape[-1] == k):
+        return None
+    return LinearFold(flat.args[0], w, bias, stored_kxm), inner
+
+
 def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
-    """{node of the view back: (x, w) or (x, w, b)} for each `view(mm(view(x, [n, k]), t(w)),
-    x.shape[:-1] + [m])` (or `addmm(b, ...)` with a 1-D bias b) whose four ops are all in
-    `in_torch` and whose inner values have no other reader, and the set of inner nodes (t, the
-    flattening view, mm) the run graph then skips. val: FX node -> its fake value (symbolic
-    sizes)."""
+    """{node of the view back: LinearFold} for each `view(mm(view(x, [n, k]), t(w)),
+    x.shape[:-1] + [m])` (or `addmm(b, ...)` with a 1-D bias b; or an untransposed (k, m) w)
+    whose ops are all in `in_torch` and whose inner values have no other reader, and the set of
+    inner nodes (the transposition, the flattening view, mm) the run graph then skips. val: FX
+    node -> its fake value (symbolic sizes)."""
     folds, skip = {}, set()
     for n in nodes:
         if n.target not in (aten.mm.default, aten.addmm.default) or len(n.users) != 1 or n.kwargs:
             continue
-        bias = n.args[0] if n.target is aten.addmm.default else None
-        flat, tw = n.args[-2:]
-        if bias is not None and (len(n.args) != 3 or not isinstance(bias, torch.fx.Node)):
-            continue
-        (back,) = n.users
-        if not all(isinstance(v, torch.fx.Node) for v in (flat, tw)) or \
-                flat.target not in _RESHAPE_INSTEAD or tw.target is not aten.t.default or \
-                back.target not in _RESHAPE_INSTEAD or len(flat.users) != 1 or len(tw.users) != 1:
-            continue
-        if not {n, flat, tw, back} <= in_torch:
-            continue
-        x, w, out = val(flat.args[0]), val(tw.args[0]), val(back)
-        # 2-D and more: at::linear's mm / addmm (a 1-D x would be a matrix-vector product)
-        if not all(isinstance(v, torch.Tensor) for v in (x, w, out)) or w.ndim != 2 or x.ndim < 2:
-            continue
-        bv = val(bias) if bias is not None else None
-        if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
-                                     and statically_known_true(bv.shape[0] == w.shape[0])):
-            continue
-        want = tuple(x.shape[:-1]) + (w.shape[0],)
-        same = [statically_known_true(a == b) for a, b in zip(want, out.shape)]
-        if len(want) != out.ndim or not all(same) or not statically_known_true(x.shape[-1] == w.shape[1]):
-            continue
-        folds[back] = (flat.args[0], tw.args[0]) + ((bias,) if bias is not None else ())
-        skip |= {n, flat, tw}
+        got = _fold(n, in_torch, val)
+        if got is not None:
+            (back,) = n.users
+            folds[back], inner = got
+            skip |= inner
     return folds, skip
 
 

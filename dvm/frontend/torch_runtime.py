@@ -26,7 +26,7 @@ from . import fx_const_index, fx_sdpa
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
-from .torch_calls import fast_call, linear_folds
+from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds
 from .torch_segment import SegmentRunner
 
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
@@ -54,9 +54,21 @@ def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node
     target = fast_call(n.target, len(n.args), bool(n.kwargs), first in row_major)
     get = remap.__getitem__
     out = g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
-    if target is torch.Tensor.view:
+    if target is torch.Tensor.view or target in ROW_MAJOR_RESULTS:
         row_major.add(out)
     return out
+
+
+def _merge_views(g: fx.Graph) -> None:
+    """view(view(x, a), b) as view(x, b) where the inner view has no other reader: both are plain
+    views (Tensor.view) only of row-major tensors, and any view of row-major x is x's memory in
+    the same order."""
+    for n in list(g.nodes):
+        inner = n.args[0] if n.target is torch.Tensor.view else None
+        if isinstance(inner, fx.Node) and inner.target is torch.Tensor.view and len(inner.users) == 1:
+            n.args = (inner.args[0],) + n.args[1:]
+            g.erase_node(inner)
+            counters.bump("torch_views_merged")
 
 
 def _signs_call(s: HalfSigns):
@@ -80,7 +92,7 @@ def _reads(step, runners: dict, folds: dict) -> list:
             fx.node.map_arg((m.args, m.kwargs), lambda a: out.append(a) or a)
         return out
     if step.node in folds:
-        return list(folds[step.node])
+        return folds[step.node].reads()
     fx.node.map_arg((step.node.args, step.node.kwargs), lambda a: out.append(a) or a)
     return out
 
@@ -173,11 +185,20 @@ class _Emitter:
             counters.bump(f"torch_unused_{step.kind}_steps")
             return
         if n in self.folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
-            remap[n] = g.call_function(torch.nn.functional.linear, tuple(remap[a] for a in self.folds[n]))
+            fold = self.folds[n]
+            args = [remap[a] for a in fold.reads()]
+            if fold.stored_kxm:
+                args[1] = g.call_function(torch.Tensor.t, (args[1],))
+            remap[n] = g.call_function(torch.nn.functional.linear, tuple(args))
             row_major.add(remap[n])
             counters.bump("torch_linear_folds")
         elif n not in self.skip:
-            remap[n] = _emit_torch(g, n, remap, row_major)
+            same = identity_of(n, fake)
+            if same is not None:
+                remap[n] = remap[same]
+                counters.bump("torch_identity_views")
+            else:
+                remap[n] = _emit_torch(g, n, remap, row_major)
         self.owner.torch_steps.append(step)
         counters.bump(f"{step.kind}:{n.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
 
@@ -233,6 +254,7 @@ class CompiledFx:
             if id(step) not in prefix:
                 self._emit(step, g, remap, env)
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
+        _merge_views(g)
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
         self.runner = fx.GraphModule(gm, g, class_name="DvmRunner")
