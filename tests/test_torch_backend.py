@@ -408,7 +408,10 @@ def test_rotate_half_alone_and_odd_shapes():
 
 
 def test_rope_gradients():
-    """The backward of rotate_half (two slice_backwards added) is recognized as well."""
+    """The backward of rotate_half (two slice_backwards added) is recognized as well. The weight's
+    gradient sums n products in another order than eager's: entries that cancel to near zero are
+    compared to the gradient's scale (atol), not to their own."""
+    torch.manual_seed(0)
     w = torch.randn(20, 20, requires_grad=True)
 
     def f(x):
@@ -425,7 +428,7 @@ def test_rope_gradients():
         got = w.grad.clone()
         w.grad = None
         f(x).backward()
-        torch.testing.assert_close(got, w.grad)
+        torch.testing.assert_close(got, w.grad, atol=1e-6 * float(w.grad.abs().max()), rtol=1.3e-6)
     snap = counters.snapshot()
     assert not _fallbacks(snap, "slice_backward") and not _fallbacks(snap, "cat"), snap
     assert any("rotate_half_backward" in g.describe() for g in tb.COMPILED)
