@@ -63,6 +63,22 @@ def test_view_of_a_non_contiguous_tensor_is_a_counted_copy():
     assert fn(split, [3, 2, 2, 2]).data_ptr() == split.data_ptr()
 
 
+def _folds_in_inference(m: torch.nn.Module, x: torch.Tensor) -> int:
+    """Linear folds of m compiled fresh and run on x in inference (its result matches eager's);
+    then, in training, the input's gradient matches eager's."""
+    import dvm
+    torch._dynamo.reset()   # a fresh compile (Dynamo reuses the graph across instances)
+    before = counters.snapshot().get("torch_linear_folds", 0)
+    with torch.no_grad():
+        torch.testing.assert_close(dvm.compile(m)(x), m(x))
+    folds = counters.snapshot().get("torch_linear_folds", 0) - before
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
+    (w,) = torch.autograd.grad(m(xg).sum(), xg)
+    torch.testing.assert_close(g, w)
+    return folds
+
+
 class _Mlp(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -78,20 +94,10 @@ def test_linear_layers_fold_into_one_call(shape):
     """In inference, t + view + mm (addmm with a bias) + view become one F.linear; results match
     eager (silu is DVM's: default tolerances), with and without a bias, 2-D and 3-D. In training
     the flattened input and t(w) are saved for the backward: no fold, gradients still match."""
-    import dvm
-    torch._dynamo.reset()   # a fresh compile (Dynamo reuses the graph across _Mlp instances)
     torch.manual_seed(0)
-    m = _Mlp()
-    x = torch.randn(*shape)
-    before = counters.snapshot().get("torch_linear_folds", 0)
-    with torch.no_grad():
-        torch.testing.assert_close(dvm.compile(m)(x), m(x))
+    folds = _folds_in_inference(_Mlp(), torch.randn(*shape))
     if len(shape) == 3:
-        assert counters.snapshot().get("torch_linear_folds", 0) == before + 2
-    xg = x.clone().requires_grad_()
-    (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
-    (w,) = torch.autograd.grad(m(xg).sum(), xg)
-    torch.testing.assert_close(g, w)
+        assert folds == 2
 
 
 class _OtherLinears(torch.nn.Module):
@@ -114,22 +120,36 @@ def test_permuted_and_in_out_weights_fold_into_one_call(shape):
     """x @ w.permute(1, 0) and addmm(b, view(x), w) with w stored (in, out) become one F.linear
     each (the second on w.t()); results match eager; in training nothing folds and gradients
     still match."""
+    from dvm.frontend.torch_runtime import COMPILED
+    torch.manual_seed(0)
+    m = _OtherLinears()
+    assert _folds_in_inference(m, torch.randn(*shape)) == 2
+    inference = next(c for c in reversed(COMPILED) if c.kind == "inference")
+    code = inference.runner.code
+    assert "torch.mm" not in code and "torch.addmm" not in code and "permute" not in code, code
+
+
+def _same_shape_views(x, w):
+    y = torch.relu(x)
+    z = y.view(y.shape).expand(y.shape)   # both to y's own shape: y itself
+    return torch.mm(z, w), z.view(z.shape) * 2
+
+
+def test_views_to_their_own_shape_are_no_calls():
+    """A view or expand of a value to its own shape is that value in the run graph (no call,
+    counted); results match eager."""
     import dvm
     from dvm.frontend.torch_runtime import COMPILED
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    m = _OtherLinears()
-    x = torch.randn(*shape)
-    before = counters.snapshot().get("torch_linear_folds", 0)
+    before = counters.snapshot().get("torch_identity_views", 0)
     with torch.no_grad():
-        torch.testing.assert_close(dvm.compile(m)(x), m(x))
-    assert counters.snapshot().get("torch_linear_folds", 0) == before + 2
+        for n in (3, 5):
+            x, w = torch.randn(n, 6), torch.randn(6, 4)
+            for got, want in zip(dvm.compile(_same_shape_views)(x, w), _same_shape_views(x, w)):
+                torch.testing.assert_close(got, want)
+    assert counters.snapshot().get("torch_identity_views", 0) > before
     code = COMPILED[-1].runner.code
-    assert "torch.mm" not in code and "torch.addmm" not in code and "permute" not in code, code
-    xg = x.clone().requires_grad_()
-    (g,) = torch.autograd.grad(dvm.compile(m)(xg).sum(), xg)
-    (w,) = torch.autograd.grad(m(xg).sum(), xg)
-    torch.testing.assert_close(g, w)
+    assert "expand" not in code and "view" not in code, code
 
 
 def _heads(x, w):
