@@ -198,6 +198,33 @@ def test_last_call_shortcut_never_runs_another_signature(slow_path_calls):
     assert len(slow_path_calls) == 3, "one NumPy-path launch per signature"
 
 
+def _scaled(x, w, k: int):
+    return torch.relu(x * k - w)
+
+
+def test_segment_quick_path_runs_only_its_own_launch(monkeypatch):
+    """A segment called again with the sizes and tensor layouts of its last two calls runs that
+    launch directly (SegmentRunner.run's quick path, without the launcher): every result matches
+    eager across layouts of one shape, other sizes and other scalars, some calls skip the
+    launcher, and every launch and segment run is still counted."""
+    from dvm.frontend.torch_launch import TensorLauncher
+    through = []
+    orig = TensorLauncher.__call__
+    monkeypatch.setattr(TensorLauncher, "__call__", lambda self, *a, **k: through.append(1) or orig(self, *a, **k))
+    fn = _compiled(_scaled)
+    base, w = torch.randn(6, 6), torch.randn(6)
+    calls = [(base, 2), (base, 2), (base, 2), (base.t(), 2), (base, 2), (base, 3), (base, 3), (base, 2),
+             (torch.randn(9, 6), 2), (base, 2), (torch.randn(6, 12)[:, ::2], 2), (base, 2)]
+    before = counters.snapshot()
+    for t, k in calls:
+        torch.testing.assert_close(fn(t, w, k), _scaled(t, w, k), rtol=0, atol=0)
+    after = counters.snapshot()
+    ran = after.get("torch_segment_launches", 0) - before.get("torch_segment_launches", 0)
+    assert ran == len(calls)
+    assert after.get("launches", 0) - before.get("launches", 0) >= len(calls)
+    assert 0 < len(through) < len(calls)
+
+
 # --- huge pages for large fresh outputs (runtime/hugepages) ------------------------------------------
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
 def test_hugepage_advice_covers_whole_huge_pages_only():

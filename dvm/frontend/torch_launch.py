@@ -154,11 +154,23 @@ def _untracked_key(key: tuple) -> tuple:
                  for k in key)
 
 
+def _direct(outs: tuple, run: Callable) -> Callable:
+    """tensors -> the outputs, freshly allocated, of `run` on their addresses: a launch with no
+    input to resolve or copy and no huge output, as one function (see _TensorLaunch.direct)."""
+    def call(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        made = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in outs]
+        run([*map(_data_ptr, tensors), *map(_data_ptr, made)])
+        counters.bump_launch(True)
+        return made
+    return call
+
+
 class _TensorLaunch:
     """A cached Launch on a VM that binds launches (the CPU VM), fed with data pointers (see the module
     invariant). `same`: tensor_check of the tensors it was made for; `resolve`: the inputs whose
-    negative or conjugate bit is resolved first."""
-    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge")
+    negative or conjugate bit is resolved first; `direct`: the whole cached call as one function
+    where nothing but the addresses is needed (else None)."""
+    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge", "direct")
 
     def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor], resolve: tuple[int, ...] = ()):
         self.launch, self.resolve = launch, resolve
@@ -168,11 +180,15 @@ class _TensorLaunch:
                           if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
+        plain = self.run is not None and not resolve and not self.huge
+        self.direct = _direct(self.outs, self.run) if plain else None
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True, into=None) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not). into:
         tensors to write the outputs into (None entries are allocated), each row-major of its
         output's shape and dtype and overlapping no input (the caller's invariant)."""
+        if self.direct is not None and cached and into is None:
+            return self.direct(tensors)
         if self.resolve:
             tensors = resolved(tensors, self.resolve)
         if self.launch.copy_slots:
@@ -208,6 +224,14 @@ class TensorLauncher:
         # (env values, VM, _TensorLaunch) of the last call through _fast: a call with the same
         # sizes, VM and tensors that pass its check needs no signature (~1-2 us a call)
         self._last: tuple | None = None
+
+    def direct_for(self, env: dict, tensors: Sequence[torch.Tensor]) -> tuple | None:
+        """(tensor check, direct call) of the remembered launch for exactly this env and these
+        tensors, where it has a direct form (_TensorLaunch.direct); else None."""
+        fast = self._fast.get(self.signature(env, tensors))
+        if fast is None or fast.same is None or fast.direct is None:
+            return None
+        return fast.same, fast.direct
 
     def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None) -> list[torch.Tensor]:
         """into: optional tensors to write the outputs into (see _TensorLaunch; lazy mode's

@@ -3,7 +3,8 @@
 A SegmentRunner compiles its segment once (a CompiledGraph on symbolic sizes: all of its vector
 kernels in ONE VM launch), binds the sizes it needs from its inputs' shapes, checks the shape
 facts recorded while tracing once per distinct tuple of sizes, and launches on tensor data
-pointers (torch_launch).
+pointers (torch_launch). A call with the sizes of the two calls before it and tensors passing the
+launch's tensor check runs that launch at once (run's quick path: ~0.7 us of ~3.5 a call).
 """
 from __future__ import annotations
 
@@ -116,6 +117,10 @@ class SegmentRunner:
         self.compile_s = time.perf_counter() - t0
         # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
         self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
+        # run()'s quick path: (graph sizes, tensor check, VM, direct call) of the last launch
+        self._quick: tuple | None = None
+        self._last_key: tuple | None = None
+        self._quick_ok = self.launch is not None and not self.writes and self._direct
         self.n_kernels = len(self.graph.templates) if self.graph else 0
         if VERIFY is None and config().verify:
             from ..tools.verify import install_from_env   # DVM_VERIFY=1
@@ -137,13 +142,41 @@ class SegmentRunner:
     def run(self, env: dict, *tensors: torch.Tensor) -> Sequence[torch.Tensor]:
         """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order),
         then the graph inputs it updates (self.write_dsts' order)."""
+        quick = self._quick
+        if quick is not None and quick[0] == tuple(env.values()) and quick[1](*tensors) and \
+                quick[2] == config().vm and VERIFY is None:
+            counters.bump_segment()
+            return quick[3](tensors)
+        results = self._run(env, tensors)
+        if self._quick_ok:
+            self._remember_quick(env, tensors)
+        return results
+
+    def _remember_quick(self, env: dict, tensors: Sequence[torch.Tensor]) -> None:
+        """After the second call in a row with the same sizes, the launch those sizes and tensors
+        found, as run()'s quick path: its tensor check, on the same graph sizes, stands for the
+        binds, the shape checks and the launcher's own signature."""
+        key = tuple(env.values())
+        if key != self._last_key:
+            self._last_key, self._quick = key, None
+            return
+        got = self.launch.direct_for(self._bound(env, tensors), tensors)
+        self._quick = None if got is None else (key, got[0], config().vm, got[1])
+
+    def _bound(self, env: dict, tensors: Sequence[torch.Tensor]) -> dict:
+        """env with the segment's own sizes bound from its inputs' shapes."""
+        if not self.binds:
+            return env
+        env = dict(env)
+        for i, j, name in self.binds:
+            env[name] = tensors[i].shape[j]
+        return env
+
+    def _run(self, env: dict, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         dsts = ()
         if self.writes:
             tensors, dsts = tensors[:len(self.inputs)], tensors[len(self.inputs):]
-        if self.binds:
-            env = dict(env)
-            for i, j, name in self.binds:
-                env[name] = tensors[i].shape[j]
+        env = self._bound(env, tensors)
         if self.checks:
             self.check(env)
         counters.bump_segment()
