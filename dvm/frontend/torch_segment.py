@@ -142,21 +142,21 @@ class SegmentRunner:
     def run(self, env: dict, *tensors: torch.Tensor) -> Sequence[torch.Tensor]:
         """The segment's outputs (self.outputs' order) from its input tensors (self.inputs' order),
         then the graph inputs it updates (self.write_dsts' order)."""
+        key = tuple(env.values())
         quick = self._quick
-        if quick is not None and quick[0] == tuple(env.values()) and quick[1](*tensors) and \
+        if quick is not None and quick[0] == key and quick[1](*tensors) and \
                 quick[2] == config().vm and VERIFY is None:
             counters.bump_segment()
             return quick[3](tensors)
         results = self._run(env, tensors)
         if self._quick_ok:
-            self._remember_quick(env, tensors)
+            self._remember_quick(key, env, tensors)
         return results
 
-    def _remember_quick(self, env: dict, tensors: Sequence[torch.Tensor]) -> None:
-        """After the second call in a row with the same sizes, the launch those sizes and tensors
-        found, as run()'s quick path: its tensor check, on the same graph sizes, stands for the
-        binds, the shape checks and the launcher's own signature."""
-        key = tuple(env.values())
+    def _remember_quick(self, key: tuple, env: dict, tensors: Sequence[torch.Tensor]) -> None:
+        """After the second call in a row with the same sizes (key: env's values), the launch those
+        sizes and tensors found, as run()'s quick path: its tensor check, on the same graph sizes,
+        stands for the binds, the shape checks and the launcher's own signature."""
         if key != self._last_key:
             self._last_key, self._quick = key, None
             return
