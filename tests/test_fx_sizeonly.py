@@ -174,3 +174,95 @@ def test_an_arange_shorter_than_its_axis_indexes_a_slice():
     assert " 0 fallback op(s)" in COMPILED[-1].describe()
     with pytest.raises(Exception):
         fn(torch.randn(3, 7), 5)
+
+
+class _Positions(torch.nn.Module):
+    """x * cos + pos(arange(n)) * scale: RoPE-style cos from a buffer and a learned position
+    table, both read at the positions of a length n (values of sizes and weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Embedding(32, 6)
+        self.register_buffer("inv_freq", torch.rand(3), persistent=False)
+        self.scale = torch.nn.Parameter(torch.rand(6))
+
+    def forward(self, x):
+        t = torch.arange(x.shape[0])
+        freqs = torch.outer(t.float(), self.inv_freq)
+        return x * torch.cat((freqs, freqs), -1).cos() + self.pos(t) * self.scale
+
+
+def _check(fn, model, n: int):
+    x = torch.randn(n, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), model(x))
+
+
+def test_weights_read_with_sizes_are_remembered_while_unchanged():
+    """In an inference graph, values of sizes and parameters / buffers are computed once per size
+    and remembered while each weight is the same tensor with the same version and data pointer:
+    an in-place update or a `.data` assignment makes them computed again."""
+    torch._dynamo.reset()
+    model = _Positions()
+    fn = torch.compile(model, backend="dvm", dynamic=True)
+    for n in (5, 7):
+        _check(fn, model, n)
+    graph = COMPILED[-1]
+    assert graph.kind == "inference" and graph.consts is not None and graph.consts.n_weights == 3
+    assert "reading 3 weight(s)" in graph.describe()
+    assert not any(s.node.target is torch.ops.aten.embedding.default for s in graph.torch_steps[graph.n_const_torch_steps:])
+    computed, hits, stale = (_count(f"torch_size_consts_{k}") for k in ("computed", "hits", "stale"))
+    for n in (5, 9, 5, 9):
+        _check(fn, model, n)
+    assert (_count("torch_size_consts_computed") - computed, _count("torch_size_consts_hits") - hits) == (1, 3)
+    with torch.no_grad():
+        model.pos.weight.add_(1.0)          # in place: a new version
+    _check(fn, model, 5)
+    model.scale.data = torch.rand(6)        # another tensor's memory, same Parameter
+    _check(fn, model, 5)
+    model.inv_freq = torch.rand(3)          # another buffer
+    _check(fn, model, 9)
+    _check(fn, model, 9)
+    assert _count("torch_size_consts_stale") - stale == 3
+    assert _count("torch_size_consts_hits") - hits == 4
+
+
+def test_weights_of_another_module_are_not_taken_for_the_first_ones():
+    torch._dynamo.reset()
+    first, second = _Positions(), _Positions()
+    fn_first, fn_second = (torch.compile(m, backend="dvm", dynamic=True) for m in (first, second))
+    for n in (5, 7, 5):
+        _check(fn_first, first, n)
+        _check(fn_second, second, n)
+
+
+def test_weights_without_a_version_counter_are_read_at_every_call():
+    """Tensors made under torch.inference_mode have no version counter: nothing read from them is
+    remembered (counted), and the values stay right."""
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        model = _Positions()
+        fn = torch.compile(model, backend="dvm", dynamic=True)
+        before = _count("torch_size_consts_unversioned")
+        for n in (5, 7, 5):
+            x = torch.randn(n, 6)
+            torch.testing.assert_close(fn(x), model(x))
+        assert _count("torch_size_consts_unversioned") - before >= 2
+
+
+def test_training_graphs_read_weights_at_every_call():
+    """With gradients, weights are not taken as inputs of remembered values (an optimizer step
+    changes them every call); the gradients are eager's."""
+    torch._dynamo.reset()
+    model = _Positions()
+    fn = torch.compile(model, backend="dvm", dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 6)
+        fn(x).sum().backward()
+        got = model.pos.weight.grad.clone()
+        model.pos.weight.grad = None
+        model(x).sum().backward()
+        torch.testing.assert_close(got, model.pos.weight.grad)
+        model.zero_grad()
+    graphs = [g for g in list(COMPILED)[-4:] if g.kind == "forward"]
+    assert graphs and all(g.consts is None or g.consts.n_weights == 0 for g in graphs)

@@ -20,9 +20,12 @@ pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
 
 @pytest.fixture(autouse=True)
 def vm(monkeypatch):
-    """The fast path exists on the CPU VM only: these run there."""
+    """The fast path exists on the CPU VM only: these run there, with its fast pieces loaded (a
+    launch bound before they are is not the direct one the quick-path test looks for)."""
+    from dvm.vm import cpu
     monkeypatch.setenv("DVM_VM", "cpu")
     dvm_config.reload()
+    cpu.warm_up(wait_fast=True)
     yield "cpu"
     monkeypatch.undo()
     dvm_config.reload()

@@ -19,10 +19,23 @@ The run graph computes them in a separate function (torch_runtime) whose results
 per tuple of size values (`SizeConsts`: bounded by entries and bytes). Invariant: an entry is
 read, never written: every later op of a functional ATen graph makes new tensors or views, and
 no graph output aliases an entry.
+
+Weights: in an inference graph, the parameters and buffers (AOTAutograd's static inputs) count
+as inputs of such values too, where the value also reads a size or a size-only value: a learned
+position table read at arange(L), RoPE's cos / sin from the `inv_freq` buffer, T5's relative
+position bias, BERT's token types gathered from a buffer. Each entry then records, for every
+weight it read, the tensor (a weak reference), its version counter and its data pointer, and is
+used only while all three still match: an in-place update (`add_`, `copy_`, `load_state_dict`),
+a `.data` assignment or another module's tensors make it computed again. A value read from
+weights alone (`t(w)`, `1 + w`) is left in the graph: it folds into a linear call or a segment
+there. Tensors without a version counter (made under `torch.inference_mode`) are never
+remembered: their values are computed at every call. Writes PyTorch does not see (through
+`numpy()` or a data pointer) are not detected (DECISIONS.md).
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable
 
 import torch
@@ -77,23 +90,36 @@ def size_args(gm: fx.GraphModule) -> list[fx.Node]:
             and isinstance(fake(n), (torch.SymInt, int)) and not isinstance(fake(n), bool)]
 
 
-def size_only(gm: fx.GraphModule) -> list[fx.Node]:
+def size_only(gm: fx.GraphModule, weights: frozenset = frozenset()) -> list[fx.Node]:
     """The size-only call_function nodes of gm, in graph order (see the module docstring); none
-    when no tensor is among them (size arithmetic alone is not worth a function of its own)."""
+    when no tensor is among them (size arithmetic alone is not worth a function of its own).
+    weights: placeholders of parameters and buffers, read by such values beside sizes."""
     if not ENABLED:
         return []
     escaping = _escaping(gm)
-    found: list = []
-    ok = set(size_args(gm))
+    sized = set(size_args(gm))
+    weighty: set = set()    # values of weights alone (and constants): taken where a sized value reads them
+    found: set = set()
     for n in gm.graph.nodes:
         if n.op != "call_function" or n in escaping or not _pure_op(n.target):
             continue
         args: list = []
         fx.node.map_arg((n.args, n.kwargs), lambda a: args.append(a) or a)
-        if all(a in ok for a in args):
-            ok.add(n)
-            found.append(n)
-    positions = _index_positions(found, ok)
+        if not all(a in sized or a in weights or a in weighty for a in args):
+            continue
+        if not any(a in sized for a in args) and any(a in weights or a in weighty for a in args):
+            weighty.add(n)
+            continue
+        sized.add(n)
+        found.add(n)
+        todo = [a for a in args if a in weighty]
+        while todo:
+            a = todo.pop()
+            if a not in found:
+                found.add(a)
+                fx.node.map_arg((a.args, a.kwargs), lambda b: todo.append(b) if b in weighty else None)
+    found = [n for n in gm.graph.nodes if n in found]
+    positions = _index_positions(found, set(found))
     found = [n for n in found if n not in positions]
     return found if any(isinstance(fake(n), torch.Tensor) for n in found) else []
 
@@ -141,40 +167,65 @@ def _tensor_bytes(values) -> int:
 
 
 class SizeConsts:
-    """fn(env, *sizes) -> tuple of values, remembered per (env values, sizes). At most
-    MAX_ENTRIES tuples and MAX_BYTES of tensors are kept (the oldest go first); an entry larger
-    than MAX_BYTES is computed at every call."""
+    """fn(env, *sizes, *weights) -> tuple of values, remembered per (env values, sizes) while the
+    weights are the same tensors, unchanged (see the module docstring). At most MAX_ENTRIES
+    tuples and MAX_BYTES of tensors are kept (the oldest go first); an entry larger than
+    MAX_BYTES is computed at every call."""
     __name__ = "size_consts"   # FX names a call_function node after its target
 
-    def __init__(self, fn: Callable, n_steps: int):
-        self.fn, self.n_steps = fn, n_steps
-        self._cache: dict = {}
+    def __init__(self, fn: Callable, n_steps: int, n_sizes: int, n_weights: int = 0):
+        self.fn, self.n_steps, self.n_sizes, self.n_weights = fn, n_steps, n_sizes, n_weights
+        self._cache: dict = {}     # key -> (weights' stamps, values)
         self._bytes: dict = {}
         self._total = 0
         self._lock = threading.Lock()
 
-    def __call__(self, env: dict, *sizes) -> tuple:
-        key = (*env.values(), *sizes)
+    def __call__(self, env: dict, *args) -> tuple:
+        key = (*env.values(), *args[:self.n_sizes])
+        weights = args[self.n_sizes:]
         hit = self._cache.get(key)
-        if hit is not None:
+        if hit is not None and (not weights or _same(hit[0], weights)):
             counters.bump("torch_size_consts_hits")
-            return hit
-        values = tuple(self.fn(env, *sizes))
-        counters.bump("torch_size_consts_computed")
+            return hit[1]
+        values = tuple(self.fn(env, *args))
+        stamps = _stamps(weights)
+        counters.bump("torch_size_consts_computed" if stamps is not None else "torch_size_consts_unversioned")
         size = _tensor_bytes(values)
-        if size <= MAX_BYTES:
-            with self._lock:
-                if key not in self._cache:
-                    self._cache[key], self._bytes[key] = values, size
-                    self._total += size
-                while len(self._cache) > MAX_ENTRIES or self._total > MAX_BYTES:
-                    old = next(iter(self._cache))
-                    del self._cache[old]
-                    self._total -= self._bytes.pop(old)
+        if stamps is not None and size <= MAX_BYTES:
+            self._keep(key, stamps, values, size)
         return values
+
+    def _keep(self, key, stamps: tuple, values: tuple, size: int) -> None:
+        with self._lock:
+            if key in self._cache:     # (stale weights: replaced)
+                self._total -= self._bytes.pop(key)
+                del self._cache[key]
+            self._cache[key], self._bytes[key] = (stamps, values), size
+            self._total += size
+            while len(self._cache) > MAX_ENTRIES or self._total > MAX_BYTES:
+                old = next(iter(self._cache))
+                del self._cache[old]
+                self._total -= self._bytes.pop(old)
 
     def __repr__(self) -> str:
         return "dvm.size_consts"
+
+
+def _stamps(weights: tuple) -> tuple | None:
+    """(weak reference, version counter, data pointer) per weight; None when one has no version
+    counter (an inference tensor): then nothing read from it is remembered."""
+    try:
+        return tuple((weakref.ref(w), w._version, w.data_ptr()) for w in weights)
+    except RuntimeError:
+        return None
+
+
+def _same(stamps: tuple, weights: tuple) -> bool:
+    for (ref, version, ptr), w in zip(stamps, weights):
+        if ref() is not w or w._version != version or w.data_ptr() != ptr:
+            counters.bump("torch_size_consts_stale")
+            return False
+    return True
 
 
 __all__ = ["size_args", "size_only", "move_first", "SizeConsts", "MAX_ENTRIES", "MAX_BYTES"]

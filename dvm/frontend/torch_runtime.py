@@ -119,10 +119,20 @@ def _made(step) -> list:
     return step.segment.members if isinstance(step, SegmentStep) else [step.node]
 
 
-def _prefix(steps: list, consts: set, sizes: list, output: fx.Node, emit: "_Emitter") -> tuple[list, list]:
-    """The steps that make only size-only values (consts) from sizes and earlier such steps, and
-    the values of theirs that the other steps (those emitted) or the graph's output read."""
-    avail, prefix = set(sizes), []
+def _weights(placeholders: list) -> frozenset:
+    """The placeholders of an inference graph that are parameters or buffers (AOTAutograd's
+    static inputs, from the tracing context of the graph being compiled)."""
+    ctx = torch._guards.TracingContext.try_get()
+    static = getattr(getattr(ctx, "fw_metadata", None), "static_input_indices", None) or ()
+    return frozenset(placeholders[i] for i in static
+                     if i < len(placeholders) and isinstance(fake(placeholders[i]), torch.Tensor))
+
+
+def _prefix(steps: list, consts: set, inputs: list, output: fx.Node, emit: "_Emitter") -> tuple[list, list]:
+    """The steps that make only size-only values (consts) from inputs (sizes, weights) and earlier
+    such steps, and the values of theirs that the other steps (those emitted) or the graph's
+    output read."""
+    avail, prefix = set(inputs), []
     for step in steps:
         made = _made(step)
         if all(n in consts for n in made) and all(a in avail for a in emit.reads(step)):
@@ -131,7 +141,8 @@ def _prefix(steps: list, consts: set, sizes: list, output: fx.Node, emit: "_Emit
     ids = {id(step) for step in prefix}
     later = [a for step in steps if id(step) not in ids and emit.emits(step) for a in emit.reads(step)]
     fx.node.map_arg(output.args, lambda a: later.append(a) or a)
-    return prefix, [a for a in dict.fromkeys(later) if a in avail and a not in sizes]
+    inputs = set(inputs)
+    return prefix, [a for a in dict.fromkeys(later) if a in avail and a not in inputs]
 
 
 class _Emitter:
@@ -226,7 +237,8 @@ class CompiledFx:
                     syms.add(name)
         fx_sdpa.rewrite(gm)
         fx_const_index.rewrite(gm)
-        consts = size_only(gm)
+        weights = _weights(self.placeholders) if kind == "inference" else frozenset()
+        consts = size_only(gm, weights)
         move_first(gm, consts)
         planner = plan(gm, consts[-1] if consts else None)
         g, remap = fx.Graph(), {}
@@ -249,7 +261,7 @@ class CompiledFx:
                     runners[id(step)] = e
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self._emit = _Emitter(runners, folds, skip, _needed(planner.steps, runners, folds, skip, output), self)
-        prefix = self._size_consts(gm, planner.steps, set(consts), env, g, remap, output)
+        prefix = self._size_consts(gm, planner.steps, set(consts), weights, env, g, remap, output)
         for step in planner.steps:
             if id(step) not in prefix:
                 self._emit(step, g, remap, env)
@@ -263,16 +275,18 @@ class CompiledFx:
         counters.bump("torch_graphs_compiled")
         COMPILED.append(self)
 
-    def _size_consts(self, gm, steps: list, consts: set, env: fx.Node, g: fx.Graph, remap: dict,
-                     output: fx.Node) -> set:
-        """Emit the steps that compute size-only values (fx_sizeonly) into a function of their
-        own, called through a SizeConsts cache at the start of g; the values other steps read
-        are mapped to its results. Returns the ids of those steps."""
+    def _size_consts(self, gm, steps: list, consts: set, weights: frozenset, env: fx.Node, g: fx.Graph,
+                     remap: dict, output: fx.Node) -> set:
+        """Emit the steps that compute size-only values (fx_sizeonly; from sizes and weights) into
+        a function of their own, called through a SizeConsts cache at the start of g; the values
+        other steps read are mapped to its results. Returns the ids of those steps."""
         self.consts, self.n_const_segments, self.n_const_torch_steps = None, 0, 0
         sizes = size_args(gm)
-        prefix, frontier = _prefix(steps, consts, sizes, output, self._emit)
+        prefix, frontier = _prefix(steps, consts, [*sizes, *weights], output, self._emit)
         if not frontier:
             return set()
+        read = {a for step in prefix for a in self._emit.reads(step)}
+        sizes += [ph for ph in self.placeholders if ph in weights and ph in read]   # (graph order)
         pg, premap, row_major = fx.Graph(), {}, set()
         penv = pg.placeholder("env")
         for ph in sizes:
@@ -281,7 +295,9 @@ class CompiledFx:
             self._emit(step, pg, premap, penv, row_major)
         self.n_const_segments, self.n_const_torch_steps = len(self.segments), len(self.torch_steps)
         pg.output(tuple(premap[a] for a in frontier))
-        self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix))
+        n_weights = sum(1 for ph in sizes if ph in weights)
+        self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix),
+                                 len(sizes) - n_weights, n_weights)
         call = g.call_function(self.consts, (env, *[remap[ph] for ph in sizes]))
         for k, a in enumerate(frontier):
             remap[a] = g.call_function(operator.getitem, (call, k))
@@ -312,8 +328,10 @@ class CompiledFx:
                  f"backend compile {self.compile_s * 1e3:.1f} ms"]
         if self.consts is not None:
             segs = f", segments 0-{self.n_const_segments - 1} among them" if self.n_const_segments else ""
+            weights = (f", reading {self.consts.n_weights} weight(s) (remembered while they are unchanged)"
+                       if self.consts.n_weights else "")
             lines.append(f"  size-only values: {self.consts.n_steps} step(s){segs}, computed once per tuple "
-                         "of sizes and remembered")
+                         f"of sizes and remembered{weights}")
         for i, s in enumerate(self.segments):
             ops = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                       for n in s.seg.members)
