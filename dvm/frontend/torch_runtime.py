@@ -286,19 +286,19 @@ class CompiledFx:
         if not frontier:
             return set()
         read = {a for step in prefix for a in self._emit.reads(step)}
-        sizes += [ph for ph in self.placeholders if ph in weights and ph in read]   # (graph order)
+        read_weights = [ph for ph in self.placeholders if ph in weights and ph in read]   # (graph order)
+        args = [*sizes, *read_weights]
         pg, premap, row_major = fx.Graph(), {}, set()
         penv = pg.placeholder("env")
-        for ph in sizes:
+        for ph in args:
             premap[ph] = pg.placeholder(ph.name)
         for step in prefix:
             self._emit(step, pg, premap, penv, row_major)
         self.n_const_segments, self.n_const_torch_steps = len(self.segments), len(self.torch_steps)
         pg.output(tuple(premap[a] for a in frontier))
-        n_weights = sum(1 for ph in sizes if ph in weights)
         self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix),
-                                 len(sizes) - n_weights, n_weights)
-        call = g.call_function(self.consts, (env, *[remap[ph] for ph in sizes]))
+                                 len(sizes), len(read_weights))
+        call = g.call_function(self.consts, (env, *[remap[ph] for ph in args]))
         for k, a in enumerate(frontier):
             remap[a] = g.call_function(operator.getitem, (call, k))
             if premap[a] in row_major:
