@@ -37,11 +37,11 @@ def bias_mix(k, x, b):
 
 @pytest.mark.parametrize("shape, bn", [((4097, 17), 17), ((9, 1030), 1030), ((7, 65537), 13120),
                                        ((3, 4097), 2064), ((1, 20000), 4000), ((5, 3, 65), 65),
-                                       ((69649,), 13936)])
+                                       ((69649,), 3872)])
 def test_elementwise_tiles_have_no_padding_lanes(shape, bn):
     """Elementwise tiles are exactly as wide as the rows, or an even split of a longer row into
-    widths that are multiples of 16 (encoder._even_bn: at most MAX_BN lanes, MID_TILE_ELEMS from
-    MID_ELEMS lanes on): bitwise equal to the reference VM on 1 and 2 threads, also with a strided
+    widths that are multiples of 16 (encoder._even_bn: at most MAX_BN lanes, up to MID_TILE_ELEMS in
+    larger kernels): bitwise equal to the reference VM on 1 and 2 threads, also with a strided
     (transposed) input."""
     x = RNG.standard_normal(shape).astype(np.float32)
     b = RNG.standard_normal(shape[-1]).astype(np.float32)
@@ -128,20 +128,18 @@ def _stream_tile(kl) -> int:
     return max(encoder.MAX_BN, min(encoder.STREAM_TILE_ELEMS, 1 << (fits.bit_length() - 1)))
 
 
-def test_mid_sized_elementwise_kernels_take_mid_tiles():
-    """Elementwise kernels of MID_ELEMS lanes or more (below STREAM_ELEMS) get tiles of
-    MID_TILE_ELEMS lanes, smaller ones TILE_ELEMS; reductions keep theirs; bitwise the reference
+def test_larger_elementwise_kernels_take_larger_tiles():
+    """Elementwise kernels below STREAM_ELEMS get tiles of TILE_ELEMS lanes, doubled up to
+    MID_TILE_ELEMS while MID_MIN_TILES tiles remain; reductions keep theirs; bitwise the reference
     VM's on 1 and 2 threads, with a row vector, a strided input and a partial last tile."""
-    cols = 256
-    for rows, tile in ((encoder.MID_ELEMS // cols, encoder.MID_TILE_ELEMS),
-                       (encoder.MID_ELEMS // cols - 1, encoder.TILE_ELEMS),
-                       (encoder.MID_ELEMS // cols * 3 + 5, encoder.MID_TILE_ELEMS)):
+    cols, least = 256, 2 * encoder.TILE_ELEMS * encoder.MID_MIN_TILES
+    for rows, tile in ((least // cols, 2 * encoder.TILE_ELEMS), (least // cols - 1, encoder.TILE_ELEMS),
+                       (2 * encoder.MID_TILE_ELEMS * encoder.MID_MIN_TILES // cols + 5, encoder.MID_TILE_ELEMS)):
         x = RNG.standard_normal((rows, cols)).astype(np.float32)
         kl = dvm.verify(bias_mix.program(x, x[1])).kernels[0]
         assert kl.bm * kl.bn == tile, (rows, kl.bm, kl.bn)
         _bitwise_as_reference(bias_mix, x, x[1], why=(rows,))
         _bitwise_as_reference(bias_mix, np.ascontiguousarray(x.T).T, x[1], why=(rows, "transposed"))
-    assert re.search(r"tile \d+x256 ", disasm(sum_last.program(x)))
     assert dvm.verify(sum_last.program(x)).kernels[0].bm * cols == encoder.ROW_TILE_ELEMS
 
 
@@ -157,7 +155,7 @@ def test_streaming_kernels_take_stream_tiles(monkeypatch):
     streamed = [run_on(_threads(t), silu_gate, a, b)[0] for t in (1, 2)]
     with monkeypatch.context() as m:
         m.setattr(encoder, "STREAM_ELEMS", 2 * n)
-        m.setattr(encoder, "MID_ELEMS", 2 * n)
+        m.setattr(encoder, "MID_TILE_ELEMS", encoder.TILE_ELEMS)
         assert dvm.verify(silu_gate_again.program(a, b)).kernels[0].bn == encoder.MAX_BN
         tiled = run_on(_threads(2), silu_gate_again, a, b)[0]
     for got in streamed:

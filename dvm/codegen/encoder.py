@@ -29,7 +29,7 @@ TILE_ELEMS = 4096   # elements per tile register (16 KiB of f32): L1/L2 resident
 # many elements per tile, whatever their width: their instructions mostly touch one row at a time
 # (row reductions, fused row runs, compact row values), so a taller tile keeps their working set
 # while it divides the per-tile dispatch (~15 instructions) over more rows; smaller elementwise
-# kernels keep TILE_ELEMS (larger ones: MID_TILE_ELEMS below)
+# kernels keep TILE_ELEMS (larger ones: up to MID_TILE_ELEMS below)
 ROW_TILE_ELEMS = 16384
 # kernels of at least STREAM_ELEMS lanes (elementwise and single-tile-stream ones) stream their
 # operands from memory (4 M f32 lanes and 2-3 operands: past a 32 MiB last-level cache), and the
@@ -42,12 +42,14 @@ STREAM_TILE_ELEMS = 1 << 16
 # last-level cache (an Adam step's 13 registers: 16384-lane tiles 11-17 % faster than 65536;
 # the single-tile stream's row forms work a row at a time and keep STREAM_TILE_ELEMS)
 STREAM_REGISTER_BYTES = 1 << 20
-# elementwise kernels of at least MID_ELEMS lanes take tiles of MID_TILE_ELEMS lanes (bounded
-# as the stream's by STREAM_REGISTER_BYTES): the per-tile dispatch of a cheap instruction costs
-# about as much as its pass over a 4096-lane tile, and a few 64 KiB registers still fit a core's
-# L2 (an add, a bias + ReLU, an 8-op chain at 32 K-2 M lanes: 5-25 % faster than 4096-lane tiles)
+# larger elementwise kernels (below STREAM_ELEMS) take tiles of up to MID_TILE_ELEMS lanes
+# (bounded as the stream's by STREAM_REGISTER_BYTES), as large as leave MID_MIN_TILES tiles: the
+# per-tile dispatch of a cheap instruction costs about as much as its pass over a 4096-lane tile,
+# a few 64 KiB registers still fit a core's L2, and the threads of a parallel launch share
+# enough tiles to stay balanced (an add, a bias + ReLU, an 8-op chain at 128 K-2 M lanes: 5-25 %
+# faster than 4096-lane tiles)
 MID_TILE_ELEMS = 1 << 14
-MID_ELEMS = 2 * MID_TILE_ELEMS
+MID_MIN_TILES = 16
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
@@ -105,6 +107,15 @@ def _even_bn(cols: int, max_bn: int = MAX_BN) -> int:
         return cols
     n_tiles = -(-cols // max_bn)
     return min(max_bn, -(-cols // (16 * n_tiles)) * 16)
+
+
+def _mid_tile(lanes: int, most: int) -> int:
+    """Lanes per tile of an elementwise kernel below STREAM_ELEMS: TILE_ELEMS, doubled up to `most`
+    while at least MID_MIN_TILES tiles remain."""
+    tile = TILE_ELEMS
+    while tile < most and 2 * tile * MID_MIN_TILES <= lanes:
+        tile *= 2
+    return tile
 
 
 def _dim_getter(d: Dim):
@@ -229,15 +240,15 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
         streaming = R * C >= STREAM_ELEMS and (single_stream or not c.col_axes)   # (not the sweeps)
-        mid = not c.col_axes and MID_ELEMS <= R * C < STREAM_ELEMS
+        ew_tile = _mid_tile(R * C, c.mid_tile) if not (c.col_axes or streaming) else TILE_ELEMS
         if not c.col_axes:
-            bn = _even_bn(C, min(c.stream_tile if streaming else c.mid_tile if mid else MAX_BN, cap))
+            bn = _even_bn(C, min(c.stream_tile if streaming else ew_tile, cap))
         elif single_stream:   # 0 < C <= min(WIDE_ROW_COLS, cap) (powers of two)
             bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
         else:
             bn = min(_pow2_at_least(max(C, 1)), MAX_BN, cap)
         tile = (STREAM_TILE_ELEMS if single_stream else c.stream_tile) if streaming else \
-            (ROW_TILE_ELEMS if single_stream else c.mid_tile if mid else TILE_ELEMS)
+            (ROW_TILE_ELEMS if single_stream else ew_tile)
         tile = min(tile, cap)
         bm = max(1, min(tile // bn, _pow2_at_least(max(R, 1))))
     words = [len(row_sizes), len(col_sizes), bm, bn, *c.fixed, *row_sizes, *col_sizes, *c.tail]
