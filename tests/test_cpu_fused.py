@@ -16,13 +16,15 @@ import dvm
 from dvm.codegen import isa
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm, rmsnorm, softmax
+from dvm.graph.dtypes import DType
 from dvm.vm import cpu, reference
 from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.tools.bench_ops_cases import sum_first
-from dvm.vm.cpu.host.fuse_plan import fuse_plan
+from dvm.vm.cpu.host.fuse_plan import fuse_plan, in_place_plan
 from dvm.vm.cpu.abi import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
-                              FK_SQSUM, FK_UNBIN)
+                              FK_SQSUM, FK_UNBIN, PEEP_LATER)
 
+from test_cpu_layouts import _bitwise_as_reference
 from test_cpu_vm import run_on
 from test_reductions import softmax_k as softmax_div   # divides by the row sum: the row form's div
 
@@ -175,6 +177,56 @@ def test_liveness_follows_the_sections_in_order():
     assert _plan(*body_writes_first, *fin_reads, sections=[(0, 0), (0, 1), (1, 4), (4, 5)])[2] == 0
     prologue_reads = [("store.f32", 3, 1), *load_acc]   # runs once, before: never after the run
     assert _plan(*prologue_reads, sections=[(0, 1), (1, 2), (2, 4), (4, 4)])[2] == FK_LOADACC
+
+
+def _peep(*rows):
+    """in_place_plan for one body section written as rows (as _plan), every operand f32."""
+    instrs = np.array([[isa.opcode(name), *fields, *[0] * (isa.WORDS - 1 - len(fields))] for name, *fields in rows],
+                      np.int64)
+    return in_place_plan(instrs, np.full(4, int(DType.FLOAT32), np.int64), [(0, 0), (0, len(rows))]).tolist()
+
+
+def test_in_place_plan_points_a_value_read_before_its_later_store():
+    """An op whose result is read, then stored (a residual sum feeding a norm) writes it into the
+    store's tile (PEEP_LATER - operand); not when a store or a write of the register comes between,
+    nor when it is read after another store. The store right after, with no other reader: the
+    operand itself."""
+    add, red, mul = ("add.f32", 4, 2, 3), ("rowred.sum.f32", 5, 4), ("mul.f32", 6, 4, 4)
+    assert _peep(add, red, ("store.f32", 4, 1))[0] == PEEP_LATER - 1
+    assert _peep(add, ("store.f32", 4, 1), mul)[0] == PEEP_LATER - 1   # read after its own store
+    assert _peep(add, ("store.f32", 4, 1), ("rowred.sum.f32", 5, 2))[0] == 1
+    assert _peep(add, ("store.f32", 4, 0))[0] == 0
+    assert _peep(add, ("store.f32", 2, 0), red, ("store.f32", 4, 1))[0] == -1   # another store between
+    assert _peep(add, ("mul.f32", 4, 4, 2), ("store.f32", 4, 1))[0] == -1      # written again first
+    assert _peep(add, ("store.f32", 4, 1), ("store.f32", 2, 0), mul)[0] == -1  # read after a store
+    assert _peep(add, ("store.f32", 4, 1), ("store.f32", 4, 2))[0] == -1       # stored twice
+
+
+@dvm.kernel
+def residual_layernorm(k, x, r, w, b):
+    h = k.add(k.load(x), k.load(r))
+    d = h - k.mean(h, axis=-1, keepdims=True)
+    return k.store(h), k.store(d * k.rsqrt(k.mean(d * d, axis=-1, keepdims=True) + 1e-5) * k.load(w) + k.load(b))
+
+
+@dvm.kernel
+def residual_rmsnorm(k, x, r, w):
+    h = k.add(k.load(x), k.load(r))
+    return k.store(h), k.store(h * k.rsqrt(k.mean(h * h, axis=-1, keepdims=True) + 1e-6) * k.load(w))
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (37, 100), (16, 1024), (5, 1024), (300, 64)])
+def test_a_residual_sum_written_into_its_output_while_the_norm_reads_it(shape):
+    """The residual sum's register points at its output tile (full tiles) or is copied there by the
+    store (partial ones): both outputs bitwise the reference VM's, on 1 and 2 threads, also with the
+    sum's input viewed transposed and with x passed twice."""
+    x, r, w = _f32(*shape), _f32(*shape), _f32(shape[-1])
+    for kfn, args in ((residual_layernorm, (x, r, w, w)), (residual_rmsnorm, (x, r, w))):
+        peep = cpu_desc._desc(verify(kfn.program(*args)).kernels[0], len(args) + 2).peep
+        assert (peep <= PEEP_LATER).any(), kfn
+        _bitwise_as_reference(kfn, *args, why=(shape,))
+        _bitwise_as_reference(kfn, np.ascontiguousarray(x.T).T, *args[1:], why=(shape, "transposed"))
+        _bitwise_as_reference(kfn, x, x, *args[2:], why=(shape, "x twice"))
 
 
 def test_plan_finds_loaded_accumulations():

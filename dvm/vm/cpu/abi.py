@@ -98,6 +98,7 @@ OPTAB_FIXED = 4   # optab row: kind, arg, dtype, offset, then one stride per dim
 FUSE_WIDTH = 8    # fuse[pc]: kind, instructions covered, then the kind's fields
 NO_SRC = -1       # FK_APPLY (and FK_ROWNORM) without a bias stage
 NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)
+PEEP_LATER = -2   # peep[pc] <= PEEP_LATER: operand PEEP_LATER - peep[pc] stores the result later
 FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops a run may start with
 FUSED_BIN = ("add", "sub", "mul")                       # and the op that consumes it
 CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)   # replayed per row (rownorm)

@@ -1,7 +1,8 @@
 """Where a kernel's instructions can run fused: decided once per instruction stream, in Python
 (cached by host/stream).
 
-peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it.
+peep[pc] (in_place_plan): an f32 op writes straight into the tile of the store after it (or of
+a later store, PEEP_LATER).
 fuse[pc] (fuse_plan, executed by the fused pieces: jit/fused/, jit/rowtree) = (kind, instructions
 covered, fields...) for a
 run starting at pc, kind FK_NONE elsewhere. The plan checks what it can see statically: the
@@ -20,7 +21,7 @@ from ....codegen import isa
 from ....graph.dtypes import Bank, DType
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE,
                    FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN, FUSED_UN, NO_LOAD, NO_SRC,
-                   R_ARGMAX, RED_NAMES, WRITES_F_DEST)
+                   PEEP_LATER, R_ARGMAX, RED_NAMES, WRITES_F_DEST)
 from .decode import writes_f
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
@@ -301,37 +302,62 @@ def _row_softmax(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
 def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
     """peep[pc] = operand of the store right after pc when instruction pc (an f32 elementwise op or
     cast) may write its result straight into that store's tile: the store is then skipped. Only when
-    the register is read by nothing but that store (until it is written again)."""
+    the register is read by nothing but that store (until it is written again).
+    peep[pc] = PEEP_LATER - operand where the register is read besides (a residual sum that a norm
+    reads and stores): it points at the store's tile from pc on, and the store finds its tile
+    written. Only when no instruction between pc and the register's last read writes it or stores
+    anything (a store could overwrite that tile; an argument both stored and loaded turns every
+    in-place tile off, jit/addr.alias_ok)."""
     peep = np.full(len(instrs), -1, np.int64)
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
         return peep
     flow = _Flow(instrs, specs, sections)
-    reads, writes = flow.reads, flow.writes
+    modifies = [flow.writes[q] | _f32_regs(sp, row, "m") for q, (sp, row) in enumerate(zip(specs, instrs))]
     for s, e in sections:
         for pc in range(s, e - 1):
-            sp, nx = specs[pc], specs[pc + 1]
-            if sp.group not in ("ew", "cast") or writes_f(sp) != WRITES_F_DEST:
+            sp, r = specs[pc], int(instrs[pc, 1])
+            if sp.group not in ("ew", "cast") or writes_f(sp) != WRITES_F_DEST or r in flow.reads[pc]:
                 continue
-            r = int(instrs[pc, 1])
-            if nx.group != "store" or nx.bank != Bank.F32 or int(instrs[pc + 1, 1]) != r or r in reads[pc]:
+            st = _first_store(instrs, specs, modifies, r, pc + 1, e)
+            if st < 0 or int(opnd_dtype[int(instrs[st, 2])]) != int(DType.FLOAT32):
                 continue
-            j = int(instrs[pc + 1, 2])
-            if int(opnd_dtype[j]) != int(DType.FLOAT32):
+            after = _reads_after(specs, flow, modifies, r, st, (s, e))
+            if after is None:
                 continue
-            ok, dead = True, False
-            for q in range(pc + 2, e):
-                if r in reads[q]:
-                    ok = False
-                    break
-                if r in writes[q]:
-                    dead = True
-                    break
-            if ok and not dead:   # live out of the section: only if no other section reads it
-                ok = not any(r in reads[q] for s2, e2 in sections if (s2, e2) != (s, e) for q in range(s2, e2))
-            if ok:
-                peep[pc] = j
+            j = int(instrs[st, 2])
+            peep[pc] = j if st == pc + 1 and not after else PEEP_LATER - j
     return peep
+
+
+def _first_store(instrs, specs, modifies, r: int, start: int, end: int) -> int:
+    """The first f32 store of register r in [start, end), or -1 where an instruction before it
+    writes r or stores anything."""
+    for q in range(start, end):
+        sp = specs[q]
+        if sp.group == "store" and sp.bank == Bank.F32 and int(instrs[q, 1]) == r:
+            return q
+        if r in modifies[q] or sp.group in ("store", "storerow"):
+            return -1
+    return -1
+
+
+def _reads_after(specs, flow: _Flow, modifies, r: int, st: int, sec) -> bool | None:
+    """Whether register r is read after its store at st (until written again); None where such a
+    read is a store or comes after one, or another section reads the value r keeps."""
+    stored = read = False
+    for q in range(st + 1, sec[1]):
+        store = specs[q].group in ("store", "storerow")
+        if r in flow.reads[q]:
+            if stored or store:
+                return None
+            read = True
+        if r in modifies[q]:
+            return read
+        stored |= store
+    if any(r in flow.reads[q] for s2, e2 in flow.sections if (s2, e2) != sec for q in range(s2, e2)):
+        return None   # live out of the section: only if no other section reads it
+    return read
 
 
 def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:

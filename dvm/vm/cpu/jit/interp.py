@@ -9,12 +9,14 @@ Kernel descriptor (host/desc builds it; jit/entry unpacks it into views and the 
   optab   int64 [n_opnd, 4+nd]   kind, arg, dtype, offset, strides
   consts  int64 [n_const]        constant bits
   peep    int64 [n_instr]        operand of the store right after an f32 op that may write in place
+                                 (PEEP_LATER - operand: of a later store)
   fz      int64 [n_instr, 8]     runs of instructions executed in one pass (host/fuse_plan)
   rio     int64 [n_instr, 10]    per field, 1 + the bank of a register it reads / writes
 
 In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A load of a full,
 contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
-result is only stored writes straight into the output tile and the store is skipped. Both only
+result is only stored writes straight into the output tile and the store is skipped (a later
+store finds its tile already written: the register points there meanwhile). Both only
 when no stored argument overlaps another argument (aok, checked per call), so results are
 unchanged.
 
@@ -33,8 +35,8 @@ from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP
                    MODE_CMP_OUTER, MODE_COMPACT, MODE_CONST, MODE_EXPAND, MODE_FULL, MODE_ROWB, MODE_ROWLOAD,
                    MODE_ROWV, MODE_UNIFORM, M_BM, M_BN, M_COLS, M_ROWS, M_TL, OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL,
                    OP_SUB, PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_MEM, PC_MEM_T, PC_REDUCE,
-                   PC_ROWLEVEL, PC_ROWTREE, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL, R_ARGMAX,
-                   R_ARGMIN, WRITES_F_DEST, WRITES_F_RMW)
+                   PC_ROWLEVEL, PC_ROWTREE, PEEP_LATER, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL,
+                   R_ARGMAX, R_ARGMIN, WRITES_F_DEST, WRITES_F_RMW)
 from .addr import col_uniform, direct_addr, row_addrs, tile_row_uniform
 from .bits import OPTS, ptr_f32
 from .frame import call_piece
@@ -171,12 +173,14 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
         rows = False   # MODE_ROWB writing its rows straight into the store's buffer (ix: their addresses)
         if wf == WRITES_F_DEST:   # writes F register f1: back to its bank row, or in place
             fp[f1] = 0
-            if aok and not fin and peep[pc] >= 0 and mode != MODE_COMPACT:
-                p = direct_addr(peep[pc], optab, dims, meta, addrs, r0, c0)
+            pj = peep[pc]
+            if aok and not fin and pj != -1 and mode != MODE_COMPACT:
+                p = direct_addr(pj if pj >= 0 else PEEP_LATER - pj, optab, dims, meta, addrs, r0, c0)
                 if p != 0:
                     fp[f1] = p
-                    skip = pc + 1
-                elif mode == MODE_ROWB:
+                    if pj >= 0:
+                        skip = pc + 1
+                elif mode == MODE_ROWB and pj >= 0:
                     nrows = min(bm, meta[M_ROWS] - r0)
                     rows = row_addrs(ix, peep[pc], optab, dims, meta, addrs, r0, c0, nrows)
                 if rows:   # (peep: f1 is read by nothing but the store, which is skipped)
@@ -198,6 +202,9 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
             p = 0
             if g == G_LOAD and aok and not fin and optab[j, 2] == DT_F32:
                 p = direct_addr(j, optab, dims, meta, addrs, r0, c0)
+            elif g == G_STORE and bank == BK_F32 and fp[f1] != 0 and mode == MODE_FULL:
+                p = direct_addr(j, optab, dims, meta, addrs, r0, c0)
+                p = p if p == fp[f1] else 0   # its tile already written there (peep: PEEP_LATER)
             if p != 0:   # a full contiguous f32 tile: the register points at the buffer
                 fp[f1] = p
             else:
