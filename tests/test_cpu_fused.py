@@ -179,26 +179,30 @@ def test_liveness_follows_the_sections_in_order():
     assert _plan(*prologue_reads, sections=[(0, 1), (1, 2), (2, 4), (4, 4)])[2] == FK_LOADACC
 
 
-def _peep(*rows):
-    """in_place_plan for one body section written as rows (as _plan), every operand f32."""
+def _peep(*rows, args=(0, 1, 2, 3)):
+    """in_place_plan for one body section written as rows (as _plan), every operand f32; operand j
+    of argument args[j]."""
     instrs = np.array([[isa.opcode(name), *fields, *[0] * (isa.WORDS - 1 - len(fields))] for name, *fields in rows],
                       np.int64)
-    return in_place_plan(instrs, np.full(4, int(DType.FLOAT32), np.int64), [(0, 0), (0, len(rows))]).tolist()
+    return in_place_plan(instrs, np.full(4, int(DType.FLOAT32), np.int64), np.array(args, np.int64),
+                         [(0, 0), (0, len(rows))]).tolist()
 
 
 def test_in_place_plan_points_a_value_read_before_its_later_store():
-    """An op whose result is read, then stored (a residual sum feeding a norm) writes it into the
-    store's tile (PEEP_LATER - operand); not when a store or a write of the register comes between,
-    nor when it is read after another store. The store right after, with no other reader: the
-    operand itself."""
+    """An op whose result is read, then stored (a residual sum feeding a norm, stored after the
+    norm's output) writes it into the store's tile (PEEP_LATER - operand); not when a write of the
+    register or a store into the same argument comes between, nor when it is read after such a
+    store or by another store. The store right after, with no other reader: the operand itself."""
     add, red, mul = ("add.f32", 4, 2, 3), ("rowred.sum.f32", 5, 4), ("mul.f32", 6, 4, 4)
     assert _peep(add, red, ("store.f32", 4, 1))[0] == PEEP_LATER - 1
     assert _peep(add, ("store.f32", 4, 1), mul)[0] == PEEP_LATER - 1   # read after its own store
     assert _peep(add, ("store.f32", 4, 1), ("rowred.sum.f32", 5, 2))[0] == 1
     assert _peep(add, ("store.f32", 4, 0))[0] == 0
-    assert _peep(add, ("store.f32", 2, 0), red, ("store.f32", 4, 1))[0] == -1   # another store between
+    assert _peep(add, red, ("store.f32", 5, 0), ("store.f32", 4, 1))[0] == PEEP_LATER - 1   # another argument
+    assert _peep(add, red, ("store.f32", 5, 0), ("store.f32", 4, 1), args=(1, 1, 2, 3))[0] == -1
     assert _peep(add, ("mul.f32", 4, 4, 2), ("store.f32", 4, 1))[0] == -1      # written again first
-    assert _peep(add, ("store.f32", 4, 1), ("store.f32", 2, 0), mul)[0] == -1  # read after a store
+    assert _peep(add, ("store.f32", 4, 1), ("store.f32", 2, 1), mul)[0] == -1  # read after a store there
+    assert _peep(add, ("store.f32", 4, 1), ("store.f32", 2, 0), mul)[0] == PEEP_LATER - 1
     assert _peep(add, ("store.f32", 4, 1), ("store.f32", 4, 2))[0] == -1       # stored twice
 
 
@@ -215,13 +219,21 @@ def residual_rmsnorm(k, x, r, w):
     return k.store(h), k.store(h * k.rsqrt(k.mean(h * h, axis=-1, keepdims=True) + 1e-6) * k.load(w))
 
 
+@dvm.kernel
+def rmsnorm_then_residual(k, x, r, w):
+    """The order a model's segment stores them in: the norm's output first, the residual sum last."""
+    h = k.add(k.load(x), k.load(r))
+    return k.store(h * k.rsqrt(k.mean(h * h, axis=-1, keepdims=True) + 1e-6) * k.load(w)), k.store(h)
+
+
 @pytest.mark.parametrize("shape", [(64, 128), (37, 100), (16, 1024), (5, 1024), (300, 64)])
 def test_a_residual_sum_written_into_its_output_while_the_norm_reads_it(shape):
     """The residual sum's register points at its output tile (full tiles) or is copied there by the
     store (partial ones): both outputs bitwise the reference VM's, on 1 and 2 threads, also with the
     sum's input viewed transposed and with x passed twice."""
     x, r, w = _f32(*shape), _f32(*shape), _f32(shape[-1])
-    for kfn, args in ((residual_layernorm, (x, r, w, w)), (residual_rmsnorm, (x, r, w))):
+    for kfn, args in ((residual_layernorm, (x, r, w, w)), (residual_rmsnorm, (x, r, w)),
+                      (rmsnorm_then_residual, (x, r, w))):
         peep = cpu_desc._desc(verify(kfn.program(*args)).kernels[0], len(args) + 2).peep
         assert (peep <= PEEP_LATER).any(), kfn
         _bitwise_as_reference(kfn, *args, why=(shape,))

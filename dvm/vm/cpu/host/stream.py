@@ -82,7 +82,7 @@ def _reduces(instrs: np.ndarray) -> bool:
 def _plan(kl: KernelLayout, n_args: int) -> StreamPlan:
     sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
     instrs = kl.instrs   # the stream's read-only array
-    plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, sections),
+    plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, kl.opnd_arg, sections),
                       fuse_plan(instrs, sections), _arg_stores(instrs, kl.opnd_arg, n_args), _reduces(instrs))
     for a in plan[:-1]:
         a.setflags(write=False)
