@@ -20,7 +20,8 @@ from dvm.graph.dtypes import DType
 from dvm.vm import cpu, reference
 from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.tools.bench_ops_cases import sum_first
-from dvm.vm.cpu.host.fuse_plan import fuse_plan, in_place_plan
+from dvm.vm.cpu.host.fuse_plan import fuse_plan
+from dvm.vm.cpu.host.in_place import in_place_plan
 from dvm.vm.cpu.abi import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
                               FK_SQSUM, FK_UNBIN, PEEP_LATER)
 

@@ -2,7 +2,7 @@
 
 A kernel traced once and launched at many shapes (every new sequence length of a model) gets a
 new KernelLayout per shape, but usually the same instructions: the register flow (rio), the
-in-place and fused-run plans (host/fuse_plan) and which arguments the kernel stores depend only on
+in-place and fused-run plans (host/in_place, host/fuse_plan) and which arguments the kernel stores depend only on
 the instructions, the section bounds, the operands' dtypes and arguments. They are computed once
 per checked stream of the verifier (codegen.verifier.Stream, whose key holds all of those and the
 argument count) and kept in its `derived`, as read-only arrays shared by every descriptor built
@@ -17,13 +17,14 @@ import numpy as np
 from ....codegen import isa
 from ....codegen.program import KernelLayout
 from .decode import BANK_CODE
-from .fuse_plan import fuse_plan, in_place_plan
+from .fuse_plan import fuse_plan
+from .in_place import in_place_plan
 
 
 class StreamPlan(NamedTuple):
     instrs: np.ndarray   # [n_instr, isa.WORDS]
     rio: np.ndarray      # _reg_io
-    peep: np.ndarray     # fuse_plan.in_place_plan
+    peep: np.ndarray     # in_place.in_place_plan
     fuse: np.ndarray     # fuse_plan.fuse_plan
     argst: np.ndarray    # per argument: 1 stored by the kernel, 2 stored and loaded, else 0
     reduces: bool        # has a reduction and no argmax/argmin (column-major registers allowed)

@@ -8,7 +8,7 @@ Kernel descriptor (host/desc builds it; jit/entry unpacks it into views and the 
   meta    int64 [...]            abi.M_*
   optab   int64 [n_opnd, 4+nd]   kind, arg, dtype, offset, strides
   consts  int64 [n_const]        constant bits
-  peep    int64 [n_instr]        operand of the store right after an f32 op that may write in place
+  peep    int64 [n_instr]        operand of the store right after an f32 op that may write in place (host/in_place)
                                  (PEEP_LATER - operand: of a later store)
   fz      int64 [n_instr, 8]     runs of instructions executed in one pass (host/fuse_plan)
   rio     int64 [n_instr, 10]    per field, 1 + the bank of a register it reads / writes
