@@ -53,6 +53,18 @@ def test_torch_tensor_keeps_block_busy():
     assert _block_id(buffer_pool.empty(SHAPE, np.float32)) == first
 
 
+def test_arrays_from_min_bytes_up_are_pooled_on_a_cache_line():
+    n = buffer_pool.MIN_BYTES // 4
+    a = buffer_pool.empty((n,), np.float32)
+    assert not a.flags.owndata and a.ctypes.data % buffer_pool.LINE == 0
+    assert buffer_pool.empty((n + 1,), np.float32).ctypes.data % buffer_pool.LINE == 0   # a larger block
+    first = _block_id(a)
+    del a
+    again = buffer_pool.empty((n,), np.float32)
+    assert _block_id(again) == first and again.ctypes.data % buffer_pool.LINE == 0
+    assert buffer_pool.empty((n // 2,), np.float32).flags.owndata   # below MIN_BYTES: malloc's
+
+
 def test_small_arrays_and_pool_off_are_plain(monkeypatch):
     assert buffer_pool.empty((16, 16), np.float32).flags.owndata
     monkeypatch.setenv("DVM_POOL_MB", "0")

@@ -11,8 +11,9 @@ owner), so any live result, slice, reshape, or tensor made with `torch.from_nump
 block's reference count up and the block busy. Nothing is freed behind anyone's back: the
 pool only ever re-uses a block nobody can reach.
 
-Blocks are plain `np.empty` uint8 arrays of a size rounded up to `GRANULE`; a request takes an
-idle block of exactly that rounded size. The pool holds at most `DVM_POOL_MB` MiB (config):
+Blocks are plain `np.empty` uint8 arrays of a size rounded up to `GRANULE` (and one cache line
+more: an array handed out starts on a line, where malloc's start 16 bytes into one and a store
+pass over them straddles lines); a request takes an idle block of exactly that rounded size. The pool holds at most `DVM_POOL_MB` MiB (config):
 beyond it, idle blocks of other sizes are dropped, least recently used first, and a request
 that still does not fit gets an ordinary unpooled array. `DVM_POOL_MB=0` turns the pool off.
 """
@@ -28,17 +29,24 @@ import numpy as np
 from ..config import config
 from . import counters
 
-MIN_BYTES = 1 << 20   # smaller arrays come from malloc's free lists: no page faults to save
+# Past its adaptive threshold glibc's malloc gives freed memory at the heap's top back to the kernel
+# (and maps large arrays afresh): such an array is fresh pages again on the next call. Kernels with
+# 256 KiB-768 KiB outputs took 70-230 page faults a call and 3-6x longer from malloc than from the
+# pool; smaller arrays come from malloc's free lists (none measured at 128 KiB), where the pool's
+# ~1 us a call is not worth it
+MIN_BYTES = 1 << 18
 GRANULE = 1 << 16
+LINE = 64   # bytes in a cache line
 
 _LOCK = threading.Lock()
-_BLOCKS: "OrderedDict[int, list[np.ndarray]]" = OrderedDict()   # size -> blocks; least recent first
+# size -> [(block, offset of its first cache line)]; least recently used sizes first
+_BLOCKS: "OrderedDict[int, list[tuple[np.ndarray, int]]]" = OrderedDict()
 _HELD = [0]   # bytes in _BLOCKS
 
 
-def _idle(block_list: list[np.ndarray], i: int) -> bool:
-    """Block i is referenced by the list, this frame's `b` and getrefcount's argument only."""
-    b = block_list[i]
+def _idle(block_list: list[tuple[np.ndarray, int]], i: int) -> bool:
+    """Block i is referenced by its entry, this frame's `b` and getrefcount's argument only."""
+    b = block_list[i][0]
     return sys.getrefcount(b) == 3
 
 
@@ -51,16 +59,17 @@ def empty(shape: tuple[int, ...], dtype) -> np.ndarray:
         return np.empty(shape, dt)
     size = -(-nbytes // GRANULE) * GRANULE
     with _LOCK:
-        block = _take(size)
-        if block is not None:
-            counters.bump("pool_reuses")
+        entry = _take(size)
+        if entry is not None:
+            counters.bump_pool_reuse()
         elif _make_room(size, limit):
-            block = np.empty(size, np.uint8)
-            _BLOCKS.setdefault(size, []).append(block)
+            block = np.empty(size + LINE, np.uint8)
+            entry = (block, -block.ctypes.data % LINE)
+            _BLOCKS.setdefault(size, []).append(entry)
             _HELD[0] += size
-    if block is None:   # no room within the limit: an ordinary array
+    if entry is None:   # no room within the limit: an ordinary array
         return np.empty(shape, dt)
-    return block[:nbytes].view(dt).reshape(shape)
+    return np.ndarray(shape, dt, entry[0], entry[1])   # its base is the block itself
 
 
 def allocator(shape: tuple[int, ...], dtype):
@@ -69,7 +78,7 @@ def allocator(shape: tuple[int, ...], dtype):
     return empty if math.prod(shape) * np.dtype(dtype).itemsize >= MIN_BYTES else np.empty
 
 
-def _take(size: int) -> np.ndarray | None:
+def _take(size: int) -> tuple[np.ndarray, int] | None:
     blocks = _BLOCKS.get(size)
     if not blocks:
         return None

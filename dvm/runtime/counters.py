@@ -17,7 +17,9 @@ _COUNTS: Counter = Counter()
 _LAUNCHES = itertools.count()
 _HITS = itertools.count()
 _SEGMENTS = itertools.count()   # torch backend segment launches (frontend/torch_runtime)
-_FAST = {"launches": _LAUNCHES, "cache_hits": _HITS, "torch_segment_launches": _SEGMENTS}
+_POOL_REUSES = itertools.count()   # outputs and workspaces in re-used memory (runtime/buffer_pool)
+_FAST = {"launches": _LAUNCHES, "cache_hits": _HITS, "torch_segment_launches": _SEGMENTS,
+         "pool_reuses": _POOL_REUSES}
 _BASE = dict.fromkeys(_FAST, 0)
 _ENCODE_NS: list[int] = []
 _MAX_SAMPLES = 100_000
@@ -45,6 +47,11 @@ def bump_launch(cache_hit: bool) -> None:
 def bump_segment() -> None:
     """One launch of a torch backend segment (hot path: no lock)."""
     next(_SEGMENTS)
+
+
+def bump_pool_reuse() -> None:
+    """An output or workspace handed out from the buffer pool (hot path: no lock)."""
+    next(_POOL_REUSES)
 
 
 def bump_cache_hit() -> None:
