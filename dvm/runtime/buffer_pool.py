@@ -11,11 +11,12 @@ owner), so any live result, slice, reshape, or tensor made with `torch.from_nump
 block's reference count up and the block busy. Nothing is freed behind anyone's back: the
 pool only ever re-uses a block nobody can reach.
 
-Blocks are plain `np.empty` uint8 arrays of a size rounded up to `GRANULE` (and one cache line
-more: an array handed out starts on a line, where malloc's start 16 bytes into one and a store
-pass over them straddles lines); a request takes an idle block of exactly that rounded size. The pool holds at most `DVM_POOL_MB` MiB (config):
-beyond it, idle blocks of other sizes are dropped, least recently used first, and a request
-that still does not fit gets an ordinary unpooled array. `DVM_POOL_MB=0` turns the pool off.
+Blocks are plain `np.empty` uint8 arrays of a size rounded up to `GRANULE`, plus one cache line:
+an array handed out starts on a line (as PyTorch's CPU tensors do; malloc's large arrays start
+16 bytes into one). A request takes an idle block of exactly that rounded size. The pool holds
+at most `DVM_POOL_MB` MiB (config): beyond it, idle blocks of other sizes are dropped, least
+recently used first, and a request that still does not fit gets an ordinary unpooled array.
+`DVM_POOL_MB=0` turns the pool off.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ from . import counters
 # Past its adaptive threshold glibc's malloc gives freed memory at the heap's top back to the kernel
 # (and maps large arrays afresh): such an array is fresh pages again on the next call. Kernels with
 # 256 KiB-768 KiB outputs took 70-230 page faults a call and 3-6x longer from malloc than from the
-# pool; smaller arrays come from malloc's free lists (none measured at 128 KiB), where the pool's
-# ~1 us a call is not worth it
+# pool; smaller arrays come from malloc's free lists (no faults measured at 128 KiB), where the
+# pool's lock and lookup (1-3 us a call) would be all it changed
 MIN_BYTES = 1 << 18
 GRANULE = 1 << 16
 LINE = 64   # bytes in a cache line
