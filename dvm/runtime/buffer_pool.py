@@ -68,9 +68,11 @@ def empty(shape: tuple[int, ...], dtype) -> np.ndarray:
             entry = (block, -block.ctypes.data % LINE)
             _BLOCKS.setdefault(size, []).append(entry)
             _HELD[0] += size
-    if entry is None:   # no room within the limit: an ordinary array
-        return np.empty(shape, dt)
-    return np.ndarray(shape, dt, entry[0], entry[1])   # its base is the block itself
+        else:   # no room within the limit: an ordinary array
+            return np.empty(shape, dt)
+        # made under the lock: until the array references the block (its base), another thread
+        # would find the block idle
+        return np.ndarray(shape, dt, entry[0], entry[1])
 
 
 def allocator(shape: tuple[int, ...], dtype):
