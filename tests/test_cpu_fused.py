@@ -22,8 +22,8 @@ from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.tools.bench_ops_cases import sum_first
 from dvm.vm.cpu.host.fuse_plan import fuse_plan
 from dvm.vm.cpu.host.in_place import in_place_plan
-from dvm.vm.cpu.abi import (FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX,
-                              FK_SQSUM, FK_UNBIN, PEEP_LATER)
+from dvm.vm.cpu.abi import (FK_ADDSUM, FK_APPLY, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_ROWNORM,
+                              FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, PEEP_LATER)
 
 from test_cpu_layouts import _bitwise_as_reference
 from test_cpu_vm import run_on
@@ -227,6 +227,37 @@ def rmsnorm_then_residual(k, x, r, w):
     return k.store(h * k.rsqrt(k.mean(h * h, axis=-1, keepdims=True) + 1e-6) * k.load(w)), k.store(h)
 
 
+@dvm.kernel
+def layernorm_then_residual(k, x, r, w, b):
+    """The models' order for a LayerNorm: the norm's output stored first, the residual sum last."""
+    h = k.add(k.load(x), k.load(r))
+    d = h - k.mean(h, axis=-1, keepdims=True)
+    return k.store(d * k.rsqrt(k.mean(d * d, axis=-1, keepdims=True) + 1e-5) * k.load(w) + k.load(b)), k.store(h)
+
+
+def test_plan_sums_a_residual_sum_as_it_is_written():
+    x, w = _f32(64, 128), _f32(128)
+    assert _kinds(layernorm_then_residual, x, x, w, w) == _kinds(residual_layernorm, x, x, w, w) == \
+        {FK_ADDSUM, FK_CSQSUM, FK_APPLY}
+    assert FK_ADDSUM not in _kinds(residual_rmsnorm, x, x, w)   # its add feeds a sum of squares
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (70, 256), (9, 512), (33, 16), (300, 64), (5, 1024), (40, 100),
+                                   (2, 3, 32)])
+def test_residual_sum_summed_as_written_matches_unfused(shape):
+    """FK_ADDSUM (whole power-of-two rows of 16-512 lanes; wider or other rows refused at run time)
+    gives bitwise what the add and the row sum give one by one, with NaN and infinities in some
+    rows, on 1 and 2 threads, also on a transposed view (no tile in place) and with x passed twice."""
+    x, w, b = _data(np.dtype(np.float32), shape)
+    r = _data(np.dtype(np.float32), shape)[0]
+    for args in ((x, r, w, b), (np.swapaxes(x, -1, -2).copy().swapaxes(-1, -2), r, w, b), (x, x, w, b)):
+        with _unfused(layernorm_then_residual, *args):
+            want = run_on(_threads(1), layernorm_then_residual, *args)
+        for threads in (1, 2):
+            for g, r_ in zip(run_on(_threads(threads), layernorm_then_residual, *args), want):
+                assert _same(g, r_), (shape, args[0].strides, threads)
+
+
 @pytest.mark.parametrize("shape", [(64, 128), (37, 100), (16, 1024), (5, 1024), (300, 64)])
 def test_a_residual_sum_written_into_its_output_while_the_norm_reads_it(shape):
     """The residual sum's register points at its output tile (full tiles) or is copied there by the
@@ -234,7 +265,7 @@ def test_a_residual_sum_written_into_its_output_while_the_norm_reads_it(shape):
     sum's input viewed transposed and with x passed twice."""
     x, r, w = _f32(*shape), _f32(*shape), _f32(shape[-1])
     for kfn, args in ((residual_layernorm, (x, r, w, w)), (residual_rmsnorm, (x, r, w)),
-                      (rmsnorm_then_residual, (x, r, w))):
+                      (rmsnorm_then_residual, (x, r, w)), (layernorm_then_residual, (x, r, w, w))):
         peep = cpu_desc._desc(verify(kfn.program(*args)).kernels[0], len(args) + 2).peep
         assert (peep <= PEEP_LATER).any(), kfn
         _bitwise_as_reference(kfn, *args, why=(shape,))

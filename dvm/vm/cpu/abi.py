@@ -94,7 +94,7 @@ OPTAB_FIXED = 4   # optab row: kind, arg, dtype, offset, then one stride per dim
 
 # --- fused runs (host/fuse_plan plans them, jit/fused runs them) -----------------------------------
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
- FK_CSQACC, FK_UNBIN) = range(11)
+ FK_CSQACC, FK_UNBIN, FK_ADDSUM) = range(12)
 FUSE_WIDTH = 8    # fuse[pc]: kind, instructions covered, then the kind's fields
 NO_SRC = -1       # FK_APPLY (and FK_ROWNORM) without a bias stage
 NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)

@@ -17,9 +17,9 @@ import numpy as np
 
 from ....codegen import isa
 from ....graph.dtypes import Bank
-from ..abi import (CHAIN_OPS, EW_NAMES, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC, FK_LOADRED, FK_NONE,
-                   FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN, FUSED_UN, NO_LOAD, NO_SRC,
-                   R_ARGMAX, RED_NAMES)
+from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
+                   FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
+                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES)
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
@@ -98,6 +98,18 @@ def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
             return None
         return [FK_EXPSUM, 3, x, m, t, d, r]
     return None
+
+
+def _add_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+    """add h, a, b ; rowred.sum s, h  ->  (FK_ADDSUM, 2, a, b, h, s): each row of h summed while
+    it is in cache (a residual sum a norm reads; h stays live)"""
+    if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "add") and _is(specs[pc + 1], "rowred", "sum")):
+        return None
+    h, a, b = (int(v) for v in instrs[pc, 1:4])
+    s, h2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
+    if h2 != h or s == h:
+        return None
+    return [FK_ADDSUM, 2, a, b, h, s]
 
 
 def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
@@ -313,7 +325,8 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 continue
             found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
                      or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
-                     or _centered_squares_acc(instrs, specs, flow, pc, sec) or _un_then_bin(instrs, specs, flow, pc, sec))
+                     or _centered_squares_acc(instrs, specs, flow, pc, sec) or _un_then_bin(instrs, specs, flow, pc, sec)
+                     or _add_then_sum(instrs, specs, flow, pc, sec))
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

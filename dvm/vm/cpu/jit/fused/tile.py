@@ -25,6 +25,9 @@ through are dead after it (checked by the plan), so they are not written.
              variance over the sweeps of long rows; d and t are dead after)
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U and
              an add, sub or mul B, t dead after (jit/fused/unbin)
+  FK_ADDSUM  add h, a, b ; rowred.sum s, h                    h = a + b, s = each row's sum, read
+             back while the row is in L1 (whole rows of 16 to VTREE_MAX lanes, a power of two:
+             the rowred's own register tree); h goes where the add's would (peep: PEEP_LATER)
   FK_ROWNORM a LayerNorm or RMSNorm, FK_ROWSOFTMAX a softmax, from the load to the store, one
              row at a time (jit/fused/rows: PC_FUSED_ROWS); the runs inside keep their own plan entries, for the
              tiles the row forms cannot take
@@ -41,9 +44,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (FK_UNBIN, DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_SQSUM, FR_AOK, FR_ARGS, FR_C0, FR_R0,
-                    M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED, PC_ROWTREE, ROWS_AT,
-                    RS_COMPACT, RS_FULL, R_SUM)
+from ...abi import (FK_ADDSUM, FK_UNBIN, DT_F32, FK_APPLY, FK_CSQACC, FK_EXPSUM, FK_LOADACC, FK_SQSUM, FR_AOK,
+                    FR_ARGS, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, NO_SRC, OPTAB_FIXED,
+                    PC_ROWTREE, ROWS_AT, PEEP_LATER, RS_COMPACT, RS_FULL, R_SUM)
 from .. import frame as fm
 from .. import ops
 from ..addr import col_uniform, direct_addr, freg, row_addrs
@@ -52,6 +55,7 @@ from ..mathf import exp_into
 from ..reduce import combine, is_pow2, level
 from ..frame import call_piece
 from ..rowtree import tree_p2_sum
+from ..vtree import VTREE_MAX, vtree
 from .common import apply_row, cached_row, sq_level
 from .unbin import run_unbin
 
@@ -159,6 +163,40 @@ def _run_loadacc(pc, fz, meta, dims, optab, addrs, F, fp, r0, c0, ix, st):
     return 2
 
 
+@njit(**OPTS)
+def _add_sum_rows(h, a, b, o, bm, bn):
+    """h = a + b on every lane; o[r] = the register tree's sum of row r of h, read right after
+    the row is written (rowred.sum's own tree over a whole power-of-two row: the same bits)."""
+    for r in range(bm):
+        hr = h[r * bn:(r + 1) * bn]
+        ar = a[r * bn:(r + 1) * bn]
+        br = b[r * bn:(r + 1) * bn]
+        for k in range(bn):
+            hr[k] = ops.add(ar[k], br[k])
+        o[r] = vtree(R_SUM, hr, bn)
+
+
+@njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
+def _run_addsum(pc, fz, fr, meta, F, fp, st, optab, dims, addrs, r0, c0, aok, sf):
+    """FK_ADDSUM = (kind, 2, a, b, h, s) on whole rows (BN a power of two from 16 to VTREE_MAX, all
+    valid) of full tiles a and b; 0 when it cannot take the tile."""
+    a, b, h, s = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5]
+    bm, bn = meta[M_BM], meta[M_BN]
+    if st[0, a] != RS_FULL or st[0, b] != RS_FULL or bn < 16 or bn > VTREE_MAX or not is_pow2(bn) or \
+            meta[M_COLS] - c0 < bn:
+        return 0
+    av, bv = freg(F, fp, a), freg(F, fp, b)   # before h's and s's pointers change
+    pj = fm.peep(fr)[pc]   # as the add's own dispatch (jit/interp): written into a later store's tile
+    fp[h] = direct_addr(PEEP_LATER - pj, optab, dims, meta, addrs, r0, c0) if aok and pj <= PEEP_LATER else 0
+    sums = sf[2 * bn:2 * bn + bm]   # s may be a's or b's register
+    _add_sum_rows(freg(F, fp, h), av, bv, sums, bm, bn)
+    st[0, h] = RS_FULL
+    fp[s] = 0
+    F[s][:bm] = sums
+    st[0, s] = RS_COMPACT
+    return 2
+
+
 @njit(inline='always', **OPTS)
 def _csq_acc(acc, x, mv):
     """acc += (x - mv)^2, lane-wise (the sub's, the mul's and the acc's f32 roundings)."""
@@ -187,6 +225,8 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
     sf = fm.sf(fr)
+    if kind == FK_ADDSUM:
+        return _run_addsum(pc, fz, fr, meta, F, fp, st, optab, dims, addrs, r0, c0, aok, sf)
     if kind == FK_CSQACC:   # the valid columns of every row, as _acc combines them
         x, m, a, d, t = fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
         if st[0, x] != RS_FULL or st[0, m] != RS_COMPACT or st[0, a] != RS_FULL or fp[a] != 0:
