@@ -24,16 +24,16 @@ from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSU
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
 
-def _f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
+def f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
     return {int(row[1 + i]) for i, f in enumerate(spec.fields) if f.role in roles and f.bank == Bank.F32}
 
 
-class _Flow:
+class Flow:
     """Per instruction: the f32 registers it reads ('s' and 'm' fields) and overwrites ('d')."""
 
     def __init__(self, instrs: np.ndarray, specs: list, sections: list[tuple[int, int]]):
-        self.reads = [_f32_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
-        self.writes = [_f32_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
+        self.reads = [f32_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
+        self.writes = [f32_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
         self.sections = sections
 
     def _first_access(self, reg: int, lo: int, hi: int) -> str:
@@ -68,7 +68,7 @@ def _is(spec, group: str, op: str | None = None) -> bool:
             and (op is None or spec.op == op))
 
 
-def _sqsum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _sqsum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """mul t, x, x ; rowred.sum r, t  ->  (FK_SQSUM, 2, x, r)"""
     if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "mul") and _is(specs[pc + 1], "rowred", "sum")):
         return None
@@ -79,7 +79,7 @@ def _sqsum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_SQSUM, 2, x, r]
 
 
-def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _sub_then_sum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """sub d, x, m ; mul t, d, d ; rowred.sum r, t  ->  (FK_CSQSUM, 3, x, m, d, t, r)
        sub t, x, m ; exp e, t ; rowred.sum r, e     ->  (FK_EXPSUM, 3, x, m, e, t, r)"""
     if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 2], "rowred", "sum")):
@@ -100,7 +100,7 @@ def _sub_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return None
 
 
-def _add_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _add_then_sum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """add h, a, b ; rowred.sum s, h  ->  (FK_ADDSUM, 2, a, b, h, s): each row of h summed while
     it is in cache (a residual sum a norm reads; h stays live)"""
     if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "add") and _is(specs[pc + 1], "rowred", "sum")):
@@ -112,7 +112,7 @@ def _add_then_sum(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_ADDSUM, 2, a, b, h, s]
 
 
-def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _load_then_reduce(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """load x, o ; rowred.op r, x  ->  (FK_LOADRED, 2, o, x, r, op), and
        load x, o ; acc.op +r, x     ->  (FK_LOADACC, 2, o, x, r, op)
     for sum/prod/max/min when x is dead after: the tile is never made, the reduction reads the
@@ -130,7 +130,7 @@ def _load_then_reduce(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | N
     return [kind, 2, j, x, r, op]
 
 
-def _centered_squares_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _centered_squares_acc(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """sub d, x, m ; mul t, d, d ; acc.sum +a, t  ->  (FK_CSQACC, 3, x, m, a, d, t) when d and t
     are dead after (a LayerNorm's variance over the sweeps of long rows)."""
     if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 1], "ew", "mul")
@@ -146,7 +146,7 @@ def _centered_squares_acc(instrs, specs, flow: _Flow, pc: int, sec) -> list[int]
     return [FK_CSQACC, 3, x, m, a, d, t]
 
 
-def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """mul y, a, b ; [load w] ; mul y, y, w ; [load c] ; [add y, y, c]  (either operand order)
     -> (FK_APPLY, n, a, b, w source, c source or NO_SRC, y): one of a, b is compact at run time.
     A source is an operand index (>= 0, loaded by the run) or -2 - register (a row vector then)."""
@@ -195,7 +195,7 @@ def _apply(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
-def _un_then_bin(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
     NO_LOAD, swap) for U in FUSED_UN, B in FUSED_BIN, when t is dead after the run and feeds one
     side of B only (jit/fused/unbin)."""
@@ -219,7 +219,7 @@ def _un_then_bin(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD, int(a != t)]
 
 
-def _scalar_chain(instrs, specs, flow: _Flow, q: int, sec, full: set[int]) -> int:
+def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:
     """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
     writes none of them (a norm's chain of compact ops between its sums and its scale)."""
     while (q < sec[1] and _is(specs[q], "ew") and specs[q].op in SCALAR_CHAIN_OPS
@@ -228,11 +228,11 @@ def _scalar_chain(instrs, specs, flow: _Flow, q: int, sec, full: set[int]) -> in
     return q
 
 
-def _writes(flow: _Flow, lo: int, hi: int) -> set[int]:
+def _writes(flow: Flow, lo: int, hi: int) -> set[int]:
     return set().union(*flow.writes[lo:hi])
 
 
-def _row_norm(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """load x, o ; rowred.sum s1, x ; chain A ; an FK_CSQSUM run of x and m   (LayerNorm)
        load x, o ; an FK_SQSUM run of x                                     (RMSNorm)
     then chain B ; an FK_APPLY run of (d or x) and rs ; store y
@@ -272,7 +272,7 @@ def _row_norm(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_ROWNORM, end + 1 - pc, int(instrs[pc, 2]), cpc, apc, rs, app[4], app[5]]
 
 
-def _self_contained(flow: _Flow, pc: int, end: int, sec) -> bool:
+def _self_contained(flow: Flow, pc: int, end: int, sec) -> bool:
     """Run [pc, end] (its store at end): every register it writes is dead after it, and none it
     reads before writing (a constant, a weight's row vector) is written by it."""
     every = _writes(flow, pc, end + 1)
@@ -284,7 +284,7 @@ def _self_contained(flow: _Flow, pc: int, end: int, sec) -> bool:
     return all(flow.dead_after(r, pc, end + 1, sec) for r in written)
 
 
-def _row_softmax(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
+def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """load x, o ; rowred.max m, x ; an FK_EXPSUM run of x and m (e, s) ; chain ;
     mul y, e, r (either order) or div y, e, r ; store y
     -> (FK_ROWSOFTMAX, n, o, pc of the mul or div, r) when r is the chain's result or s, and the
@@ -308,13 +308,17 @@ def _row_softmax(instrs, specs, flow: _Flow, pc: int, sec) -> list[int] | None:
     return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
 
 
+# the runs tried at each pc, in this order (the first that matches is planned)
+_TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _un_then_bin, _add_then_sum)
+
+
 def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
     plan = np.zeros((len(instrs), FUSE_WIDTH), np.int64)
     plan[:, 0] = FK_NONE
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
         return plan
-    flow = _Flow(instrs, specs, sections)
+    flow = Flow(instrs, specs, sections)
     for sec in sections:
         pc = sec[0]
         while pc < sec[1]:
@@ -323,10 +327,7 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
                 plan[pc, :len(norm)] = norm
                 pc += 1
                 continue
-            found = (_sub_then_sum(instrs, specs, flow, pc, sec) or _sqsum(instrs, specs, flow, pc, sec)
-                     or _apply(instrs, specs, flow, pc, sec) or _load_then_reduce(instrs, specs, flow, pc, sec)
-                     or _centered_squares_acc(instrs, specs, flow, pc, sec) or _un_then_bin(instrs, specs, flow, pc, sec)
-                     or _add_then_sum(instrs, specs, flow, pc, sec))
+            found = next(filter(None, (find(instrs, specs, flow, pc, sec) for find in _TILE_RUNS)), None)
             if found:
                 plan[pc, :len(found)] = found
                 pc += found[1]

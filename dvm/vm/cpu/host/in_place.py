@@ -9,7 +9,7 @@ from ....codegen import isa
 from ....graph.dtypes import Bank, DType
 from ..abi import PEEP_LATER, WRITES_F_DEST
 from .decode import writes_f
-from .fuse_plan import _f32_regs, _Flow
+from .fuse_plan import f32_regs, Flow
 
 
 def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, opnd_arg: np.ndarray,
@@ -26,8 +26,8 @@ def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, opnd_arg: np.ndarr
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
         return peep
-    flow = _Flow(instrs, specs, sections)
-    modifies = [flow.writes[q] | _f32_regs(sp, row, "m") for q, (sp, row) in enumerate(zip(specs, instrs))]
+    flow = Flow(instrs, specs, sections)
+    modifies = [flow.writes[q] | f32_regs(sp, row, "m") for q, (sp, row) in enumerate(zip(specs, instrs))]
     stores_to = [int(opnd_arg[int(row[2])]) if sp.group in ("store", "storerow") else -1
                  for sp, row in zip(specs, instrs)]
     for s, e in sections:
@@ -60,7 +60,7 @@ def _first_store(instrs, specs, modifies, r: int, start: int, end: int) -> int:
     return -1
 
 
-def _reads_after(flow: _Flow, modifies, stores_to, r: int, st: int, sec) -> bool | None:
+def _reads_after(flow: Flow, modifies, stores_to, r: int, st: int, sec) -> bool | None:
     """Whether register r is read after its store at st (until written again); None where such a
     read is a store or comes after a store into st's argument, or another section reads the
     value r keeps."""
