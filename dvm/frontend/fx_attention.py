@@ -1,0 +1,247 @@
+"""Attention written out as matmul, softmax, matmul, recognized as one fused attention call (a graph
+rewrite done once per ATen graph, before fx_sdpa's).
+
+Hand-written attention (`softmax(q @ k.transpose(-2, -1) * c + mask, -1) @ v`, models run with
+attn_implementation="eager") and PyTorch's own math decomposition of
+scaled_dot_product_attention (what a trace records when the flash kernel does not take the call,
+e.g. multi-query keys expanded to the query's heads: `bmm(q * c, k^T * c)`, `_safe_softmax`,
+`bmm`) reach the ATen graph as
+
+    view(bmm(view(expand(q')), view(expand(k^T'))), [B, H, L, S])  [* or / a number]  [+ mask]
+    -> _softmax or _safe_softmax over the last dim -> view(expand(.)) -> bmm with view(expand(v))
+    -> view [B, H, L, D]
+
+with q' = q or q * c1, k^T' = transpose(k, -2, -1) or that * c2. Each [B*H, L, S] score is
+written, read by the softmax, written again and read by the second bmm: at L = S = 1024 with 4
+heads that is 16 MB a pass. The rewrite replaces the chain by PyTorch's CPU flash kernel
+(fx_sdpa.SDPA: one pass over blocks of keys, no scores stored) with attn_mask = the mask and
+scale = the product of the numbers, then a contiguous copy of its [B, H, L, D] output (the
+kernel's own layout is [B, L, H, D]; what read the chain's output expects the row-major view).
+Keys and values with one head while the query has H go in grouped (the kernel reads every query
+head from that one), not expanded. fx_sdpa then turns a `where(keep, 0, -inf)` mask into
+is_causal where it is one at run time.
+
+Only where every intermediate has one reader (not in training graphs, which save the scores),
+the numbers are Python numbers (a scale computed from a symbolic size is left as it is), q, k, v
+and the mask are float32 or float64 CPU tensors of one dtype, the mask has four dims and the softmax
+is over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its
+steps where the kernel keeps them in f32, further apart than assert_close allows. The results
+agree with the chain's within rounding (the flash kernel sums in blocks, and its scale
+multiplies q . k once). A row whose keys are all masked (-inf) gives 0 from _safe_softmax and
+from the flash kernel, NaN from the plain softmax: a chain with the plain softmax and a mask runs
+as attention_nan_rows, which writes NaN into those rows (found once per mask tensor and
+version). Counted: `torch_attention_as_sdpa`.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from ..runtime import counters
+from .fx_sdpa import _SDPA_CALL, SDPA, _remembered
+
+aten = torch.ops.aten
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_SOFTMAX = (aten._softmax.default, aten._safe_softmax.default)
+_FLOATS = (torch.float32, torch.float64)   # (half types: see the module docstring)
+REASON = "attention with the plain softmax and a mask: the flash kernel, rows of masked keys NaN as softmax's"
+
+
+class _NanRowsSDPA:
+    """sdpa(q, k, v, attn_mask=mask, scale=scale)[0] with NaN in the rows whose mask entries are
+    all -inf (the plain softmax's result there; the flash kernel gives 0). (An object, so that
+    counters and `dvm.explain` name it.)"""
+    __name__ = "attention_nan_rows"   # the rewritten ATen graph must still generate code
+
+    def __call__(self, q, k, v, mask, scale):
+        out = _SDPA_CALL(q, k, v, 0.0, False, attn_mask=mask, scale=scale)[0]
+        rows = _remembered(mask, "_dvm_masked_rows", None, lambda: _masked_rows(mask))
+        return out if rows is None else out.masked_fill(rows, float("nan"))
+
+    def __repr__(self) -> str:
+        return "dvm.attention_nan_rows"
+
+
+def _masked_rows(mask: torch.Tensor):
+    """[..., L, 1] True where every key of the row is masked with -inf, or None if no row is."""
+    rows = torch.isneginf(mask).all(-1, keepdim=True)
+    return rows if bool(rows.any()) else None
+
+
+attention_nan_rows = _NanRowsSDPA()
+
+
+def _val(n):
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _sole(n, targets) -> bool:
+    """n is a call of one of targets whose value has one reader."""
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and len(n.users) == 1
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def _heads_expanded(e, x) -> bool:
+    """expand node e's shape is x's, or x's with 1 head made more."""
+    xv, ev = _val(x), _val(e)
+    return (isinstance(xv, torch.Tensor) and isinstance(ev, torch.Tensor) and xv.dim() == ev.dim() == 4
+            and _same(xv.shape[::2], ev.shape[::2]) and _same(xv.shape[3:], ev.shape[3:])
+            and (statically_known_true(xv.shape[1] == 1) or statically_known_true(xv.shape[1] == ev.shape[1])))
+
+
+def _unexpanded(x, chain: list):
+    """x's source when x expands it over the heads (multi-query keys made H heads), else x."""
+    if _sole(x, (aten.expand.default,)) and len(x.args) == 2 and _heads_expanded(x, x.args[0]):
+        chain.append(x)
+        return x.args[0]
+    return x
+
+
+def _batched(n, chain: list):
+    """x when n = view(expand(x, [B, H, A, C]), [B * H, A, C]) (or _unsafe_view of a contiguous
+    clone of the expand: a matmul operand that cannot be viewed), each read once, x 4-D with the
+    expand's dims or 1 on the heads' dim; else None."""
+    if not _sole(n, _VIEWS):
+        return None
+    e, copy = n.args[0], []
+    if _sole(e, (aten.clone.default,)) and set(e.kwargs) <= {"memory_format"}:
+        copy, e = [e], e.args[0]
+    if not (_sole(e, (aten.expand.default,)) and len(e.args) == 2 and _heads_expanded(e, e.args[0])):
+        return None
+    chain += [n, *copy, e]
+    return e.args[0]
+
+
+def _scaled(n, target, chain: list):
+    """(x, c) when n = target(x, c) read once with c a Python number, else (n, 1.0)."""
+    if _sole(n, (target,)) and len(n.args) == 2 and not n.kwargs and isinstance(n.args[1], (int, float)) \
+            and not isinstance(n.args[1], bool):
+        chain.append(n)
+        return n.args[0], float(n.args[1])
+    return n, 1.0
+
+
+def _scores(y, chain: list):
+    """(q, k, scale) when y = view(bmm(view(expand(q')), view(expand(k^T'))), 4-D) [* or / c]."""
+    scale = 1.0
+    if _sole(y, (aten.div.Tensor,)):
+        y, c = _scaled(y, aten.div.Tensor, chain)
+        if c == 0.0:
+            return None
+        scale = 1.0 / c
+    else:
+        y, scale = _scaled(y, aten.mul.Tensor, chain)
+    if not (_sole(y, _VIEWS) and _sole(y.args[0], (aten.bmm.default,))):
+        return None
+    chain += [y, y.args[0]]
+    q, kt = _batched(y.args[0].args[0], chain), _batched(y.args[0].args[1], chain)
+    if q is None or kt is None:
+        return None
+    q, c1 = _scaled(q, aten.mul.Scalar, chain)
+    kt, c2 = _scaled(kt, aten.mul.Scalar, chain)
+    if not (_sole(kt, (aten.transpose.int,)) and len(kt.args) == 3
+            and {a % 4 for a in kt.args[1:]} == {2, 3}):
+        return None
+    chain.append(kt)
+    return q, _unexpanded(kt.args[0], chain), scale * c1 * c2
+
+
+def _attention(sm: fx.Node):
+    """(q, k, v, mask or None, scale, the output node, the chain's nodes) for the chain around
+    softmax node sm, or None."""
+    if len(sm.args) < 2 or sm.args[1] not in (-1, 3) or sm.kwargs or len(sm.users) != 1 or \
+            (sm.target == _SOFTMAX[0] and sm.args[2] is not False):
+        return None
+    z, found = sm.args[0], None
+    if _sole(z, (aten.add.Tensor,)) and not z.kwargs and len(z.args) == 2:
+        for y, mask in (z.args, z.args[::-1]):
+            chain = [sm, z]
+            found = _scores(y, chain)
+            if found is not None:
+                break
+    else:
+        chain, mask = [sm], None
+        found = _scores(z, chain)
+    if found is None:
+        return None
+    q, k, scale = found
+    p = next(iter(sm.users))
+    if not (_sole(p, (aten.expand.default,)) and _sole(next(iter(p.users)), _VIEWS)):
+        return None
+    pv = next(iter(p.users))
+    mm = next(iter(pv.users))
+    if not (_sole(mm, (aten.bmm.default,)) and mm.args[0] is pv and _sole(next(iter(mm.users)), _VIEWS)):
+        return None
+    chain += [p, pv, mm]
+    v = _batched(mm.args[1], chain)
+    out = next(iter(mm.users))
+    return (q, k, _unexpanded(v, chain), mask, scale, out, chain) if v is not None else None
+
+
+def _fits(q, k, v, mask, out) -> bool:
+    """Shapes and dtypes the rewrite takes: q [B, H, L, D], k and v [B, Hk, S, D] (Hk 1 or H), a
+    4-D mask broadcast to [B, H, L, S], one dtype of _FLOATS, CPU tensors; the chain's output
+    q's shape."""
+    qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv, ov)):
+        return False
+    if qv.dtype not in _FLOATS or not (kv.dtype == vv.dtype == ov.dtype == qv.dtype) or qv.device.type != "cpu":
+        return False   # (SDPA is the CPU kernel)
+    if not (_same(kv.shape, vv.shape) and _same(ov.shape, qv.shape) and _same(qv.shape[::3], kv.shape[::3])):
+        return False
+    if not (statically_known_true(kv.shape[1] == 1) or statically_known_true(kv.shape[1] == qv.shape[1])):
+        return False
+    if mask is None:
+        return True
+    mv, full = _val(mask), (qv.shape[0], qv.shape[1], qv.shape[2], kv.shape[2])
+    return isinstance(mv, torch.Tensor) and mv.dim() == 4 and mv.dtype == qv.dtype and \
+        all(statically_known_true(m == 1) or statically_known_true(m == f) for m, f in zip(mv.shape, full))
+
+
+def _erase_unread(nodes: list, graph: fx.Graph) -> None:
+    """Erase the nodes no longer read, readers before what they read."""
+    left = list(nodes)
+    while left:
+        unread = [n for n in left if not n.users]
+        if not unread:
+            break
+        for n in unread:
+            graph.erase_node(n)
+            left.remove(n)
+
+
+def rewrite(gm: fx.GraphModule) -> int:
+    """Replace each matching attention chain of gm in place; returns how many."""
+    graph, count = gm.graph, 0
+    for sm in [n for n in graph.nodes if n.op == "call_function" and n.target in _SOFTMAX]:
+        found = _attention(sm)
+        if found is None or not _fits(*found[:4], found[5]):
+            continue
+        q, k, v, mask, scale, out, chain = found
+        with detect_fake_mode([_val(q)]):
+            val = SDPA(_val(q), _val(k), _val(v), attn_mask=_val(mask), scale=scale)
+        with graph.inserting_before(out):
+            if mask is not None and sm.target == _SOFTMAX[0]:
+                first = graph.call_function(attention_nan_rows, (q, k, v, mask, scale))
+            else:
+                kwargs = {"scale": scale} if mask is None else {"attn_mask": mask, "scale": scale}
+                call = graph.call_function(SDPA, (q, k, v), kwargs)
+                call.meta["val"] = val
+                first = graph.call_function(operator.getitem, (call, 0))
+            dense = graph.call_function(aten.clone.default, (first,), {"memory_format": torch.contiguous_format})
+        first.meta["val"] = val[0]
+        dense.meta["val"] = _val(out)
+        out.replace_all_uses_with(dense)
+        _erase_unread([out, *chain], graph)
+        count += 1
+    if count:
+        graph.lint()
+        counters.bump("torch_attention_as_sdpa", count)
+    return count

@@ -1,0 +1,158 @@
+"""frontend/fx_attention: attention written as matmul, softmax, matmul runs as one flash call under
+torch.compile(backend="dvm"), with eager's results; chains it must not touch are left alone."""
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dvm.runtime import counters  # noqa: E402
+
+REWRITES = "torch_attention_as_sdpa"
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
+    conftest's parametrization)."""
+    yield os.environ.get("DVM_VM", "cpu")
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="dvm", dynamic=True)
+
+
+def _run(fn, *args):
+    """(compiled result, eager result, rewrites counted)"""
+    before = counters.snapshot().get(REWRITES, 0)
+    with torch.no_grad():
+        got = _compiled(fn)(*args)
+        want = fn(*args)
+    return got, want, counters.snapshot().get(REWRITES, 0) - before
+
+
+def _attention(scale: str, masked: bool):
+    def attention(q, k, v, mask):
+        s = q @ k.transpose(-2, -1)
+        if scale == "div":
+            s = s / math.sqrt(32)
+        elif scale == "mul":
+            s = s * 0.125
+        if masked:
+            s = s + mask
+        p = torch.softmax(s, dim=-1)
+        return (p @ v).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+    return attention
+
+
+def _causal(B, L, S, dtype):
+    keep = torch.ones(L, S, dtype=torch.bool).tril(S - L)
+    return torch.where(keep, 0.0, float("-inf")).to(dtype).expand(B, 1, L, S).contiguous()
+
+
+@pytest.mark.parametrize("scale", ["div", "mul", "none"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,H,L,S", [(1, 4, 16, 16), (2, 3, 7, 7), (3, 2, 5, 9), (1, 2, 1, 33)])
+def test_written_out_attention_is_one_flash_call(scale, masked, dtype, B, H, L, S):
+    g = torch.Generator().manual_seed(B * 100 + L)
+    q, k, v = (torch.randn(B, H, n, 32, generator=g).to(dtype) for n in (L, S, S))
+    mask = _causal(B, L, S, dtype)
+    got, want, n = _run(_attention(scale, masked), q, k, v, mask)
+    assert n == 1
+    torch.testing.assert_close(got, want)
+
+
+def test_half_precision_attention_is_left_alone():
+    """In bf16 eager rounds the scores between its steps; the kernel would not (further from
+    eager than assert_close's bf16 tolerance)."""
+    q, k, v = (torch.randn(1, 2, 8, 32).bfloat16() for _ in range(3))
+    got, want, n = _run(_attention("mul", False), q, k, v, None)
+    assert n == 0
+    torch.testing.assert_close(got, want)
+
+
+def test_multi_query_keys_expanded_in_the_graph_go_in_grouped():
+    def mqa(q, k, v):
+        kk, vv = k.expand(-1, q.shape[1], -1, -1), v.expand(-1, q.shape[1], -1, -1)
+        p = torch.softmax(q @ kk.transpose(2, 3) * 0.2, dim=-1)
+        return p @ vv
+    q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 1, 9, 16), torch.randn(2, 1, 9, 16)
+    got, want, n = _run(mqa, q, k, v)
+    assert n == 1
+    torch.testing.assert_close(got, want)
+
+
+def test_rows_of_masked_keys_stay_nan_with_the_plain_softmax():
+    """The flash kernel gives 0 where every key of a row is masked; softmax gives NaN there."""
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    mask = torch.zeros(1, 1, 5, 6)
+    mask[..., 2, :] = float("-inf")
+    mask[..., 0, 3:] = float("-inf")
+    got, want, n = _run(_attention("mul", True), q, k, v, mask)
+    assert n == 1 and torch.isnan(got[0, 2]).all()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_sdpa_math_decomposition_runs_as_the_flash_kernel():
+    """Falcon's multi-query attention reaches the ATen graph as PyTorch's math decomposition of
+    scaled_dot_product_attention (q and k^T each scaled, _safe_softmax): it runs as one flash
+    call, the causal mask as is_causal."""
+    from dvm.tools.bench_zoo_models import ZOO, inputs
+    zm = ZOO["falcon"]
+    model = zm.build()
+    before = counters.snapshot()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="dvm", dynamic=True)
+    with torch.no_grad():
+        for L in (5, 12):
+            kw = inputs(zm, 1, L)
+            torch.testing.assert_close(compiled(**kw).logits, model(**kw).logits)
+    after = counters.snapshot()
+    assert after.get(REWRITES, 0) - before.get(REWRITES, 0) >= 2   # both layers
+    assert after.get("torch_sdpa_causal", 0) > before.get("torch_sdpa_causal", 0)
+
+
+def _scores_returned(q, k, v):
+    p = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+    return p @ v, p
+
+
+def _symbolic_scale(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def _other_dim(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+
+
+def _three_dims(q, k, v):
+    q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+    return torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [_scores_returned, _symbolic_scale, _other_dim, _three_dims])
+def test_chains_it_must_not_touch_are_left_alone(fn):
+    """Scores read twice (output_attentions), a scale computed from a symbolic size, a softmax
+    over another dim, 3-D batched matmuls: run as written, eager's results."""
+    q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    got, want, n = _run(fn, q, k, v)
+    assert n == 0
+    torch.testing.assert_close(got, want)
+
+
+def test_training_keeps_the_chain_and_eager_gradients():
+    """A training graph saves the softmax for the backward: nothing is rewritten."""
+    fn = _attention("div", False)
+    args = [torch.randn(2, 2, 6, 32, requires_grad=True) for _ in range(3)] + [None]
+    before = counters.snapshot().get(REWRITES, 0)
+    _compiled(fn)(*args).square().sum().backward()
+    got = [a.grad.clone() for a in args[:3]]
+    for a in args[:3]:
+        a.grad = None
+    fn(*args).square().sum().backward()
+    assert counters.snapshot().get(REWRITES, 0) == before
+    for g, a in zip(got, args[:3]):
+        torch.testing.assert_close(g, a.grad)
