@@ -79,9 +79,21 @@ def _val(n):
     return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
+_SIZE = aten.sym_size.int
+
+
+def _readers(n: fx.Node) -> list:
+    """The nodes reading n's values (a size query reads none: _rebind_sizes moves it)."""
+    return [u for u in n.users if u.target is not _SIZE]
+
+
 def _sole(n, targets) -> bool:
     """n is a call of one of targets whose value has one reader."""
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and len(n.users) == 1
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and len(_readers(n)) == 1
+
+
+def _reader(n: fx.Node) -> fx.Node:
+    return _readers(n)[0]
 
 
 def _same(a, b) -> bool:
@@ -156,7 +168,7 @@ def _scores(y, chain: list):
 def _attention(sm: fx.Node):
     """(q, k, v, mask or None, scale, the output node, the chain's nodes) for the chain around
     softmax node sm, or None."""
-    if len(sm.args) < 2 or sm.args[1] not in (-1, 3) or sm.kwargs or len(sm.users) != 1 or \
+    if len(sm.args) < 2 or sm.args[1] not in (-1, 3) or sm.kwargs or len(_readers(sm)) != 1 or \
             (sm.target == _SOFTMAX[0] and sm.args[2] is not False):
         return None
     z, found = sm.args[0], None
@@ -172,16 +184,16 @@ def _attention(sm: fx.Node):
     if found is None:
         return None
     q, k, scale = found
-    p = next(iter(sm.users))
-    if not (_sole(p, (aten.expand.default,)) and _sole(next(iter(p.users)), _VIEWS)):
+    p = _reader(sm)
+    if not (_sole(p, (aten.expand.default,)) and _sole(_reader(p), _VIEWS)):
         return None
-    pv = next(iter(p.users))
-    mm = next(iter(pv.users))
-    if not (_sole(mm, (aten.bmm.default,)) and mm.args[0] is pv and _sole(next(iter(mm.users)), _VIEWS)):
+    pv = _reader(p)
+    mm = _reader(pv)
+    if not (_sole(mm, (aten.bmm.default,)) and mm.args[0] is pv and _sole(_reader(mm), _VIEWS)):
         return None
     chain += [p, pv, mm]
     v = _batched(mm.args[1], chain)
-    out = next(iter(mm.users))
+    out = _reader(mm)
     return (q, k, _unexpanded(v, chain), mask, scale, out, chain) if v is not None else None
 
 
@@ -205,6 +217,33 @@ def _fits(q, k, v, mask, out) -> bool:
         all(statically_known_true(m == 1) or statically_known_true(m == f) for m, f in zip(mv.shape, full))
 
 
+def _size_sources(chain: list, tensors: list):
+    """For each size query of a chain node (Dynamo asks a product's size where sizes coincide),
+    a (tensor node, dim) of `tensors` with that size; None if one has none."""
+    found = {}
+    for n in chain:
+        for u in n.users:
+            if u.target is not _SIZE:
+                continue
+            want = u.meta.get("val")
+            src = next(((t, d) for t in tensors for d in range(_val(t).dim())
+                        if want is not None and statically_known_true(_val(t).shape[d] == want)), None)
+            if src is None:
+                return None
+            found[u] = src
+    return found
+
+
+def _rebind_sizes(found: dict, graph: fx.Graph) -> None:
+    """Each size query reads its size from the tensor _size_sources found instead."""
+    for u, (t, d) in found.items():
+        with graph.inserting_before(u):
+            new = graph.call_function(_SIZE, (t, d))
+        new.meta = dict(u.meta)
+        u.replace_all_uses_with(new)
+        graph.erase_node(u)
+
+
 def _erase_unread(nodes: list, graph: fx.Graph) -> None:
     """Erase the nodes no longer read, readers before what they read."""
     left = list(nodes)
@@ -225,6 +264,10 @@ def rewrite(gm: fx.GraphModule) -> int:
         if found is None or not _fits(*found[:4], found[5]):
             continue
         q, k, v, mask, scale, out, chain = found
+        sizes = _size_sources([out, *chain], [q, k, v])
+        if sizes is None:
+            continue
+        _rebind_sizes(sizes, graph)
         with detect_fake_mode([_val(q)]):
             val = SDPA(_val(q), _val(k), _val(v), attn_mask=_val(mask), scale=scale)
         with graph.inserting_before(out):
