@@ -21,16 +21,17 @@ Keys and values with one head while the query has H go in grouped (the kernel re
 head from that one), not expanded. fx_sdpa then turns a `where(keep, 0, -inf)` mask into
 is_causal where it is one at run time.
 
-Only where every intermediate has one reader (not in training graphs, which save the scores),
-the numbers are Python numbers (a scale computed from a symbolic size is left as it is), q, k, v
-and the mask are float32 or float64 CPU tensors of one dtype, the mask has four dims and the softmax
-is over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its
-steps where the kernel keeps them in f32, further apart than assert_close allows. The results
-agree with the chain's within rounding (the flash kernel sums in blocks, and its scale
-multiplies q . k once). A row whose keys are all masked (-inf) gives 0 from _safe_softmax and
-from the flash kernel, NaN from the plain softmax: a chain with the plain softmax and a mask runs
-as attention_nan_rows, which writes NaN into those rows (found once per mask tensor and
-version). Counted: `torch_attention_as_sdpa`.
+Only where every intermediate has one reader of its values (not in training graphs, which save
+the scores; a size query of one is moved to q, k or v, whichever has that size), the numbers are
+Python numbers (a scale computed from a symbolic size is left as it is), q, k, v and the mask are
+float32 or float64 CPU tensors of one dtype, the mask has four dims and the softmax is over the
+last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
+the kernel keeps them in f32, further apart than assert_close allows. The results agree with the
+chain's within rounding (the flash kernel sums in blocks, and its scale multiplies q . k once).
+A row whose keys are all masked (-inf) gives 0 from _safe_softmax and from the flash kernel, NaN
+from the plain softmax: a chain with the plain softmax and a mask runs as attention_nan_rows,
+which writes NaN into those rows (found once per mask tensor and version).
+Counted: `torch_attention_as_sdpa`.
 """
 from __future__ import annotations
 
