@@ -87,6 +87,23 @@ def test_multi_query_keys_expanded_in_the_graph_go_in_grouped():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_torch_bmm_attention_on_flattened_heads(masked):
+    """fairseq-style attention: torch.bmm on [B * H, L, D] operands, a 3-D mask (rows of masked
+    keys included, NaN there as eager's); runs as one flash call with B = 1."""
+    q, k, v = torch.randn(6, 7, 16), torch.randn(6, 9, 16), torch.randn(6, 9, 16)
+    mask = torch.zeros(1, 7, 9)
+    mask[0, 3, :] = float("-inf")
+    mask[0, 5, 4:] = float("-inf")
+
+    def attention(q, k, v, mask):
+        s = torch.bmm(q * 0.25, k.transpose(1, 2))
+        return torch.bmm(torch.softmax(s + mask if masked else s, dim=-1), v)
+    got, want, n = _run(attention, q, k, v, mask)
+    assert n == 1
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_rows_of_masked_keys_stay_nan_with_the_plain_softmax():
     """The flash kernel gives 0 where every key of a row is masked; softmax gives NaN there."""
     q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
@@ -130,15 +147,16 @@ def _other_dim(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
 
 
-def _three_dims(q, k, v):
+def _three_dims_scores_twice(q, k, v):
     q, k, v = (t.flatten(0, 1) for t in (q, k, v))
-    return torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1) @ v
+    p = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+    return torch.bmm(p, v), p
 
 
-@pytest.mark.parametrize("fn", [_scores_returned, _symbolic_scale, _other_dim, _three_dims])
+@pytest.mark.parametrize("fn", [_scores_returned, _symbolic_scale, _other_dim, _three_dims_scores_twice])
 def test_chains_it_must_not_touch_are_left_alone(fn):
-    """Scores read twice (output_attentions), a scale computed from a symbolic size, a softmax
-    over another dim, 3-D batched matmuls: run as written, eager's results."""
+    """Scores read twice (output_attentions; also with torch.bmm's 3-D operands), a scale computed
+    from a symbolic size, a softmax over another dim: run as written, eager's results."""
     q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
     got, want, n = _run(fn, q, k, v)
     assert n == 0

@@ -11,9 +11,10 @@ e.g. multi-query keys expanded to the query's heads: `bmm(q * c, k^T * c)`, `_sa
     -> _softmax or _safe_softmax over the last dim -> view(expand(.)) -> bmm with view(expand(v))
     -> view [B, H, L, D]
 
-with q' = q or q * c1, k^T' = transpose(k, -2, -1) or that * c2. Each [B*H, L, S] score is
-written, read by the softmax, written again and read by the second bmm: at L = S = 1024 with 4
-heads that is 16 MB a pass. The rewrite replaces the chain by PyTorch's CPU flash kernel
+with q' = q or q * c1, k^T' = transpose(k, -2, -1) or that * c2; or, with torch.bmm on
+[B * H, L, D] operands (fairseq-style), bmm(q', k^T') [* or / c] [+ 3-D mask] -> softmax -> bmm
+with v, run as B = 1. Each [B*H, L, S] score is written, read by the softmax, written again and
+read by the second bmm: at L = S = 1024 with 4 heads that is 16 MB a pass. The rewrite replaces the chain by PyTorch's CPU flash kernel
 (fx_sdpa.SDPA: one pass over blocks of keys, no scores stored) with attn_mask = the mask and
 scale = the product of the numbers, then a contiguous copy of its [B, H, L, D] output (the
 kernel's own layout is [B, L, H, D]; what read the chain's output expects the row-major view).
@@ -24,8 +25,8 @@ is_causal where it is one at run time.
 Only where every intermediate has one reader of its values (not in training graphs, which save
 the scores; a size query of one is moved to q, k or v, whichever has that size), the numbers are
 Python numbers (a scale computed from a symbolic size is left as it is), q, k, v and the mask are
-float32 or float64 CPU tensors of one dtype, the mask has four dims and the softmax is over the
-last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
+float32 or float64 CPU tensors of one dtype, the mask has as many dims as q and the softmax is
+over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
 the kernel keeps them in f32, further apart than assert_close allows. The results agree with the
 chain's within rounding (the flash kernel sums in blocks, and its scale multiplies q . k once).
 A row whose keys are all masked (-inf) gives 0 from _safe_softmax and from the flash kernel, NaN
@@ -151,16 +152,20 @@ def _scores(y, chain: list):
         scale = 1.0 / c
     else:
         y, scale = _scaled(y, aten.mul.Tensor, chain)
-    if not (_sole(y, _VIEWS) and _sole(y.args[0], (aten.bmm.default,))):
-        return None
-    chain += [y, y.args[0]]
-    q, kt = _batched(y.args[0].args[0], chain), _batched(y.args[0].args[1], chain)
-    if q is None or kt is None:
+    if _sole(y, (aten.bmm.default,)):   # torch.bmm on [B * H, L, D] operands
+        chain.append(y)
+        q, kt, rank = y.args[0], y.args[1], 3
+    elif _sole(y, _VIEWS) and _sole(y.args[0], (aten.bmm.default,)):
+        chain += [y, y.args[0]]
+        q, kt, rank = _batched(y.args[0].args[0], chain), _batched(y.args[0].args[1], chain), 4
+        if q is None or kt is None:
+            return None
+    else:
         return None
     q, c1 = _scaled(q, aten.mul.Scalar, chain)
     kt, c2 = _scaled(kt, aten.mul.Scalar, chain)
     if not (_sole(kt, (aten.transpose.int,)) and len(kt.args) == 3
-            and {a % 4 for a in kt.args[1:]} == {2, 3}):
+            and {a % rank for a in kt.args[1:]} == {rank - 2, rank - 1}):
         return None
     chain.append(kt)
     return q, _unexpanded(kt.args[0], chain), scale * c1 * c2
@@ -169,7 +174,9 @@ def _scores(y, chain: list):
 def _attention(sm: fx.Node):
     """(q, k, v, mask or None, scale, the output node, the chain's nodes) for the chain around
     softmax node sm, or None."""
-    if len(sm.args) < 2 or sm.args[1] not in (-1, 3) or sm.kwargs or len(_readers(sm)) != 1 or \
+    sv = _val(sm)
+    if len(sm.args) < 2 or not isinstance(sv, torch.Tensor) or sv.dim() not in (3, 4) or \
+            sm.args[1] not in (-1, sv.dim() - 1) or sm.kwargs or len(_readers(sm)) != 1 or \
             (sm.target == _SOFTMAX[0] and sm.args[2] is not False):
         return None
     z, found = sm.args[0], None
@@ -186,6 +193,10 @@ def _attention(sm: fx.Node):
         return None
     q, k, scale = found
     p = _reader(sm)
+    if sv.dim() == 3:   # bmm(softmax, v), v [B * H, S, D]
+        if not (_sole(p, (aten.bmm.default,)) and p.args[0] is sm):
+            return None
+        return q, k, p.args[1], mask, scale, p, chain
     if not (_sole(p, (aten.expand.default,)) and _sole(_reader(p), _VIEWS)):
         return None
     pv = _reader(p)
@@ -200,22 +211,29 @@ def _attention(sm: fx.Node):
 
 def _fits(q, k, v, mask, out) -> bool:
     """Shapes and dtypes the rewrite takes: q [B, H, L, D], k and v [B, Hk, S, D] (Hk 1 or H), a
-    4-D mask broadcast to [B, H, L, S], one dtype of _FLOATS, CPU tensors; the chain's output
-    q's shape."""
-    qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv, ov)):
+    4-D mask broadcast to [B, H, L, S] (or all of them without B: torch.bmm's operands, then run as
+    B = 1), one dtype of _FLOATS, CPU tensors; the chain's output q's shape."""
+    vals = [_val(t) for t in (q, k, v, out)]
+    if not all(isinstance(t, torch.Tensor) for t in vals):
         return False
-    if qv.dtype not in _FLOATS or not (kv.dtype == vv.dtype == ov.dtype == qv.dtype) or qv.device.type != "cpu":
+    rank = vals[0].dim()
+    qv, kv, vv, ov = (t.shape if rank == 4 else (1, *t.shape) for t in vals)
+    if rank not in (3, 4) or any(t.dim() != rank for t in vals):
+        return False
+    if vals[0].dtype not in _FLOATS or any(t.dtype != vals[0].dtype for t in vals) or vals[0].device.type != "cpu":
         return False   # (SDPA is the CPU kernel)
-    if not (_same(kv.shape, vv.shape) and _same(ov.shape, qv.shape) and _same(qv.shape[::3], kv.shape[::3])):
+    if not (_same(kv, vv) and _same(ov, qv) and _same(qv[::3], kv[::3])):
         return False
-    if not (statically_known_true(kv.shape[1] == 1) or statically_known_true(kv.shape[1] == qv.shape[1])):
+    if not (statically_known_true(kv[1] == 1) or statically_known_true(kv[1] == qv[1])):
         return False
     if mask is None:
         return True
-    mv, full = _val(mask), (qv.shape[0], qv.shape[1], qv.shape[2], kv.shape[2])
-    return isinstance(mv, torch.Tensor) and mv.dim() == 4 and mv.dtype == qv.dtype and \
-        all(statically_known_true(m == 1) or statically_known_true(m == f) for m, f in zip(mv.shape, full))
+    mv = _val(mask)
+    if not (isinstance(mv, torch.Tensor) and mv.dim() == rank and mv.dtype == vals[0].dtype):
+        return False
+    full = (qv[0], qv[1], qv[2], kv[2])
+    return all(statically_known_true(m == 1) or statically_known_true(m == f)
+               for m, f in zip(mv.shape if rank == 4 else (1, *mv.shape), full))
 
 
 def _size_sources(chain: list, tensors: list):
@@ -245,6 +263,14 @@ def _rebind_sizes(found: dict, graph: fx.Graph) -> None:
         graph.erase_node(u)
 
 
+def _unsqueezed(graph: fx.Graph, t: fx.Node, fake_mode) -> fx.Node:
+    """t with a leading dim of 1 (a node inserted where the graph inserts now)."""
+    u = graph.call_function(aten.unsqueeze.default, (t, 0))
+    with fake_mode:
+        u.meta["val"] = _val(t).unsqueeze(0)
+    return u
+
+
 def _erase_unread(nodes: list, graph: fx.Graph) -> None:
     """Erase the nodes no longer read, readers before what they read."""
     left = list(nodes)
@@ -269,7 +295,12 @@ def rewrite(gm: fx.GraphModule) -> int:
         if sizes is None:
             continue
         _rebind_sizes(sizes, graph)
-        with detect_fake_mode([_val(q)]):
+        fake_mode = detect_fake_mode([_val(q)])
+        rank3 = _val(q).dim() == 3
+        if rank3:   # as B = 1
+            with graph.inserting_before(out):
+                q, k, v, mask = (None if t is None else _unsqueezed(graph, t, fake_mode) for t in (q, k, v, mask))
+        with fake_mode:
             val = SDPA(_val(q), _val(k), _val(v), attn_mask=_val(mask), scale=scale)
         with graph.inserting_before(out):
             if mask is not None and sm.target == _SOFTMAX[0]:
@@ -279,8 +310,12 @@ def rewrite(gm: fx.GraphModule) -> int:
                 call = graph.call_function(SDPA, (q, k, v), kwargs)
                 call.meta["val"] = val
                 first = graph.call_function(operator.getitem, (call, 0))
+            first.meta["val"] = val[0]
+            if rank3:
+                first = graph.call_function(aten.squeeze.dim, (first, 0))
+                with fake_mode:
+                    first.meta["val"] = val[0].squeeze(0)
             dense = graph.call_function(aten.clone.default, (first,), {"memory_format": torch.contiguous_format})
-        first.meta["val"] = val[0]
         dense.meta["val"] = _val(out)
         out.replace_all_uses_with(dense)
         _erase_unread([out, *chain], graph)
