@@ -49,6 +49,7 @@ from .fx_sdpa import _SDPA_CALL, SDPA, _remembered
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _SOFTMAX = (aten._softmax.default, aten._safe_softmax.default)
+_SIZE = aten.sym_size.int
 _FLOATS = (torch.float32, torch.float64)   # (half types: see the module docstring)
 REASON = "attention with the plain softmax and a mask: the flash kernel, rows of masked keys NaN as softmax's"
 
@@ -79,9 +80,6 @@ attention_nan_rows = _NanRowsSDPA()
 
 def _val(n):
     return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
-_SIZE = aten.sym_size.int
 
 
 def _readers(n: fx.Node) -> list:
