@@ -234,9 +234,10 @@ def _fits(q, k, v, mask, out) -> bool:
                for m, f in zip(mv.shape if rank == 4 else (1, *mv.shape), full))
 
 
-def _size_sources(chain: list, tensors: list):
+def _size_sources(chain: list, tensors: list, sizes: tuple = ()):
     """For each size query of a chain node (Dynamo asks a product's size where sizes coincide),
-    a (tensor node, dim) of `tensors` with that size; None if one has none."""
+    a (tensor node, dim) of `tensors` with that size, or one of `sizes` (nodes of SymInts
+    defined before the chain); None if one has none."""
     found = {}
     for n in chain:
         for u in n.users:
@@ -246,18 +247,24 @@ def _size_sources(chain: list, tensors: list):
             src = next(((t, d) for t in tensors for d in range(_val(t).dim())
                         if want is not None and statically_known_true(_val(t).shape[d] == want)), None)
             if src is None:
+                src = next((s for s in sizes if isinstance(s, fx.Node) and want is not None
+                            and statically_known_true(_val(s) == want)), None)
+            if src is None:
                 return None
             found[u] = src
     return found
 
 
 def _rebind_sizes(found: dict, graph: fx.Graph) -> None:
-    """Each size query reads its size from the tensor _size_sources found instead."""
-    for u, (t, d) in found.items():
-        with graph.inserting_before(u):
-            new = graph.call_function(_SIZE, (t, d))
-        new.meta = dict(u.meta)
-        u.replace_all_uses_with(new)
+    """Each size query reads its size from what _size_sources found instead."""
+    for u, src in found.items():
+        if isinstance(src, fx.Node):
+            u.replace_all_uses_with(src)
+        else:
+            with graph.inserting_before(u):
+                new = graph.call_function(_SIZE, src)
+            new.meta = dict(u.meta)
+            u.replace_all_uses_with(new)
         graph.erase_node(u)
 
 
