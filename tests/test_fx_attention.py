@@ -67,6 +67,35 @@ def test_written_out_attention_is_one_flash_call(scale, masked, dtype, B, H, L, 
     torch.testing.assert_close(got, want)
 
 
+class _AttributeScaled(torch.nn.Module):
+    """Attention scaled by a float attribute, which Dynamo passes as a 0-d tensor graph input."""
+    def __init__(self, scale: float, divide: bool):
+        super().__init__()
+        self.scale, self.divide = scale, divide
+
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(-2, -1)
+        s = s / self.scale if self.divide else s * self.scale
+        return torch.softmax(s + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_a_scale_read_at_run_time_is_the_kernels_scale(divide):
+    """A scale held in a float attribute is read at each call (changed between calls here): one
+    flash call with its value, eager's results both times."""
+    m = _AttributeScaled(0.125, divide)
+    q, k, v = (torch.randn(2, 3, 7, 16) for _ in range(3))
+    mask = torch.zeros(2, 1, 7, 7)
+    mask[..., 5:] = -1e9
+    before = counters.snapshot().get(REWRITES, 0)
+    compiled = _compiled(m)
+    with torch.no_grad():
+        for scale in (0.125, 3.0):
+            m.scale = scale
+            torch.testing.assert_close(compiled(q, k, v, mask), m(q, k, v, mask))
+    assert counters.snapshot().get(REWRITES, 0) - before >= 1
+
+
 def test_half_precision_attention_is_left_alone():
     """In bf16 eager rounds the scores between its steps; the kernel would not (further from
     eager than assert_close's bf16 tolerance)."""

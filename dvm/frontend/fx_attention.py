@@ -24,9 +24,10 @@ is_causal where it is one at run time.
 
 Only where every intermediate has one reader of its values (not in training graphs, which save
 the scores; a size query of one is moved to q, k or v, whichever has that size), the numbers are
-Python numbers (a scale computed from a symbolic size is left as it is), q, k, v and the mask are
-float32 or float64 CPU tensors of one dtype, the mask has as many dims as q and the softmax is
-over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
+Python numbers or 0-d float graph inputs read at each call (a float attribute such as
+`self.scale`, which Dynamo passes as a tensor; a scale computed from a symbolic size is left as
+it is), q, k, v and the mask are float32 or float64 CPU tensors of one dtype, the mask has as
+many dims as q and the softmax is over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
 the kernel keeps them in f32, further apart than assert_close allows. The results agree with the
 chain's within rounding (the flash kernel sums in blocks, and its scale multiplies q . k once).
 A row whose keys are all masked (-inf) gives 0 from _safe_softmax and from the flash kernel, NaN
@@ -44,7 +45,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
-from .fx_sdpa import _SDPA_CALL, SDPA, _remembered
+from .fx_sdpa import _SDPA_CALL, SDPA, _remembered, _scalar_source, query_scale
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -131,23 +132,64 @@ def _batched(n, chain: list):
     return e.args[0]
 
 
+class Scale:
+    """A product of Python numbers and 0-d float graph inputs, the latter read at run time (a
+    float attribute or argument such as `self.scale`, which Dynamo passes as a tensor): inputs
+    holds (graph input, the dtypes it is converted to, divided by it)."""
+    __slots__ = ("number", "inputs")
+
+    def __init__(self, number: float = 1.0, inputs: tuple = ()):
+        self.number, self.inputs = number, inputs
+
+    def __mul__(self, other: "Scale") -> "Scale":
+        return Scale(self.number * other.number, self.inputs + other.inputs)
+
+    def inverse(self) -> "Scale | None":
+        if self.number == 0.0:
+            return None
+        return Scale(1.0 / self.number, tuple((s, d, not div) for s, d, div in self.inputs))
+
+    def emit(self, graph: fx.Graph):
+        """The scale as a number, or a node computing it (inserted where the graph inserts now)."""
+        value = self.number
+        for src, dtypes, divide in self.inputs:
+            value = graph.call_function(run_time_scale, (src, dtypes, value, divide))
+        return value
+
+
+def run_time_scale(s: torch.Tensor, dtypes: tuple, base: float, divide: bool) -> float:
+    """base times (or divided by) the 0-d tensor s converted through dtypes as PyTorch would."""
+    x = query_scale(s, dtypes, 1.0)
+    return base / x if divide else base * x
+
+
 def _scaled(n, target, chain: list):
-    """(x, c) when n = target(x, c) read once with c a Python number, else (n, 1.0)."""
-    if _sole(n, (target,)) and len(n.args) == 2 and not n.kwargs and isinstance(n.args[1], (int, float)) \
-            and not isinstance(n.args[1], bool):
+    """(x, Scale) when n = target(x, c) read once with c a Python number or a 0-d float graph
+    input (through dtype conversions), else (n, Scale())."""
+    if not (_sole(n, (target,)) and len(n.args) == 2 and not n.kwargs):
+        return n, Scale()
+    c = n.args[1]
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
         chain.append(n)
-        return n.args[0], float(n.args[1])
-    return n, 1.0
+        return n.args[0], Scale(float(c))
+    src = _scalar_source(c) if target in (aten.mul.Tensor, aten.div.Tensor) else None
+    if src is None:
+        return n, Scale()
+    conversions = []
+    while c is not src[0]:
+        conversions.append(c)
+        c = c.args[0]
+    chain += [n, *conversions]
+    return n.args[0], Scale(1.0, ((src[0], src[1], False),))
 
 
 def _scores(y, chain: list):
     """(q, k, scale) when y = view(bmm(view(expand(q')), view(expand(k^T'))), 4-D) [* or / c]."""
-    scale = 1.0
     if _sole(y, (aten.div.Tensor,)):
         y, c = _scaled(y, aten.div.Tensor, chain)
-        if c == 0.0:
+        scale = c.inverse()
+        if scale is None:
             return None
-        scale = 1.0 / c
     else:
         y, scale = _scaled(y, aten.mul.Tensor, chain)
     if _sole(y, (aten.bmm.default,)):   # torch.bmm on [B * H, L, D] operands
@@ -306,8 +348,9 @@ def rewrite(gm: fx.GraphModule) -> int:
             with graph.inserting_before(out):
                 q, k, v, mask = (None if t is None else _unsqueezed(graph, t, fake_mode) for t in (q, k, v, mask))
         with fake_mode:
-            val = SDPA(_val(q), _val(k), _val(v), attn_mask=_val(mask), scale=scale)
+            val = SDPA(_val(q), _val(k), _val(v), attn_mask=_val(mask), scale=scale.number)
         with graph.inserting_before(out):
+            scale = scale.emit(graph)
             if mask is not None and sm.target == _SOFTMAX[0]:
                 first = graph.call_function(attention_nan_rows, (q, k, v, mask, scale))
             else:

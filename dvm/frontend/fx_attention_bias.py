@@ -19,9 +19,10 @@ time runs as is_causal=True with the bias alone as the kernel's mask: no [B, H, 
 stored at all. The bias is added to the kernel's scaled scores instead of to the product before
 the mask: the results agree within rounding.
 
-Conditions: as fx_attention's (one reader per intermediate, Python numbers, beta 1, f32 / f64 CPU
-tensors of one dtype, a softmax over the last dim), B and H given in the view (not -1), q, k and
-v with one head size, the bias [B * H or 1, 1 or L, S], the mask 4-D broadcast to [B, H, L, S].
+Conditions: as fx_attention's (one reader per intermediate, numbers or 0-d float inputs as the
+scale, beta 1, f32 / f64 CPU tensors of one dtype, a softmax over the last dim), B and H given in
+the view (not -1), q, k and v with one head size, the bias [B * H or 1, 1 or L, S], the mask 4-D
+broadcast to [B, H, L, S].
 The plain softmax gives NaN in a row whose scores are all -inf, the flash kernel 0: those rows are
 written NaN, found only where the bias or the mask holds a -inf (checked once per tensor version).
 Counted: `torch_attention_as_sdpa`, and `torch_sdpa_causal` per causal call.
@@ -34,7 +35,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
-from .fx_attention import _FLOATS, _VIEWS, _erase_unread, _masked_rows, _rebind_sizes, _reader, \
+from .fx_attention import _FLOATS, _VIEWS, Scale, _erase_unread, _masked_rows, _rebind_sizes, _reader, \
     _readers, _scaled, _size_sources, _sole, _val
 from .fx_sdpa import _SDPA_CALL, SDPA, _remembered, is_causal_mask
 
@@ -111,12 +112,13 @@ def _keep_fill(mask):
 def _product(y, chain: list):
     """(q, k, bias or None, scale) when y = [mul / div by a number of] the view to 4-D of [a number
     times] baddbmm(bias, q, transpose(k), beta=1, alpha=c) or bmm(q, transpose(k)), else None."""
-    y, c1 = _scaled(y, aten.mul.Tensor, chain)
-    if c1 == 1.0:
+    if _sole(y, (aten.div.Tensor,)):
         y, d = _scaled(y, aten.div.Tensor, chain)
-        if d == 0.0:
+        c1 = d.inverse()
+        if c1 is None:
             return None
-        c1 = 1.0 / d
+    else:
+        y, c1 = _scaled(y, aten.mul.Tensor, chain)
     if not (_sole(y, _VIEWS) and _val(y) is not None and _val(y).dim() == 4):
         return None
     chain.append(y)
@@ -135,7 +137,7 @@ def _product(y, chain: list):
     if not (_sole(kt, (aten.transpose.int,)) and len(kt.args) == 3 and {a % 3 for a in kt.args[1:]} == {1, 2}):
         return None
     chain.append(kt)
-    return q, kt.args[0], bias, c1 * c2 * float(alpha)
+    return q, kt.args[0], bias, c1 * c2 * Scale(float(alpha))
 
 
 def _attention(sm: fx.Node):
@@ -288,10 +290,10 @@ def rewrite(gm: fx.GraphModule) -> int:
             q4, k4, v4 = (x if x is not None else _split_heads(graph, t, b, h, [-1, head], fake_mode)
                           for x, t in zip(split, (q, k, v)))
             bias4 = None if bias is None else _split_heads(graph, bias, b, h, rest, fake_mode)
-            call = graph.call_function(attention_biased, (q4, k4, v4, bias4, mask, scale), kw)
+            call = graph.call_function(attention_biased, (q4, k4, v4, bias4, mask, scale.emit(graph)), kw)
             dense = graph.call_function(aten.clone.default, (call,), {"memory_format": torch.contiguous_format})
         with fake_mode:
-            call.meta["val"] = SDPA(_val(q4), _val(k4), _val(v4), scale=scale)[0]
+            call.meta["val"] = SDPA(_val(q4), _val(k4), _val(v4), scale=scale.number)[0]
         dense.meta["val"] = _val(out)
         out.replace_all_uses_with(dense)
         _erase_unread([out, *chain], graph)
