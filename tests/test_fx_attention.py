@@ -228,3 +228,25 @@ def test_random_attention_matches_eager(B, H, multi_query, L, S, D, hole_rate, s
     got, want, n = _run(attention, q, k, v, mask)
     assert n == 1 or min(L, S) == 1   # (a length of 1 is specialized: matmul traces as a product there)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def _causal_attention(q, k, v, keep):
+    s = q @ k.transpose(-2, -1) * 0.25 + torch.where(keep, 0.0, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_non_finite_inputs_give_eagers_nan(where, masked):
+    """A NaN in q, k or v: the flash kernel returns 0 for a query row with a NaN at some shapes and
+    skips masked blocks under is_causal (where 0 * NaN gives NaN in the written-out math); the
+    rewritten call runs the math then, with eager's NaN (counted)."""
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    {"q": q, "k": k, "v": v}[where][0, 0, -1, 0] = float("nan")
+    keep = torch.ones(5, 5, dtype=torch.bool).tril().expand(1, 1, 5, 5)
+    fn = _causal_attention if masked else (lambda q, k, v, keep: torch.softmax(q @ k.transpose(-2, -1), -1) @ v)
+    before = counters.snapshot().get("torch_attention_math_nonfinite", 0)
+    got, want, n = _run(fn, q, k, v, keep)
+    assert n == 1 and torch.isnan(want).any()
+    assert counters.snapshot().get("torch_attention_math_nonfinite", 0) > before
+    torch.testing.assert_close(got, want, equal_nan=True)

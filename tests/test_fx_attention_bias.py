@@ -201,3 +201,14 @@ def test_random_flattened_attention_matches_eager(B, H, L, extra, D, bias_kind, 
     got, want, moved = _run(fn, q, k, v, bias, keep)
     assert moved[REWRITES] == 1
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("bias_kind,mask_kind", [("none", "none"), ("alibi", "where"), ("rows", "float")])
+def test_a_nan_query_gives_eagers_nan(bias_kind, mask_kind):
+    """The flash kernel returns 0 for a query row holding a NaN at some shapes (here 2 x 2 without
+    a mask): the call runs the math then, with eager's NaN row."""
+    q, k, v, bias, keep = _inputs(1, 1, 2, 2, 4, bias_kind, mask_kind, torch.float32)
+    q[0, 0, 0, 0] = float("nan")
+    got, want, moved = _run(_bloom_like(bias_kind, mask_kind), q, k, v, bias, keep)
+    assert moved[REWRITES] == 1 and torch.isnan(want[:, 0]).all()
+    torch.testing.assert_close(got, want, equal_nan=True)

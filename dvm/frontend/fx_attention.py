@@ -29,7 +29,9 @@ Python numbers or 0-d float graph inputs read at each call (a float attribute su
 it is), q, k, v and the mask are float32 or float64 CPU tensors of one dtype, the mask has as
 many dims as q and the softmax is over the last one. Not in half precision: eager rounds the scores to bf16 or f16 between its steps where
 the kernel keeps them in f32, further apart than assert_close allows. The results agree with the
-chain's within rounding (the flash kernel sums in blocks, and its scale multiplies q . k once).
+chain's within rounding (the flash kernel sums in blocks, and its scale multiplies q . k once)
+on finite inputs; where q, k or v is not finite the call runs the math as written
+(fx_attention_math: the kernel's NaN handling differs).
 A row whose keys are all masked (-inf) gives 0 from _safe_softmax and from the flash kernel, NaN
 from the plain softmax: a chain with the plain softmax and a mask runs as attention_nan_rows,
 which writes NaN into those rows (found once per mask tensor and version).
@@ -45,7 +47,9 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
-from .fx_sdpa import _SDPA_CALL, SDPA, _remembered, _scalar_source, query_scale
+from .fx_attention_math import MATH, math_attention, needs_math
+from .fx_attention_math import remembered as _remembered
+from .fx_sdpa import _SDPA_CALL, SDPA, _scalar_source, query_scale
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -62,6 +66,8 @@ class _NanRowsSDPA:
     __name__ = "attention_nan_rows"   # the rewritten ATen graph must still generate code
 
     def __call__(self, q, k, v, mask, scale):
+        if needs_math("plain", q, k, v, mask):
+            return math_attention(q, k, v, scale, "plain", mask)
         out = _SDPA_CALL(q, k, v, 0.0, False, attn_mask=mask, scale=scale)[0]
         rows = _remembered(mask, "_dvm_masked_rows", None, lambda: _masked_rows(mask))
         return out if rows is None else out.masked_fill(rows, float("nan"))
@@ -183,15 +189,20 @@ def _scaled(n, target, chain: list):
     return n.args[0], Scale(1.0, ((src[0], src[1], False),))
 
 
+def _times_or_over(y, chain: list):
+    """(x, Scale) when y = x * c or x / c (as _scaled), (y, Scale()) when neither; (y, None) when
+    c is the number 0 in a division."""
+    if not _sole(y, (aten.div.Tensor,)):
+        return _scaled(y, aten.mul.Tensor, chain)
+    x, c = _scaled(y, aten.div.Tensor, chain)
+    return x, c.inverse()
+
+
 def _scores(y, chain: list):
     """(q, k, scale) when y = view(bmm(view(expand(q')), view(expand(k^T'))), 4-D) [* or / c]."""
-    if _sole(y, (aten.div.Tensor,)):
-        y, c = _scaled(y, aten.div.Tensor, chain)
-        scale = c.inverse()
-        if scale is None:
-            return None
-    else:
-        y, scale = _scaled(y, aten.mul.Tensor, chain)
+    y, scale = _times_or_over(y, chain)
+    if scale is None:
+        return None
     if _sole(y, (aten.bmm.default,)):   # torch.bmm on [B * H, L, D] operands
         chain.append(y)
         q, kt, rank = y.args[0], y.args[1], 3
@@ -211,27 +222,36 @@ def _scores(y, chain: list):
     return q, _unexpanded(kt.args[0], chain), scale * c1 * c2
 
 
-def _attention(sm: fx.Node):
-    """(q, k, v, mask or None, scale, the output node, the chain's nodes) for the chain around
-    softmax node sm, or None."""
+def softmax_input(sm: fx.Node, dims: tuple, match):
+    """(match's result, the mask or None, the chain) when softmax node sm, read once, is over the
+    last dim of a tensor with one of `dims` dims and its input is y [+ mask] with match(y, chain)
+    not None (match appends what it takes to chain); else None."""
     sv = _val(sm)
-    if len(sm.args) < 2 or not isinstance(sv, torch.Tensor) or sv.dim() not in (3, 4) or \
+    if len(sm.args) < 2 or not isinstance(sv, torch.Tensor) or sv.dim() not in dims or \
             sm.args[1] not in (-1, sv.dim() - 1) or sm.kwargs or len(_readers(sm)) != 1 or \
             (sm.target == _SOFTMAX[0] and sm.args[2] is not False):
         return None
-    z, found = sm.args[0], None
-    if _sole(z, (aten.add.Tensor,)) and not z.kwargs and len(z.args) == 2:
-        for y, mask in (z.args, z.args[::-1]):
-            chain = [sm, z]
-            found = _scores(y, chain)
-            if found is not None:
-                break
-    else:
-        chain, mask = [sm], None
-        found = _scores(z, chain)
-    if found is None:
+    z = sm.args[0]
+    if not (_sole(z, (aten.add.Tensor,)) and not z.kwargs and len(z.args) == 2):
+        chain = [sm]
+        found = match(z, chain)
+        return None if found is None else (found, None, chain)
+    for y, mask in (z.args, z.args[::-1]):
+        chain = [sm, z]
+        found = match(y, chain)
+        if found is not None:
+            return found, mask, chain
+    return None
+
+
+def _attention(sm: fx.Node):
+    """(q, k, v, mask or None, scale, the output node, the chain's nodes) for the chain around
+    softmax node sm, or None."""
+    got = softmax_input(sm, (3, 4), _scores)
+    if got is None:
         return None
-    q, k, scale = found
+    (q, k, scale), mask, chain = got
+    sv = _val(sm)
     p = _reader(sm)
     if sv.dim() == 3:   # bmm(softmax, v), v [B * H, S, D]
         if not (_sole(p, (aten.bmm.default,)) and p.args[0] is sm):
@@ -356,7 +376,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             else:
                 kwargs = {"scale": scale} if mask is None else {"attn_mask": mask, "scale": scale}
                 call = graph.call_function(SDPA, (q, k, v), kwargs)
-                call.meta["val"] = val
+                call.meta.update({"val": val, MATH: "safe" if sm.target == _SOFTMAX[1] else "plain"})
                 first = graph.call_function(operator.getitem, (call, 0))
             first.meta["val"] = val[0]
             if rank3:

@@ -36,8 +36,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
 from .fx_attention import _FLOATS, _VIEWS, Scale, _erase_unread, _masked_rows, _rebind_sizes, _reader, \
-    _readers, _scaled, _size_sources, _sole, _val
-from .fx_sdpa import _SDPA_CALL, SDPA, _remembered, is_causal_mask
+    _readers, _scaled, _size_sources, _sole, _times_or_over, _val, softmax_input
+from .fx_attention_math import math_attention, needs_math
+from .fx_attention_math import remembered as _remembered
+from .fx_sdpa import _SDPA_CALL, SDPA, is_causal_mask
 
 aten = torch.ops.aten
 _PRODUCTS = (aten.baddbmm.default, aten.bmm.default)
@@ -54,12 +56,16 @@ class _BiasedSDPA:
     __name__ = "attention_biased"   # the rewritten ATen graph must still generate code
 
     def __call__(self, q, k, v, bias, mask, scale, keep=None, fill=None, nan_rows=False):
+        softmax = "plain" if nan_rows else "safe"
+        if needs_math(softmax, q, k, v, bias, mask):   # (the keep mask is bool: no NaN)
+            filled = None if keep is None else _fill_mask(keep, fill, q.dtype)
+            return math_attention(q, k, v, scale, softmax, bias, mask, filled)
         if keep is not None:
             if fill <= _NEGLIGIBLE and is_causal_mask(keep, q.shape[-2], k.shape[-2]) and \
                     not (nan_rows and bias is not None and _holds_neg_inf(bias)):
                 counters.bump("torch_sdpa_causal")
                 return _SDPA_CALL(q, k, v, 0.0, True, attn_mask=bias, scale=scale)[0]
-            mask = _remembered(keep, "_dvm_fill_mask", (fill, q.dtype), lambda: _filled(keep, fill, q.dtype))
+            mask = _fill_mask(keep, fill, q.dtype)
         attn = mask if bias is None else bias if mask is None else bias + mask
         out = _SDPA_CALL(q, k, v, 0.0, False, attn_mask=attn, scale=scale)[0]
         if not nan_rows or not any(_holds_neg_inf(t) for t in (bias, mask) if t is not None):
@@ -74,9 +80,12 @@ class _BiasedSDPA:
 attention_biased = _BiasedSDPA()
 
 
-def _filled(keep: torch.Tensor, fill: float, dtype: torch.dtype) -> torch.Tensor:
-    zero = torch.zeros((), dtype=dtype, device=keep.device)
-    return aten.where.self(keep, zero, torch.full((), fill, dtype=dtype, device=keep.device))
+def _fill_mask(keep: torch.Tensor, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """where(keep, 0, fill) in dtype (remembered on keep)."""
+    def make():
+        zero = torch.zeros((), dtype=dtype, device=keep.device)
+        return aten.where.self(keep, zero, torch.full((), fill, dtype=dtype, device=keep.device))
+    return _remembered(keep, "_dvm_fill_mask", (fill, dtype), make)
 
 
 def _holds_neg_inf(t: torch.Tensor) -> bool:
@@ -112,14 +121,8 @@ def _keep_fill(mask):
 def _product(y, chain: list):
     """(q, k, bias or None, scale) when y = [mul / div by a number of] the view to 4-D of [a number
     times] baddbmm(bias, q, transpose(k), beta=1, alpha=c) or bmm(q, transpose(k)), else None."""
-    if _sole(y, (aten.div.Tensor,)):
-        y, d = _scaled(y, aten.div.Tensor, chain)
-        c1 = d.inverse()
-        if c1 is None:
-            return None
-    else:
-        y, c1 = _scaled(y, aten.mul.Tensor, chain)
-    if not (_sole(y, _VIEWS) and _val(y) is not None and _val(y).dim() == 4):
+    y, c1 = _times_or_over(y, chain)
+    if c1 is None or not (_sole(y, _VIEWS) and _val(y) is not None and _val(y).dim() == 4):
         return None
     chain.append(y)
     p, c2 = _scaled(y.args[0], aten.mul.Tensor, chain)
@@ -143,21 +146,10 @@ def _product(y, chain: list):
 def _attention(sm: fx.Node):
     """(q, k, v, bias, mask, scale, the 4-D scores' view, the output node, the chain) around
     softmax node sm, or None."""
-    sv = _val(sm)
-    if len(sm.args) < 2 or not isinstance(sv, torch.Tensor) or sv.dim() != 4 or sm.args[1] not in (-1, 3) \
-            or sm.kwargs or len(_readers(sm)) != 1 or (sm.target == aten._softmax.default and sm.args[2] is not False):
+    got = softmax_input(sm, (4,), _product)
+    if got is None:
         return None
-    z, found, mask, chain = sm.args[0], None, None, [sm]
-    if _sole(z, (aten.add.Tensor,)) and not z.kwargs and len(z.args) == 2:
-        for y, mask in (z.args, z.args[::-1]):
-            chain = [sm, z]
-            found = _product(y, chain)
-            if found is not None:
-                break
-    else:
-        found = _product(z, chain)
-    if found is None:
-        return None
+    found, mask, chain = got
     p = _reader(sm)
     if _sole(p, (aten.clone.default,)) and set(p.kwargs) <= {"memory_format"}:
         chain.append(p)

@@ -39,6 +39,8 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
+from .fx_attention_math import MATH, math_attention, needs_math
+from .fx_attention_math import remembered as _remembered
 from .fx_const_index import erase_dead_chain
 
 aten = torch.ops.aten
@@ -87,6 +89,8 @@ def rewrite(gm: fx.GraphModule) -> int:
         n.target = sdpa_keep_mask
         n.args = (*n.args[:3], keep)
         n.kwargs = {"mask_dtype": dtype, "scale": n.kwargs.get("scale")}
+        if n.meta.get(MATH):
+            n.kwargs = {**n.kwargs, "softmax": n.meta[MATH]}
         gm.graph.erase_node(mask)
         for c in (zero, neg):   # (the scalars are rebuilt at run time if the mask is needed)
             if not c.users:
@@ -241,7 +245,9 @@ class _KeepMaskSDPA:
     with is_causal=True and no mask when keep is exactly causal. (An object, so that counters and `dvm.explain` name it.)"""
     __name__ = "sdpa_keep_mask"   # the rewritten ATen graph must still generate code (the fallback runs it)
 
-    def __call__(self, q, k, v, keep, mask_dtype=torch.float32, scale=None):
+    def __call__(self, q, k, v, keep, mask_dtype=torch.float32, scale=None, softmax=None):
+        if needs_math(softmax, q, k, v):   # a chain fx_attention rewrote, inputs not finite
+            return (math_attention(q, k, v, scale, softmax, additive_mask(keep, mask_dtype)),)
         if is_causal_mask(keep, q.shape[-2], k.shape[-2]):
             counters.bump("torch_sdpa_causal")
             return _SDPA_CALL(q, k, v, 0.0, True, scale=scale)
@@ -256,20 +262,6 @@ class _KeepMaskSDPA:
 
 
 sdpa_keep_mask = _KeepMaskSDPA()
-
-
-def _remembered(keep: torch.Tensor, attr: str, key, make):
-    """make(), remembered on the mask tensor with its version counter and `key`: the layers of one
-    forward share the mask, so each fact about it is found once a forward."""
-    memo = getattr(keep, attr, None)
-    if memo is not None and memo[0] == keep._version and memo[1] == key:
-        return memo[2]
-    value = make()
-    try:
-        setattr(keep, attr, (keep._version, key, value))
-    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass without __dict__
-        pass
-    return value
 
 
 def is_causal_mask(keep: torch.Tensor, L: int, S: int) -> bool:

@@ -24,7 +24,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
-from . import fx_attention, fx_attention_bias, fx_patterns, fx_sdpa, fx_updates
+from . import fx_attention, fx_attention_bias, fx_attention_math, fx_patterns, fx_sdpa, fx_updates
 from .aten_table import Unsupported
 from .fx_syms import Syms
 from .gpu_arrays import device_supported
@@ -356,6 +356,8 @@ class Planner:
             return self.to_torch(n, fx_attention.REASON)
         if n.target is fx_attention_bias.attention_biased:
             return self.to_torch(n, fx_attention_bias.REASON)
+        if n.target is fx_attention_math.attention_guarded:
+            return self.to_torch(n, fx_attention_math.REASON)
         if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
             return
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
