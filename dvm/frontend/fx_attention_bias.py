@@ -187,8 +187,7 @@ def _fits(q, k, v, bias, mask, view4, out) -> bool:
             and same(kv[2], qv[2]) and same(vv[2], qv[2]) and same(sv[2], qv[1]) and same(sv[3], kv[1])
             and all(same(a, b) for a, b in zip(ov, (sv[0], sv[1], qv[1], qv[2])))):
         return False
-    full = (sv[0], sv[1], sv[2], sv[3])
-    for t, want in ((bias, ((qv[0],), (1, sv[2]), (sv[3],))), (mask, tuple((1, f) for f in full))):
+    for t, want in ((bias, ((qv[0],), (1, sv[2]), (sv[3],))), (mask, tuple((1, f) for f in sv))):
         if t is None:
             continue
         tv = _val(t)

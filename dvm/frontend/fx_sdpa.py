@@ -39,14 +39,12 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
-from .fx_attention_math import MATH, math_attention, needs_math
+from .fx_attention_math import MATH, SDPA, math_attention, needs_math
+from .fx_attention_math import SDPA_CALL as _SDPA_CALL
 from .fx_attention_math import remembered as _remembered
 from .fx_const_index import erase_dead_chain
 
 aten = torch.ops.aten
-SDPA = aten._scaled_dot_product_flash_attention_for_cpu.default
-# the same op through its torch function, bound in C++ (~1 us a call less than the overload)
-_SDPA_CALL = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", SDPA)
 REASON = "attention mask checked at run time: a causal mask runs as is_causal=True"
 _TRIL_CACHE_MAX = 4
 # L -> the lower triangle's L*L bytes, as an array and as bytes

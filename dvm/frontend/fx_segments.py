@@ -76,6 +76,11 @@ def _arg_nodes(n: fx.Node) -> list:
     return out
 
 
+# the attention calls the fx rewrites put in the graph: PyTorch steps, with their reasons
+_ATTENTION_CALLS = {fx_sdpa.sdpa_keep_mask: fx_sdpa.REASON, fx_attention.attention_nan_rows: fx_attention.REASON,
+                    fx_attention_bias.attention_biased: fx_attention_bias.REASON,
+                    fx_attention_math.attention_guarded: fx_attention_math.REASON}
+
 class Planner:
     def __init__(self, gm: fx.GraphModule, prefix_last: fx.Node | None = None):
         """prefix_last: the last of the size-only nodes moved to the graph's start
@@ -350,14 +355,8 @@ class Planner:
             seg.value[n] = seg.value[src][n.args[1]]
             self.seg_of[n] = seg
             return
-        if n.target is fx_sdpa.sdpa_keep_mask:
-            return self.to_torch(n, fx_sdpa.REASON)
-        if n.target is fx_attention.attention_nan_rows:
-            return self.to_torch(n, fx_attention.REASON)
-        if n.target is fx_attention_bias.attention_biased:
-            return self.to_torch(n, fx_attention_bias.REASON)
-        if n.target is fx_attention_math.attention_guarded:
-            return self.to_torch(n, fx_attention_math.REASON)
+        if n.target in _ATTENTION_CALLS:
+            return self.to_torch(n, _ATTENTION_CALLS[n.target])
         if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
             return
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"
