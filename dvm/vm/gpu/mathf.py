@@ -301,7 +301,8 @@ def erff(x):
 
 @triton.jit
 def geluf(x):
-    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu/jit/mathf.geluf)."""
+    """0.5 x erfc(-x/sqrt2), without cancellation in either tail: erfc as erf's
+    (erfc_parts). The CPU VM's geluf uses a cheaper one-division erfc of its own."""
     ax = tl.abs(x)
     ax = tl.where(ax < 14.0, ax, 14.0)
     h = ax * ax
