@@ -35,7 +35,7 @@ SUBNORMAL_ABS = 2.0 ** -136   # ~1.1e-41: 8192 steps of the f32 subnormal spacin
 # where the dense sample concentrates (the whole f32 range is sampled too)
 DENSE = {"exp": (-88, 88), "exp2": (-126, 127), "expm1": (-20, 20), "log": (1e-3, 1e3),
          "log2": (1e-3, 1e3), "log1p": (-0.999, 100), "tanh": (-10, 10), "sigmoid": (-30, 30),
-         "erf": (-5, 5), "gelu": (-8, 8), "gelu_tanh": (-8, 8), "silu": (-30, 30),
+         "erf": (-5, 5), "gelu": (-13, 8), "gelu_tanh": (-8, 8), "silu": (-30, 30),
          "sin": (-100, 100), "cos": (-100, 100), "rsqrt": (1e-6, 1e6), "sqrt": (0, 1e6),
          "reciprocal": (-1e3, 1e3)}
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.17e-38, -1.17e-38,

@@ -389,9 +389,9 @@ _G9, _G10 = f32(1.4599575479223859e-05), f32(-2.3463715024263365e-06)
 
 @njit(inline="always", **MOPTS)
 def _gelu_tail(a):
-    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14], to ~1.5 ULP: t carries the rounding of
-    1 + _GC a and of the division (t_lo, first order), and the last Horner step is folded
-    into the product with t, so P's largest term is rounded once."""
+    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14]. t carries the rounding of 1 + _GC a and
+    of the division (t_lo, first order), and the last Horner step is folded into the product
+    with t, so P's largest term is rounded once."""
     d = fmaf(_GC, a, _ONE)
     d_lo = fmaf(_GC, a, _ONE - d)                  # 1 - d is exact for d in [1, 8]
     t = _ONE / d
