@@ -57,16 +57,20 @@ _T1 = tl.constexpr(2.06390887954e-2)
 _T2 = tl.constexpr(-5.37397155531e-2)
 _T3 = tl.constexpr(1.33314422036e-1)
 _T4 = tl.constexpr(-3.33332819422e-1)
-_Q0 = tl.constexpr(2.7697840332984924e-01)
-_Q1 = tl.constexpr(-9.2763990163803101e-02)
-_Q2 = tl.constexpr(-1.6603153944015503e-01)
-_Q3 = tl.constexpr(1.6405555605888367e-01)
-_Q4 = tl.constexpr(-5.4202940315008163e-02)
-_Q5 = tl.constexpr(-8.0605158582329750e-03)
-_Q6 = tl.constexpr(8.6262524127960205e-03)
-_Q7 = tl.constexpr(1.3122824020683765e-03)
-_Q8 = tl.constexpr(-1.2232054723426700e-03)
-_Q9 = tl.constexpr(-3.9634321001358330e-04)
+_GC = tl.constexpr(0.4)
+_GK1 = tl.constexpr(2.357142925262451)
+_GK0 = tl.constexpr(-1.3571428060531616)
+_G0 = tl.constexpr(0.31014278531074524)
+_G1 = tl.constexpr(0.16047541797161102)
+_G2 = tl.constexpr(0.03617057949304581)
+_G3 = tl.constexpr(-0.00455401511862874)
+_G4 = tl.constexpr(-0.0029826697427779436)
+_G5 = tl.constexpr(0.0006187267135828733)
+_G6 = tl.constexpr(0.00023966528533492237)
+_G7 = tl.constexpr(-0.00011851642921101302)
+_G8 = tl.constexpr(-4.246418939146679e-06)
+_G9 = tl.constexpr(1.4599575479223859e-05)
+_G10 = tl.constexpr(-2.3463715024263365e-06)
 _R0 = tl.constexpr(1.2837916709551256e-01)
 _R1 = tl.constexpr(-3.7612625956535339e-01)
 _R2 = tl.constexpr(1.1283585429191589e-01)
@@ -74,6 +78,7 @@ _R3 = tl.constexpr(-2.6853810995817184e-02)
 _R4 = tl.constexpr(5.1883277483284473e-03)
 _R5 = tl.constexpr(-8.0101925414055586e-04)
 _R6 = tl.constexpr(7.8538578236475587e-05)
+_SQRT2 = tl.constexpr(1.4142135623730951)
 _SQRT1_2 = tl.constexpr(0.70710678118654752440)
 _GT_C1 = tl.constexpr(1.5957691216057308)     # 2 sqrt(2/pi)
 _GT_C3 = tl.constexpr(0.071354816273287509)   # 2 sqrt(2/pi) 0.044715
@@ -269,20 +274,17 @@ def exp_hl(xh, xl):
 
 
 @triton.jit
-def erfc_parts(a, e):
-    """erfc(a) = y0 + c for a in [0, 10.5], given e = exp(-a*a) (cpu/jit/mathf.erfc_parts)."""
-    r = div(tl.full(a.shape, 1.0, tl.float32), a + 2.0)
-    q = tl.fma(-4.0, r, 1.0)
-    q = tl.fma(r, tl.fma(-q, a, tl.fma(-2.0, q + 1.0, a)), q)
-    p = tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(_Q9, q, _Q8), q, _Q7), q, _Q6), q, _Q5), q, _Q4)
-    p = tl.fma(tl.fma(tl.fma(tl.fma(p, q, _Q3), q, _Q2), q, _Q1), q, _Q0)
-    a2 = a + a
-    d = a2 + 1.0
-    d_lo = a2 - (d - 1.0)
-    rd = div(tl.full(a.shape, 1.0, tl.float32), d)
-    y0 = tl.fma(e, p, e) * rd
-    res = tl.fma(-y0, d_lo, tl.fma(e, p, tl.fma(-y0, d, e)))
-    return y0, res * rd
+def normal_tail_scaled(a):
+    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14] (cpu/jit/mathf.normal_tail_scaled)."""
+    d = tl.fma(_GC, a, 1.0)
+    d_lo = tl.fma(_GC, a, 1.0 - d)
+    t = div(tl.full(a.shape, 1.0, tl.float32), d)
+    t_lo = t * tl.fma(-t, d_lo, tl.fma(-t, d, 1.0))
+    s = tl.fma(t, _GK1, _GK0)
+    p = tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(_G10, s, _G9), s, _G8), s, _G7), s, _G6), s, _G5)
+    p = tl.fma(tl.fma(tl.fma(tl.fma(p, s, _G4), s, _G3), s, _G2), s, _G1)
+    sp = s * p
+    return tl.fma(t, _G0, tl.fma(t_lo, _G0 + sp, t * sp))
 
 
 @triton.jit
@@ -293,27 +295,27 @@ def erff(x):
     small = tl.fma(x, pz, x)
     a = tl.where(ax < 4.0, ax, 4.0)
     h = a * a
-    y0, c = erfc_parts(a, exp_hl(-h, -tl.fma(a, a, -h)))
-    big = 1.0 - (y0 + c)
+    e = exp_hl(-h, -tl.fma(a, a, -h))
+    big = 1.0 - (e + e) * normal_tail_scaled(a * _SQRT2)
     big = tl.where(x < 0, -big, big)
     return tl.where((ax < 1.0) | (x != x), small, big)
 
 
 @triton.jit
 def geluf(x):
-    """0.5 x erfc(-x/sqrt2), without cancellation in either tail: erfc as erf's
-    (erfc_parts). The CPU VM's geluf uses a cheaper one-division erfc of its own."""
+    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu/jit/mathf.geluf)."""
     ax = tl.abs(x)
     ax = tl.where(ax < 14.0, ax, 14.0)
     h = ax * ax
-    y0, c = erfc_parts(ax * _SQRT1_2, exp_hl(-0.5 * h, -0.5 * tl.fma(ax, ax, -h)))
-    big = tl.abs(x) < 14.0
-    y0 = tl.where(big, y0, 0.0)
-    c = tl.where(big, c, 0.0)
+    e = exp_hl(-0.5 * h, -0.5 * tl.fma(ax, ax, -h))
+    e2 = tl.where(tl.abs(x) < 14.0, e + e, 0.0)
+    r = normal_tail_scaled(ax)
+    q = e2 * r
+    q_lo = tl.fma(e2, r, -q)
     hx = 0.5 * x
-    pos = tl.fma(-hx, y0 + c, x)
+    pos = tl.fma(-hx, q, x)
     pos = tl.where(x > 10.0, x, pos)
-    neg = tl.where(hx != 0, tl.fma(hx, y0, hx * c), hx)
+    neg = tl.where(hx != 0, tl.fma(hx, q, hx * q_lo), hx)
     return tl.where(x <= 0, neg, pos)
 
 

@@ -325,33 +325,31 @@ def exp_hl(xh, xl):
     return _scale2(t + _ONE, n)
 
 
-# erfc(a) = exp(-a^2) (1 + p(q)) / (1 + 2a), q = (a-2)/(a+2): p near-minimax (Lawson) on
-# a in [0, 10.5] (q in [-1, 0.68]), abs error 1.8e-8; p in [0, 0.29], so its rounding is damped.
-_Q0, _Q1, _Q2 = f32(2.7697840332984924e-01), f32(-9.2763990163803101e-02), f32(-1.6603153944015503e-01)
-_Q3, _Q4, _Q5 = f32(1.6405555605888367e-01), f32(-5.4202940315008163e-02), f32(-8.0605158582329750e-03)
-_Q6, _Q7, _Q8 = f32(8.6262524127960205e-03), f32(1.3122824020683765e-03), f32(-1.2232054723426700e-03)
-_Q9 = f32(-3.9634321001358330e-04)
-_FOUR = f32(4.0)
+# erfc(a/sqrt2) = 2 exp(-a^2/2) t P(s) for a in [0, 14]: t = 1/(1 + _GC a), s = _GK1 t + _GK0
+# maps t in [1/(1 + 14 _GC), 1] onto [-1, 1]; P of degree 10, near-minimax (Lawson) for the
+# relative error with f32 coefficients (rounded one by one, the rest refitted): 1.1e-8.
+_FOUR, _SQRT2 = f32(4.0), f32(1.4142135623730951)
+_GC, _GK1, _GK0 = f32(0.4), f32(2.357142925262451), f32(-1.3571428060531616)
+_G0, _G1, _G2 = f32(0.31014278531074524), f32(0.16047541797161102), f32(0.03617057949304581)
+_G3, _G4, _G5 = f32(-0.00455401511862874), f32(-0.0029826697427779436), f32(0.0006187267135828733)
+_G6, _G7, _G8 = f32(0.00023966528533492237), f32(-0.00011851642921101302), f32(-4.246418939146679e-06)
+_G9, _G10 = f32(1.4599575479223859e-05), f32(-2.3463715024263365e-06)
 
 
 @njit(inline="always", **MOPTS)
-def erfc_parts(a, e):
-    """erfc(a) as y0 + c (c a small correction, to be added last) for a in [0, 10.5], given
-    e = exp(-a*a) (computed by the caller from an exact a*a). q is computed with one residual
-    step (p's slope is ~0.9 near a = 0), and the quotient by the rounded 1 + 2a = d + d_lo
-    (d_lo exact) is corrected by one residual step: ~1.5 ULP."""
-    r = _ONE / (a + _TWO)
-    q = fmaf(-_FOUR, r, _ONE)
-    q = fmaf(r, fmaf(-q, a, fmaf(-_TWO, q + _ONE, a)), q)   # (a-2) - q(a+2) = a - 2(q+1) - qa
-    p = fmaf(fmaf(fmaf(fmaf(fmaf(_Q9, q, _Q8), q, _Q7), q, _Q6), q, _Q5), q, _Q4)
-    p = fmaf(fmaf(fmaf(fmaf(p, q, _Q3), q, _Q2), q, _Q1), q, _Q0)
-    a2 = a + a
-    d = a2 + _ONE
-    d_lo = a2 - (d - _ONE)
-    rd = _ONE / d
-    y0 = fmaf(e, p, e) * rd
-    res = fmaf(-y0, d_lo, fmaf(e, p, fmaf(-y0, d, e)))      # e(1+p) - y0 (d + d_lo)
-    return y0, res * rd
+def normal_tail_scaled(a):
+    """exp(a^2/2) erfc(a/sqrt2) / 2 (the standard normal's upper tail over exp(-a^2/2)) for a in
+    [0, 14]. t carries the rounding of 1 + _GC a and of the division (t_lo, first order), and
+    the last Horner step is folded into the product with t, so P's largest term is rounded once."""
+    d = fmaf(_GC, a, _ONE)
+    d_lo = fmaf(_GC, a, _ONE - d)                  # 1 - d is exact for d in [1, 8]
+    t = _ONE / d
+    t_lo = t * fmaf(-t, d_lo, fmaf(-t, d, _ONE))  # 1/(d + d_lo) - t
+    s = fmaf(t, _GK1, _GK0)
+    p = fmaf(fmaf(fmaf(fmaf(fmaf(_G10, s, _G9), s, _G8), s, _G7), s, _G6), s, _G5)
+    p = fmaf(fmaf(fmaf(fmaf(p, s, _G4), s, _G3), s, _G2), s, _G1)
+    sp = s * p
+    return fmaf(t, _G0, fmaf(t_lo, _G0 + sp, t * sp))
 
 
 # erf(x) = x + x*P(x^2) on |x| < 1 (P: erf(x)/x - 1, Lawson fit, rel. error 1.2e-9)
@@ -363,44 +361,22 @@ _R6 = f32(7.8538578236475587e-05)
 @njit(inline="always", **MOPTS)
 def erff(x):
     """|x| < 1: odd polynomial; else +-(1 - erfc(|x|)) (|x| clamped to 4, where erf rounds to
-    +-1). Max ~1.1 ULP; NaN takes the polynomial path."""
+    +-1), erfc(a) = 2 exp(-a^2) normal_tail_scaled(a sqrt2) (exp's argument split exactly; the
+    rounding of a sqrt2 moves that factor by ~1e-7 of erfc <= 0.16). NaN takes the polynomial
+    path."""
     ax = abs(x)
     z = x * x
     pz = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(_R6, z, _R5), z, _R4), z, _R3), z, _R2), z, _R1), z, _R0)
     small = fmaf(x, pz, x)
     a = ax if ax < _FOUR else _FOUR
     h = a * a
-    y0, c = erfc_parts(a, exp_hl(-h, -fmaf(a, a, -h)))
-    big = _ONE - (y0 + c)
+    e = exp_hl(-h, -fmaf(a, a, -h))
+    big = _ONE - (e + e) * normal_tail_scaled(a * _SQRT2)
     big = -big if x < 0 else big
     return small if (ax < _ONE or x != x) else big
 
 
 _GELU_BIG = f32(14.0)    # |x| beyond: gelu(x) = x, or a result below the f32 normal range
-# erfc(a/sqrt2) = 2 exp(-a^2/2) t P(s) for a in [0, 14]: t = 1/(1 + _GC a), s = _GK1 t + _GK0
-# maps t in [1/(1 + 14 _GC), 1] onto [-1, 1]; P of degree 10, near-minimax (Lawson) for the
-# relative error with f32 coefficients (rounded one by one, the rest refitted): 1.1e-8.
-_GC, _GK1, _GK0 = f32(0.4), f32(2.357142925262451), f32(-1.3571428060531616)
-_G0, _G1, _G2 = f32(0.31014278531074524), f32(0.16047541797161102), f32(0.03617057949304581)
-_G3, _G4, _G5 = f32(-0.00455401511862874), f32(-0.0029826697427779436), f32(0.0006187267135828733)
-_G6, _G7, _G8 = f32(0.00023966528533492237), f32(-0.00011851642921101302), f32(-4.246418939146679e-06)
-_G9, _G10 = f32(1.4599575479223859e-05), f32(-2.3463715024263365e-06)
-
-
-@njit(inline="always", **MOPTS)
-def _gelu_tail(a):
-    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14]. t carries the rounding of 1 + _GC a and
-    of the division (t_lo, first order), and the last Horner step is folded into the product
-    with t, so P's largest term is rounded once."""
-    d = fmaf(_GC, a, _ONE)
-    d_lo = fmaf(_GC, a, _ONE - d)                  # 1 - d is exact for d in [1, 8]
-    t = _ONE / d
-    t_lo = t * fmaf(-t, d_lo, fmaf(-t, d, _ONE))  # 1/(d + d_lo) - t
-    s = fmaf(t, _GK1, _GK0)
-    p = fmaf(fmaf(fmaf(fmaf(fmaf(_G10, s, _G9), s, _G8), s, _G7), s, _G6), s, _G5)
-    p = fmaf(fmaf(fmaf(fmaf(p, s, _G4), s, _G3), s, _G2), s, _G1)
-    sp = s * p
-    return fmaf(t, _G0, fmaf(t_lo, _G0 + sp, t * sp))
 
 
 @njit(inline="always", **MOPTS)
@@ -414,7 +390,7 @@ def geluf(x):
     h = ax * ax
     e = exp_hl(-_HALF * h, -_HALF * fmaf(ax, ax, -h))
     e2 = e + e if abs(x) < _GELU_BIG else _ZERO  # -inf: -inf * 0 = NaN, as 0.5 x erfc(inf)
-    r = _gelu_tail(ax)
+    r = normal_tail_scaled(ax)
     q = e2 * r                                   # erfc(|x|/sqrt2) = q + q_lo
     q_lo = fmaf(e2, r, -q)
     hx = _HALF * x
