@@ -143,7 +143,7 @@ def heads_mix(k, x, c):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.float16, "bfloat16"])
-@pytest.mark.parametrize("L,H,D", [(1000, 4, 32), (7, 3, 5), (130, 2, 33), (3, 2, 5000)])
+@pytest.mark.parametrize("L,H,D", [(1000, 4, 32), (7, 3, 5), (130, 2, 33), (3, 2, 5000), (300, 4, 8), (70, 3, 24)])
 def test_strided_rows_copied_whole(dtype, L, H, D):
     """Rows that are byte-identical runs in the buffer and the register (unit stride, same type)
     are moved whole (jit/moves.move); the others element by element. Partial tiles, both layouts."""
@@ -202,6 +202,7 @@ def test_raw_copies_at_every_relative_offset(dtype, n):
 def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
     from numba import njit
 
+    from dvm.vm.cpu.jit.moves import SHORT_RUN
     from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
 
     @njit
@@ -209,7 +210,7 @@ def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
         _move_bytes(dst, src, nbytes)
 
     buf = RNG.integers(0, 255, 70_000).astype(np.uint8)
-    for n in (0, 1, 63, 64, 128, 256, 1000, 4096, 20_000):
+    for n in (*range(SHORT_RUN + 2), 1000, 4096, 20_000):   # every short run's pieces and tail
         for src, dst in ((0, 40_000), (40_000, 0), (100, 100 + n // 2), (100 + n // 2, 100), (7, 7), (5, 6)):
             want = buf.copy()
             want[dst:dst + n] = buf[src:src + n].copy()

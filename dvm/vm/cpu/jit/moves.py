@@ -52,11 +52,41 @@ def copy_bytes(dst, src, nbytes):
         d[i] = s[i] ^ z
 
 
+SHORT_RUN = 256   # bytes: shorter runs that do not overlap move in constant-size pieces
+
+
+@njit(inline='always', **OPTS)
+def move_short(dst, src, nbytes):
+    """A run of under SHORT_RUN bytes that does not overlap, as 32-byte pieces and a 16/8/4/2/1
+    tail: each a constant-size move, which LLVM inlines as one or two vector moves (a row of a
+    rotary or pass-through slice, 8 or 24 f32 lanes, costs a few cycles instead of a loop's
+    ~20 of trip-count and alias checks)."""
+    k = 0
+    while k + 32 <= nbytes:
+        move(dst + k, src + k, 32)
+        k += 32
+    if k + 16 <= nbytes:
+        move(dst + k, src + k, 16)
+        k += 16
+    if k + 8 <= nbytes:
+        move(dst + k, src + k, 8)
+        k += 8
+    if k + 4 <= nbytes:
+        move(dst + k, src + k, 4)
+        k += 4
+    if k + 2 <= nbytes:
+        move(dst + k, src + k, 2)
+        k += 2
+    if k < nbytes:
+        move(dst + k, src + k, 1)
+
+
 @njit(inline='always', **OPTS)   # per row of a tile: a call costs more than a short row's move
 def move_bytes(dst, src, nbytes):
     """memmove. The common short row lengths (16/32/64 f32 lanes: attention heads) get a constant
-    size, which LLVM inlines as a few vector moves instead of a libc call; other runs that do not
-    overlap take copy_bytes (see the module's note), overlapping ones libc's memmove."""
+    size, which LLVM inlines as a few vector moves instead of a libc call; other short runs that
+    do not overlap take move_short, longer ones copy_bytes (see the module's note), overlapping
+    ones libc's memmove."""
     if nbytes == 128:
         move(dst, src, 128)
     elif nbytes == 256:
@@ -64,7 +94,10 @@ def move_bytes(dst, src, nbytes):
     elif nbytes == 64:
         move(dst, src, 64)
     elif dst - src >= nbytes or src - dst >= nbytes:
-        copy_bytes(dst, src, nbytes)
+        if nbytes < SHORT_RUN:
+            move_short(dst, src, nbytes)
+        else:
+            copy_bytes(dst, src, nbytes)
     else:
         move(dst, src, nbytes)
 
