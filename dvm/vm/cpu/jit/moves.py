@@ -65,20 +65,21 @@ def move_short(dst, src, nbytes):
     while k + 32 <= nbytes:
         move(dst + k, src + k, 32)
         k += 32
-    if k + 16 <= nbytes:
-        move(dst + k, src + k, 16)
-        k += 16
-    if k + 8 <= nbytes:
-        move(dst + k, src + k, 8)
-        k += 8
-    if k + 4 <= nbytes:
-        move(dst + k, src + k, 4)
-        k += 4
-    if k + 2 <= nbytes:
-        move(dst + k, src + k, 2)
-        k += 2
-    if k < nbytes:
-        move(dst + k, src + k, 1)
+    k = _piece(dst, src, k, nbytes, 16)
+    k = _piece(dst, src, k, nbytes, 8)
+    k = _piece(dst, src, k, nbytes, 4)
+    k = _piece(dst, src, k, nbytes, 2)
+    _piece(dst, src, k, nbytes, 1)
+
+
+@njit(inline='always', **OPTS)
+def _piece(dst, src, k, nbytes, n):
+    """Bytes k .. k + n - 1 when they are in the run (n a constant where inlined: one vector or
+    scalar move); the next k."""
+    if k + n <= nbytes:
+        move(dst + k, src + k, n)
+        return k + n
+    return k
 
 
 @njit(inline='always', **OPTS)   # per row of a tile: a call costs more than a short row's move
