@@ -81,6 +81,7 @@ _ATTENTION_CALLS = {fx_sdpa.sdpa_keep_mask: fx_sdpa.REASON, fx_attention.attenti
                     fx_attention_bias.attention_biased: fx_attention_bias.REASON,
                     fx_attention_math.attention_guarded: fx_attention_math.REASON}
 
+
 class Planner:
     def __init__(self, gm: fx.GraphModule, prefix_last: fx.Node | None = None):
         """prefix_last: the last of the size-only nodes moved to the graph's start
