@@ -30,8 +30,8 @@ it is), q, k, v and the mask are float32 or float64 CPU tensors of one dtype, th
 many dims as q and the softmax is over the last one. Not in half precision: eager rounds the
 scores to bf16 or f16 between its steps where the kernel keeps them in f32, further apart than
 assert_close allows. The results agree with the chain's within rounding (the flash kernel sums
-in blocks, and its scale multiplies q . k once) on finite inputs; where q, k or v is not finite the call runs the math as written
-(fx_attention_math: the kernel's NaN handling differs).
+in blocks, and its scale multiplies q . k once) on finite inputs; where q, k or v is not finite
+the call runs the math as written (fx_attention_math: the kernel's NaN handling differs).
 A row whose keys are all masked (-inf) gives 0 from _safe_softmax and from the flash kernel, NaN
 from the plain softmax: a chain with the plain softmax and a mask runs as attention_nan_rows,
 which writes NaN into those rows (found once per mask tensor and version).
