@@ -363,9 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run Inductor even with --quick")
     bm.add_argument("--repeat", type=int, default=None, metavar="N",
                     help=f"steady-state calls per (batch, length) after the stream; the median is reported "
-                         f"(default {bench_models.DEFAULT_REPEAT}; {bench_models.QUICK_REPEAT} with --quick; with --zoo: "
-                         f"rounds per cell at least, short calls get more, default {bench_zoo.REPEAT}, "
-                         f"{bench_zoo.QUICK_REPEAT} with --quick)")
+                         f"(default {bench_models.DEFAULT_REPEAT}; {bench_models.QUICK_REPEAT} with --quick; "
+                         f"with --zoo: rounds per cell at least, short calls get more, default "
+                         f"{bench_zoo.REPEAT}, {bench_zoo.QUICK_REPEAT} with --quick)")
     bm.add_argument("--zoo", action="store_true",
                     help="the model zoo (bench_zoo): 18 transformers architectures, each at every length x batch "
                          "x thread count, eager / Inductor dynamic=True (cold, warm) / DVM side by side; --quick: "
