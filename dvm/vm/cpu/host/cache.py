@@ -27,6 +27,8 @@ import warnings
 import numpy as np
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
+from .tuning import key_features
+
 
 def install(cache_owner, stamp: str) -> FunctionCache | None:
     """Give `cache_owner` (a numba Dispatcher or CFunc, called only by address or from Python) a
@@ -100,6 +102,11 @@ class _LeanImpl(CompileResultCacheImpl):
 
 class _LeanCache(FunctionCache):
     _impl_class = _LeanImpl
+
+    def _index_key(self, sig, codegen):
+        """numba's key with the codegen's vector-width preference left out (host/tuning)."""
+        sig_key, magic, code = super()._index_key(sig, codegen)
+        return sig_key, magic[:2] + (key_features(magic[2]),) + magic[3:], code
 
     def load_overload(self, sig, target_context):
         """numba's load of a cached overload without its `target_context.refresh()` where the

@@ -31,7 +31,7 @@ from numba.core.ccallback import CFunc
 from numba.core.compiler_lock import global_compiler_lock
 
 from .. import abi
-from . import cache
+from . import cache, tuning
 from .decode import DECODE
 
 CORE, FAST = 0, 1
@@ -133,7 +133,7 @@ def _closure(module: str) -> tuple[str, ...]:
 def source_hash(piece: Piece) -> str:
     """A hash of the sources of every module the piece's module imports, transitively, and of the
     piece's name and function: its disk-cache stamp."""
-    h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}".encode())
+    h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}".encode())
     for m in _closure(piece.module):
         h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]

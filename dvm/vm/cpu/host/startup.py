@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .. import abi
-from . import pieces
+from . import pieces, tuning
 from .pieces import CORE, FAST, PIECES, install, loaded, say
 
 ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ensure_core has run
@@ -129,6 +129,8 @@ class _Build:
         cmd = [sys.executable, "-m", "dvm.vm.cpu.host.build"] + (["--background"] if background else [])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [_project_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        if tuning.build_features() is not None:   # the pieces' vector width (host/tuning)
+            env["NUMBA_CPU_FEATURES"] = tuning.build_features()
         self.procs = [subprocess.Popen(cmd + g, env=env, stdin=subprocess.DEVNULL) for g in groups]
 
     def wait_all(self) -> None:
