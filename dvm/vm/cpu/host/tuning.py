@@ -2,10 +2,9 @@
 
 LLVM tunes every AVX-512 CPU model to prefer 256-bit vectors (its `prefer-256-bit` feature: on the
 first AVX-512 Xeons, 512-bit instructions lower the core's clock). The VM's loops are float32
-math over whole tiles; with 512-bit vectors the same loops ran 1.3-1.5x faster on an Emerald
-Rapids core (GELU over 262,144 lanes 403 -> 266 us, SiLU times b 181 -> 139 us, tanh-GELU 448 ->
-313 us). So the build processes (host/startup) compile the pieces with that preference turned off
-on AVX-512 CPUs, except the models whose clock drops (NARROW_CPUS).
+math over whole tiles, which run 1.3-1.5x faster with 512-bit vectors on later models
+(docs/DECISIONS.md, Start-up). So the build processes (host/startup) compile the pieces with that
+preference turned off on AVX-512 CPUs, except the models whose clock drops (NARROW_CPUS).
 
 Invariant: only the width of the vectors changes, never a lane's arithmetic. The VM's math has
 explicit FMAs and at most fastmath `contract` (never `reassoc`: no reduction is reordered by the
