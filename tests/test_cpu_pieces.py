@@ -3,6 +3,7 @@ the sources it is built from, processes that start together compile a piece once
 lean cache stores machine code without numba's linking module, and the VM runs every program on
 its generic paths alone (the fast pieces out of the table) with the results it has with them."""
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 
 from dvm.vm.cpu import abi
 from dvm.vm.cpu.host import cache as cpu_cache
-from dvm.vm.cpu.host import pieces
+from dvm.vm.cpu.host import pieces, tuning
 
 
 @pytest.fixture(autouse=True)
@@ -102,6 +103,39 @@ def test_a_cache_entry_of_other_sources_is_not_loaded(tmp_path, monkeypatch):
     c = cpu_cache.install(fresh, "stamp-b")
     assert c.load_overload((numba.int64,), fresh.targetctx) is None
     sys.modules.pop("tiny_vm3", None)
+
+
+_WIDE_BUILD = textwrap.dedent("""
+    import sys
+    import numba
+    sys.path.insert(0, sys.argv[1])
+    import tiny_wide
+    from dvm.vm.cpu.host import cache
+    cache.install(tiny_wide.plus_one, "stamp-w")
+    tiny_wide.plus_one.compile((numba.int64,))
+    print(tiny_wide.plus_one.targetctx.codegen().magic_tuple()[2].split(",")[-1])
+""")
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the width preference is an x86 feature")
+def test_code_built_with_the_width_preference_loads_in_a_process_without_it(tmp_path, monkeypatch):
+    """The cache key leaves host/tuning's preference out: the build processes have it, the loading
+    process does not."""
+    from numba.core.codegen import get_host_cpu_features
+    (tmp_path / "tiny_wide.py").write_text(_MODULE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+               NUMBA_CPU_FEATURES=f"{get_host_cpu_features()},{tuning.WIDE}")
+    out = subprocess.run([sys.executable, "-c", _WIDE_BUILD, str(tmp_path)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == tuning.WIDE   # the build's codegen had the preference
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tiny_wide
+    fresh = numba.njit(tiny_wide.plus_one.py_func)
+    c = cpu_cache.install(fresh, "stamp-w")
+    assert c.load_overload((numba.int64,), fresh.targetctx) is not None
+    sys.modules.pop("tiny_wide", None)
 
 
 _LEAN_MODULE = textwrap.dedent("""

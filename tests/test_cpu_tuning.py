@@ -1,17 +1,15 @@
 """The CPU VM's vector width (dvm/vm/cpu/host/tuning.py): the build processes and the loading
-process agree on the pieces' stamp, the disk cache key leaves the width preference out, a user's
-NUMBA_CPU_FEATURES wins, and 512-bit code computes the 256-bit code's values bit for bit."""
+process agree on the pieces' stamp, a user's NUMBA_CPU_FEATURES wins, and 512-bit code computes
+the 256-bit code's values bit for bit (the cache key's part: tests/test_cpu_pieces.py)."""
 import os
 import platform
 import subprocess
 import sys
 import textwrap
 
-import numba
 import numpy as np
 import pytest
 
-from dvm.vm.cpu.host import cache as cpu_cache
 from dvm.vm.cpu.host import tuning
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -76,41 +74,6 @@ def test_a_build_process_computes_the_stamp_the_loading_process_computes(monkeyp
                          env=_env(**extra), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == here
-
-
-_TINY = textwrap.dedent("""
-    from numba import njit
-
-    @njit
-    def plus_one(x):
-        return x + 1
-""")
-
-_WIDE_BUILD = textwrap.dedent("""
-    import sys
-    import numba
-    sys.path.insert(0, sys.argv[1])
-    import tiny_wide
-    from dvm.vm.cpu.host import cache
-    cache.install(tiny_wide.plus_one, "stamp-w")
-    tiny_wide.plus_one.compile((numba.int64,))
-    print(tiny_wide.plus_one.targetctx.codegen().magic_tuple()[2].split(",")[-1])
-""")
-
-
-@pytest.mark.skipif(not _X86, reason="the width preference is an x86 feature")
-def test_code_built_with_the_width_preference_loads_in_a_process_without_it(tmp_path, monkeypatch):
-    (tmp_path / "tiny_wide.py").write_text(_TINY)
-    out = subprocess.run([sys.executable, "-c", _WIDE_BUILD, str(tmp_path)], capture_output=True, text=True,
-                         env=_env(NUMBA_CPU_FEATURES=f"{_host_features()},{tuning.WIDE}"), timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == tuning.WIDE   # the build's codegen had the preference
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import tiny_wide
-    fresh = numba.njit(tiny_wide.plus_one.py_func)
-    c = cpu_cache.install(fresh, "stamp-w")
-    assert c.load_overload((numba.int64,), fresh.targetctx) is not None
-    sys.modules.pop("tiny_wide", None)
 
 
 # the VM's float32 math over lanes (jit/mathf), as its kernels call it: one loop per function
