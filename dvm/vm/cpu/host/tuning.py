@@ -13,9 +13,9 @@ vectorizer), so 512-bit code gives the 256-bit code's results bit for bit.
 A user's NUMBA_CPU_FEATURES is left alone: the pieces are then built with exactly those features.
 Nothing changes in the user's process: only the build processes get the features. The disk cache
 key (host/cache) leaves the preference out (`key_features`): a piece compiled in the user's
-process (where its build process failed) loads as well. The pieces' source stamp
-(host/pieces.source_hash) includes `stamp()`, so code built before this choice is not loaded
-for it.
+process (where its build process failed; numba's default width there) loads as well. The pieces'
+source stamp (host/pieces.source_hash) includes `stamp()`, so code built before this choice is
+not loaded for it.
 """
 from __future__ import annotations
 
