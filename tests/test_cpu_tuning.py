@@ -76,20 +76,14 @@ def test_a_build_process_computes_the_stamp_the_loading_process_computes(monkeyp
     assert out.stdout.strip() == here
 
 
-# the VM's float32 math over lanes (jit/mathf), as its kernels call it: one loop per function
+# the VM's float32 math over lanes (jit/mathf) in the VM's own tile loops (jit/loops.loop1)
 _MATH = textwrap.dedent("""
     import sys
     import numpy as np
     from numba import njit
     from dvm.vm.cpu.jit.bits import OPTS
+    from dvm.vm.cpu.jit.loops import loop1
     from dvm.vm.cpu.jit.mathf import erff, expf, geluf, gelu_tanhf, log1pf, logf, sigmoid_into, tanhf
-
-    def loop(f):
-        @njit(**OPTS)
-        def run(o, a):
-            for i in range(a.shape[0]):
-                o[i] = f(a[i])
-        return run
 
     @njit(**OPTS)
     def silu(o, a):
@@ -97,7 +91,7 @@ _MATH = textwrap.dedent("""
 
     a = np.fromfile(sys.argv[1], np.float32)
     outs = []
-    for run in [loop(f) for f in (erff, expf, geluf, gelu_tanhf, log1pf, logf, tanhf)] + [silu]:
+    for run in [loop1(f) for f in (erff, expf, geluf, gelu_tanhf, log1pf, logf, tanhf)] + [silu]:
         o = np.empty_like(a)
         run(o, a)
         outs.append(o)
