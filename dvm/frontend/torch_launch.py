@@ -157,10 +157,14 @@ def _untracked_key(key: tuple) -> tuple:
 def _direct(outs: tuple, run: Callable) -> Callable:
     """tensors -> the outputs, freshly allocated, of `run` on their addresses: a launch with no
     input to resolve or copy and no huge output, as one function (see _TensorLaunch.direct)."""
+    if hasattr(run, "caller"):   # the VM's own one-function form (VM.bind)
+        return run.caller(tuple((_empty_strided_cpu, *spec) for spec in outs), counters.bump_cached_launch,
+                          _data_ptr)
+
     def call(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         made = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in outs]
         run([*map(_data_ptr, tensors), *map(_data_ptr, made)])
-        counters.bump_launch(True)
+        counters.bump_cached_launch()
         return made
     return call
 

@@ -232,13 +232,13 @@ class Launch:
             if single:
                 return lambda arrays: self(list(arrays))[0]
             return lambda arrays: tuple(self(list(arrays)))
-        run, bump, outs = self._bound, counters.bump_launch, self._outs
-        if single and hasattr(run, "caller"):   # a chain of small kernels, one output
-            return run.caller(outs[0], bump)
+        run, outs = self._bound, self._outs
+        if hasattr(run, "caller"):   # a chain of small kernels
+            return run.caller(outs, counters.bump_cached_launch, single=single)
 
         def call(arrays: Sequence[np.ndarray]):
             made = [alloc(shape, dt) for alloc, shape, dt in outs]
-            bump(True)
+            counters.bump_cached_launch()
             run([data_ptr(a) for a in arrays] + [data_ptr(o) for o in made])
             return made[0] if single else tuple(made)
         return call

@@ -56,5 +56,7 @@ class VM(ABC):
         """A launcher for `layout` on buffers given by address, their element counts fixed to
         `numels` (the cached launch path: the caller guarantees buffers of the dtypes and extents
         that passed check_buffers and keeps them alive during the call); None when the VM runs on
-        buffer objects only."""
+        buffer objects only. The launcher may also offer `caller(outs, on_launch, ptr, single)`:
+        one function allocating the outputs and running on the inputs' and their addresses
+        (vm/cpu/host/launch._ChainRunner.caller); callers check for it with hasattr."""
         return None

@@ -1,8 +1,8 @@
 """The CPU VM's cached launch path: a verified program bound once to its buffers' element counts,
 then called with nothing but the buffers' addresses (runtime.compiled.Launch keeps one per call
 signature). A launch of small kernels goes straight to numba's compiled entry of run_units;
-`_ChainRunner.caller` also folds the output's allocation and the launch count into one function
-for a builder kernel with one output.
+`_ChainRunner.caller` also folds the outputs' allocation and the launch count into one function
+(a builder kernel's cached call, a torch segment's direct call).
 """
 from __future__ import annotations
 
@@ -70,33 +70,31 @@ class _ChainRunner:
         """A run with its own address table (another thread holds the runner's)."""
         return self.entry(0, -1, self.chain, TABLE, np.array([*addrs, *self.numels], np.int64), NO_SCHED, False)
 
-    def caller(self, out: tuple, on_launch: Callable[[bool], None]) -> Callable:
-        """A function (input arrays) -> output running this chain on the inputs and a fresh
-        output (`out`: allocator, shape, dtype; the runner's last buffer), with on_launch(True)
-        per call. The same steps as Launch.cached_call's general form and __call__, without the
-        lists and calls between them."""
+    def caller(self, outs: tuple, on_launch: Callable[[], object], ptr: Callable[[object], int] = data_ptr,
+               single: bool = False) -> Callable:
+        """A function (inputs) -> outputs running this chain on the inputs and fresh outputs, with
+        on_launch() per call. outs: one (allocator, *its arguments) per output (the runner's
+        last buffers); ptr: an input's or output's address (NumPy arrays by default; the torch
+        frontend passes its tensors' data_ptr). It returns the output itself when `single` (one
+        output), else the tuple of outputs. The same steps as __call__ in one function, without
+        the address list and the calls between them (a segment of a model's forward: ~1 us a
+        launch)."""
         entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
-        alloc, shape, dtype = out
-        ptr = data_ptr
+        one = len(outs) == 1
+        alloc1, args1 = (outs[0][0], tuple(outs[0][1:])) if one else (None, ())
 
         def call(arrays):
-            o = alloc(shape, dtype)
-            on_launch(True)
-            n = len(arrays)
+            made = (alloc1(*args1),) if one else tuple([alloc(*args) for alloc, *args in outs])
+            on_launch()
             if lock.acquire(False):
                 try:
-                    if n == 1:
-                        pack(table, 0, ptr(arrays[0]), ptr(o))
-                    elif n == 2:
-                        pack(table, 0, ptr(arrays[0]), ptr(arrays[1]), ptr(o))
-                    else:
-                        pack(table, 0, *[ptr(a) for a in arrays], ptr(o))
+                    pack(table, 0, *map(ptr, arrays), *map(ptr, made))
                     err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
                 finally:
                     lock.release()
             else:
-                err = fresh(*[ptr(a) for a in arrays], ptr(o))
+                err = fresh(*map(ptr, arrays), *map(ptr, made))
             if err:
                 check(err)
-            return o
+            return made[0] if single else made
         return call
