@@ -57,6 +57,6 @@ class VM(ABC):
         `numels` (the cached launch path: the caller guarantees buffers of the dtypes and extents
         that passed check_buffers and keeps them alive during the call); None when the VM runs on
         buffer objects only. The launcher may also offer `caller(outs, on_launch, ptr, single)`:
-        one function allocating the outputs and running on the inputs' and their addresses
+        one function that allocates the outputs and runs on the inputs' and outputs' addresses
         (vm/cpu/host/launch._ChainRunner.caller); callers check for it with hasattr."""
         return None

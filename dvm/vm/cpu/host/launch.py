@@ -77,8 +77,7 @@ class _ChainRunner:
         last buffers); ptr: an input's or output's address (NumPy arrays by default; the torch
         frontend passes its tensors' data_ptr). It returns the output itself when `single` (one
         output), else the tuple of outputs. The same steps as __call__ in one function, without
-        the address list and the calls between them (a segment of a model's forward: ~1 us a
-        launch)."""
+        the address list and the calls between them."""
         entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
         n_in = len(self.numels) - len(outs)
         if len(outs) != 1 or n_in not in (1, 2):
