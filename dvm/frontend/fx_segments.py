@@ -296,6 +296,25 @@ class Planner:
                 raise Unsupported(f"FX op {n.op}")
         if self.open is not None and self.open.writes:   # its results go into inputs only
             self.close()
+        self.steps = [x for step in self.steps for x in self._lone_gelu_in_torch(step)]
+
+    def _lone_gelu_in_torch(self, step) -> list:
+        """[step], or, for a segment that computes one exact GELU of a PyTorch value and takes
+        views of it, that GELU and those views as PyTorch steps (GELU_IN_TORCH)."""
+        seg = step.segment if isinstance(step, SegmentStep) else None
+        if seg is None or seg.writes or not LONE_GELU_IN_TORCH or not _lone_gelu(seg):
+            return [step]
+        self.segments.remove(seg)
+        out = []
+        for m in seg.members:
+            del self.seg_of[m]
+            if m.target in T.VIEW_OPS:
+                self.torch_views.add(m)
+                out.append(TorchStep(m, "view"))
+            else:
+                out.append(TorchStep(m, "torch", GELU_IN_TORCH))
+            self.ready.add(m)
+        return out
 
     def visit(self, n: fx.Node) -> None:
         if n in self.absorbed:          # computed by its match's root (or planned there)
@@ -378,6 +397,31 @@ class Planner:
             kind = "python" if reason == "python" else "fallback"
         self.steps.append(TorchStep(n, kind, reason))
         self.ready.add(n)
+
+
+_GELU = torch.ops.aten.gelu.default
+GELU_IN_TORCH = ("exact GELU alone: PyTorch's kernel, 2-3x faster per element than the VM's (accurate to 3.5 ULP); "
+                 "fused with nothing, the VM would save no pass")
+LONE_GELU_IN_TORCH = True   # off: such a GELU is a segment of its own (tests compare the two)
+
+
+def _lone_gelu(seg: Segment) -> bool:
+    """seg's members are one exact float32 GELU of a PyTorch value and views of its result."""
+    gelus = [m for m in seg.members if m.target is _GELU]
+    if len(gelus) != 1 or not all(m is gelus[0] or m.target in T.VIEW_OPS for m in seg.members):
+        return False
+    g = gelus[0]
+    approximate = g.kwargs.get("approximate", g.args[1] if len(g.args) > 1 else "none")
+    x, v = g.args[0], fake(g)
+    if approximate != "none" or not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or x not in seg.inputs:
+        return False
+    made = {g}
+    for m in seg.members:   # (graph order) every view reads the GELU's result or a view of it
+        if m is not g:
+            if m.args[0] not in made:
+                return False
+            made.add(m)
+    return True
 
 
 def _numel(shape):
