@@ -1,4 +1,4 @@
-"""The planner's lone exact GELU (fx_segments.GELU_IN_TORCH): a float32 GELU that would be a
+"""The planner's lone exact GELU (frontend/fx_lone_gelu): a float32 GELU that would be a
 segment of its own (with views of its result) runs as PyTorch's kernel, bitwise eager's; a GELU
 fused with anything, the tanh form and other dtypes stay in DVM."""
 import os
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import dvm.frontend.torch_backend as tb  # noqa: E402
-from dvm.frontend import fx_segments  # noqa: E402
+from dvm.frontend import fx_lone_gelu  # noqa: E402
 
 pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
 
@@ -44,7 +44,7 @@ def test_lone_gelu_between_linears_is_pytorchs_and_bitwise_eager():
         with torch.no_grad():
             assert torch.equal(cf(*x), f(*x)), n
     text = tb.explain_model(f, *_args(5))
-    assert fx_segments.GELU_IN_TORCH in text and "aten.gelu.default x1" in text
+    assert fx_lone_gelu.REASON in text and "aten.gelu.default x1" in text
     assert "0 DVM segment(s)" in text
 
 
@@ -56,7 +56,7 @@ def test_views_of_the_gelu_go_with_it():
         torch._dynamo.reset()
         got = torch.compile(f, backend="dvm", dynamic=True)(x)
         assert torch.equal(got, f(x)), n
-    assert fx_segments.GELU_IN_TORCH in tb.explain_model(f, torch.randn(5, 8))
+    assert fx_lone_gelu.REASON in tb.explain_model(f, torch.randn(5, 8))
 
 
 @pytest.mark.parametrize("name,fn,dtype", [
@@ -69,7 +69,7 @@ def test_other_gelus_stay_in_dvm(name, fn, dtype):
     def f(x):
         return fn(x.to(dtype) if dtype != torch.float32 else x)
     text = tb.explain_model(f, torch.randn(6, 8))
-    assert fx_segments.GELU_IN_TORCH not in text, name
+    assert fx_lone_gelu.REASON not in text, name
     assert "1 DVM segment(s)" in text, name
     for n in SIZES:
         x = torch.randn(n, 8)
@@ -78,10 +78,10 @@ def test_other_gelus_stay_in_dvm(name, fn, dtype):
 
 
 def test_switched_off_the_gelu_is_a_segment_of_its_own(monkeypatch):
-    monkeypatch.setattr(fx_segments, "LONE_GELU_IN_TORCH", False)
+    monkeypatch.setattr(fx_lone_gelu, "ENABLED", False)
     f = _mlp(F.gelu)
     text = tb.explain_model(f, *_args(5))
-    assert fx_segments.GELU_IN_TORCH not in text and "1 DVM segment(s)" in text
+    assert fx_lone_gelu.REASON not in text and "1 DVM segment(s)" in text
     for n in SIZES:
         x = _args(n)
         torch._dynamo.reset()

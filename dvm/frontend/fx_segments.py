@@ -24,7 +24,7 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
-from . import fx_attention, fx_attention_bias, fx_attention_math, fx_patterns, fx_sdpa, fx_updates
+from . import fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_sdpa, fx_updates
 from .aten_table import Unsupported
 from .fx_syms import Syms
 from .gpu_arrays import device_supported
@@ -300,9 +300,9 @@ class Planner:
 
     def _lone_gelu_in_torch(self, step) -> list:
         """[step], or, for a segment that computes one exact GELU of a PyTorch value and takes
-        views of it, that GELU and those views as PyTorch steps (GELU_IN_TORCH)."""
+        views of it, that GELU and those views as PyTorch steps (fx_lone_gelu)."""
         seg = step.segment if isinstance(step, SegmentStep) else None
-        if seg is None or seg.writes or not LONE_GELU_IN_TORCH or not _lone_gelu(seg):
+        if seg is None or seg.writes or not fx_lone_gelu.ENABLED or not fx_lone_gelu.lone_gelu(seg):
             return [step]
         self.segments.remove(seg)
         out = []
@@ -312,7 +312,7 @@ class Planner:
                 self.torch_views.add(m)
                 out.append(TorchStep(m, "view"))
             else:
-                out.append(TorchStep(m, "torch", GELU_IN_TORCH))
+                out.append(TorchStep(m, "torch", fx_lone_gelu.REASON))
             self.ready.add(m)
         return out
 
@@ -397,31 +397,6 @@ class Planner:
             kind = "python" if reason == "python" else "fallback"
         self.steps.append(TorchStep(n, kind, reason))
         self.ready.add(n)
-
-
-_GELU = torch.ops.aten.gelu.default
-GELU_IN_TORCH = ("exact GELU alone: PyTorch's kernel, 2-3x faster per element than the VM's (accurate to 3.5 ULP); "
-                 "fused with nothing, the VM would save no pass")
-LONE_GELU_IN_TORCH = True   # off: such a GELU is a segment of its own (tests compare the two)
-
-
-def _lone_gelu(seg: Segment) -> bool:
-    """seg's members are one exact float32 GELU of a PyTorch value and views of its result."""
-    gelus = [m for m in seg.members if m.target is _GELU]
-    if len(gelus) != 1 or not all(m is gelus[0] or m.target in T.VIEW_OPS for m in seg.members):
-        return False
-    g = gelus[0]
-    approximate = g.kwargs.get("approximate", g.args[1] if len(g.args) > 1 else "none")
-    x, v = g.args[0], fake(g)
-    if approximate != "none" or not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or x not in seg.inputs:
-        return False
-    made = {g}
-    for m in seg.members:   # (graph order) every view reads the GELU's result or a view of it
-        if m is not g:
-            if m.args[0] not in made:
-                return False
-            made.add(m)
-    return True
 
 
 def _numel(shape):

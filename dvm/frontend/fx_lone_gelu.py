@@ -1,0 +1,40 @@
+"""An exact float32 GELU that would be a DVM segment of its own runs as PyTorch's kernel.
+
+The VM's GELU is accurate to 3.5 ULP (PyTorch's: up to 49) and takes 2.8-3.3x the time of
+PyTorch's per element on two threads, from 2 K to 1 M elements; alone, fusing it saves no memory
+pass. So after planning, a segment whose members are one exact float32 GELU of a PyTorch value
+and views of its result becomes PyTorch steps (fx_segments.Planner._lone_gelu_in_torch), and the
+result is eager's bit for bit. The tanh form (the VM's is faster from ~128 K elements), other
+dtypes and a GELU fused with anything stay in DVM. docs/DECISIONS.md, "A segment of one op".
+"""
+from __future__ import annotations
+
+import torch
+
+from . import aten_table as T
+
+REASON = ("exact GELU alone: PyTorch's kernel, 2-3x faster per element than the VM's (accurate to 3.5 ULP); "
+          "fused with nothing, the VM would save no pass")
+ENABLED = True   # off: such a GELU is a segment of its own (tests compare the two)
+_GELU = torch.ops.aten.gelu.default
+
+
+def lone_gelu(seg) -> bool:
+    """seg's members (fx_segments.Segment) are one exact float32 GELU of a PyTorch value (one of
+    seg.inputs) and views of its result."""
+    gelus = [m for m in seg.members if m.target is _GELU]
+    if len(gelus) != 1 or not all(m is gelus[0] or m.target in T.VIEW_OPS for m in seg.members):
+        return False
+    g = gelus[0]
+    approximate = g.kwargs.get("approximate", g.args[1] if len(g.args) > 1 else "none")
+    v = g.meta.get("val")
+    if approximate != "none" or not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or \
+            g.args[0] not in seg.inputs:
+        return False
+    made = {g}
+    for m in seg.members:   # (graph order) every view reads the GELU's result or a view of it
+        if m is not g:
+            if m.args[0] not in made:
+                return False
+            made.add(m)
+    return True
