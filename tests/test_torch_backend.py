@@ -229,6 +229,24 @@ def test_explain_reports_segments_and_fallbacks():
     assert "fallback aten.cumsum.default" in text and "counters" in text
 
 
+def test_explain_reports_this_calls_graph_once_the_history_is_full():
+    from dvm.frontend.torch_runtime import COMPILED
+
+    class Old:
+        def describe(self):
+            return "an older graph"
+    kept = list(COMPILED)
+    try:
+        for _ in range(COMPILED.maxlen):
+            COMPILED.append(Old())
+        torch._dynamo.reset()
+        text = tb.explain_model(lambda x: torch.softmax(x, -1) * 2, torch.randn(6, 5))
+    finally:
+        COMPILED.clear()
+        COMPILED.extend(kept)
+    assert "an older graph" not in text and "1 ATen graph(s)" in text and "DVM segment" in text
+
+
 def test_entry_point_without_import():
     code = ("import torch; f = torch.compile(lambda x: (x * 2).exp(), backend='dvm', dynamic=True); "
             "x = torch.randn(5, 3); torch.testing.assert_close(f(x), (x * 2).exp()); "

@@ -108,14 +108,16 @@ def compile(model=None, **kwargs):  # noqa: A001 (mirrors torch.compile)
 
 def explain_model(model, *inputs, **kwargs) -> str:
     """Compile `model` with the DVM backend, run it once on `inputs`, and report what fused."""
-    start = len(COMPILED)
     before = counters.snapshot()
     compiled = model if hasattr(model, "_torchdynamo_orig_callable") else compile(model)
     out = compiled(*inputs, **kwargs)
-    graphs = list(COMPILED)[start:] if len(COMPILED) > start else list(COMPILED)[-2:]
+    after = counters.snapshot()
+    # the graphs this call compiled: counted (COMPILED keeps only the recent ones, so its length
+    # stops growing); none (a model compiled before): the last ones
+    made = after.get("torch_graphs_compiled", 0) - before.get("torch_graphs_compiled", 0)
+    graphs = list(COMPILED)[-made:] if made > 0 else list(COMPILED)[-2:]
     lines = [f"dvm torch backend: {len(graphs)} ATen graph(s) compiled in this call"]
     lines += [g.describe() for g in graphs]
-    after = counters.snapshot()
     delta = {k: v - before.get(k, 0) for k, v in after.items()
              if isinstance(v, int) and v != before.get(k, 0) and not k.startswith(("view:", "python:"))}
     lines.append("counters (this call): " + ", ".join(f"{k}={v}" for k, v in sorted(delta.items())))
