@@ -76,26 +76,17 @@ class _ChainRunner:
         on_launch() per call. outs: one (allocator, *its arguments) per output (the runner's
         last buffers); ptr: an input's or output's address (NumPy arrays by default; the torch
         frontend passes its tensors' data_ptr). It returns the output itself when `single` (one
-        output), else the tuple of outputs. The same steps as __call__ in one function, without
-        the address list and the calls between them."""
-        entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
+        output), else the tuple of outputs. For one output of one or two inputs (most launches),
+        the same steps as __call__ in one function, without the address list between them."""
         n_in = len(self.numels) - len(outs)
         if len(outs) != 1 or n_in not in (1, 2):
             def call_any(arrays):
                 made = tuple([alloc(*args) for alloc, *args in outs])
                 on_launch()
-                if lock.acquire(False):
-                    try:
-                        pack(table, 0, *map(ptr, arrays), *map(ptr, made))
-                        err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
-                    finally:
-                        lock.release()
-                else:
-                    err = fresh(*map(ptr, arrays), *map(ptr, made))
-                if err:
-                    check(err)
+                self([*map(ptr, arrays), *map(ptr, made)])
                 return made[0] if single else made
             return call_any
+        entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
         # one output of one or two inputs (most launches): the addresses as plain arguments
         make = partial(*outs[0])
         one_in = n_in == 1
