@@ -15,6 +15,8 @@ DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all b
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_OPENMP         1 (default): where the process has an OpenMP runtime loaded (PyTorch's), the CPU VM's
                    parallel kernels run on its threads (vm/cpu/host/openmp); 0: on the VM's own workers
+DVM_SIBLING_MB     MiB of concatenated weights that linears of one input, merged into one matrix product
+                   (frontend/fx_sibling_linears), may hold in all (default 256; 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
                    0: sleep at once; vm/cpu/jit/sync)
 DVM_VERIFY         1: accuracy verification mode (tools/verify): every torch-backend segment that runs
@@ -47,6 +49,7 @@ class Config:
     openmp: bool = True
     gpu_specialize: int = 2
     gpu_cache: str = ""
+    sibling_mb: int = 256
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -77,7 +80,8 @@ def config() -> Config:
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
                   os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),
-                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20))
+                  cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20),
+                  sibling_mb=_int("DVM_SIBLING_MB", 256, 0, 1 << 20))
 
 
 def reload() -> Config:

@@ -24,7 +24,8 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
-from . import fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_sdpa, fx_updates
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_sdpa,
+               fx_sibling_linears, fx_updates)
 from .aten_table import Unsupported
 from .fx_syms import Syms
 from .gpu_arrays import device_supported
@@ -377,6 +378,8 @@ class Planner:
             return
         if n.target in _ATTENTION_CALLS:
             return self.to_torch(n, _ATTENTION_CALLS[n.target])
+        if isinstance(n.target, fx_sibling_linears.WeightCat):
+            return self.to_torch(n, fx_sibling_linears.REASON)
         if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
             return
         reason = self.try_lower(n) if isinstance(n.target, torch._ops.OpOverload) else "python"

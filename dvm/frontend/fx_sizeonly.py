@@ -220,10 +220,11 @@ def _stamps(weights: tuple) -> tuple | None:
         return None
 
 
-def _same(stamps: tuple, weights: tuple) -> bool:
+def _same(stamps: tuple, weights: tuple, stale: str = "torch_size_consts_stale") -> bool:
+    """The weights are the tensors of stamps, unchanged; else False, counted as `stale`."""
     for (ref, version, ptr), w in zip(stamps, weights):
         if ref() is not w or w._version != version or w.data_ptr() != ptr:
-            counters.bump("torch_size_consts_stale")
+            counters.bump(stale)
             return False
     return True
 
