@@ -81,7 +81,8 @@ def test_explain_names_the_concatenation():
     torch._dynamo.reset()   # (Dynamo would reuse another Block's graph)
     with torch.no_grad():
         text = tb.explain_model(model, _x(5))
-    assert "dvm.concat_weights x3" in text and fx_sibling_linears.REASON in text   # w of each group, qkv's bias
+    assert "dvm.concat_weights x1" in text and fx_sibling_linears.REASON in text   # one step for all groups
+    assert "torch_sibling_weights_concatenated=3" in text   # the weights of each group, q / k / v's biases
 
 
 def test_weights_updated_in_place_are_concatenated_again():
@@ -94,6 +95,8 @@ def test_weights_updated_in_place_are_concatenated_again():
         cm(_x(8, 1))
         assert dvm.counters().get("torch_sibling_weights_concatenated", 0) == made   # remembered
         model.k.weight.add_(0.5)
+        torch.testing.assert_close(cm(_x(8, 2)), model(_x(8, 2)))
+        assert dvm.counters().get("torch_sibling_weights_concatenated", 0) == made + 1   # q / k / v's only
         model.up.weight.mul_(-1.0)
         torch.testing.assert_close(cm(_x(8, 2)), model(_x(8, 2)))
         model.load_state_dict(Block().state_dict())

@@ -378,7 +378,7 @@ class Planner:
             return
         if n.target in _ATTENTION_CALLS:
             return self.to_torch(n, _ATTENTION_CALLS[n.target])
-        if isinstance(n.target, fx_sibling_linears.WeightCat):
+        if isinstance(n.target, fx_sibling_linears.WeightCats):
             return self.to_torch(n, fx_sibling_linears.REASON)
         if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
             return

@@ -10,10 +10,10 @@ weights: 0.65x the time of the three products on one thread). Each result is the
 same row and column, so the values are the separate products' (bitwise, with the BLAS PyTorch
 ships, in every size measured).
 
-The concatenation is a PyTorch step of the run graph (`WeightCat`, reason REASON) that remembers
-its result while every weight is the same tensor with the same version counter and data pointer
-(as fx_sizeonly's size-only values): an in-place update (`copy_`, `load_state_dict`, an optimizer
-step) makes it concatenate again. It holds a copy of the group's weights; groups are merged while
+The concatenations are one PyTorch step of the run graph, after its inputs (`WeightCats`, reason
+REASON: one call a forward), which remembers them while every weight is the same tensor with the
+same version counter and data pointer (as fx_sizeonly's size-only values): an in-place update
+(`copy_`, `load_state_dict`, an optimizer step) makes it concatenate that group again. It holds a copy of the group's weights; groups are merged while
 the process's total stays within `DVM_SIBLING_MB` (default 256 MiB; 0: off), reserved at compile
 time and held while the graph lives. Only the graph inputs AOTAutograd marks as parameters or
 buffers take part, so training graphs (whose weights need their own gradients) are left alone.
@@ -25,6 +25,7 @@ graph returns, is left as it was.
 """
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 
@@ -45,26 +46,35 @@ _budget_lock = threading.Lock()
 _bytes_used = [0]   # bytes of concatenated weights the rewrites of this process may keep
 
 
-class WeightCat:
-    """cat(tensors) along axis 0, remembered while the tensors are unchanged (one entry: the
-    weights of one group). An object per group, so that explain and counters name it."""
+class WeightCats:
+    """The concatenations (along axis 0) of a graph's groups of weights, remembered while the
+    tensors are unchanged: one call a forward for all of them (each call in a forward costs
+    10-30 µs at small sizes). An object per graph, so that explain and counters name it."""
     __name__ = "concat_weights"   # FX names a call_function node after its target
 
-    def __init__(self, reserved: int = 0) -> None:
-        self._memo: tuple | None = None   # (stamps of the tensors, their concatenation)
-        if reserved:   # bytes of the process's budget held for this concatenation while it lives
-            weakref.finalize(self, _release, reserved)
+    def __init__(self) -> None:
+        self.counts: list[int] = []       # tensors per concatenation, in argument order
+        self._stamps: tuple | None = None  # the tensors' stamps when _outs were made
+        self._outs: tuple = ()
 
-    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
-        memo = self._memo
-        if memo is not None and _same(memo[0], tensors, "torch_sibling_weights_stale"):
-            return memo[1]
-        out = torch.cat(tensors)
-        stamps = _stamps(tensors)
-        if stamps is not None:   # (inference tensors have no version counter: made at each call)
-            self._memo = (stamps, out)
-        counters.bump("torch_sibling_weights_concatenated")
-        return out
+    def hold(self, reserved: int) -> None:
+        """Keep `reserved` bytes of the process's budget while this object lives."""
+        weakref.finalize(self, _release, reserved)
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple:
+        old = self._stamps
+        if old is not None and _same(old, tensors, "torch_sibling_weights_stale"):
+            return self._outs
+        outs, at = [], 0
+        for k, n in enumerate(self.counts):   # concatenated again: the groups that changed
+            group, at = tensors[at:at + n], at + n
+            if old is not None and _same(old[at - n:at], group, None):
+                outs.append(self._outs[k])
+            else:
+                outs.append(torch.cat(group))
+                counters.bump("torch_sibling_weights_concatenated")
+        self._outs, self._stamps = tuple(outs), _stamps(tensors)   # (None: inference tensors)
+        return self._outs
 
     def __repr__(self) -> str:
         return "dvm.concat_weights"
@@ -175,8 +185,8 @@ def _nbytes(members: list[_Member]) -> int:
 
 
 def _take_budget(nbytes: int) -> bool:
-    """Reserve nbytes of DVM_SIBLING_MB for a group's concatenation (held until its WeightCat
-    is freed with its graph); False when they do not fit."""
+    """Reserve nbytes of DVM_SIBLING_MB for a group's concatenation (held until the graph's
+    WeightCats is freed with it); False when they do not fit."""
     with _budget_lock:
         if _bytes_used[0] + nbytes > config().sibling_mb << 20:
             return False
@@ -189,7 +199,7 @@ def _release(nbytes: int) -> None:
         _bytes_used[0] -= nbytes
 
 
-def _merge(gm: fx.GraphModule, members: list[_Member]) -> bool:
+def _merge(gm: fx.GraphModule, members: list[_Member], cats: "_Cats") -> bool:
     """Rewrite one group (see the module docstring); False (nothing changed) where a view read
     from a member's result cannot be taken on its slice of the wide product, or a result is
     returned, or the budget is spent."""
@@ -215,9 +225,11 @@ def _merge(gm: fx.GraphModule, members: list[_Member]) -> bool:
     if not _take_budget(nbytes):
         counters.bump("torch_sibling_linears_over_budget")
         return False
+    cats.reserved += nbytes
+    w_node = cats.add(tuple(m.w for m in members), w_cat)
+    b_node = cats.add(tuple(m.bias for m in members), b_cat) if b_cat is not None else None
     # before the first product: after every member's input, weight and t(W)
     with g.inserting_before(members[0].mm):
-        w_node = _node(g, WeightCat(nbytes), tuple(m.w for m in members), w_cat)
         x = first.mm.args[-2]
         if first.flat is not None:   # (each member flattened x alike: one view of it)
             x = _node(g, x.target, x.args, x_v, x.kwargs)
@@ -225,7 +237,6 @@ def _merge(gm: fx.GraphModule, members: list[_Member]) -> bool:
         if b_cat is None:
             wide = _node(g, aten.mm.default, (x, t_node), mm_v)
         else:
-            b_node = _node(g, WeightCat(), tuple(m.bias for m in members), b_cat)
             wide = _node(g, aten.addmm.default, (b_node, x, t_node), mm_v)
         if first.back is not None:
             wide = _node(g, first.back.target, (wide, back_shape), wide_v)
@@ -247,16 +258,47 @@ def _node(g: fx.Graph, target, args: tuple, val, kwargs: dict | None = None) -> 
     return n
 
 
+class _Cats:
+    """The graph's one WeightCats node, after its placeholders, and a getitem per concatenation."""
+
+    def __init__(self, g: fx.Graph):
+        self.g, self.fn, self.args, self.reserved = g, WeightCats(), [], 0
+        last = [n for n in g.nodes if n.op == "placeholder"][-1]
+        with g.inserting_after(last):
+            self.node = g.call_function(self.fn, ())
+        self.node.meta["val"] = ()
+
+    def add(self, tensors: tuple, val) -> fx.Node:
+        """A node of the concatenation of the tensors (FX nodes) whose fake value is val."""
+        with self.g.inserting_after(self.node):
+            out = _node(self.g, operator.getitem, (self.node, len(self.fn.counts)), val)
+        self.fn.counts.append(len(tensors))
+        self.args += tensors
+        self.node.meta["val"] = (*self.node.meta["val"], val)
+        return out
+
+    def finish(self) -> None:
+        if self.fn.counts:
+            self.node.args = tuple(self.args)
+            self.fn.hold(self.reserved)
+        else:
+            self.g.erase_node(self.node)
+
+
 def rewrite(gm: fx.GraphModule, weights: frozenset) -> int:
     """Merge the groups of sibling linears of gm (an inference graph; weights: its parameter and
     buffer placeholders). Returns the number of groups merged."""
     if not ENABLED or not weights or config().sibling_mb == 0:
         return 0
-    merged = 0
-    for members in _groups(gm, weights):
-        if _merge(gm, members):
+    groups = _groups(gm, weights)
+    if not groups:
+        return 0
+    cats, merged = _Cats(gm.graph), 0
+    for members in groups:
+        if _merge(gm, members, cats):
             merged += 1
             counters.bump("torch_sibling_linears", len(members))
+    cats.finish()
     if merged:
         gm.graph.lint()
         gm.recompile()

@@ -220,11 +220,12 @@ def _stamps(weights: tuple) -> tuple | None:
         return None
 
 
-def _same(stamps: tuple, weights: tuple, stale: str = "torch_size_consts_stale") -> bool:
-    """The weights are the tensors of stamps, unchanged; else False, counted as `stale`."""
+def _same(stamps: tuple, weights: tuple, stale: str | None = "torch_size_consts_stale") -> bool:
+    """The weights are the tensors of stamps, unchanged; else False, counted as `stale` (if any)."""
     for (ref, version, ptr), w in zip(stamps, weights):
         if ref() is not w or w._version != version or w.data_ptr() != ptr:
-            counters.bump(stale)
+            if stale:
+                counters.bump(stale)
             return False
     return True
 

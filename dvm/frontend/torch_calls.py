@@ -37,6 +37,7 @@ _SAME_OP: dict = {
     aten.mm.default: torch.mm,
     aten.bmm.default: torch.bmm,
     aten.addmm.default: torch.addmm,
+    aten.embedding.default: torch.embedding,
     aten.neg.default: torch.neg,
     aten.cat.default: torch.cat,
 }
