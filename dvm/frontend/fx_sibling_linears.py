@@ -13,9 +13,10 @@ ships, in every size measured).
 The concatenations are one PyTorch step of the run graph, after its inputs (`WeightCats`, reason
 REASON: one call a forward), which remembers them while every weight is the same tensor with the
 same version counter and data pointer (as fx_sizeonly's size-only values): an in-place update
-(`copy_`, `load_state_dict`, an optimizer step) makes it concatenate that group again. It holds a copy of the group's weights; groups are merged while
-the process's total stays within `DVM_SIBLING_MB` (default 256 MiB; 0: off), reserved at compile
-time and held while the graph lives. Only the graph inputs AOTAutograd marks as parameters or
+(`copy_`, `load_state_dict`, an optimizer step) makes it concatenate that group again. It holds a
+copy of the groups' weights; groups are merged while the process's total stays within
+`DVM_SIBLING_MB` (default 256 MiB; 0: off), reserved at compile time and held while the graph
+lives. Only the graph inputs AOTAutograd marks as parameters or
 buffers take part, so training graphs (whose weights need their own gradients) are left alone.
 
 The members' results become strided views (slices of the wide product's last axis). Views read
@@ -53,28 +54,29 @@ class WeightCats:
     __name__ = "concat_weights"   # FX names a call_function node after its target
 
     def __init__(self) -> None:
-        self.counts: list[int] = []       # tensors per concatenation, in argument order
-        self._stamps: tuple | None = None  # the tensors' stamps when _outs were made
-        self._outs: tuple = ()
+        self.counts: list[int] = []   # tensors per concatenation, in argument order
+        self._memo: tuple = (None, ())   # (the tensors' stamps or None, the concatenations): one
+        # attribute, so that a thread never reads one call's stamps with another's results
 
     def hold(self, reserved: int) -> None:
         """Keep `reserved` bytes of the process's budget while this object lives."""
         weakref.finalize(self, _release, reserved)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple:
-        old = self._stamps
+        old, made = self._memo
         if old is not None and _same(old, tensors, "torch_sibling_weights_stale"):
-            return self._outs
+            return made
         outs, at = [], 0
         for k, n in enumerate(self.counts):   # concatenated again: the groups that changed
             group, at = tensors[at:at + n], at + n
             if old is not None and _same(old[at - n:at], group, None):
-                outs.append(self._outs[k])
+                outs.append(made[k])
             else:
                 outs.append(torch.cat(group))
                 counters.bump("torch_sibling_weights_concatenated")
-        self._outs, self._stamps = tuple(outs), _stamps(tensors)   # (None: inference tensors)
-        return self._outs
+        made = tuple(outs)
+        self._memo = (_stamps(tensors), made)   # (stamps None: inference tensors, made each call)
+        return made
 
     def __repr__(self) -> str:
         return "dvm.concat_weights"
@@ -181,7 +183,8 @@ def _retrace_views(node: fx.Node, value, out: dict) -> bool:
 
 def _nbytes(members: list[_Member]) -> int:
     """Bytes of the group's weights and biases (what their concatenations hold)."""
-    return sum(v.numel() * v.element_size() for m in members for v in map(_val, (m.w, m.bias)) if v is not None)
+    vals = [_val(a) for m in members for a in (m.w, m.bias) if a is not None]
+    return sum(v.numel() * v.element_size() for v in vals)
 
 
 def _take_budget(nbytes: int) -> bool:
