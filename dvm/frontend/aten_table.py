@@ -324,9 +324,8 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, 
             aten.slice.Tensor, aten.select.int, aten.as_strided.default, aten.unfold.default,
             aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.diagonal.default,
             aten.narrow.default, aten.detach.default}
-CUBE_OPS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
-            aten.matmul.default, aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else \
-    {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default}
+CUBE_OPS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten.matmul.default,
+            aten._addmm_activation.default} | ({aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else set())
 
 _UNARY = ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
           "sin", "cos", "tanh", "sigmoid", "erf", "silu", "relu", "floor", "ceil", "round", "trunc",

@@ -5,7 +5,8 @@ A small graph spends most of its time calling PyTorch ops: the tiny Llama's forw
 such calls (views, transposes, matmuls) around its 11 DVM launches. `OpOverload.__call__` costs
 ~1 us more per call than the op's Tensor method or torch function, which PyTorch binds in C++:
 where they take the same positional arguments, the run graph calls those instead (same ATen op,
-same result). Ops with keyword arguments, and every other op, keep the OpOverload.
+same result). Ops with keyword arguments (but those of `_SAME_KWARGS`), and every other op, keep
+the OpOverload.
 
 A linear layer reaches the ATen graph as four ops: `t(w)` (or `permute(w, [1, 0])`), a view of
 x to 2-D, `mm` (`addmm` with a bias), and a view back. Where all four run in PyTorch and nothing
@@ -40,10 +41,13 @@ _SAME_OP: dict = {
     aten.embedding.default: torch.embedding,
     aten.neg.default: torch.neg,
     aten.cat.default: torch.cat,
+    aten._addmm_activation.default: torch._addmm_activation,
 }
+# Those of _SAME_OP whose callable also takes the op's keyword arguments by the same names.
+_SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default})
 
 # Run-graph callables whose result is a new row-major tensor, whatever their operands' layouts.
-ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear})
+ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, torch._addmm_activation})
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
 # take on its layout but not on ours is taken as a reshape (a counted copy).
@@ -158,7 +162,7 @@ def fast_call(target, n_args: int, has_kwargs: bool, row_major: bool = False) ->
     """The callable the run graph uses for `target` called with n_args positional arguments.
     row_major: the first argument is row-major at run time whatever its traced strides (a DVM
     output stored row-major, F.linear's output, a view of either), so a view is a plain view."""
-    if has_kwargs:
+    if has_kwargs and target not in _SAME_KWARGS:
         return _named(target)
     if target in _SAME_OP:
         return _SAME_OP[target]

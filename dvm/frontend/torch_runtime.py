@@ -22,7 +22,8 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
-from . import fx_attention, fx_attention_bias, fx_attention_math, fx_const_index, fx_sdpa, fx_sibling_linears
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_const_index, fx_product_activation, fx_sdpa,
+               fx_sibling_linears)
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
@@ -242,6 +243,7 @@ class CompiledFx:
         fx_const_index.rewrite(gm)
         weights = _weights(self.placeholders) if kind == "inference" else frozenset()
         fx_sibling_linears.rewrite(gm, weights)
+        fx_product_activation.rewrite(gm)
         consts = size_only(gm, weights)
         move_first(gm, consts)
         planner = plan(gm, consts[-1] if consts else None)

@@ -1,0 +1,80 @@
+"""A ReLU or exact GELU of a biased linear's result as one PyTorch call (a graph rewrite done once
+per ATen graph, before planning).
+
+`relu(addmm(b, x, w))`, or `gelu(addmm(b, x, w))` with approximate "none", with views between
+them that only reshape the product, becomes `_addmm_activation(b, x, w[, use_gelu=True])` and the
+same views: PyTorch's CPU kernel computes the same addmm into its result and applies relu_ /
+gelu_ to it in place while it is in cache, so the values are eager's bit for bit, with one call,
+one output tensor and one pass over it fewer; where the activation was a DVM segment of its own
+(OPT's fc1 and ReLU; the fc1 and GELU of BERT, GPT-NeoX and BART), a launch fewer too. An
+activation fused with later elementwise ops leaves them a segment that reads the activated
+product. The planner runs `_addmm_activation` as a cube op (aten_table.CUBE_OPS).
+
+Only where the product, its views and the bias are CPU tensors: CUDA's kernel takes its GELU
+from cuBLASLt's epilogue, the tanh approximation. Only where nothing else reads the product or
+the views (a training graph that saves the GELU's input for its backward keeps both ops). Counted
+as `torch_product_activation_folded`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..runtime import counters
+
+aten = torch.ops.aten
+ENABLED = True   # off: the activation stays an op of its own (the tests and the A/B compare the two)
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _is_exact_gelu(n: fx.Node) -> bool:
+    approximate = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+    return n.target is aten.gelu.default and approximate == "none" and set(n.kwargs) <= {"approximate"}
+
+
+def _cpu_float(n) -> bool:
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.is_floating_point()
+
+
+def _product_under(act: fx.Node) -> tuple[fx.Node, list] | None:
+    """(addmm, the reshapes from it to act's input, in graph order) where each is read only by the
+    next and the addmm is a plain biased product (1-D bias, beta = alpha = 1) of CPU tensors."""
+    chain, src = [], act.args[0]
+    while isinstance(src, fx.Node) and src.target in _RESHAPES and len(src.users) == 1:
+        chain.append(src)
+        src = src.args[0]
+    if not (isinstance(src, fx.Node) and src.target is aten.addmm.default and len(src.users) == 1
+            and len(src.args) == 3 and not src.kwargs):
+        return None
+    bias, x, w = src.args
+    if not all(_cpu_float(a) for a in (src, bias, x, w)) or bias.meta["val"].dim() != 1:
+        return None
+    return src, chain[::-1]
+
+
+def rewrite(gm: fx.GraphModule) -> int:
+    """Fold each matching activation into its product, in place; returns how many."""
+    if not ENABLED:
+        return 0
+    graph, count = gm.graph, 0
+    for act in list(graph.nodes):
+        if act.op != "call_function" or not (act.target is aten.relu.default and len(act.args) == 1
+                                             and not act.kwargs or _is_exact_gelu(act)):
+            continue
+        found = _product_under(act)
+        if found is None or not _cpu_float(act) or act.meta["val"].dtype != found[0].meta["val"].dtype:
+            continue
+        product, views = found
+        kwargs = {"use_gelu": True} if act.target is aten.gelu.default else {}
+        with graph.inserting_before(product):
+            fused = graph.call_function(aten._addmm_activation.default, product.args, kwargs)
+        fused.meta = dict(product.meta)
+        product.replace_all_uses_with(fused)
+        graph.erase_node(product)
+        act.replace_all_uses_with(views[-1] if views else fused)
+        graph.erase_node(act)
+        count += 1
+    if count:
+        counters.bump("torch_product_activation_folded", count)
+    return count

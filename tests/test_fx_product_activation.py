@@ -1,0 +1,146 @@
+"""A ReLU or exact GELU of a biased linear (frontend/fx_product_activation) runs inside the
+product's call, `_addmm_activation`: bitwise eager's values, no DVM segment for it; the forms it
+does not take keep the activation an op of its own and still match eager."""
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import dvm  # noqa: E402
+import dvm.frontend.torch_backend as tb  # noqa: E402
+from dvm.frontend import fx_product_activation  # noqa: E402
+
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
+SIZES = [1, 3, 8, 33, 130]
+FUSED = "aten._addmm_activation.default"
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
+    yield os.environ.get("DVM_VM", "cpu")
+
+
+def _mlp(act, dtype=torch.float32, first_bias=True):
+    torch.manual_seed(0)
+    w1, b1 = torch.randn(24, 16, dtype=dtype), torch.randn(24, dtype=dtype) if first_bias else None
+    w2, b2 = torch.randn(16, 24, dtype=dtype), torch.randn(16, dtype=dtype)
+
+    def f(x):
+        return F.linear(act(F.linear(x, w1, b1)), w2, b2)
+    return f
+
+
+def _x(n, dtype=torch.float32, rank=3):
+    torch.manual_seed(n)
+    return torch.randn(*(2, n, 16)[3 - rank:], dtype=dtype)
+
+
+def _compiled(f):
+    torch._dynamo.reset()
+    return torch.compile(f, backend="dvm", dynamic=True)
+
+
+def _folded() -> int:
+    return dvm.counters().get("torch_product_activation_folded", 0)
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("rank", [2, 3])
+def test_activation_between_linears_is_in_the_product_and_bitwise_eager(act, rank):
+    f = _mlp(ACTIVATIONS[act])
+    before = _folded()
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            assert torch.equal(cf(_x(n, rank=rank)), f(_x(n, rank=rank))), n
+    assert _folded() > before
+    text = tb.explain_model(f, _x(5, rank=rank))
+    assert f"cube {FUSED} x1" in text and "0 DVM segment(s)" in text, text
+
+
+def test_bfloat16_relu_is_bitwise_eager():
+    f = _mlp(F.relu, torch.bfloat16)
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            x = _x(n, torch.bfloat16)
+            assert torch.equal(cf(x), f(x)), n
+    assert FUSED in tb.explain_model(f, _x(5, torch.bfloat16))
+
+
+def test_activation_fused_with_more_leaves_those_a_segment():
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 16), torch.randn(24)
+
+    def f(x):
+        return F.relu(F.linear(x, w, b)) * 0.5 + 1.0
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            torch.testing.assert_close(cf(_x(n)), f(_x(n)))
+    text = tb.explain_model(f, _x(5))
+    assert FUSED in text and "1 DVM segment(s)" in text, text
+
+
+@pytest.mark.parametrize("name,f", [
+    ("no bias", _mlp(F.relu, first_bias=False)),
+    ("tanh GELU", _mlp(lambda h: F.gelu(h, approximate="tanh"))),
+    ("product read twice", lambda x: (lambda h: F.relu(h) + h)(F.linear(x, *_mlp_weights()))),
+    ("product returned", lambda x: (lambda h: (F.relu(h), h))(F.linear(x, *_mlp_weights()))),
+    ("a slice between", lambda x: F.relu(F.linear(x, *_mlp_weights())[..., 1:])),
+])
+def test_other_forms_keep_the_activation(name, f):
+    text = tb.explain_model(f, _x(5))
+    assert FUSED not in text, name
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            torch.testing.assert_close(cf(_x(n)), f(_x(n)))
+
+
+def _mlp_weights():
+    torch.manual_seed(1)
+    return torch.randn(24, 16), torch.randn(24)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.up, self.down, self.act = torch.nn.Linear(16, 24), torch.nn.Linear(24, 16), act
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_training_step_gradients_match_eager(act):
+    """ReLU folds in the forward graph (the backward reads its result); GELU's backward reads the
+    product, so that graph keeps both ops. Gradients match eager's either way."""
+    torch.manual_seed(0)
+    model = MLP(ACTIVATIONS[act])
+    twin = copy.deepcopy(model)
+    cm = _compiled(twin)
+    for n in (3, 8, 33):
+        x = _x(n)
+        model(x).square().sum().backward()
+        cm(x).square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+            p.grad = q.grad = None
+
+
+def test_switched_off_the_activation_is_a_segment(monkeypatch):
+    monkeypatch.setattr(fx_product_activation, "ENABLED", False)
+    f = _mlp(F.relu)
+    text = tb.explain_model(f, _x(5))
+    assert FUSED not in text and "1 DVM segment(s)" in text
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            torch.testing.assert_close(cf(_x(n)), f(_x(n)))
