@@ -22,8 +22,8 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_const_index, fx_product_activation, fx_sdpa,
-               fx_sibling_linears)
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_product_activation,
+               fx_sdpa, fx_sibling_linears)
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
@@ -240,6 +240,7 @@ class CompiledFx:
         fx_attention_bias.rewrite(gm)
         fx_sdpa.rewrite(gm)
         fx_attention_math.guard(gm)
+        fx_clones.rewrite(gm)
         fx_const_index.rewrite(gm)
         weights = _weights(self.placeholders) if kind == "inference" else frozenset()
         fx_sibling_linears.rewrite(gm, weights)

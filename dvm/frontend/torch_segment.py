@@ -20,7 +20,7 @@ from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
-from .aten_table import Unsupported
+from .aten_table import VIEW_OPS, Unsupported
 from .fx_segments import fake
 from .torch_launch import TensorLauncher, _data_ptr, input_spans, tensor_check, writable_over
 
@@ -56,6 +56,11 @@ def _stride_order(v) -> tuple | None:
     if big == sorted(big):
         return None
     return perm
+
+
+def _returned(n) -> bool:
+    """The graph returns FX node n or a view of it."""
+    return any(u.op == "output" or (u.target in VIEW_OPS and _returned(u)) for u in n.users)
 
 
 class SegmentRunner:
@@ -97,6 +102,16 @@ class SegmentRunner:
         self.inputs = list(seg.inputs)
         self.outputs = [fxn for fxn, _, _, _ in self.out_map]   # run()'s results, in this order
         self.results = [(is_input, k, inv) for _, is_input, k, inv in self.out_map]
+        # results that the graph returns (or views of which it returns) but that share a launch
+        # output with such a result before them (a value and its clone, one DVM value): copied,
+        # so that the caller gets distinct tensors, as from eager
+        shown, self._copies = set(), set()
+        for i, (fxn, is_input, k, _) in enumerate(self.out_map):
+            if is_input or not _returned(fxn):
+                continue
+            if k in shown:
+                self._copies.add(i)
+            shown.add(k)
         # graph inputs updated by the segment (fx_updates.absorb_write), passed after the inputs:
         # (index in run()'s results, launch output or None (a copy), input slot of the same tensor)
         # (an input passed through is copied after the launch: its old value, so never written over)
@@ -188,6 +203,8 @@ class SegmentRunner:
             # an input passed through is copied row-major, like every DVM output: later views work
             [tensors[k].clone(memory_format=torch.contiguous_format) if is_input
              else outs[k] if inv is None else outs[k].permute(inv) for is_input, k, inv in self.results])
+        if self._copies:
+            results = tuple(r.clone() if i in self._copies else r for i, r in enumerate(results))
         for (j, _, _), dst in zip(self.writes, dsts):
             if results[j] is not dst:
                 dst.copy_(results[j])
