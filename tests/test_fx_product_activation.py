@@ -64,6 +64,17 @@ def test_activation_between_linears_is_in_the_product_and_bitwise_eager(act, ran
     assert f"cube {FUSED} x1" in text and "0 DVM segment(s)" in text, text
 
 
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_a_product_without_bias_takes_it_too(act):
+    f = _mlp(ACTIVATIONS[act], first_bias=False)
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            assert torch.equal(cf(_x(n)), f(_x(n))), n
+    text = tb.explain_model(f, _x(5))
+    assert f"cube {FUSED} x1" in text and "0 DVM segment(s)" in text, text
+
+
 def test_bfloat16_relu_is_bitwise_eager():
     f = _mlp(F.relu, torch.bfloat16)
     cf = _compiled(f)
@@ -89,7 +100,6 @@ def test_activation_fused_with_more_leaves_those_a_segment():
 
 
 @pytest.mark.parametrize("name,f", [
-    ("no bias", _mlp(F.relu, first_bias=False)),
     ("tanh GELU", _mlp(lambda h: F.gelu(h, approximate="tanh"))),
     ("product read twice", lambda x: (lambda h: F.relu(h) + h)(F.linear(x, *_mlp_weights()))),
     ("product returned", lambda x: (lambda h: (F.relu(h), h))(F.linear(x, *_mlp_weights()))),
