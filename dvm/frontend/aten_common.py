@@ -3,6 +3,7 @@ nodes."""
 from __future__ import annotations
 
 import torch
+import torch.fx
 
 from ..graph import build
 from ..graph.dtypes import DType
@@ -16,6 +17,11 @@ TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: D
 
 class Unsupported(Exception):
     """This op (with these arguments) is not lowered; the reason is counted."""
+
+
+def fake(n) -> object:
+    """The value (a fake tensor, SymInt, ...) that tracing recorded for FX node n; None for others."""
+    return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
 
 def dvm_dtype(dt) -> DType:

@@ -12,8 +12,9 @@ never a fallback. The value is the same expression as the unfused ops (same ops,
 order): the rewrite only changes the shape the elementwise work is done in.
 
 Where x is a PyTorch value (HF: a view of the q/k projection), the planner has PyTorch compute
-`roll(x, h)` (one call; `Rolled`), applies the halves' signs in the segment and keeps the
-products fused (until 2026-11-22 the rotate_half itself, two slices + neg + cat, ran in
+`roll(x, h)` (one call; `Rolled`), or, where x's views keep the heads of their base whole,
+`roll_blocks` of that base for q and k at once (fx_rolled_blocks), applies the halves' signs in
+the segment and keeps the products fused (until 2026-11-22 the rotate_half itself, two slices + neg + cat, ran in
 PyTorch). Not the flip form: it makes every operand row d/2 elements long (the flip and the
 broadcast cos stop the encoder from folding the two halves), and the VM pays per row, so on
 the CPU VM it was slower than a PyTorch cat at every length measured (L 3 .. 700). Where x is

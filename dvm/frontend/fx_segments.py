@@ -24,15 +24,13 @@ from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import SymExpr, decide_eq
 from . import aten_table as T
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_sdpa,
-               fx_sibling_linears, fx_updates)
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_rolled_blocks,
+               fx_sdpa, fx_sibling_linears, fx_updates)
+from .aten_common import fake
 from .aten_table import Unsupported
+from .fx_rolled_blocks import RolledBlocks
 from .fx_syms import Syms
 from .gpu_arrays import device_supported
-
-
-def fake(n) -> object:
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -100,6 +98,8 @@ class Planner:
         self._new_views: dict = {}      # views replayed by the lowering being tried
         self.matches = fx_patterns.find(gm)               # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
+        self.roll_spans = fx_rolled_blocks.spans(   # base -> the part of it roll_blocks takes
+            r for r in (fx_patterns.rolled(m.rotate[0]) for m in self.matches.values() if m.rotate) if r is not None)
         self.position: dict | None = None    # FX node -> its index in the graph (fx_updates)
 
     # -- torch availability -------------------------------------------------------------------
@@ -147,7 +147,8 @@ class Planner:
         r = self.rolled.get(a)
         if r is not None:
             signs = r.signs()
-            return r.signed(seg.ctx, self.extra_input(seg, r, fake(r.cat), new_inputs),
+            rolled = self.rolled_blocks(seg, r, new_inputs)
+            return r.signed(seg.ctx, rolled if rolled is not None else self.extra_input(seg, r, fake(r.cat), new_inputs),
                             None if signs is None else self.extra_input(seg, signs, None, new_inputs))
         view = self.replay_view(seg, a, new_inputs)
         if view is not None:
@@ -216,7 +217,7 @@ class Planner:
             self.open = seg
             self.segments.append(seg)
         for a, node in new_inputs:
-            self.need_torch(a.x if isinstance(a, fx_patterns.Rolled) else a)   # (HalfSigns: a no-op)
+            self.need_torch(a.x if isinstance(a, (fx_patterns.Rolled, RolledBlocks)) else a)   # (HalfSigns: a no-op)
             seg.inputs.append(a)
             seg.input_nodes.append(node)
         seg.views.update(self._new_views)
@@ -236,6 +237,28 @@ class Planner:
         if isinstance(key, fx_patterns.HalfSigns):
             return self._new_input(seg, key, key.dtype, (2 * key.h,) + (1,) * key.trailing, "half_signs", new_inputs)
         return self._new_input(seg, key, v.dtype, self.syms.shape(v), f"roll_{key.x.name}", new_inputs)
+
+    def rolled_blocks(self, seg: Segment, r, new_inputs: list) -> Node | None:
+        """rotate_half's roll r as a slice of the heads of one roll_blocks input of its base
+        (fx_rolled_blocks); None where its views do not allow it or DVM cannot take it."""
+        found = fx_rolled_blocks.blocks_of(r, self.roll_spans)
+        if found is None:
+            return None
+        key, heads, start, end = found
+        v, n_inputs, n_checks = fake(r.x), len(new_inputs), len(seg.ctx.checks)
+        try:
+            node = self._known_input(seg, key, new_inputs)
+            if node is None:
+                shape = list(self.syms.shape(v))
+                shape[heads] = (key.hi - key.lo) // key.block
+                node = self._new_input(seg, key, v.dtype, tuple(shape), f"roll_blocks_{key.x.name}", new_inputs)
+            if (start, end) != (0, node.shape[heads]):
+                node = T.LOWERINGS[torch.ops.aten.slice.Tensor](_Lower(seg.ctx, v, self.syms), node, heads, start, end)
+            return self.check(seg, node, v)
+        except Exception:  # noqa: BLE001 - any failure: the roll and its views stay PyTorch's
+            del new_inputs[n_inputs:]
+            del seg.ctx.checks[n_checks:]
+            return None
 
     def replay_view(self, seg: Segment, a: fx.Node, new_inputs: list) -> Node | None:
         """a, a view PyTorch takes of a PyTorch value, as a DVM view in seg of that value (or of

@@ -42,7 +42,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime import counters
-from .fx_segments import fake
+from .aten_common import fake
 
 ENABLED = True              # off: size-only values are computed at every call (tests compare the two)
 MAX_ENTRIES = 64            # size tuples remembered per graph

@@ -25,6 +25,7 @@ from ..runtime import counters
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_product_activation,
                fx_sdpa, fx_sibling_linears)
 from .fx_patterns import HalfSigns, Rolled, half_signs
+from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds
@@ -87,7 +88,7 @@ def _reads(step, runners: dict, folds: dict) -> list:
     if isinstance(step, SegmentStep):
         runner = runners[id(step)]
         if isinstance(runner, SegmentRunner):
-            return [x.x if isinstance(x, Rolled) else x for x in runner.inputs if not isinstance(x, HalfSigns)] + \
+            return [x.x if isinstance(x, (Rolled, RolledBlocks)) else x for x in runner.inputs if not isinstance(x, HalfSigns)] + \
                 runner.write_dsts
         for m in step.segment.members + [n for n, _, _ in step.segment.writes]:
             fx.node.map_arg((m.args, m.kwargs), lambda a: out.append(a) or a)
@@ -178,6 +179,9 @@ class _Emitter:
             if isinstance(x, Rolled) and x not in remap:   # rotate_half's halves swapped
                 remap[x] = g.call_function(torch.roll, (remap[x.x], x.h, x.axis))
                 counters.bump("torch_rotate_half_rolls")
+            elif isinstance(x, RolledBlocks) and x not in remap:   # ... in every head of x at once
+                remap[x] = g.call_function(roll_blocks, (remap[x.x], x.h, x.block, x.lo, x.hi, x.moves))
+                counters.bump("torch_rotate_half_block_rolls")
             elif isinstance(x, HalfSigns) and x not in remap:
                 remap[x] = g.call_function(_signs_call(x), ())
         call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs],
@@ -349,6 +353,10 @@ class CompiledFx:
             if rolls:
                 lines.append(f"    rotate_half of a PyTorch value x{rolls}: roll(x) by PyTorch, "
                              "the halves' signs applied here")
+            blocks = sum(isinstance(x, RolledBlocks) for x in s.inputs)
+            if blocks:
+                lines.append(f"    rotate_half of views of PyTorch values x{blocks}: roll_blocks(x) by PyTorch "
+                             "(every head at once), the views and the halves' signs applied here")
             if s.seg.views:
                 views = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                             for n in s.seg.views)

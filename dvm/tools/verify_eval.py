@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..frontend.fx_patterns import HalfSigns, Rolled
+from ..frontend.fx_rolled_blocks import RolledBlocks
 from ..frontend.fx_segments import fake
 from ..frontend.fx_syms import Syms
 from ..graph.symbolic import evaluate
@@ -30,6 +31,21 @@ _HALF_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 ACCUMULATING = frozenset({"sum", "mean", "var", "var_mean", "std", "std_mean", "prod", "nansum", "norm",
                           "linalg_vector_norm", "logsumexp", "cumsum", "_softmax", "_log_softmax",
                           "native_layer_norm", "_fused_rms_norm"})
+
+
+def _unrolled_blocks(key: RolledBlocks, t: torch.Tensor) -> torch.Tensor:
+    """The base of a roll_blocks input (fx_rolled_blocks) from its value t: the span it took,
+    rolled back and moved back; zeros beside the span (the segment reads the base only there)."""
+    y = torch.roll(t, -key.h, -1)
+    for m in reversed(key.moves):
+        y = y.transpose(m[1], m[2]) if m[0] == "transpose" else y.permute([m[1].index(i) for i in range(y.dim())])
+    span = y.flatten(-2)
+    width = fake(key.x).shape[-1]
+    if (key.lo, key.hi) == (0, width):
+        return span.contiguous()
+    base = span.new_zeros(*span.shape[:-1], width)
+    base[..., key.lo:key.hi] = span
+    return base
 
 
 class NotVerifiable(Exception):
@@ -80,7 +96,9 @@ class SegmentEval:
         for key, t in zip(self.runner.inputs, tensors):
             if isinstance(key, Rolled) and key.x not in out:
                 out[key.x] = torch.roll(t, -key.h, key.axis)
-            elif not isinstance(key, (fx.Node, Rolled, HalfSigns)):
+            elif isinstance(key, RolledBlocks) and key.x not in out:
+                out[key.x] = _unrolled_blocks(key, t)
+            elif not isinstance(key, (fx.Node, Rolled, HalfSigns, RolledBlocks)):
                 raise NotVerifiable(f"segment input of type {type(key).__name__}")
         return out
 
