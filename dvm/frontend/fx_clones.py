@@ -5,9 +5,9 @@ Dropout in eval mode reaches the ATen graph as `clone(x)` (AOTAutograd's functio
 the copy). Where x is the fresh result of an op, or a reshape of one (not a graph input, not
 another view: x is dense, so the clone keeps its strides), the clone (or a view of it) is not
 returned, and no op of the graph writes into x, the clone or a view of either, every reader of
-the clone may read x itself: the same values, the same layout. Inside a DVM segment a clone was already free; of a PyTorch value (BART's
-`dropout(gelu(fc1(x)))`, the GELU now in the product's call) it was a segment of its own that
-copied its input. Counted as `torch_clones_elided`.
+the clone may read x itself: the same values, the same layout. Inside a DVM segment a clone was
+already free; of a PyTorch value (BART's `dropout(gelu(fc1(x)))`, the GELU now in the product's
+call) it was a segment of its own that copied its input. Counted as `torch_clones_elided`.
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ class Planner:
         self._new_views: dict = {}      # views replayed by the lowering being tried
         self.matches = fx_patterns.find(gm)               # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
-        self.roll_spans = fx_rolled_blocks.spans(   # base -> the part of it roll_blocks takes
+        self.roll_spans = fx_rolled_blocks.spans(   # (base, block, moves) -> the span roll_blocks takes
             r for r in (fx_patterns.rolled(m.rotate[0]) for m in self.matches.values() if m.rotate) if r is not None)
         self.position: dict | None = None    # FX node -> its index in the graph (fx_updates)
 
@@ -148,8 +148,9 @@ class Planner:
         if r is not None:
             signs = r.signs()
             rolled = self.rolled_blocks(seg, r, new_inputs)
-            return r.signed(seg.ctx, rolled if rolled is not None else self.extra_input(seg, r, fake(r.cat), new_inputs),
-                            None if signs is None else self.extra_input(seg, signs, None, new_inputs))
+            if rolled is None:
+                rolled = self.extra_input(seg, r, fake(r.cat), new_inputs)
+            return r.signed(seg.ctx, rolled, None if signs is None else self.extra_input(seg, signs, None, new_inputs))
         view = self.replay_view(seg, a, new_inputs)
         if view is not None:
             return view
