@@ -206,7 +206,10 @@ def run_model_demo(seed: int = 0, inductor: bool = True, out=None, n_lengths: in
               f"{d['dvm']['recompiles_beyond_size1']} recompiles beyond them.", file=out)
     print(f"first call = the backend's own compile (Inductor: compile_fx_inner; DVM: fusion, templates) "
           f"+ the rest (Dynamo + AOTAutograd tracing, the run); total stream: all {len(report['stream'])} calls, "
-          f"compiles included; graphs: Dynamo graphs compiled (one per pattern of sizes equal to 1). Threads: {report['threads']}; 1-min load "
+          f"compiles included; steady state per call: medians of each system's own rounds; speed-up: against "
+          f"eager calls timed alternately with the system's (eager timed alone and between another "
+          f"system's calls can differ, so the rows need not divide into the ratios); "
+          f"graphs: Dynamo graphs compiled (one per pattern of sizes equal to 1). Threads: {report['threads']}; 1-min load "
           f"{report['loadavg_1min']['start']} -> {report['loadavg_1min']['end']} on "
           f"{report['machine']['cores']} cores; VM {report['vm']}; {time.perf_counter() - t0:.0f} s in all. "
           f"Full benchmark: dvm bench models.", file=out)
