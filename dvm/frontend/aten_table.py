@@ -324,6 +324,7 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, 
             aten.slice.Tensor, aten.select.int, aten.as_strided.default, aten.unfold.default,
             aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.diagonal.default,
             aten.narrow.default, aten.detach.default}
+RESHAPE_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)   # views that only reshape
 CUBE_OPS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten.matmul.default,
             aten._addmm_activation.default} | ({aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else set())
 

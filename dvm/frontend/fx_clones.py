@@ -21,7 +21,7 @@ from . import aten_table as T
 
 aten = torch.ops.aten
 ENABLED = True   # off: every clone is kept (the tests compare the two)
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_RESHAPES = T.RESHAPE_OPS
 
 
 def _fresh(x) -> bool:

@@ -25,10 +25,11 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..runtime import counters
+from .aten_table import RESHAPE_OPS
 
 aten = torch.ops.aten
 ENABLED = True   # off: the activation stays an op of its own (the tests and the A/B compare the two)
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_RESHAPES = RESHAPE_OPS
 _PRODUCTS = {aten.addmm.default: 3, aten.mm.default: 2}   # -> their positional arguments
 
 

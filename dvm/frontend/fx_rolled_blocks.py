@@ -23,10 +23,12 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .aten_table import RESHAPE_OPS
+
 
 aten = torch.ops.aten
 ENABLED = True   # off: each Rolled takes its own views and roll in PyTorch (the tests compare)
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_RESHAPES = RESHAPE_OPS
 _MOVES = (aten.transpose.int, aten.permute.default)
 
 

@@ -39,6 +39,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
+from .aten_table import RESHAPE_OPS
 from .fx_attention_math import MATH, SDPA, math_attention, needs_math
 from .fx_attention_math import SDPA_CALL as _SDPA_CALL
 from .fx_attention_math import remembered as _remembered
@@ -98,7 +99,7 @@ def rewrite(gm: fx.GraphModule) -> int:
 
 
 _FULL_END = 2 ** 63 - 1
-_REPEAT_VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
+_REPEAT_VIEWS = RESHAPE_OPS
 
 
 def _only_user(n, *targets) -> bool:

@@ -49,7 +49,7 @@ class Segment:
     writes: list = field(default_factory=list)       # (copy_ FX node, value, graph input it updates)
 
 
-_RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
+_RESHAPES = T.RESHAPE_OPS
 ROTATE_IN_TORCH = "rotate_half of a PyTorch value: neg + cat in PyTorch, products fused"
 
 

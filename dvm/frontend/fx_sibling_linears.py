@@ -42,7 +42,7 @@ aten = torch.ops.aten
 REASON = ("sibling linears of one input: their weights concatenated once (remembered while unchanged) "
           "for one matrix product, sliced into each linear's result")
 ENABLED = True   # off: every linear is its own product (tests compare the two)
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_RESHAPES = T.RESHAPE_OPS
 _budget_lock = threading.Lock()
 _bytes_used = [0]   # bytes of concatenated weights the rewrites of this process may keep
 
