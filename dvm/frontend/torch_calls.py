@@ -64,11 +64,13 @@ def _view_or_reshape(x: torch.Tensor, size) -> torch.Tensor:
     return out
 
 
-_SAME_SHAPE_IS_IDENTITY = (aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+# (a slice to its input's own sizes starts at 0: the same elements, whatever its step)
+_SAME_SHAPE_IS_IDENTITY = (aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                           aten.slice.Tensor)
 
 
 def identity_of(n, val: Callable):
-    """The node n only renames: a view, reshape or expand of its input to the input's own shape
+    """The node n only renames: a view, reshape, expand or slice of its input to the input's own shape
     (the same sizes and strides), read by no graph output (an output keeps its own tensor). None
     otherwise. val: FX node -> its fake value."""
     if n.target not in _SAME_SHAPE_IS_IDENTITY or not isinstance(n.args[0], torch.fx.Node) or \

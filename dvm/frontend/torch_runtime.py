@@ -23,7 +23,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_product_activation,
-               fx_sdpa, fx_sibling_linears)
+               fx_sdpa, fx_sibling_linears, fx_view_chains)
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
@@ -278,6 +278,7 @@ class CompiledFx:
                 self._emit(step, g, remap, env)
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
         _merge_views(g)
+        self.view_chains = fx_view_chains.fold(g)
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
         self.runner = fx.GraphModule(gm, g, class_name="DvmRunner")
@@ -372,6 +373,9 @@ class CompiledFx:
             if s.graph is not None:
                 for g in s.graph.plan.groups:
                     lines.append("    " + g.describe())
+        if self.view_chains[0]:
+            lines.append(f"  views of PyTorch values: {self.view_chains[0]} chain(s) taken as one call each "
+                         f"({self.view_chains[1]} call(s) fewer; as_strided once a chain's sizes repeat)")
         reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
         for (op, why), k in sorted(reasons.items()):
             lines.append(f"  fallback {op} x{k}: {why}")

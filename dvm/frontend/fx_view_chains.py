@@ -1,0 +1,102 @@
+"""Chains of views of PyTorch values as one call of the run graph (a pass over the run graph).
+
+Hugging Face attention takes v as `transpose(view(slice(qkv, ...), [b, L, heads, d]), 1, 2)` and
+its output back as `view(transpose(attn, 1, 2), [b, L, -1])`: a PyTorch call per view, each
+~2-3 us warm and 3-5x that inside a forward. A view's sizes, strides and storage offset follow
+from its input's and from the view's arguments alone, so the chain's result is remembered per
+(input sizes, strides, offset, argument values) and later calls take it in one `as_strided`.
+
+Invariant: the remembered view is the chain's own result, element for element the same memory
+(storage, sizes, strides, offset); only results that share their input's storage are
+remembered (a reshape that had to copy runs its chain every time). An input that requires grad
+(autograd would see an as_strided) always runs its chain.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from ..runtime import counters
+from .torch_calls import _slice, _view_or_reshape
+
+# Run-graph callables whose result is a view of their first argument (_view_or_reshape: or a copy).
+VIEW_CALLS = frozenset({torch.Tensor.view, _view_or_reshape, _slice, torch.Tensor.t, torch.Tensor.unsqueeze,
+                        torch.Tensor.squeeze, torch.Tensor.transpose, torch.Tensor.permute, torch.Tensor.expand,
+                        torch.Tensor.select})
+ENABLED = True   # off: one call per view (the tests and the A/B compare the two)
+_MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
+
+
+class _Slot(int):
+    """The place of a run-time argument (a run-graph node) in a chain step's arguments."""
+
+
+def _chain_call(steps: list) -> Callable:
+    """view_chain(x, *values): the steps' view of x. steps: (callable, args after the first, with
+    _Slot(i) for values[i])."""
+    memo: dict = {}
+
+    def fill(a, values):
+        if isinstance(a, _Slot):
+            return values[a]
+        if isinstance(a, list):
+            return [fill(b, values) for b in a]
+        if isinstance(a, tuple):
+            return tuple(fill(b, values) for b in a)
+        return a
+
+    def view_chain(x, *values):
+        key = (x.shape, x.stride(), x.storage_offset(), values)
+        got = memo.get(key)
+        if got is not None and not x.requires_grad:
+            return x.as_strided(*got)
+        y = x
+        for fn, args in steps:
+            y = fn(y, *fill(args, values))
+        if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            memo[key] = (y.shape, y.stride(), y.storage_offset())
+        return y
+    return view_chain
+
+
+def _is_view(n) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in VIEW_CALLS and not n.kwargs \
+        and bool(n.args) and isinstance(n.args[0], fx.Node)
+
+
+def fold(g: fx.Graph) -> tuple[int, int]:
+    """Replace each chain of two or more view calls (each one's value read only by the next) by
+    one view_chain call. Returns (chains, calls removed)."""
+    if not ENABLED:
+        return 0, 0
+    chains, removed, gone = 0, 0, set()
+    for n in reversed(list(g.nodes)):
+        if n in gone or not _is_view(n):
+            continue
+        if len(n.users) == 1 and _is_view(next(iter(n.users))):
+            continue   # not a chain's last call
+        chain = [n]
+        while _is_view(chain[0].args[0]) and len(chain[0].args[0].users) == 1:
+            chain.insert(0, chain[0].args[0])
+        if len(chain) < 2:
+            continue
+        values: list = []
+
+        def slot(a):
+            values.append(a)
+            return _Slot(len(values) - 1)
+        steps = [(m.target, fx.map_arg(tuple(m.args[1:]), slot)) for m in chain]
+        with g.inserting_before(n):
+            call = g.call_function(_chain_call(steps), (chain[0].args[0], *values))
+        n.replace_all_uses_with(call)
+        for m in reversed(chain):
+            g.erase_node(m)
+        gone.update(chain)
+        chains, removed = chains + 1, removed + len(chain) - 1
+    if removed:
+        counters.bump("torch_view_chain_calls_removed", removed)
+    return chains, removed

@@ -1,0 +1,222 @@
+"""Chains of views as one call (frontend/fx_view_chains): the folded call gives the chain's own
+view (the same storage, sizes, strides and offset) on its first call and on the remembered
+as_strided path after it; chains that copy, inputs that require grad and many sizes stay right.
+The attention case against eager."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.fx as fx  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import dvm  # noqa: E402
+import dvm.frontend.torch_backend as tb  # noqa: E402
+from dvm.frontend import fx_view_chains  # noqa: E402
+from dvm.frontend.torch_calls import _slice, _view_or_reshape  # noqa: E402
+
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
+    yield os.environ.get("DVM_VM", "cpu")
+
+
+def _module(build) -> fx.GraphModule:
+    """A run-graph-like module: build(g, x, n) adds calls to g and returns the output node."""
+    g = fx.Graph()
+    x, n = g.placeholder("x"), g.placeholder("n")
+    g.output(build(g, x, n))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _v_heads(g, x, n):
+    """HF's v: the last third of a fused q / k / v product, split into heads, heads first."""
+    s = g.call_function(_slice, (x, 2, 16, 24))
+    v = g.call_function(_view_or_reshape, (s, [1, n, -1, 4]))
+    return g.call_function(torch.Tensor.transpose, (v, 1, 2))
+
+
+def _same_view(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert got.storage_offset() == want.storage_offset()
+    assert got.untyped_storage().data_ptr() == want.untyped_storage().data_ptr()
+    assert torch.equal(got, want)
+
+
+def _folded(build) -> tuple[fx.GraphModule, fx.GraphModule, int]:
+    plain, folded = _module(build), _module(build)
+    _, removed = fx_view_chains.fold(folded.graph)
+    folded.recompile()
+    return plain, folded, removed
+
+
+def test_a_chain_is_one_call_and_the_same_view():
+    plain, folded, removed = _folded(_v_heads)
+    assert removed == 2
+    calls = [n for n in folded.graph.nodes if n.op == "call_function"]
+    assert len(calls) == 1 and calls[0].target.__name__ == "view_chain"
+    for length in (3, 5, 3, 3, 8):   # first calls, then the remembered view
+        x = torch.randn(1, length, 24)
+        _same_view(folded(x, length), plain(x, length))
+
+
+def test_a_value_read_twice_ends_the_chain():
+    def build(g, x, n):
+        s = g.call_function(_slice, (x, 2, 16, 24))
+        v = g.call_function(_view_or_reshape, (s, [1, n, -1, 4]))
+        t = g.call_function(torch.Tensor.transpose, (v, 1, 2))
+        return (t, g.call_function(torch.Tensor.unsqueeze, (v, 0)))
+    plain, folded, removed = _folded(build)
+    assert removed == 1   # slice + view; the view's two readers stay calls
+    x = torch.randn(1, 6, 24)
+    for _ in range(3):
+        for got, want in zip(folded(x, 6), plain(x, 6)):
+            _same_view(got, want)
+
+
+def test_a_reshape_that_copies_runs_its_chain_every_time():
+    def build(g, x, n):
+        t = g.call_function(torch.Tensor.transpose, (x, 1, 2))
+        return g.call_function(_view_or_reshape, (t, [n, -1]))
+    plain, folded, removed = _folded(build)
+    assert removed == 1
+    x = torch.randn(2, 3, 4)
+    outs = [folded(x, 2) for _ in range(3)]
+    for got in outs:
+        assert torch.equal(got, plain(x, 2))
+        assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    x.add_(1.0)   # a copy does not follow its input
+    assert not torch.equal(outs[0], plain(x, 2))
+    assert torch.equal(folded(x, 2), plain(x, 2))
+
+
+def test_an_input_that_requires_grad_keeps_its_autograd_chain():
+    plain, folded, _ = _folded(_v_heads)
+    x = torch.randn(1, 4, 24, requires_grad=True)
+    for _ in range(3):
+        got = folded(x, 4)
+        assert type(got.grad_fn).__name__ == type(plain(x, 4).grad_fn).__name__
+    got.sum().backward()
+    want = torch.zeros(1, 4, 24)
+    want[..., 16:] = 1.0
+    assert torch.equal(x.grad, want)
+
+
+def test_the_memo_is_bounded_and_stays_right(monkeypatch):
+    monkeypatch.setattr(fx_view_chains, "_MEMO_MAX", 3)
+    plain, folded, _ = _folded(_v_heads)
+    for length in [1, 2, 3, 4, 5, 1, 2, 6, 1, 7, 2]:
+        x = torch.randn(1, length, 24)
+        _same_view(folded(x, length), plain(x, length))
+
+
+def test_switched_off_nothing_is_folded(monkeypatch):
+    monkeypatch.setattr(fx_view_chains, "ENABLED", False)
+    _, folded, removed = _folded(_v_heads)
+    assert removed == 0
+    assert sum(n.op == "call_function" for n in folded.graph.nodes) == 3
+
+
+_STEPS = st.lists(st.sampled_from(["t01", "t12", "unsq", "sq", "sel", "sl", "slstep", "flat", "exp"]),
+                  min_size=2, max_size=6)
+
+
+def _step(g, y, kind, shape):
+    """One view call on y of fake shape `shape` (a list, updated) or None where it does not apply."""
+    nd = len(shape)
+    if kind in ("t01", "t12") and nd >= 2 + (kind == "t12"):
+        a = 0 if kind == "t01" else 1
+        shape[a], shape[a + 1] = shape[a + 1], shape[a]
+        return g.call_function(torch.Tensor.transpose, (y, a, a + 1))
+    if kind == "unsq" and nd < 5:
+        shape.insert(1, 1)
+        return g.call_function(torch.Tensor.unsqueeze, (y, 1))
+    if kind == "sq" and nd >= 2 and shape[1] == 1:
+        shape.pop(1)
+        return g.call_function(torch.Tensor.squeeze, (y, 1))
+    if kind == "sel" and nd >= 2:
+        shape.pop(0)
+        return g.call_function(torch.Tensor.select, (y, 0, -1))
+    if kind in ("sl", "slstep") and nd >= 1:
+        step = 2 if kind == "slstep" else 1
+        shape[-1] = len(range(1, shape[-1], step))
+        return g.call_function(_slice, (y, nd - 1, 1, 2 ** 63 - 1, step))
+    if kind == "flat" and nd >= 2:
+        shape[-2:] = [shape[-2] * shape[-1]]
+        return g.call_function(_view_or_reshape, (y, [*shape[:-1], -1]))
+    if kind == "exp" and nd >= 1 and shape[0] == 1:
+        shape[0] = 3
+        return g.call_function(torch.Tensor.expand, (y, [3, *[-1] * (nd - 1)]))
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=_STEPS, dims=st.lists(st.integers(1, 5), min_size=3, max_size=3),
+       perm=st.permutations([0, 1, 2]), offset=st.integers(0, 3))
+def test_random_chains_give_the_chains_view(steps, dims, perm, offset):
+    def build(g, x, n):
+        y, shape = x, [dims[i] for i in perm]
+        for kind in steps:
+            y = _step(g, y, kind, shape) or y
+        return y
+    plain, folded, _ = _folded(build)
+    base = torch.randn(offset + dims[0] * dims[1] * dims[2])
+    x = base[offset:].view(dims).permute(perm)     # strided, offset into its storage
+    for _ in range(3):
+        try:
+            want = plain(x, 0)
+        except RuntimeError:   # a view these strides do not allow: the folded chain raises alike
+            with pytest.raises(RuntimeError):
+                folded(x, 0)
+            return
+        got = folded(x, 0)
+        if want.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            _same_view(got, want)
+        else:
+            assert torch.equal(got, want)
+
+
+def test_attention_views_against_eager():
+    torch.manual_seed(0)
+    heads, d = 4, 8
+    w, wo = torch.randn(3 * heads * d, 32) * 0.1, torch.randn(32, heads * d) * 0.1
+
+    def f(x):
+        b, n, _ = x.shape
+        q, k, v = F.linear(x, w).split(heads * d, dim=-1)
+        q, k, v = (t.view(b, n, heads, d).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(o.transpose(1, 2).reshape(b, n, heads * d), wo)
+    before = dvm.counters().get("torch_view_chain_calls_removed", 0)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="dvm", dynamic=True)
+    with torch.no_grad():
+        for n in (3, 9, 9, 9, 17, 3):
+            x = torch.randn(2, n, 32)
+            torch.testing.assert_close(cf(x), f(x))
+    assert dvm.counters().get("torch_view_chain_calls_removed", 0) > before
+    torch._dynamo.reset()
+    assert "chain(s) taken as one call each" in tb.explain_model(f, torch.randn(2, 5, 32))
+
+
+def test_a_slice_to_its_inputs_own_sizes_is_no_call():
+    """HF's `hidden[:, slice(-logits_to_keep, None)]` with logits_to_keep=0 keeps every position."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 8)
+
+    def f(x, keep: int = 0):
+        return F.linear(torch.tanh(x)[:, slice(-keep, None)], w)
+    before = dvm.counters().get("torch_identity_views", 0)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="dvm", dynamic=True)
+    with torch.no_grad():
+        for n in (3, 7, 11):
+            x = torch.randn(2, n, 8)
+            torch.testing.assert_close(cf(x), f(x))
+            torch.testing.assert_close(cf(x, 2), f(x, 2))
+    assert dvm.counters().get("torch_identity_views", 0) > before
