@@ -220,3 +220,15 @@ def test_a_slice_to_its_inputs_own_sizes_is_no_call():
             torch.testing.assert_close(cf(x), f(x))
             torch.testing.assert_close(cf(x, 2), f(x, 2))
     assert dvm.counters().get("torch_identity_views", 0) > before
+
+
+def test_an_argument_that_cannot_be_a_key_runs_the_chain():
+    def build(g, x, n):
+        t = g.call_function(torch.Tensor.transpose, (x, 0, 1))
+        return g.call_function(torch.Tensor.view, (t, n))
+    _, folded, removed = _folded(build)
+    assert removed == 1
+    x = torch.randn(4, 1, 6)
+    for _ in range(2):
+        got = folded(x, [6, 4])   # a list value: not hashable
+        _same_view(got, x.transpose(0, 1).view([6, 4]))

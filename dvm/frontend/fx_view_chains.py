@@ -49,13 +49,16 @@ def _chain_call(steps: list) -> Callable:
 
     def view_chain(x, *values):
         key = (x.shape, x.stride(), x.storage_offset(), values)
-        got = memo.get(key)
+        try:
+            got = memo.get(key)
+        except TypeError:   # an argument value that cannot be a key (never remembered)
+            got = key = None
         if got is not None and not x.requires_grad:
             return x.as_strided(*got)
         y = x
         for fn, args in steps:
             y = fn(y, *fill(args, values))
-        if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        if key is not None and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             if len(memo) >= _MEMO_MAX:
                 memo.clear()
             memo[key] = (y.shape, y.stride(), y.storage_offset())
