@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dvm.fusion.reshape_push import axis_groups, renames_axes
+from dvm.fusion.reshape_push import axis_groups, renames_axes, splits_only
 from dvm.graph import build
 from dvm.graph.dtypes import DType
 from dvm.graph.node import Node
@@ -214,3 +214,28 @@ def test_random_reshapes_of_broadcasts(vm, case):
     np.testing.assert_array_equal(got_value, want)
     np.testing.assert_allclose(got_flat, np.exp(want).reshape(new_sizes), rtol=1e-6)
     np.testing.assert_allclose(got_red, np.exp(want).reshape(new_sizes).sum(-1, dtype=F32), rtol=1e-5)
+
+
+def test_splits_only():
+    s, b = sym("s"), sym("b")
+    assert splits_only((1, s, 128), (1, s, 4, 32)) and splits_only((s, 6), (s, 1, 2, 3))
+    assert not splits_only((b, s, 4), (b * s, 4)) and not splits_only((s, 4), (b, 4))
+
+
+@pytest.mark.parametrize("start, heads", [(0, 4), (16, 2), (8, 3)])
+def test_a_split_of_a_slice_is_read_through_strides(vm, start, heads):
+    """HF's q / k: a slice of the fused projection's rows, split into heads and transposed, then
+    RoPE-like work: one kernel per value, no workspace copy of the slice."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, c = _input((1, s, 32), 0), _input((1, s, 4), 1)
+    q = build.slice_view(ctx, p, 2, start, heads * 4)
+    q = build.permute(ctx, build.reshape(ctx, q, (1, s, heads, 4)), (0, 2, 1, 3))
+    y = _ew(ctx, "mul", q, build.reshape(ctx, c, (1, 1, s, 4)))
+    g = CompiledGraph([p, c], [y])
+    assert len(g.plan.groups) == 1 and not g.plan.workspaces
+    rng = np.random.default_rng(start)
+    for n in (1, 5, 9):
+        pa, ca = rng.standard_normal((1, n, 32)).astype(F32), rng.standard_normal((1, n, 4)).astype(F32)
+        (got,) = g.run({"s": n}, [pa, ca])
+        want = pa[:, :, start:start + heads * 4].reshape(1, n, heads, 4).transpose(0, 2, 1, 3) * ca[:, None]
+        np.testing.assert_array_equal(got, want)

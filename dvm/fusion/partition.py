@@ -17,7 +17,7 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
-from .reshape_push import ReshapePusher, pushable, push_reshapes, renames_axes
+from .reshape_push import ReshapePusher, pushable, push_reshapes, splits_only
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -92,12 +92,12 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
 
 def offending_reshape(chain: list[Node], start: int) -> int:
     """Index of the first reshape in chain[start:] that follows a permute, or that follows a
-    broadcast or slice and merges or splits axes, or -1: strides may not express it. (A
-    permuted view's copy is kept: read in another order, it would be strided.)"""
+    broadcast or slice and merges axes, or -1: strides may not express it. (A permuted view's
+    copy is kept: read in another order, it would be strided.)"""
     moved = permuted = False
     for i in range(start, len(chain)):
         v = chain[i]
-        if v.op == "reshape" and (permuted or (moved and not renames_axes(v.inputs[0].shape, v.shape))):
+        if v.op == "reshape" and (permuted or (moved and not splits_only(v.inputs[0].shape, v.shape))):
             return i
         moved |= v.op != "reshape"
         permuted |= v.op == "permute"

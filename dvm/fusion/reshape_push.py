@@ -30,6 +30,13 @@ def renames_axes(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
     return [d for d in old if not is_one(d)] == [d for d in new if not is_one(d)]
 
 
+def splits_only(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
+    """True when reshaping `old` to `new` only splits axes (and adds or drops unit axes): strides
+    exist whatever `old`'s strides are (an axis of stride s splits into (.., b*s, s))."""
+    groups = axis_groups(old, new)
+    return groups is not None and all(len(old_axes) <= 1 for old_axes, _ in groups)
+
+
 def pushable(node: Node) -> bool:
     return OP_TABLE[node.op].kind in _PUSHABLE
 
