@@ -239,3 +239,7 @@ def test_a_split_of_a_slice_is_read_through_strides(vm, start, heads):
         (got,) = g.run({"s": n}, [pa, ca])
         want = pa[:, :, start:start + heads * 4].reshape(1, n, heads, 4).transpose(0, 2, 1, 3) * ca[:, None]
         np.testing.assert_array_equal(got, want)
+
+
+def test_splits_only_keeps_empty_renames():
+    assert splits_only((0, 4), (0, 4, 1)) and not splits_only((0, 4), (4, 0))

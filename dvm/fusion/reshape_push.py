@@ -33,6 +33,8 @@ def renames_axes(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
 def splits_only(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
     """True when reshaping `old` to `new` only splits axes (and adds or drops unit axes): strides
     exist whatever `old`'s strides are (an axis of stride s splits into (.., b*s, s))."""
+    if renames_axes(old, new):
+        return True
     groups = axis_groups(old, new)
     return groups is not None and all(len(old_axes) <= 1 for old_axes, _ in groups)
 
