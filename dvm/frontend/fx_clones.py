@@ -21,7 +21,6 @@ from . import aten_table as T
 
 aten = torch.ops.aten
 ENABLED = True   # off: every clone is kept (the tests compare the two)
-_RESHAPES = T.RESHAPE_OPS
 
 
 def _fresh(x) -> bool:
@@ -37,7 +36,7 @@ def _fresh(x) -> bool:
 
 def _dense_base(x) -> fx.Node | None:
     """The fresh tensor that x is, or reshapes (a reshape of a dense tensor is dense); else None."""
-    while isinstance(x, fx.Node) and x.target in _RESHAPES:
+    while isinstance(x, fx.Node) and x.target in T.RESHAPE_OPS:
         x = x.args[0]
     return x if _fresh(x) else None
 

@@ -29,7 +29,6 @@ from .aten_table import RESHAPE_OPS
 
 aten = torch.ops.aten
 ENABLED = True   # off: the activation stays an op of its own (the tests and the A/B compare the two)
-_RESHAPES = RESHAPE_OPS
 _PRODUCTS = {aten.addmm.default: 3, aten.mm.default: 2}   # -> their positional arguments
 
 
@@ -47,7 +46,7 @@ def _product_under(act: fx.Node) -> tuple[fx.Node, list] | None:
     """(the product, the reshapes from it to act's input, in graph order) where each is read only
     by the next and the product is a plain mm or addmm (1-D bias, beta = alpha = 1) of CPU tensors."""
     chain, src = [], act.args[0]
-    while isinstance(src, fx.Node) and src.target in _RESHAPES and len(src.users) == 1:
+    while isinstance(src, fx.Node) and src.target in RESHAPE_OPS and len(src.users) == 1:
         chain.append(src)
         src = src.args[0]
     if not (isinstance(src, fx.Node) and src.target in _PRODUCTS and len(src.users) == 1

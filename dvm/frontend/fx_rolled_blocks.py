@@ -28,7 +28,6 @@ from .aten_table import RESHAPE_OPS
 
 aten = torch.ops.aten
 ENABLED = True   # off: each Rolled takes its own views and roll in PyTorch (the tests compare)
-_RESHAPES = RESHAPE_OPS
 _MOVES = (aten.transpose.int, aten.permute.default)
 
 
@@ -78,7 +77,7 @@ def _last_slice(n: fx.Node, d: int) -> int | None:
 def _splits(n: fx.Node, d: int) -> bool:
     """Reshape n splits its input's last axis into (heads, d), the leading axes as they were."""
     src, out = _val(n.args[0]), _val(n)
-    return n.target in _RESHAPES and out.ndim == src.ndim + 1 and _same(out.shape[-1], d) and \
+    return n.target in RESHAPE_OPS and out.ndim == src.ndim + 1 and _same(out.shape[-1], d) and \
         _same(out.shape[-2] * d, src.shape[-1]) and all(_same(a, b) for a, b in zip(out.shape[:-2], src.shape[:-1]))
 
 
@@ -102,7 +101,7 @@ def _walk(rolled) -> tuple[fx.Node, tuple[int, int], tuple, int] | None:
     while isinstance(n, fx.Node) and n.target in _MOVES:
         moves.append(n)
         n = n.args[0]
-    if not (isinstance(n, fx.Node) and n.target in _RESHAPES and isinstance(_val(n), torch.Tensor) and _splits(n, d)):
+    if not (isinstance(n, fx.Node) and n.target in RESHAPE_OPS and isinstance(_val(n), torch.Tensor) and _splits(n, d)):
         return None
     ndim, n = _val(n).ndim, n.args[0]
     lo = _last_slice(n, d) if isinstance(n, fx.Node) and n.target is aten.slice.Tensor else None

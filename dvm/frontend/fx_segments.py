@@ -49,7 +49,6 @@ class Segment:
     writes: list = field(default_factory=list)       # (copy_ FX node, value, graph input it updates)
 
 
-_RESHAPES = T.RESHAPE_OPS
 ROTATE_IN_TORCH = "rotate_half of a PyTorch value: neg + cat in PyTorch, products fused"
 
 
@@ -273,7 +272,7 @@ class Planner:
         src = a.args[0] if a.args else None
         handler = T.LOWERINGS.get(a.target)
         if a not in self.torch_views or handler is None or not isinstance(src, fx.Node) \
-                or (src.target in T.CUBE_OPS and a.target in _RESHAPES) or not _is_tensor(fake(a)):
+                or (src.target in T.CUBE_OPS and a.target in T.RESHAPE_OPS) or not _is_tensor(fake(a)):
             return None
         n_inputs, n_checks, views = len(new_inputs), len(seg.ctx.checks), dict(self._new_views)
         try:

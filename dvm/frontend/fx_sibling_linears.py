@@ -42,7 +42,6 @@ aten = torch.ops.aten
 REASON = ("sibling linears of one input: their weights concatenated once (remembered while unchanged) "
           "for one matrix product, sliced into each linear's result")
 ENABLED = True   # off: every linear is its own product (tests compare the two)
-_RESHAPES = T.RESHAPE_OPS
 _budget_lock = threading.Lock()
 _bytes_used = [0]   # bytes of concatenated weights the rewrites of this process may keep
 
@@ -113,7 +112,7 @@ def _view_back(mm: fx.Node, n: int) -> fx.Node | None:
     if len(mm.users) != 1:
         return None
     (back,) = mm.users
-    if back.target in _RESHAPES and len(back.args) == 2 and isinstance(back.args[1], (list, tuple)) and \
+    if back.target in T.RESHAPE_OPS and len(back.args) == 2 and isinstance(back.args[1], (list, tuple)) and \
             back.args[1] and isinstance(back.args[1][-1], int) and back.args[1][-1] == n:
         return back
     return None
@@ -138,7 +137,7 @@ def _member(mm: fx.Node, weights: frozenset) -> _Member | None:
         b = _val(bias)
         if not (isinstance(b, torch.Tensor) and tuple(b.shape) == (w.shape[0],) and b.dtype == w.dtype):
             return None
-    flat = src if src.target in _RESHAPES and len(src.users) == 1 else None
+    flat = src if src.target in T.RESHAPE_OPS and len(src.users) == 1 else None
     return _Member(mm, flat, tw, tw.args[0], bias, _view_back(mm, w.shape[0]), w.shape[0])
 
 
