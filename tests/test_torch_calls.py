@@ -153,8 +153,8 @@ def test_views_to_their_own_shape_are_no_calls():
 
 
 def _heads(x, w):
-    """Views of a linear layer's output and of DVM outputs, one with a transposed traced layout
-    (x.transpose(1, 2) * 2 follows its input's memory order in PyTorch, is row-major in DVM)."""
+    """Views of a linear layer's output and of DVM outputs, two with a transposed traced layout
+    (x.transpose(1, 2) * 2 follows its input's memory order in PyTorch)."""
     B, L, D = x.shape
     q = torch.nn.functional.linear(x, w).view(B, L, 2, 4)
     t = (x.transpose(1, 2) * 2).view(B, D, 1, L)
@@ -162,26 +162,33 @@ def _heads(x, w):
     return t, u, torch.mm(q.reshape(-1, 4), w[:4, :4])
 
 
-def test_views_of_row_major_values_are_plain_views():
-    """A view of F.linear's output, of a DVM output (stored row-major whatever PyTorch's layout
-    would be: t's is transposed) or of such a view is called as Tensor.view, with no
-    is_contiguous test (a view of any other value keeps it: the test above); q's view read only
-    by the reshape is merged into it (three views, not four). Results match eager, no view
+@pytest.mark.parametrize("order", ["never", "free"])
+def test_views_of_row_major_values_are_plain_views(order, monkeypatch):
+    """A view of F.linear's output, of a DVM output stored row-major or of such a view is called
+    as Tensor.view, with no is_contiguous test (a view of any other value keeps it: the test
+    above); q's view read only by the reshape is merged into it (three views, not four). With
+    TORCH_ORDER "free" t and u are stored in PyTorch's order (their permutes move onto the
+    loads): their views keep the test, and are views as in eager. Results match eager, no view
     copies."""
+    from dvm.frontend import torch_segment
     from dvm.frontend.torch_runtime import COMPILED
+    monkeypatch.setattr(torch_segment, "TORCH_ORDER", order)
     torch._dynamo.reset()
     fn = torch.compile(_heads, backend="dvm", dynamic=True)
     w = torch.randn(8, 6)
+    before = counters.snapshot().get("torch_view_copies", 0)
     with torch.no_grad():
         for L in (3, 5, 9):
             x = torch.randn(2, L, 6)
-            before = counters.snapshot().get("torch_view_copies", 0)
             for got, want in zip(fn(x, w), _heads(x, w)):
                 torch.testing.assert_close(got, want)
+                assert order == "never" or got.stride() == want.stride()
     code = COMPILED[-1].runner.code
-    assert code.count("torch_Tensor_view(") == 3 and "_view_or_reshape" not in code, code
+    plain = 3 if order == "never" else 1
+    assert code.count("torch_Tensor_view(") == plain and code.count("_view_or_reshape(") == 3 - plain, code
     assert "torch_Tensor_view(linear, [-1, 4])" in code, code
     assert counters.snapshot().get("torch_view_copies", 0) == before
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("case", ["ascending", "short", "int64", "odd_width", "transposed", "empty_groups"])

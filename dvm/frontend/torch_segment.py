@@ -15,6 +15,7 @@ import torch
 
 from ..config import config
 from ..errors import ShapeError
+from ..fusion.reshape_push import push_permutes
 from ..graph.build import permute
 from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
@@ -24,8 +25,13 @@ from .aten_table import VIEW_OPS, Unsupported
 from .fx_segments import fake
 from .torch_launch import TensorLauncher, _data_ptr, input_spans, tensor_check, writable_over
 
-# DVM outputs are row-major; PyTorch's may follow an input's memory order (see torch_calls).
-STORE_IN_TORCH_ORDER = False
+# PyTorch's results may follow an input's memory order (a product of transposed heads keeps the
+# heads' order), and what reads them then differs: attention's output takes its query's order,
+# and HF's transpose + reshape of it is a view in eager, a copy of a row-major one. A segment
+# stores a value in PyTorch's order and views it back: "free" where that costs no kernel (the
+# permute moves onto the loads, fusion/reshape_push), "always" (else a kernel of its own), or
+# "never" (row-major).
+TORCH_ORDER = "free"
 _CHECKED_MAX = 4096   # size tuples whose shape checks passed, remembered per segment
 # The accuracy verification mode's observer, called as VERIFY(runner, env, tensors, outs) after
 # each launch (dvm.tools.verify installs it; DVM_VERIFY=1 at the first segment's compile). None:
@@ -58,6 +64,26 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
+def _stored(seg) -> list[tuple]:
+    """(DVM node stored, permutation that views it back or None) per output of seg (TORCH_ORDER)."""
+    plain = [seg.value[fxn] for fxn in seg.outputs]
+    perms = [None if TORCH_ORDER == "never" or node.op == "input" else _stride_order(fake(fxn))
+             for fxn, node in zip(seg.outputs, plain)]
+    wanted = [node if perm is None else permute(seg.ctx, node, perm) for node, perm in zip(plain, perms)]
+    if TORCH_ORDER == "free":
+        moved = push_permutes(wanted)   # a permute left on top: it did not move
+        wanted = [w if perm is None else m if m.op != "permute" else node
+                  for w, m, node, perm in zip(wanted, moved, plain, perms)]
+        perms = [perm if w is not node else None for w, node, perm in zip(wanted, plain, perms)]
+    return [(w, None if perm is None else tuple(perm.index(i) for i in range(len(perm))))
+            for w, perm in zip(wanted, perms)]
+
+
+def _viewed(outs: Sequence[torch.Tensor], perms: tuple) -> tuple:
+    """The launch's outputs, each stored in PyTorch's order viewed back by its permutation."""
+    return tuple(o if p is None else o.permute(p) for o, p in zip(outs, perms))
+
+
 def _returned(n) -> bool:
     """The graph returns FX node n or a view of it."""
     return any(u.op == "output" or (u.target in VIEW_OPS and _returned(u)) for u in n.users)
@@ -67,16 +93,10 @@ class SegmentRunner:
     def __init__(self, seg, graph_syms: set):
         self.seg = seg
         nodes, self.out_map = [], []
-        for fxn in seg.outputs:
-            node = seg.value[fxn]
+        for fxn, (node, inv) in zip(seg.outputs, _stored(seg)):
             if node.op == "input":
                 self.out_map.append((fxn, True, node.attr("index"), None))
                 continue
-            perm = _stride_order(fake(fxn)) if STORE_IN_TORCH_ORDER else None
-            inv = None
-            if perm is not None:   # store in PyTorch's memory order, view back (costs a kernel)
-                node = permute(seg.ctx, node, perm)
-                inv = tuple(perm.index(i) for i in range(len(perm)))
             if node not in nodes:
                 nodes.append(node)
             self.out_map.append((fxn, False, nodes.index(node), inv))
@@ -125,8 +145,11 @@ class SegmentRunner:
             direct = None if is_input or inv is not None or slot in passed else k
             self.writes.append((self.outputs.index(src), direct, slot))
         self._outside = [i for i, (_, _, slot) in enumerate(self.writes) if slot is None]
-        # the launch's outputs are the results, in order: run() returns them as they come
-        self._direct = self.results == [(False, k, None) for k in range(len(self.results))]
+        # the launch's outputs are the results, in order: run() returns them as they come, those
+        # stored in PyTorch's order viewed back (_perms)
+        self._direct = [r[:2] for r in self.results] == [(False, k) for k in range(len(self.results))]
+        perms = tuple(inv for _, _, inv in self.results)
+        self._perms = perms if self._direct and any(p is not None for p in perms) else None
         t0 = time.perf_counter()
         self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
         self.compile_s = time.perf_counter() - t0
@@ -162,7 +185,7 @@ class SegmentRunner:
         if quick is not None and quick[0] == key and quick[1](*tensors) and \
                 quick[2] == config().vm and VERIFY is None:
             counters.bump_segment()
-            return quick[3](tensors)
+            return quick[3](tensors) if self._perms is None else _viewed(quick[3](tensors), self._perms)
         results = self._run(env, tensors)
         if self._quick_ok:
             self._remember_quick(key, env, tensors)
@@ -199,7 +222,7 @@ class SegmentRunner:
         outs = self.launch(env, tensors, into) if self.launch is not None else ()
         if VERIFY is not None:
             VERIFY(self, env, tensors, outs)
-        results = outs if self._direct else tuple(
+        results = (outs if self._perms is None else _viewed(outs, self._perms)) if self._direct else tuple(
             # an input passed through is copied row-major, like every DVM output: later views work
             [tensors[k].clone(memory_format=torch.contiguous_format) if is_input
              else outs[k] if inv is None else outs[k].permute(inv) for is_input, k, inv in self.results])

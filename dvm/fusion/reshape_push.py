@@ -10,6 +10,12 @@ can take it: inputs (a row-major copy where their strides cannot), inputs' resha
 and views or indices whose reshape only adds or drops unit axes. And only where nothing is then
 computed twice: no other node reads the work, and none reads the reshape broadcast (the work
 would run once per copy). Anywhere else it stays put.
+
+Permutes of outputs move the same way (`push_permutes`): permute(f(a, b)) is f(permute(a'),
+permute(b')), computed in the permuted order, through reductions too (their axes renumbered),
+where every operand is a load (an input or a view of one: a permute of a strided view is a
+strided view) or a scalar, and the work has no other reader. A value stored in another order (PyTorch's memory order of a transposed value) then
+takes no kernel of its own.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from ..graph.build import reshape_node
 from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one, prod
+from ..graph.views import split_chain
 
 _PUSHABLE = (Kind.ELEMENTWISE, Kind.CAST)
 
@@ -164,3 +171,53 @@ def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
         same = all(a is b for a, b in zip(inputs, node.inputs))
         new[id(node)] = node if same else _remade(node, node.shape, inputs)
     return [new[id(o)] for o in outputs]
+
+
+def _loads(node: Node) -> bool:
+    """node is an input or a chain of views of one: any permute of it is a strided load."""
+    base, _ = split_chain(node)
+    return base.op == "input"
+
+
+def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: set,
+              memo: dict[Node, Node | None]) -> Node | None:
+    """A node equal to permute(node, dims) with the permute moved onto loads, or None."""
+    if node not in memo:
+        memo[node] = None
+        if _loads(node):
+            memo[node] = Node.make("permute", node.dtype, tuple(node.shape[d] for d in dims), (node,), dims=dims)
+        elif _permutable(node) and id(node) not in outputs and len(users.get(id(node), ())) == 1:
+            inputs = []
+            for a in node.inputs:
+                if a.ndim and a.ndim < node.ndim:   # broadcast from the left: unit axes first
+                    a = reshape_node(a, (1,) * (node.ndim - a.ndim) + tuple(a.shape)) if _loads(a) else None
+                moved = a if a is None or a.ndim == 0 else _permuted(a, dims, users, outputs, memo)
+                if moved is None:
+                    return None
+                inputs.append(moved)
+            attrs = dict(node.attrs)
+            if OP_TABLE[node.op].kind is Kind.REDUCE:   # (keeps its rank) the reduced axes' new places
+                attrs["axes"] = tuple(j for j, d in enumerate(dims) if d in node.attr("axes"))
+            memo[node] = Node.make(node.op, node.dtype, tuple(node.shape[d] for d in dims), inputs, **attrs)
+    return memo[node]
+
+
+def _permutable(node: Node) -> bool:
+    """Elementwise work, or a reduction (whose result keeps its input's rank)."""
+    return pushable(node) or OP_TABLE[node.op].kind is Kind.REDUCE
+
+
+def push_permutes(outputs: Sequence[Node]) -> list[Node]:
+    """`outputs` with each permute of elementwise work (reductions among it) computed in the
+    permuted order instead, where its operands are loads or scalars and nothing else reads the work (an interior node
+    read by anything but its one reader would be computed twice): one kernel fewer than storing
+    the work and reading it back permuted. The results are equal values, of the same shapes."""
+    users = _users(outputs)
+    out_ids = {id(o) for o in outputs}
+    new = []
+    for o in outputs:
+        moved = None
+        if o.op == "permute" and _permutable(o.inputs[0]) and users[id(o.inputs[0])] == [o]:
+            moved = _permuted(o.inputs[0], tuple(o.attr("dims")), users, out_ids, {})
+        new.append(o if moved is None else moved)
+    return new

@@ -1,0 +1,142 @@
+"""Permutes of elementwise work moved onto its loads (fusion/reshape_push.push_permutes), on both
+VMs: HF's RoPE on transposed heads stored in the heads' memory order in one kernel, work read
+elsewhere or reading a reduction (left alone), and random permutes of random broadcasts of
+permuted inputs against NumPy (Hypothesis)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dvm.fusion.reshape_push import push_permutes
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph
+
+F32 = np.float32
+_NP = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum}
+
+
+def _input(shape, index):
+    return Node.make("input", DType.FLOAT32, shape, index=index)
+
+
+def _ew(ctx, name, *args):
+    return build.elementwise(ctx, name, *args)
+
+
+def test_rope_on_transposed_heads_is_one_kernel_in_the_heads_order(vm):
+    """q: a slice of the fused projection split into heads and transposed (b, h, s, d); q * cos +
+    q' * sin stored in PyTorch's order (b, s, h, d): one kernel over that domain, no workspace."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, c, r = _input((1, s, 32), 0), _input((1, 1, s, 4), 1), _input((1, 3, s, 4), 2)
+    q = build.slice_view(ctx, p, 2, 8, 12)
+    q = build.permute(ctx, build.reshape(ctx, q, (1, s, 3, 4)), (0, 2, 1, 3))
+    y = _ew(ctx, "add", _ew(ctx, "mul", q, c), _ew(ctx, "mul", r, c))
+    (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
+    assert moved.op == "add" and moved.shape == (1, s, 3, 4)
+    g = CompiledGraph([p, c, r], [moved])
+    assert len(g.plan.groups) == 1 and not g.plan.workspaces and g.plan.groups[0].shape == (1, s, 3, 4)
+    rng = np.random.default_rng(0)
+    for n in (1, 6):
+        pa = rng.standard_normal((1, n, 32)).astype(F32)
+        ca, ra = rng.standard_normal((1, 1, n, 4)).astype(F32), rng.standard_normal((1, 3, n, 4)).astype(F32)
+        (got,) = g.run({"s": n}, [pa, ca, ra])
+        qa = pa[:, :, 8:20].reshape(1, n, 3, 4).transpose(0, 2, 1, 3)
+        np.testing.assert_array_equal(got, (qa * ca + ra * ca).transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("axis", [2, 3])   # (static short axes sum as adds of slices)
+def test_reductions_move_with_their_axes_renumbered(vm, axis):
+    """Qwen3's q_norm (RMSNorm over the head size of transposed heads) and sums over axes that
+    move: one kernel in the permuted order, NumPy's values."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, w = _input((2, s, 3, 4), 0), _input((4,), 1)
+    q = build.permute(ctx, p, (0, 2, 1, 3))
+    rms = build.reduce(ctx, "mean", _ew(ctx, "mul", q, q), axis, True)
+    y = _ew(ctx, "mul", _ew(ctx, "mul", q, _ew(ctx, "rsqrt", _ew(ctx, "add", rms, build.const(1e-6)))), w)
+    (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
+    assert moved.op == "mul" and moved.shape == (2, s, 3, 4)
+    g = CompiledGraph([p, w], [moved])
+    assert len(g.plan.groups) == 1 and not g.plan.workspaces
+    rng = np.random.default_rng(axis)
+    pa, wa = rng.standard_normal((2, 5, 3, 4)).astype(F32), rng.standard_normal(4).astype(F32)
+    (got,) = g.run({"s": 5}, [pa, wa])
+    qa = pa.transpose(0, 2, 1, 3)
+    want = qa / np.sqrt((qa * qa).mean(axis, keepdims=True, dtype=F32) + F32(1e-6)) * wa
+    np.testing.assert_allclose(got, want.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["work_is_an_output", "interior_read_twice", "reduction_read_twice"])
+def test_work_that_would_be_redone_stays_put(vm, case):
+    """The work also returned as it is, an interior value read by another output, a reduction
+    read by another output: not moved (stored, then read back permuted), and the same results."""
+    ctx, s = build.ShapeContext(), sym("s")
+    x, z = _input((s, 5), 0), _input((s, 5), 1)
+    inner = _ew(ctx, "mul", x, z)
+    if case == "work_is_an_output":
+        work = _ew(ctx, "exp", inner)
+        outs = [build.permute(ctx, work, (1, 0)), work]
+    elif case == "interior_read_twice":
+        work = _ew(ctx, "exp", inner)
+        outs = [build.permute(ctx, work, (1, 0)), _ew(ctx, "neg", inner)]
+    else:
+        total = build.reduce(ctx, "sum", z, 1, True)
+        outs = [build.permute(ctx, _ew(ctx, "mul", x, total), (1, 0)), total]
+    assert push_permutes(outs)[0] is outs[0]
+    g = CompiledGraph([x, z], outs)
+    xa, za = (np.random.default_rng(i).standard_normal((7, 5)).astype(F32) for i in (1, 2))
+    got = g.run({"s": 7}, [xa, za])
+    if case == "reduction_read_twice":
+        np.testing.assert_allclose(got[1], za.sum(1, keepdims=True, dtype=F32), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[0], (xa * za.sum(1, keepdims=True, dtype=F32)).T, rtol=1e-5, atol=1e-5)
+        return
+    np.testing.assert_allclose(got[0], np.exp(xa * za).T, rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.exp(xa * za) if case == "work_is_an_output" else -(xa * za), rtol=1e-6)
+
+
+@st.composite
+def _cases(draw):
+    rank = draw(st.integers(2, 4))
+    sizes = draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank))
+    perm = tuple(draw(st.permutations(range(rank))))
+    x_perm = tuple(draw(st.permutations(range(rank))))   # x is an input viewed through a permute
+    operands = []
+    for _ in range(draw(st.integers(1, 3))):
+        drop = draw(st.integers(0, rank - 1))                 # lower rank: broadcast from the left
+        operands.append(tuple(d if draw(st.booleans()) else 1 for d in sizes[drop:]))
+    ops = draw(st.lists(st.sampled_from(sorted(_NP)), min_size=len(operands), max_size=len(operands)))
+    return sizes, perm, x_perm, operands, ops
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_cases())
+def test_random_permutes_of_broadcasts(vm, case):
+    sizes, perm, x_perm, operand_sizes, ops = case
+    rank = len(sizes)
+    ctx = build.ShapeContext()
+    names = [sym(f"d{i}") for i in range(rank)]
+    dims = tuple(1 if n == 1 else names[i] for i, n in enumerate(sizes))
+    env = {f"d{i}": n for i, n in enumerate(sizes) if n != 1}
+    inv = tuple(x_perm.index(i) for i in range(rank))
+    x_in = _input(tuple(dims[i] for i in inv), 0)           # stored in another order
+    value = build.permute(ctx, x_in, x_perm)
+    rng = np.random.default_rng(rank)
+    xa = rng.standard_normal([sizes[i] for i in inv]).astype(F32)
+    want = xa.transpose(x_perm)
+    inputs, arrays = [x_in], [xa]
+    for k, (shape, op) in enumerate(zip(operand_sizes, ops)):
+        drop = rank - len(shape)
+        o = _input(tuple(1 if d == 1 else dims[drop + i] for i, d in enumerate(shape)), k + 1)
+        inputs.append(o)
+        value = _ew(ctx, op, value, o)
+        a = rng.standard_normal(shape).astype(F32)
+        arrays.append(a)
+        want = _NP[op](want, a)
+    out = build.permute(ctx, _ew(ctx, "exp", value), perm)
+    g = CompiledGraph(inputs, [out])
+    if perm != tuple(range(rank)):
+        assert not g.plan.workspaces and len(g.plan.groups) == 1
+    (got,) = g.run(env, arrays)
+    np.testing.assert_allclose(got, np.exp(want).transpose(perm), rtol=1e-6)

@@ -1,0 +1,95 @@
+"""Segment outputs in PyTorch's memory order where that costs no kernel (torch_segment.TORCH_ORDER):
+HF's RoPE on transposed heads returns eager's strides, attention's output then reshapes as a
+view, and the values match eager and the row-major order."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import dvm.frontend.torch_backend as tb  # noqa: E402
+from dvm.frontend import torch_segment  # noqa: E402
+
+pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
+    yield os.environ.get("DVM_VM", "cpu")
+
+
+@pytest.fixture
+def order():
+    """Sets TORCH_ORDER for one test's compiles and restores it."""
+    saved = torch_segment.TORCH_ORDER
+
+    def use(value):
+        torch_segment.TORCH_ORDER = value
+        torch._dynamo.reset()
+    yield use
+    torch_segment.TORCH_ORDER = saved
+    torch._dynamo.reset()
+
+
+HEADS, D = 4, 8
+
+
+def _rotate_half(x):
+    return torch.cat((-x[..., D // 2:], x[..., :D // 2]), dim=-1)
+
+
+def _rope(x, w, cos, sin):
+    b, n, _ = x.shape
+    q = F.linear(x, w).view(b, n, HEADS, D).transpose(1, 2)
+    return q * cos + _rotate_half(q) * sin
+
+
+def _inputs(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, 32, generator=g)
+    cos, sin = (torch.randn(1, 1, n, D, generator=g) for _ in range(2))
+    return x, cos, sin
+
+
+def test_rope_output_has_eager_strides(order):
+    w = torch.randn(HEADS * D, 32) * 0.1
+    f = lambda x, cos, sin: _rope(x, w, cos, sin)   # noqa: E731
+    results = {}
+    with torch.no_grad():
+        for mode in ("never", "free"):
+            order(mode)
+            cf = torch.compile(f, backend="dvm", dynamic=True)
+            for n in (3, 9, 9, 17):
+                args = _inputs(n, n)
+                got, want = cf(*args), f(*args)
+                torch.testing.assert_close(got, want)
+                results[mode, n] = got
+            assert (got.stride() == want.stride()) is (mode == "free"), (mode, got.stride(), want.stride())
+    for n in (3, 9, 17):
+        assert torch.equal(results["never", n], results["free", n])
+    order("free")
+    text = tb.explain_model(f, *_inputs(5))
+    assert "1 vector kernel(s)" in text and ", 4, 8) reduce []" in text   # one kernel, in the heads' memory order
+
+
+def test_attention_after_rope_matches_eager(order):
+    """q and k through RoPE, attention, its output back to (b, n, heads * d) and projected: eager's
+    values in both orders (in PyTorch's order the final reshape is a view, as in eager)."""
+    torch.manual_seed(0)
+    wq, wk, wv, wo = (torch.randn(HEADS * D, 32) * 0.1 for _ in range(4))
+
+    def f(x, cos, sin):
+        b, n, _ = x.shape
+        q, k = _rope(x, wq, cos, sin), _rope(x, wk, cos, sin)
+        v = F.linear(x, wv).view(b, n, HEADS, D).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(o.transpose(1, 2).reshape(b, n, HEADS * D), wo)
+    with torch.no_grad():
+        for mode in ("free", "never"):
+            order(mode)
+            cf = torch.compile(f, backend="dvm", dynamic=True)
+            for n in (4, 11, 11, 2):
+                args = _inputs(n, n)
+                torch.testing.assert_close(cf(*args), f(*args))
