@@ -223,7 +223,7 @@ class SegmentRunner:
         if VERIFY is not None:
             VERIFY(self, env, tensors, outs)
         results = (outs if self._perms is None else _viewed(outs, self._perms)) if self._direct else tuple(
-            # an input passed through is copied row-major, like every DVM output: later views work
+            # an input passed through is copied row-major, like most DVM outputs: later views work
             [tensors[k].clone(memory_format=torch.contiguous_format) if is_input
              else outs[k] if inv is None else outs[k].permute(inv) for is_input, k, inv in self.results])
         if self._copies:

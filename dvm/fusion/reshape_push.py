@@ -14,8 +14,8 @@ would run once per copy). Anywhere else it stays put.
 Permutes of outputs move the same way (`push_permutes`): permute(f(a, b)) is f(permute(a'),
 permute(b')), computed in the permuted order, through reductions too (their axes renumbered),
 where every operand is a load (an input or a view of one: a permute of a strided view is a
-strided view) or a scalar, and the work has no other reader. A value stored in another order (PyTorch's memory order of a transposed value) then
-takes no kernel of its own.
+strided view) or a scalar, and the work has no other reader. A value stored in another order
+(PyTorch's memory order of a transposed value) then takes no kernel of its own.
 """
 from __future__ import annotations
 
@@ -209,9 +209,10 @@ def _permutable(node: Node) -> bool:
 
 def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     """`outputs` with each permute of elementwise work (reductions among it) computed in the
-    permuted order instead, where its operands are loads or scalars and nothing else reads the work (an interior node
-    read by anything but its one reader would be computed twice): one kernel fewer than storing
-    the work and reading it back permuted. The results are equal values, of the same shapes."""
+    permuted order instead, where its operands are loads or scalars and nothing else reads the
+    work (an interior node read by anything but its one reader would be computed twice): one
+    kernel fewer than storing the work and reading it back permuted. The results are equal
+    values, of the same shapes."""
     users = _users(outputs)
     out_ids = {id(o) for o in outputs}
     new = []
