@@ -53,22 +53,28 @@ def _inputs(n, seed=0):
     return x, cos, sin
 
 
+def _against_eager(order, f, mode: str, lengths) -> dict:
+    """f compiled under TORCH_ORDER `mode` and run at each length against eager: {length: (DVM's
+    result, eager's)}."""
+    order(mode)
+    cf = torch.compile(f, backend="dvm", dynamic=True)
+    out = {}
+    with torch.no_grad():
+        for n in lengths:
+            args = _inputs(n, n)
+            out[n] = cf(*args), f(*args)
+            torch.testing.assert_close(*out[n])
+    return out
+
+
 def test_rope_output_has_eager_strides(order):
     w = torch.randn(HEADS * D, 32) * 0.1
     f = lambda x, cos, sin: _rope(x, w, cos, sin)   # noqa: E731
-    results = {}
-    with torch.no_grad():
-        for mode in ("never", "free"):
-            order(mode)
-            cf = torch.compile(f, backend="dvm", dynamic=True)
-            for n in (3, 9, 9, 17):
-                args = _inputs(n, n)
-                got, want = cf(*args), f(*args)
-                torch.testing.assert_close(got, want)
-                results[mode, n] = got
-            assert (got.stride() == want.stride()) is (mode == "free"), (mode, got.stride(), want.stride())
+    results = {mode: _against_eager(order, f, mode, (3, 9, 9, 17)) for mode in ("never", "free")}
     for n in (3, 9, 17):
-        assert torch.equal(results["never", n], results["free", n])
+        got, want = results["free"][n]
+        assert torch.equal(results["never"][n][0], got) and got.stride() == want.stride()
+        assert results["never"][n][0].stride() != want.stride()   # (row-major)
     order("free")
     text = tb.explain_model(f, *_inputs(5))
     assert "1 vector kernel(s)" in text and ", 4, 8) reduce []" in text   # one kernel, in the heads' memory order
@@ -86,10 +92,5 @@ def test_attention_after_rope_matches_eager(order):
         v = F.linear(x, wv).view(b, n, HEADS, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.linear(o.transpose(1, 2).reshape(b, n, HEADS * D), wo)
-    with torch.no_grad():
-        for mode in ("free", "never"):
-            order(mode)
-            cf = torch.compile(f, backend="dvm", dynamic=True)
-            for n in (4, 11, 11, 2):
-                args = _inputs(n, n)
-                torch.testing.assert_close(cf(*args), f(*args))
+    for mode in ("free", "never"):
+        _against_eager(order, f, mode, (4, 11, 11, 2))
