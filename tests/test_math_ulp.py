@@ -111,8 +111,8 @@ def test_f32_math_within_ulp_budget(op):
 @pytest.mark.parametrize("op", ["exp", "sigmoid", "silu"])
 def test_one_step_exp_paths_are_bitwise_the_full_range_functions(op):
     """exp_into / sigmoid_into scale by 2**n in one step while every lane of the span is in
-    range, else redo the span with expf / sigmoidf. The one-step values must be those functions'
-    bit for bit, or a lane's result would depend on its neighbours (and on tile and thread
+    range (exp: or below EXP_ZERO, where expf is +0), else redo the span with expf / sigmoidf. The
+    one-step values must be those functions' bit for bit, or a lane's result would depend on its neighbours (and on tile and thread
     splits). The ULP table above measures mostly the full-range path: its samples put an
     out-of-range lane in nearly every tile."""
     from numba import njit
@@ -147,6 +147,19 @@ def test_one_step_exp_paths_are_bitwise_the_full_range_functions(op):
         one_step(fast, y)
         full_range(full, y)
         np.testing.assert_array_equal(fast.view(np.int32), full.view(np.int32))
+    if op == "exp":   # lanes below EXP_ZERO (a masked softmax's) are +0 on the one-step path
+        from dvm.vm.cpu.jit.mathf import EXP_ZERO
+        below = np.array([-np.inf, np.finfo(np.float32).min, -1e30, np.nextafter(EXP_ZERO, np.float32(-np.inf))],
+                         np.float32)
+        for extra in (None, np.nan, np.float32(-90.0), EXP_ZERO):
+            y = x.copy()
+            y[::3] = np.resize(below, y[::3].shape)
+            if extra is not None:
+                y[5] = extra
+            one_step(fast, y)
+            full_range(full, y)
+            np.testing.assert_array_equal(fast.view(np.int32), full.view(np.int32))
+            assert not fast[::3].view(np.int32).any()   # +0
 
 
 @pytest.mark.parametrize("op", ["sin", "cos"])

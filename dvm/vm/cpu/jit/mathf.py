@@ -107,20 +107,36 @@ def exp_one_step(x):
     return _scale_exp_bits(p, t)
 
 
+# expf is +0 below this: it clamps x to _EXP_LO, and p * 2**-150 (p < 1) rounds to +0. A masked
+# softmax's lanes (finfo.min, -inf) sit there: exp_lane takes them without expf's re-run.
+EXP_ZERO = _EXP_LO
+
+
+@njit(**MOPTS)
+def exp_lane(x):
+    """expf(x) bit for bit where exp_lane_exact(x); garbage elsewhere."""
+    return exp_one_step(x) if x >= EXP_ZERO else _ZERO
+
+
+@njit(**MOPTS)
+def exp_lane_exact(x):
+    """x in [EXP1_LO, EXP1_HI] or below EXP_ZERO (False for NaN)."""
+    return abs(x - EXP1_MID) <= EXP1_HALF or x < EXP_ZERO
+
+
 @njit(inline="always", **OPTS)
 def exp_into(o, a, n):
     """o[:n] = expf(a[:n]). First with one-step scaling (no float -> int conversion, one
-    exponent add instead of two multiplies) while flagging any lane outside
-    [EXP1_LO, EXP1_HI]; if one was (NaN, overflow, subnormal results), the whole span again with
-    expf. Either way the values are expf's bit for bit, so a lane's result never
+    exponent add instead of two multiplies) and +0 below EXP_ZERO, while flagging any other lane
+    outside [EXP1_LO, EXP1_HI]; if one was (NaN, overflow, subnormal results), the whole span
+    again with expf. Either way the values are expf's bit for bit, so a lane's result never
     depends on its neighbours (thread and tile splits stay bitwise stable). o must not overlap a
     (the verifier's dst_alias rule; fused callers pass a scratch row)."""
     outside = False
     for k in range(n):
         v = a[k]
-        o[k] = exp_one_step(v)
-        # one compare (NaN fails it): a lane count or two compares here make the loop slower
-        outside |= not (abs(v - EXP1_MID) <= EXP1_HALF)
+        o[k] = exp_lane(v)
+        outside |= not exp_lane_exact(v)
     if outside:
         for k in range(n):
             o[k] = expf(a[k])

@@ -28,7 +28,7 @@ from .. import frame as fm
 from .. import ops
 from ..addr import direct_addr, freg
 from ..bits import OPTS, ptr_f32
-from ..mathf import EXP1_HALF, EXP1_LO, EXP1_MID, exp_one_step, expf, geluf, sigmoid_given, sigmoidf, tanhf
+from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, geluf, sigmoid_given, sigmoidf, tanhf
 
 
 @njit(inline='always', **OPTS)
@@ -50,8 +50,8 @@ def _un_bin(uop, bop, swap, o, x, z):
         outside = False
         for k in range(n):
             v = x[k]
-            o[k] = _bin3(bop, swap, exp_one_step(v), z[k])
-            outside |= not (abs(v - EXP1_MID) <= EXP1_HALF)
+            o[k] = _bin3(bop, swap, exp_lane(v), z[k])
+            outside |= not exp_lane_exact(v)
         if outside:
             for k in range(n):
                 o[k] = _bin3(bop, swap, expf(x[k]), z[k])
