@@ -312,3 +312,24 @@ def generic_paths():
         yield
     finally:
         pieces.TABLE[:pieces.abi.N_PIECES] = saved
+
+
+def pairwise(*factors) -> list[tuple]:
+    """Rows of one value per factor such that every pair of values of any two factors is in some
+    row (a greedy covering array: about max(len(a) * len(b)) rows instead of the full product).
+    For parametrized grids whose factors interact in pairs; a tuple value spreads over several
+    parameters (`("where", "min")` fills `mask_kind,fill`). Deterministic."""
+    import itertools
+    uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(factors)), 2)
+                 for a in range(len(factors[i])) for b in range(len(factors[j]))}
+    grid = list(itertools.product(*(range(len(f)) for f in factors)))
+    rows = []
+    while uncovered:
+        def gain(row):
+            return sum(((i, row[i]), (j, row[j])) in uncovered
+                       for i, j in itertools.combinations(range(len(row)), 2))
+        best = max(grid, key=gain)          # first of the best, in the grid's order
+        uncovered -= {((i, best[i]), (j, best[j])) for i, j in itertools.combinations(range(len(best)), 2)}
+        rows.append(best)
+    return [tuple(v for f, k in zip(factors, row)
+                  for v in (f[k] if isinstance(f[k], tuple) else (f[k],))) for row in rows]

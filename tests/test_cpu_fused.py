@@ -31,6 +31,12 @@ from test_reductions import softmax_k as softmax_div   # divides by the row sum:
 
 pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
 
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
+    return None
+
 RNG = np.random.default_rng(11)
 
 

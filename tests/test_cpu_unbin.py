@@ -22,6 +22,12 @@ from test_cpu_vm import run_on
 
 pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
 
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
+    return None
+
 RNG = np.random.default_rng(5)
 
 

@@ -6,6 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+
+
+@pytest.fixture(autouse=True)
+def vm():
+    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
+    return None
+
 
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from dvm.runtime import counters  # noqa: E402
+from helpers import pairwise  # noqa: E402
 
 REWRITES = "torch_attention_as_sdpa"
 
@@ -54,10 +55,9 @@ def _causal(B, L, S, dtype):
     return torch.where(keep, 0.0, float("-inf")).to(dtype).expand(B, 1, L, S).contiguous()
 
 
-@pytest.mark.parametrize("scale", ["div", "mul", "none"])
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("B,H,L,S", [(1, 4, 16, 16), (2, 3, 7, 7), (3, 2, 5, 9), (1, 2, 1, 33)])
+@pytest.mark.parametrize("scale,masked,dtype,B,H,L,S", pairwise(
+    ["div", "mul", "none"], [False, True], [torch.float32, torch.float64],
+    [(1, 4, 16, 16), (2, 3, 7, 7), (3, 2, 5, 9), (1, 2, 1, 33)]))
 def test_written_out_attention_is_one_flash_call(scale, masked, dtype, B, H, L, S):
     g = torch.Generator().manual_seed(B * 100 + L)
     q, k, v = (torch.randn(B, H, n, 32, generator=g).to(dtype) for n in (L, S, S))

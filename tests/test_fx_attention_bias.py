@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from dvm.runtime import counters  # noqa: E402
+from helpers import pairwise  # noqa: E402
 
 REWRITES = "torch_attention_as_sdpa"
 CAUSAL = "torch_sdpa_causal"
@@ -80,10 +81,9 @@ def _inputs(B, H, L, S, D, bias_kind, mask_kind, dtype, padded=False, seed=0):
     return q, k, v, bias, keep
 
 
-@pytest.mark.parametrize("bias_kind", ["none", "alibi", "rows", "shared"])
-@pytest.mark.parametrize("mask_kind,fill", [("none", ""), ("where", "min"), ("where", "-inf"), ("float", "")])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("B,H,L,S", [(1, 4, 16, 16), (2, 3, 7, 7), (2, 2, 5, 9)])
+@pytest.mark.parametrize("bias_kind,mask_kind,fill,dtype,B,H,L,S", pairwise(
+    ["none", "alibi", "rows", "shared"], [("none", ""), ("where", "min"), ("where", "-inf"), ("float", "")],
+    [torch.float32, torch.float64], [(1, 4, 16, 16), (2, 3, 7, 7), (2, 2, 5, 9)]))
 def test_flattened_head_attention_is_one_flash_call(bias_kind, mask_kind, fill, dtype, B, H, L, S):
     fn = _bloom_like(bias_kind, mask_kind, fill)
     got, want, moved = _run(fn, *_inputs(B, H, L, S, 16, bias_kind, mask_kind, dtype))

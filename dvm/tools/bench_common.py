@@ -16,6 +16,8 @@ import numpy as np
 import dvm
 from dvm import config as dvm_config
 
+YOUNG_GENERATIONS = 1   # gc.collect(1): generations 0 and 1, not the long-lived objects
+
 
 def machine_info() -> dict:
     model = platform.processor() or "unknown"
@@ -189,12 +191,14 @@ def time_call(fn: Callable[[], object], repeat: int, min_total_s: float = 0.05,
     `repeat` samples, more for short calls until about `min_total_s` of timing (at most
     `max_samples`). Short samples and the median keep one descheduled call (another process on
     the machine, an OpenMP thread waiting for a busy core) from polluting the result. Timed with
-    time.perf_counter, the garbage collector disabled. Returns {"median_s", "min_s", "max_s",
-    "number", "samples"}."""
+    time.perf_counter, the garbage collector disabled; the young generations (where the warm-up
+    calls' garbage is) are collected first. A full collection would walk every object PyTorch
+    and the test runner hold, 0.1-0.5 s a call, for no steadier timing. Returns {"median_s",
+    "min_s", "max_s", "number", "samples"}."""
     for _ in range(warmup):
         fn()
     clock = time.perf_counter
-    gc.collect()
+    gc.collect(YOUNG_GENERATIONS)
     gc.disable()
     try:
         one = math.inf   # calibrate on the fastest of a few calls: one stalled call must not
