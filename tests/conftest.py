@@ -30,6 +30,14 @@ def vm(request, monkeypatch):
     dvm_config.reload()
 
 
+@pytest.fixture(autouse=True)
+def _whole_vm_for_cpu_vm_modules(request):
+    """Modules marked cpu_vm replace `vm` with their own fixture; they too run the whole CPU VM
+    (on a cold cache: after its fast paths are built, as the parametrized tests do)."""
+    if request.node.get_closest_marker("cpu_vm") is not None:
+        _whole_cpu_vm()
+
+
 def _whole_cpu_vm():
     """The CPU VM with its fast paths loaded (on a cold cache they compile in the background;
     tests of the generic paths take them out themselves: helpers.generic_paths)."""
