@@ -3,6 +3,7 @@ special-value generators and the one comparison used everywhere."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import ml_dtypes
 import pytest
@@ -319,7 +320,6 @@ def pairwise(*factors) -> list[tuple]:
     row (a greedy covering array: about max(len(a) * len(b)) rows instead of the full product).
     For parametrized grids whose factors interact in pairs; a tuple value spreads over several
     parameters (`("where", "min")` fills `mask_kind,fill`). Deterministic."""
-    import itertools
     uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(factors)), 2)
                  for a in range(len(factors[i])) for b in range(len(factors[j]))}
     grid = list(itertools.product(*(range(len(f)) for f in factors)))

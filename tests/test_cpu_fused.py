@@ -37,6 +37,7 @@ def vm():
     """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
     return None
 
+
 RNG = np.random.default_rng(11)
 
 
