@@ -323,13 +323,13 @@ def pairwise(*factors) -> list[tuple]:
     uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(factors)), 2)
                  for a in range(len(factors[i])) for b in range(len(factors[j]))}
     grid = list(itertools.product(*(range(len(f)) for f in factors)))
+
+    def pairs(row):
+        return {((i, row[i]), (j, row[j])) for i, j in itertools.combinations(range(len(row)), 2)}
     rows = []
     while uncovered:
-        def gain(row):
-            return sum(((i, row[i]), (j, row[j])) in uncovered
-                       for i, j in itertools.combinations(range(len(row)), 2))
-        best = max(grid, key=gain)          # first of the best, in the grid's order
-        uncovered -= {((i, best[i]), (j, best[j])) for i, j in itertools.combinations(range(len(best)), 2)}
+        best = max(grid, key=lambda row: len(pairs(row) & uncovered))   # first of the best, in the grid's order
+        uncovered -= pairs(best)
         rows.append(best)
     return [tuple(v for f, k in zip(factors, row)
                   for v in (f[k] if isinstance(f[k], tuple) else (f[k],))) for row in rows]
