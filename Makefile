@@ -11,8 +11,9 @@ VM_LOG := $(VENV)/cpu-vm-build.log
 venv: $(STAMP)
 
 # DVM's core dependencies first (NumPy, numba: nothing pulls torch), then the CPU VM's one-time
-# numba compile starts in the background (log: $(VM_LOG)) while pip installs the rest on the
-# other core; a process that needs the VM before it is done waits for it (host/startup).
+# numba compile starts in the background (log: $(VM_LOG)), niced so that pip keeps its core
+# while it installs the rest; a process that needs the VM before it is done waits for it
+# (host/startup).
 # torch pinned exactly: that picks up the local CPU wheel (an unpinned torch would download the
 # CUDA build). Triton (the GPU VM, .[gpu]) pinned too: its tests run in Triton's interpreter mode
 # on the CPU (a ~290 MB wheel, the price of testing the GPU VM in CI). Re-runs only when
@@ -22,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e .
 	@echo "compiling the CPU VM in the background (log: $(VM_LOG))"
-	$(BIN)/python -c "from dvm.vm import cpu; cpu.warm_up(wait_fast=True)" > $(VM_LOG) 2>&1 &
+	nice -n 10 $(BIN)/python -c "from dvm.vm import cpu; cpu.warm_up(wait_fast=True)" > $(VM_LOG) 2>&1 &
 	$(BIN)/pip install torch==2.13.0 triton==3.9.0
 	$(BIN)/pip install -e '.[dev,gpu]'
 	touch $(STAMP)
