@@ -76,14 +76,15 @@ def test_a_build_process_computes_the_stamp_the_loading_process_computes(monkeyp
     assert out.stdout.strip() == here
 
 
-# the VM's float32 math over lanes (jit/mathf) in the VM's own tile loops (jit/loops.loop1)
+# the VM's float32 math over lanes (jit/mathf, jit/mathf_ext) in the VM's own tile loops (jit/loops.loop1)
 _MATH = textwrap.dedent("""
     import sys
     import numpy as np
     from numba import njit
     from dvm.vm.cpu.jit.bits import OPTS
     from dvm.vm.cpu.jit.loops import loop1
-    from dvm.vm.cpu.jit.mathf import erff, expf, geluf, gelu_tanhf, log1pf, logf, sigmoid_into, tanhf
+    from dvm.vm.cpu.jit.mathf import expf, log1pf, logf, sigmoid_into, tanhf
+    from dvm.vm.cpu.jit.mathf_ext import erff, gelu_tanhf, geluf
 
     @njit(**OPTS)
     def silu(o, a):

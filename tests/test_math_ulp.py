@@ -167,7 +167,7 @@ def test_sin_cos_huge_arguments_recomputed_only_where_present(op):
     """A span holding an argument above SINCOS_BIG redoes those lanes in float64 libm (found by
     an OR over the span); every other lane keeps the polynomial's bits, with or without such a
     neighbour in its tile."""
-    from dvm.vm.cpu.jit.mathf import SINCOS_BIG
+    from dvm.vm.cpu.jit.mathf_ext import SINCOS_BIG
 
     kern = _kernel(op)
     rng = np.random.default_rng(11)

@@ -1,6 +1,6 @@
 """float32 and float64 math of the GPU VM, in Triton.
 
-float32 functions use the CPU VM's algorithms (vm/cpu/jit/mathf.py: range reduction and near-minimax
+float32 functions use the CPU VM's algorithms (vm/cpu/jit/mathf.py, mathf_ext.py: range reduction and near-minimax
 polynomials, the same constants), written branch-free with explicit FMAs: with FP contraction
 off (launch.py compiles with enable_fp_fusion=False) every operation is IEEE-rounded, so a GPU
 computes the same bits as Triton's interpreter mode, where the differential tests run. float64
@@ -275,7 +275,7 @@ def exp_hl(xh, xl):
 
 @triton.jit
 def normal_tail_scaled(a):
-    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14] (cpu/jit/mathf.normal_tail_scaled)."""
+    """exp(a^2/2) erfc(a/sqrt2) / 2 for a in [0, 14] (cpu/jit/mathf_ext.normal_tail_scaled)."""
     d = tl.fma(_GC, a, 1.0)
     d_lo = tl.fma(_GC, a, 1.0 - d)
     t = div(tl.full(a.shape, 1.0, tl.float32), d)
@@ -303,7 +303,7 @@ def erff(x):
 
 @triton.jit
 def geluf(x):
-    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu/jit/mathf.geluf)."""
+    """0.5 x erfc(-x/sqrt2), without cancellation in either tail (cpu/jit/mathf_ext.geluf)."""
     ax = tl.abs(x)
     ax = tl.where(ax < 14.0, ax, 14.0)
     h = ax * ax

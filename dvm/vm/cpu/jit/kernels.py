@@ -4,7 +4,7 @@ A piece's C entry stays small (decode, then calls): LLVM does not inline compile
 it, so a loop there that called one would not vectorize, and a large entry costs every call.
 Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
 registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
-each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf for the f32 math).
+each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf, jit/mathf_ext for the f32 math).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from . import frame as fm
 from . import loops, ops
 from .addr import freg
 from .bits import OPTS
-from .mathf import (SINCOS_BIG, erff, exp2f, exp_into, expm1f, gelu_tanhf, geluf, log1pf, log2f, logf, sigmoid_into,
-                    sincosf, tanhf)
+from .mathf import exp2f, exp_into, expm1f, log1pf, log2f, logf, sigmoid_into, tanhf
+from .mathf_ext import SINCOS_BIG, erff, gelu_tanhf, geluf, sincosf
 
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588

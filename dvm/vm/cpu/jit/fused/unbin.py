@@ -28,7 +28,8 @@ from .. import frame as fm
 from .. import ops
 from ..addr import direct_addr, freg
 from ..bits import OPTS, ptr_f32
-from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, geluf, sigmoid_given, sigmoidf, tanhf
+from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, sigmoid_given, sigmoidf, tanhf
+from ..mathf_ext import geluf
 
 
 @njit(inline='always', **OPTS)
