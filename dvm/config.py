@@ -8,7 +8,9 @@ DVM_VM        which VM runs programs: "cpu" (numba, compiled once and cached on 
 DVM_GPU_SPECIALIZE launches of a kernel structure after which the GPU VM specialises it in the
                    background (vm/gpu/tiered; default 2, 0: interpret only)
 DVM_GPU_CACHE      directory for the GPU VM's specialised kernel sources (default ~/.cache/dvm/gpu)
-DVM_NUM_THREADS    threads of the CPU VM (default: the number of CPUs); results do not depend on it
+DVM_NUM_THREADS    threads of the CPU VM's parallel kernels (default: PyTorch's intra-op threads,
+                   torch.set_num_threads, where the process has PyTorch's OpenMP runtime and
+                   DVM_OPENMP=1; else the number of CPUs); results do not depend on it
 DVM_CACHE_SIZE     programs kept per compiled graph (LRU, default 512)
 DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all builder traces) may hold
                    in all (default 256; codegen/lru)
@@ -50,6 +52,7 @@ class Config:
     gpu_specialize: int = 2
     gpu_cache: str = ""
     sibling_mb: int = 256
+    threads_set: bool = False   # DVM_NUM_THREADS is set (else `threads` is the CPU count)
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -72,6 +75,7 @@ def config() -> Config:
         raise ValueError(f"DVM_VM={vm!r}: available VMs are {', '.join(VMS)}")
     return Config(debug=_int("DVM_DEBUG", 0, 0, 5), dump_dir=os.environ.get("DVM_DUMP_DIR") or None,
                   vm=vm, threads=_int("DVM_NUM_THREADS", os.cpu_count() or 1, 1, 1024),
+                  threads_set=bool(os.environ.get("DVM_NUM_THREADS")),
                   cache_size=_int("DVM_CACHE_SIZE", 512, 1, 1 << 20),
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
                   spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),

@@ -102,6 +102,36 @@ def test_openmp_team_runs_parallel_kernels(openmp_team, monkeypatch):
     assert "OpenMP team" in cpu.thread_pool()
 
 
+def test_default_threads_follow_torch_set_num_threads(openmp_team, monkeypatch):
+    """Without DVM_NUM_THREADS a parallel kernel takes the threads torch.set_num_threads gives
+    PyTorch's ops (none more: one thread runs no parallel region); DVM_NUM_THREADS, where set, wins."""
+    x = RNG.standard_normal((300, 3000)).astype(np.float32)
+    monkeypatch.delenv("DVM_NUM_THREADS", raising=False)
+    dvm_config.reload()
+    old = torch.get_num_threads()
+    try:
+        want = None
+        for n in (1, 3, 2):
+            torch.set_num_threads(n)
+            assert cpu.threads() == n
+            del openmp_team[:]
+            got = run_on(cpu.run, softmax, x)[0]
+            assert max(openmp_team, default=1) == n
+            want = got if want is None else want
+            assert got.tobytes() == want.tobytes()
+        torch.set_num_threads(1)
+        monkeypatch.setenv("DVM_NUM_THREADS", "2")
+        dvm_config.reload()
+        assert cpu.threads() == 2
+        del openmp_team[:]
+        assert run_on(cpu.run, softmax, x)[0].tobytes() == want.tobytes()
+        assert max(openmp_team) == 2
+    finally:
+        torch.set_num_threads(old)
+        monkeypatch.delenv("DVM_NUM_THREADS", raising=False)
+        dvm_config.reload()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_forked_process_runs_parallel_kernels_without_the_team(openmp_team):
     """A process forked after the team ran (a DataLoader worker) must not enter a parallel region

@@ -68,7 +68,10 @@ def whole_vm(bench: str, quiet: bool = False) -> None:
 
 def vm_extra() -> dict:
     """The CPU VM's thread count (the reports record it)."""
-    return {"dvm_threads": dvm_config.config().threads}
+    if dvm_config.config().vm != "cpu":
+        return {"dvm_threads": dvm_config.config().threads}
+    from dvm.vm import cpu
+    return {"dvm_threads": cpu.threads()}
 
 
 def loadavg() -> float | None:

@@ -37,6 +37,14 @@ def fast_ready() -> bool:
     return startup.fast_ready()
 
 
+def threads() -> int:
+    """The threads a parallel kernel launched from this thread takes now (host/run.default_threads:
+    DVM_NUM_THREADS, else PyTorch's intra-op threads where its OpenMP runtime is loaded, else the
+    number of CPUs)."""
+    from .host.run import default_threads
+    return default_threads()
+
+
 def thread_pool() -> str:
     """Which threads share the parallel kernels now (host/openmp), in words."""
     from .host.run import _TEAM

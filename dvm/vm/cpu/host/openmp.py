@@ -41,15 +41,30 @@ def loaded_runtime() -> str | None:
     return None
 
 
-def _gomp_parallel(path: str):
-    """GOMP_parallel(fn, data, num_threads, flags) of the runtime at `path`, already loaded."""
+def _runtime_function(path: str, name: str):
+    """Function `name` of the runtime at `path`, already loaded (the VM never loads one); None
+    where it is not there."""
     try:
-        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL)
-        fn = lib.GOMP_parallel
+        return getattr(ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
-    fn.restype = None
+
+
+def _gomp_parallel(path: str):
+    """GOMP_parallel(fn, data, num_threads, flags) of the runtime at `path`."""
+    fn = _runtime_function(path, "GOMP_parallel")
+    if fn is not None:
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        fn.restype = None
+    return fn
+
+
+def _omp_get_max_threads(path: str):
+    """omp_get_max_threads() of the runtime at `path`: the size of the calling thread's next
+    parallel region (PyTorch's intra-op threads: torch.set_num_threads sets it)."""
+    fn = _runtime_function(path, "omp_get_max_threads")
+    if fn is not None:
+        fn.argtypes, fn.restype = (), ctypes.c_int
     return fn
 
 
@@ -60,6 +75,7 @@ class OpenMPTeam:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parallel = None
+        self._max_threads = None   # the runtime's omp_get_max_threads
         self._path = None   # the runtime's file
         self._body = 0
         self._modules_seen = -1   # len(sys.modules) at the last look for a runtime
@@ -76,17 +92,31 @@ class OpenMPTeam:
             return False
         if self._body:
             return True
-        if len(sys.modules) == self._modules_seen:
-            return False
+        self._look_up()
+        body = loaded("team")
+        if self._parallel is not None and body.ready:
+            self._body = body.address
+        return self._body != 0
+
+    def size(self) -> int | None:
+        """The size the team has for this thread's next parallel region (PyTorch's intra-op
+        threads), where the process has an OpenMP runtime the VM may use; else None."""
+        if not config().openmp or self._forked:
+            return None
+        self._look_up()
+        return None if self._max_threads is None else max(1, self._max_threads())
+
+    def _look_up(self) -> None:
+        """Find the process's OpenMP runtime, looking again only after an import (a runtime is
+        loaded by one)."""
+        if self._parallel is not None or len(sys.modules) == self._modules_seen:
+            return
         with self._lock:
             if self._parallel is None:
-                self._modules_seen = len(sys.modules)   # a runtime is loaded by an import
+                self._modules_seen = len(sys.modules)
                 self._path = loaded_runtime()
-                self._parallel = _gomp_parallel(self._path) if self._path else None
-            body = loaded("team")
-            if self._parallel is not None and body.ready:
-                self._body = body.address
-        return self._body != 0
+                if self._path:
+                    self._parallel, self._max_threads = _gomp_parallel(self._path), _omp_get_max_threads(self._path)
 
     def describe(self) -> str:
         """Which threads run the parallel kernels now, in words."""

@@ -45,7 +45,7 @@ def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> in
     an atomic counter, so a late helper costs nothing."""
     nthreads = 1
     if d.work >= PARALLEL_MIN_ELEMS:
-        nthreads = min(config().threads if threads is None else max(1, int(threads)), d.n_units)
+        nthreads = min(default_threads() if threads is None else max(1, int(threads)), d.n_units)
     if nthreads == 1:
         return startup.ENTRY(0, d.n_units, blob, TABLE, bufs, NO_SCHED, False)
     if _TEAM.usable():
@@ -54,6 +54,15 @@ def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> in
     bump("cpu_parallel_workers")
     _WORKERS.ensure(nthreads - 1)
     return _WORKERS.launch(d, blob, bufs, nthreads - 1)
+
+
+def default_threads() -> int:
+    """DVM_NUM_THREADS where it is set; else the OpenMP team's size where the process has a
+    runtime (PyTorch's: the VM's kernels take the threads torch.set_num_threads gives PyTorch's
+    own ops, and no more); else the number of CPUs."""
+    c = config()
+    team = None if c.threads_set else _TEAM.size()
+    return c.threads if team is None else team
 
 
 def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
