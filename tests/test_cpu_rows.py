@@ -143,6 +143,35 @@ def test_larger_elementwise_kernels_take_larger_tiles():
     assert dvm.verify(sum_last.program(x)).kernels[0].bm * cols == encoder.ROW_TILE_ELEMS
 
 
+def _add_pair(k, a, b):
+    return k.store(k.add(k.load(a), k.load(b)))
+
+
+add_pair = dvm.kernel(_add_pair)
+
+
+def test_serial_kernels_take_larger_tiles():
+    """A kernel the CPU VM runs on one thread (fewer lanes than its Target.serial_lanes) with at
+    most SERIAL_LANE_BYTES of registers a lane takes tiles of up to MID_TILE_ELEMS however few
+    remain; the reference VM's Programs, a kernel run on threads and one with more registers
+    keep MID_MIN_TILES tiles; bitwise the reference VM's results."""
+    from dvm.vm.cpu.host.desc import PARALLEL_MIN_ELEMS
+
+    def tile(kfn, *args, vm="cpu") -> int:
+        kl = dvm.verify(kfn.program(*args, vm=vm)).kernels[0]
+        return kl.bm * kl.bn
+
+    a, b = (RNG.standard_normal((2 * encoder.MID_TILE_ELEMS // 256, 256)).astype(np.float32) for _ in range(2))
+    assert 2 * encoder.MID_TILE_ELEMS < PARALLEL_MIN_ELEMS
+    assert tile(add_pair, a, b) == encoder.MID_TILE_ELEMS   # two tiles (MID_MIN_TILES: eight)
+    assert tile(add_pair, a, b, vm="reference") == encoder.TILE_ELEMS
+    assert tile(bias_mix, a, a[0]) == encoder.TILE_ELEMS   # six registers a lane
+    _bitwise_as_reference(add_pair, a, b, why=("serial",))
+    _bitwise_as_reference(add_pair, a[:, :255], b[:, 1:], why=("strided",))
+    big = RNG.standard_normal((PARALLEL_MIN_ELEMS // 256, 256)).astype(np.float32)
+    assert tile(add_pair, big, big) == encoder.TILE_ELEMS   # shared among threads
+
+
 def test_streaming_kernels_take_stream_tiles(monkeypatch):
     """Kernels of STREAM_ELEMS lanes or more (elementwise and single-tile-stream ones) get tiles of
     STREAM_TILE_ELEMS lanes (elementwise ones fewer where their registers would pass

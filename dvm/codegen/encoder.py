@@ -50,6 +50,11 @@ STREAM_REGISTER_BYTES = 1 << 20
 # faster than 4096-lane tiles)
 MID_TILE_ELEMS = 1 << 14
 MID_MIN_TILES = 16
+# a kernel that runs on one thread (Target.serial_lanes) needs no MID_MIN_TILES tiles for threads:
+# with at most SERIAL_LANE_BYTES of registers a lane, its tiles grow to MID_TILE_ELEMS however few
+# remain (an add, SiLU * mul, GELU(x + b) * y at 8-48 K lanes: 5-19 % faster); more registers keep
+# MID_MIN_TILES (an 8-op chain's 9 registers in 128-lane rows ran 16-20 % slower in 16 K-lane tiles)
+SERIAL_LANE_BYTES = 16
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
@@ -109,11 +114,11 @@ def _even_bn(cols: int, max_bn: int = MAX_BN) -> int:
     return min(max_bn, -(-cols // (16 * n_tiles)) * 16)
 
 
-def _mid_tile(lanes: int, most: int) -> int:
+def _mid_tile(lanes: int, most: int, min_tiles: int = MID_MIN_TILES) -> int:
     """Lanes per tile of an elementwise kernel below STREAM_ELEMS: TILE_ELEMS, doubled up to `most`
-    while at least MID_MIN_TILES tiles remain."""
+    while at least `min_tiles` tiles remain."""
     tile = TILE_ELEMS
-    while tile < most and 2 * tile * MID_MIN_TILES <= lanes:
+    while tile < most and 2 * tile * min_tiles <= lanes:
         tile *= 2
     return tile
 
@@ -147,6 +152,7 @@ class _Compiled:
         self.row_forms: dict[str, bool] = {}   # per target: _takes_single's answer for a stream, once asked
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         lane_bytes = sum(n * b.np_dtype.itemsize for b, n in zip(Bank, t.nregs))
+        self.lane_bytes, self.n_sweeps = lane_bytes, max(len(t.sweeps), 1)
         fits = STREAM_REGISTER_BYTES // max(lane_bytes, 1)
         self.stream_tile = max(MAX_BN, min(STREAM_TILE_ELEMS, 1 << (fits.bit_length() - 1)))
         self.mid_tile = min(MID_TILE_ELEMS, self.stream_tile)
@@ -240,7 +246,9 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
         streaming = R * C >= STREAM_ELEMS and (single_stream or not c.col_axes)   # (not the sweeps)
-        ew_tile = _mid_tile(R * C, c.mid_tile) if not (c.col_axes or streaming) else TILE_ELEMS
+        serial = R * C * c.n_sweeps < target.serial_lanes and c.lane_bytes <= SERIAL_LANE_BYTES
+        ew_tile = _mid_tile(R * C, c.mid_tile, 1 if serial else MID_MIN_TILES) \
+            if not (c.col_axes or streaming) else TILE_ELEMS
         if not c.col_axes:
             bn = _even_bn(C, min(c.stream_tile if streaming else ew_tile, cap))
         elif single_stream:   # 0 < C <= min(WIDE_ROW_COLS, cap) (powers of two)

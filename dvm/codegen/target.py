@@ -26,6 +26,9 @@ class Target:
     # the most lanes (BM * BN) a tile may have on this VM: the encoder caps every tile choice,
     # and the single-tile stream, by it (a GPU VM compiles one tile size into its kernel)
     max_tile: int = MAX_TILE
+    # kernels whose lanes x sweeps are below this run on one thread on this VM: their tiles need
+    # not be shared among threads (the encoder may then make fewer, larger ones); 0: never
+    serial_lanes: int = 0
 
 
 GENERIC = Target("generic")   # no VM-specific choices: the encoder's defaults
