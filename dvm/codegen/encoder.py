@@ -52,7 +52,7 @@ MID_TILE_ELEMS = 1 << 14
 MID_MIN_TILES = 16
 # a kernel that runs on one thread (Target.serial_lanes) needs no MID_MIN_TILES tiles for threads:
 # with at most SERIAL_LANE_BYTES of registers a lane, its tiles grow to MID_TILE_ELEMS however few
-# remain (an add, SiLU * mul, GELU(x + b) * y at 8-48 K lanes: 5-19 % faster); more registers keep
+# remain (an add, SiLU * mul, GELU(x + b) * y at 8-48 K lanes: 3-18 % faster); more registers keep
 # MID_MIN_TILES (an 8-op chain's 9 registers in 128-lane rows ran 16-20 % slower in 16 K-lane tiles)
 SERIAL_LANE_BYTES = 16
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
