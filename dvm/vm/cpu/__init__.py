@@ -22,7 +22,7 @@ from .host import startup
 from .host.decode import DECODE, handled
 from .host.desc import PARALLEL_MIN_ELEMS
 from .host.fuse_plan import whole_row_forms
-from .host.run import run, run_addrs
+from .host.run import default_threads, run, run_addrs
 
 
 def warm_up(wait_fast: bool = False) -> None:
@@ -42,7 +42,6 @@ def threads() -> int:
     """The threads a parallel kernel launched from this thread takes now (host/run.default_threads:
     DVM_NUM_THREADS, else PyTorch's intra-op threads where its OpenMP runtime is loaded, else the
     number of CPUs)."""
-    from .host.run import default_threads
     return default_threads()
 
 

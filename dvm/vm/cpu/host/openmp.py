@@ -93,9 +93,8 @@ class OpenMPTeam:
         if self._body:
             return True
         self._look_up()
-        body = loaded("team")
-        if self._parallel is not None and body.ready:
-            self._body = body.address
+        if self._parallel is not None and loaded("team").ready:
+            self._body = loaded("team").address
         return self._body != 0
 
     def size(self) -> int | None:
