@@ -20,7 +20,7 @@ _GELU = torch.ops.aten.gelu.default
 
 
 def lone_gelu(seg) -> bool:
-    """seg's members (fx_segments.Segment) are one exact float32 GELU of a PyTorch value (one of
+    """seg's members (fx_segment_lower.Segment) are one exact float32 GELU of a PyTorch value (one of
     seg.inputs) and views of its result."""
     gelus = [m for m in seg.members if m.target is _GELU]
     if len(gelus) != 1 or not all(m is gelus[0] or m.target in T.VIEW_OPS for m in seg.members):

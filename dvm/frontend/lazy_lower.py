@@ -63,7 +63,7 @@ class AtTheseSizes(Unsupported):
 
 
 class LazyLower:
-    """What a table handler sees (the interface of fx_segments._Lower): the shape context, PyTorch's
+    """What a table handler sees (the interface of fx_segment_lower._Lower): the shape context, PyTorch's
     result for the op (a meta tensor, or the real view) and its shape as DVM dims."""
     __slots__ = ("ctx", "out", "func", "args", "kwargs", "env")
 

@@ -24,9 +24,10 @@ from torch.fx.graph import _BoxedCodeGen
 from ..runtime import counters
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_product_activation,
                fx_sdpa, fx_sibling_linears, fx_view_chains)
+from .aten_common import fake
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
-from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, fake, plan
+from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds
 from .torch_segment import SegmentRunner
@@ -102,7 +103,7 @@ def _reads(step, runners: dict, folds: dict) -> list:
 def _needed(steps: list, runners: dict, folds: dict, skip: set, output: fx.Node) -> set:
     """The FX nodes whose values the run graph reads: the output's arguments and those of every
     step it runs. A view PyTorch would take only for segments that replay it
-    (fx_segments.replay_view), or size arithmetic only such a view used, is not among them, and
+    (fx_segment_lower.replay_view), or size arithmetic only such a view used, is not among them, and
     is not run."""
     needed: set = set()
     fx.node.map_arg(output.args, lambda a: needed.add(a) or a)

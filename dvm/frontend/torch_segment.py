@@ -21,8 +21,8 @@ from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
+from .aten_common import fake
 from .aten_table import VIEW_OPS, Unsupported
-from .fx_segments import fake
 from .torch_launch import TensorLauncher, _data_ptr, input_spans, tensor_check, writable_over
 
 # PyTorch's results may follow an input's memory order (a product of transposed heads keeps the

@@ -19,9 +19,9 @@ import collections
 import torch
 import torch.fx as fx
 
+from ..frontend.aten_common import fake
 from ..frontend.fx_patterns import HalfSigns, Rolled
 from ..frontend.fx_rolled_blocks import RolledBlocks
-from ..frontend.fx_segments import fake
 from ..frontend.fx_syms import Syms
 from ..graph.symbolic import evaluate
 
