@@ -17,23 +17,37 @@ if os.environ.get("CI"):
 VMS = ("cpu", "reference")
 
 
-@pytest.fixture(params=VMS, autouse=True)
+@pytest.fixture(autouse=True)
 def vm(request, monkeypatch):
-    """The VM this test runs on (DVM_VM); the CPU VM is checked against the reference by
-    running the same assertions on both."""
-    monkeypatch.setenv("DVM_VM", request.param)
+    """The VM this test runs on (DVM_VM): each test runs on both (pytest_generate_tests), so that
+    the CPU VM is checked against the reference by the same assertions. In a module marked
+    vm_once it is not parametrized: the VM DVM_VM selects (the CPU VM by default)."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield os.environ.get("DVM_VM", "cpu")
+        return
+    monkeypatch.setenv("DVM_VM", name)
     dvm_config.reload()
-    if request.param == "cpu" or request.node.get_closest_marker("cpu_vm") is not None:
+    if name == "cpu":
         _whole_cpu_vm()
-    yield request.param
+    yield name
     monkeypatch.undo()
     dvm_config.reload()
 
 
+def pytest_generate_tests(metafunc):
+    """`vm` over both VMs, except in modules marked vm_once (they run the VM DVM_VM selects, or
+    compare the VMs themselves, or run no program) and in modules with a `vm` fixture of their
+    own (the GPU VM's, the generic paths')."""
+    if "vm" in metafunc.fixturenames and metafunc.definition.get_closest_marker("vm_once") is None \
+            and not hasattr(metafunc.module, "vm"):
+        metafunc.parametrize("vm", VMS, indirect=True)
+
+
 @pytest.fixture(autouse=True)
 def _whole_vm_for_cpu_vm_modules(request):
-    """Modules marked cpu_vm replace `vm` with their own fixture; they too run the whole CPU VM
-    (on a cold cache: after its fast paths are built, as the parametrized tests do)."""
+    """Tests marked cpu_vm (modules that run once, or compare the VMs themselves) run the whole
+    CPU VM, in a reference-VM case too (on a cold cache: after its fast paths are built)."""
     if request.node.get_closest_marker("cpu_vm") is not None:
         _whole_cpu_vm()
 
@@ -54,6 +68,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_vm: runs the CPU VM whatever its `vm` parameter (a module that "
                             "compares the VMs itself, or runs once on the default VM); ordered with the "
                             "CPU-VM cases, after the compile")
+    config.addinivalue_line("markers", "vm_once: not parametrized over the VMs (conftest's `vm`): runs the VM "
+                            "DVM_VM selects, the CPU VM by default")
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
     config._dvm_compile = subprocess.Popen([sys.executable, "-c", "from dvm.vm import cpu; cpu.warm_up(wait_fast=True)"])

@@ -11,13 +11,7 @@ pytest.importorskip("torch")
 
 from dvm.tools.cli import main  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 
 def test_report(tmp_path, capsys):

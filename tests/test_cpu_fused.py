@@ -29,13 +29,7 @@ from test_cpu_layouts import _bitwise_as_reference
 from test_cpu_vm import run_on
 from test_reductions import softmax_k as softmax_div   # divides by the row sum: the row form's div
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 RNG = np.random.default_rng(11)

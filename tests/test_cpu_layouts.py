@@ -17,15 +17,9 @@ from dvm.vm.cpu.host import desc as cpu_desc
 
 from test_cpu_vm import run_on
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
 
 
 @dvm.kernel
@@ -171,7 +165,6 @@ def test_head_rows_coalesced_and_in_place(dtype, L, H, D):
     cos, sin = ((RNG.standard_normal((L, D)) * 4).astype(dtype) for _ in range(2))
     r = (RNG.standard_normal((H, L, D)) * 4).astype(dtype)
     _bitwise_as_reference(rope_like, q, cos, r, sin, why=(dtype, L, H, D))
-
 
 
 @dvm.kernel

@@ -15,13 +15,7 @@ from dvm.vm.cpu.abi import FK_CSQACC, FK_LOADACC
 from test_cpu_fused import _kinds
 from test_cpu_layouts import RNG, _bitwise_as_reference
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 @dvm.kernel

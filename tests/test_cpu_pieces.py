@@ -10,18 +10,13 @@ import textwrap
 import time
 
 import numba
-import numpy as np
 import pytest
 
 from dvm.vm.cpu import abi
 from dvm.vm.cpu.host import cache as cpu_cache
 from dvm.vm.cpu.host import pieces, tuning
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: this module compiles its own small numba functions."""
-    return None
+pytestmark = pytest.mark.vm_once
 
 
 def test_every_table_slot_has_one_piece_and_the_core_is_complete_without_fast_pieces():

@@ -18,13 +18,7 @@ from dvm.vm import reference
 from test_cpu_layouts import RNG, _bitwise_as_reference, _threads
 from test_cpu_vm import run_on
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 @dvm.kernel

@@ -19,13 +19,7 @@ from dvm.vm.cpu.host import run as cpu_run
 
 from test_cpu_vm import RNG, ew_kernel, layernorm, run_on, softmax
 
-pytestmark = pytest.mark.cpu_vm   # the CPU VM's own machinery
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: these tests run the CPU VM."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # the CPU VM's own machinery
 
 
 @pytest.fixture
@@ -161,7 +155,6 @@ def test_forked_process_runs_parallel_kernels_without_the_team(openmp_team):
     assert os.read(read, 1) == b"\x01"
     os.close(read)
     assert "OpenMP team" in cpu.thread_pool()   # the parent keeps its team
-
 
 
 def _wait_all(state: int, seconds: float = 5.0) -> bool:

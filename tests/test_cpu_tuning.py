@@ -14,11 +14,7 @@ from dvm.vm.cpu.host import tuning
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: this module compiles its own small numba functions."""
-    return None
+pytestmark = pytest.mark.vm_once
 
 
 @pytest.fixture

@@ -20,13 +20,7 @@ from dvm.vm.cpu.abi import FUSED_BIN, FUSED_UN, NO_LOAD
 from test_cpu_fused import _same, _threads, _unfused
 from test_cpu_vm import run_on
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 RNG = np.random.default_rng(5)

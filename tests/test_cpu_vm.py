@@ -24,13 +24,7 @@ from dvm.vm import cpu, reference
 
 from helpers import DTYPES, FLOATS, INTS, NP_DTYPE, dvm_call, random_values, to_torch
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: this module compares the two VMs itself."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 # --- running one kernel on a chosen VM ------------------------------------------------------------

@@ -6,13 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.cpu_vm   # compares the VMs itself
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: every test here runs the CPU VM and compares with the reference."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
 
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])

@@ -9,13 +9,7 @@ import pytest
 from dvm.tools import fuzz_programs
 from dvm.tools.cli import main
 
-pytestmark = pytest.mark.cpu_vm   # runs the CPU VM in its workers, once
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: the command runs both."""
-    return None
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs the CPU VM in its workers, once
 
 
 def test_short_fuzz_run_on_both_vms(tmp_path, capsys):

@@ -1,7 +1,6 @@
 """frontend/fx_attention: attention written as matmul, softmax, matmul runs as one flash call under
 torch.compile(backend="dvm"), with eager's results; chains it must not touch are left alone."""
 import math
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,12 +13,7 @@ from helpers import pairwise  # noqa: E402
 
 REWRITES = "torch_attention_as_sdpa"
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
-    conftest's parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _compiled(fn):

@@ -1,7 +1,6 @@
 """frontend/fx_attention_bias: attention on flattened heads with an additive bias (Bloom's ALiBi
 baddbmm) or a 4-D mask runs as one flash call under torch.compile(backend="dvm"), with eager's
 results; a causal where-mask runs as is_causal; chains it must not touch are left alone."""
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,12 +14,7 @@ from helpers import pairwise  # noqa: E402
 REWRITES = "torch_attention_as_sdpa"
 CAUSAL = "torch_sdpa_causal"
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
-    conftest's parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _run(fn, *args):

@@ -1,7 +1,6 @@
 """Clones of fresh values (frontend/fx_clones): eval-mode dropout's clone of a PyTorch value is
 no segment of its own; clones that a caller or a later write could tell apart are kept. Every
 case against eager."""
-import os
 
 import pytest
 
@@ -12,15 +11,9 @@ import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_clones  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 SIZES = [1, 3, 8, 33]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _compiled(f):

@@ -1,7 +1,6 @@
 """The planner's lone exact GELU (frontend/fx_lone_gelu): a float32 GELU that would be a
 segment of its own (with views of its result) runs as PyTorch's kernel, bitwise eager's; a GELU
 fused with anything, the tanh form and other dtypes stay in DVM."""
-import os
 
 import pytest
 
@@ -11,15 +10,9 @@ import torch.nn.functional as F  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_lone_gelu  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 SIZES = [1, 3, 8, 33, 130]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _mlp(act):

@@ -2,7 +2,6 @@
 product's call, `_addmm_activation`: bitwise eager's values, no DVM segment for it; the forms it
 does not take keep the activation an op of its own and still match eager."""
 import copy
-import os
 
 import pytest
 
@@ -13,17 +12,11 @@ import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_product_activation  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 SIZES = [1, 3, 8, 33, 130]
 FUSED = "aten._addmm_activation.default"
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _mlp(act, dtype=torch.float32, first_bias=True):

@@ -1,7 +1,6 @@
 """rotate_half of views of one PyTorch value (frontend/fx_rolled_blocks): q and k of one q / k / v
 product are rolled by one PyTorch call and their views replayed in the segment; the values are
 bitwise those with a roll per view, and both match eager."""
-import os
 
 import pytest
 
@@ -12,15 +11,9 @@ import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_rolled_blocks  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 LENGTHS = [1, 3, 8, 33]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _rotate_half(x):

@@ -1,7 +1,6 @@
 """The run-time causal-mask check of frontend/fx_sdpa: the exact check, and attention under
 torch.compile(backend="dvm") equal to eager on both paths (causal mask / any other mask)."""
 import math
-import os
 
 import pytest
 
@@ -11,12 +10,7 @@ import torch.nn.functional as F  # noqa: E402
 from dvm.frontend import fx_sdpa  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
-    conftest's parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _tril(B, L):

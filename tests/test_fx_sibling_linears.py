@@ -1,7 +1,6 @@
 """Sibling linears (frontend/fx_sibling_linears): linears of one input in an inference graph run
 as one product with their weights concatenated (remembered while unchanged), sliced into each
 result; against eager, and against the same graph with the rewrite off."""
-import os
 
 import pytest
 
@@ -14,15 +13,9 @@ import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.config import reload  # noqa: E402
 from dvm.frontend import fx_sibling_linears  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 LENGTHS = [1, 3, 8, 33]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 class Block(nn.Module):

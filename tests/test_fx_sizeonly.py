@@ -1,7 +1,6 @@
 """Values that depend on sizes only (frontend/fx_sizeonly): computed once per size tuple under
 torch.compile(backend="dvm"), equal to eager, never shared with what the caller gets back, never
 remembered when random, bounded."""
-import os
 
 import pytest
 
@@ -12,12 +11,7 @@ from dvm.frontend import fx_sizeonly, torch_runtime  # noqa: E402
 from dvm.frontend.torch_runtime import COMPILED  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend does not depend on the VM: run once, on the VM DVM_VM selects (overrides
-    conftest's parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _count(name: str) -> int:

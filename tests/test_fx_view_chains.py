@@ -2,7 +2,6 @@
 view (the same storage, sizes, strides and offset) on its first call and on the remembered
 as_strided path after it; chains that copy, inputs that require grad and many sizes stay right.
 The attention case against eager."""
-import os
 
 import pytest
 
@@ -17,13 +16,7 @@ import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_view_chains  # noqa: E402
 from dvm.frontend.torch_calls import _slice, _view_or_reshape  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 
 def _module(build) -> fx.GraphModule:

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 # batch 1: 20 lengths (incl. 1, 2, 17, 257, 1000) for both models; batch 3: a subset
 LENGTHS_B1 = [17, 1, 2, 3, 5, 8, 9, 16, 31, 33, 64, 100, 127, 128, 200, 257, 300, 511, 700, 1000]
@@ -20,12 +20,6 @@ LENGTHS_B3 = [17, 1, 2, 9, 257, 1000]
 # forward logits of the 2-layer models: fused f32 reductions (RMSNorm means, softmax sums) sum in
 # a different order than ATen; errors grow through two layers and the LM head.
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _llama():

@@ -15,11 +15,7 @@ from test_hf_models import _llama, _qwen_moe  # noqa: E402 (the same tiny models
 
 TOL = dict(rtol=1e-4, atol=1e-4)   # as tests/test_hf_models.py: reductions sum in another order
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _count(name):

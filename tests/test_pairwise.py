@@ -7,11 +7,7 @@ import pytest
 
 from helpers import pairwise
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: nothing here runs a program."""
-    return None
+pytestmark = pytest.mark.vm_once
 
 
 @pytest.mark.parametrize("sizes", [(2, 2), (3, 2, 2), (4, 4, 2, 3), (3, 2, 2, 4), (5, 1, 3, 2, 2)])

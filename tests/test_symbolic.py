@@ -6,10 +6,7 @@ import pytest
 from dvm.graph.symbolic import bounds, decide_eq, evaluate, floordiv, mod, prod, sym, sym_max
 
 
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: this module runs no program."""
-    return None
+pytestmark = pytest.mark.vm_once   # runs no program
 
 s0, s1 = sym("s0", lo=2), sym("s1", lo=2)
 

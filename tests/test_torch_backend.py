@@ -16,7 +16,7 @@ import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_patterns  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 # case -> (rtol, atol, reason). Everything else uses assert_close's defaults.
 LOOSER_TOL = {
@@ -25,13 +25,6 @@ LOOSER_TOL = {
 }
 
 SIZES = [2, 3, 5, 17, 64, 129, 300]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Overrides conftest's both-VM parametrization: the frontend does not depend on the VM, so
-    these run once, on the VM DVM_VM selects (the CPU VM by default, as dvm.config reads it)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def _graphs() -> int:

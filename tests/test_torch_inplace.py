@@ -2,7 +2,6 @@
 (torch.optim, foreach or not), the _foreach_ ops, lerp, addcmul_ / addcdiv_ (Dynamo's prims.fma),
 and the input mutations a segment stores straight into the input or copies in after its launch.
 Tolerances: torch.testing.assert_close defaults."""
-import os
 
 import pytest
 
@@ -10,13 +9,7 @@ torch = pytest.importorskip("torch")
 
 from dvm.runtime import counters  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 
 
 def _count(name: str) -> int:

@@ -1,7 +1,6 @@
 """Segment outputs in PyTorch's memory order where that costs no kernel (torch_segment.TORCH_ORDER):
 HF's RoPE on transposed heads returns eager's strides, attention's output then reshapes as a
 view, and the values match eager and the row-major order."""
-import os
 
 import pytest
 
@@ -11,13 +10,7 @@ import torch.nn.functional as F  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import torch_segment  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The frontend's choice does not depend on the VM: once, on the VM DVM_VM selects."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """ATen ops the model zoo (`dvm bench models --zoo`) reaches that DVM lowers itself: _safe_softmax
 (rows hidden by a mask give 0), true_divide; and a size symbol that may be negative refused with
 its reason (never clamped to 0)."""
-import os
 
 import pytest
 
@@ -12,12 +11,7 @@ from dvm.frontend.aten_table import Unsupported  # noqa: E402
 from dvm.frontend.fx_syms import _lower_bound  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 
 def _run(fn, make, sizes):

@@ -18,11 +18,7 @@ from dvm.tools.fuzz_mutate import mutate
 
 MUTANTS = 3000
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Not parametrized over VMs: nothing runs."""
-    return None
+pytestmark = pytest.mark.vm_once
 
 
 def _plain_static(stream, sec, args):

@@ -20,15 +20,8 @@ from dvm.frontend import torch_segment  # noqa: E402
 from dvm.tools.verify import session  # noqa: E402
 from dvm.tools.cli import main as cli  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 CONSTANT = 0.7   # chain's literal: a constant of its Program (a global would become a float64 input)
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """The mode observes the frontend, whatever the VM: runs once, on the VM DVM_VM selects
-    (`dvm repro` below replays on both VMs)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 def chain(x, y):

@@ -1,7 +1,6 @@
 """The verification mode's metrics and rules (dvm.tools.verify_metrics): the same() rule agrees
 with PyTorch's own torch._dynamo.utils.same; the metrics measure what they say."""
 import math
-import os
 
 import pytest
 
@@ -10,11 +9,7 @@ from torch._dynamo.utils import same as torch_same  # noqa: E402
 
 from dvm.tools import verify_metrics as M  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Pure functions of tensors: run once (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
+pytestmark = pytest.mark.vm_once
 
 
 def _quiet(*args, **kwargs):

@@ -6,7 +6,6 @@ The suite runs a fixed subset per op and dtype (the first verify_opinfo.DEFAULT_
 every sample listed in verify_opinfo.EXPECTED); `dvm verify opinfo --full` runs all 1635 samples. A
 difference from eager passes only when it is listed and the verification mode shows DVM's error
 against float64 no larger than eager's on that sample."""
-import os
 
 import pytest
 
@@ -16,14 +15,8 @@ pytest.importorskip("expecttest")
 
 from dvm.tools import verify_opinfo as V  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 NAMES = [n for group in V.OPS.values() for n in group]
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dvm.tools import verify_ddp, verify_train  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 STEPS = 3
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (overrides conftest's both-VM parametrization)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 @pytest.mark.parametrize("name", verify_train.MODEL_NAMES)

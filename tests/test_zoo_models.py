@@ -15,18 +15,12 @@ from dvm.runtime import counters  # noqa: E402
 from dvm.tools import bench_zoo, bench_zoo_report  # noqa: E402
 from dvm.tools.bench_zoo_models import ZOO, first_output, inputs  # noqa: E402
 
-pytestmark = pytest.mark.cpu_vm   # runs once, on the default (CPU) VM
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 SHAPES = [(2, 9), (3, 31)]
 # llama and qwen2_moe are tested over many lengths in tests/test_hf_models.py; the realistic-width
 # configs are their architectures at hidden 1024
 SMALL = [name for name in ZOO if name not in ("llama", "qwen2_moe") and not name.endswith("_wide")]
 TOL = dict(rtol=1e-4, atol=1e-4)   # as tests/test_hf_models.py: f32 sums in another order
-
-
-@pytest.fixture(autouse=True)
-def vm():
-    """Runs once, on the VM DVM_VM selects (whole models; the reference VM is slow)."""
-    yield os.environ.get("DVM_VM", "cpu")
 
 
 @pytest.mark.parametrize("name", SMALL)
