@@ -145,24 +145,35 @@ def test_cached_calls_of_one_to_three_inputs_and_several_outputs(vm):
 @pytest.mark.cpu_vm   # the CPU VM's runner
 def test_a_busy_runner_takes_a_fresh_address_table():
     """A launch's address table is in use by another thread (its lock is held): the cached call
-    packs the addresses into a table of its own, with the same results."""
+    packs the addresses into a table of its own, with the same results; so does the cached call
+    of several outputs."""
     ctx, n = build.ShapeContext(), sym("n")
     x = Node.make("input", DType.FLOAT32, (n,), index=0)
     y = Node.make("input", DType.FLOAT32, (n,), index=1)
     graph = CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y)])
+    pair = CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y), build.elementwise(ctx, "mul", x, y)])
     a, b = np.arange(8, dtype=np.float32), np.full(8, 0.5, np.float32)
     launch, _ = graph.launcher({"n": 8}, [a, b], "cpu")
     call = launch.cached_call(single=True)
     np.testing.assert_array_equal(call((a, b)), a - b)
-    runner = launch._bound
-    assert runner.lock.acquire(False)
+    pair_launch, _ = pair.launcher({"n": 8}, [a, b], "cpu")
+    pair_call = pair_launch.cached_call()
+    runner, pair_runner = launch._bound, pair_launch._bound
+    assert runner.lock.acquire(False) and pair_runner.lock.acquire(False)
     try:
         np.testing.assert_array_equal(call((b, a)), b - a)
         runner([a.ctypes.data, b.ctypes.data, (out := np.empty(8, np.float32)).ctypes.data])
         np.testing.assert_array_equal(out, a - b)
+        diff, prod = pair_call((b, a))
+        np.testing.assert_array_equal(diff, b - a)
+        np.testing.assert_array_equal(prod, b * a)
     finally:
         runner.lock.release()
+        pair_runner.lock.release()
     np.testing.assert_array_equal(call((a, a)), np.zeros(8, np.float32))
+    diff, prod = pair_call((a, b))
+    np.testing.assert_array_equal(diff, a - b)
+    np.testing.assert_array_equal(prod, a * b)
 
 
 @pytest.mark.cpu_vm   # launches on both VMs

@@ -79,14 +79,25 @@ class _ChainRunner:
         output), else the tuple of outputs. For one output of one or two inputs (most launches),
         the same steps as __call__ in one function, without the address list between them."""
         n_in = len(self.numels) - len(outs)
+        entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
         if len(outs) != 1 or n_in not in (1, 2):
+            makes = tuple(partial(*o) for o in outs)
+
             def call_any(arrays):
-                made = tuple([alloc(*args) for alloc, *args in outs])
+                made = tuple([make() for make in makes])
                 on_launch()
-                self([*map(ptr, arrays), *map(ptr, made)])
+                if lock.acquire(False):
+                    try:
+                        pack(table, 0, *map(ptr, arrays), *map(ptr, made))
+                        err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
+                    finally:
+                        lock.release()
+                else:
+                    err = fresh(*map(ptr, arrays), *map(ptr, made))
+                if err:
+                    check(err)
                 return made[0] if single else made
             return call_any
-        entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
         # one output of one or two inputs (most launches): the addresses as plain arguments
         make = partial(*outs[0])
         one_in = n_in == 1
