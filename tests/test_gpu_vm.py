@@ -85,7 +85,7 @@ def test_unary_every_op(dtype):
     compare(_many(names, 1), x, x, x, what=f"unary {dtype}: {names}")
 
 
-# f32 functions whose GPU form is the CPU VM's algorithm, operation for operation (gpu/mathf.py):
+# f32 functions whose GPU form is the CPU VM's algorithm, operation for operation (gpu/mathf.py, mathf_ext.py):
 # bitwise the CPU VM's results. The log family's GPU forms round differently (1 ULP on some inputs).
 SAME_BITS_AS_CPU = ("exp", "exp2", "expm1", "tanh", "sigmoid", "silu", "erf", "gelu", "gelu_tanh", "sin",
                     "cos", "rsqrt", "sqrt", "reciprocal")

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from . import mathf as m
+from . import mathf_ext as mx
 from .kabi import *  # noqa: F401,F403 (constexpr ids)
 
 I64_MIN = tl.constexpr(-9223372036854775808)
@@ -122,9 +123,9 @@ def unary_float(op, x):
         elif op == U_RECIP:
             v = m.div(tl.full(x.shape, 1.0, x.dtype), x)
         elif op == U_SIN:
-            v = m.sin(x)
+            v = mx.sin(x)
         else:
-            v = m.cos(x)
+            v = mx.cos(x)
     elif op < U_GELU_TANH:
         if op < U_ERF:
             if op == U_TANH:
@@ -132,12 +133,12 @@ def unary_float(op, x):
             else:
                 v = m.sigmoid(x)
         elif op == U_ERF:
-            v = m.erf(x)
+            v = mx.erf(x)
         else:
-            v = m.gelu(x)
+            v = mx.gelu(x)
     elif op < U_RELU:
         if op == U_GELU_TANH:
-            v = m.gelu_tanh(x)
+            v = mx.gelu_tanh(x)
         else:
             v = x * m.sigmoid(x)
     elif op == U_ROUND:
