@@ -1,5 +1,6 @@
 """The cached launch path: a call signature seen before (dtypes, shapes, strides, VM) reuses its
 verified Launch, and still gives exactly the results of a first call for every layout."""
+import gc
 import threading
 
 import numpy as np
@@ -93,12 +94,7 @@ def test_multi_output_workspace_kernel_on_repeat(vm):
 def test_reused_workspaces_under_concurrent_calls(vm):
     """A Launch keeps its small workspaces for the next call; calls of the same Launch from
     several threads at once must not share them (the one that finds them busy takes fresh ones)."""
-    ctx, n = build.ShapeContext(), sym("n")
-    x = Node.make("input", DType.FLOAT32, (n, 6), index=0)
-    y = build.elementwise(ctx, "mul", x, build.reduce(ctx, "sum", x, 1, True))
-    out = build.elementwise(ctx, "neg", build.slice_view(ctx, y, 0, 1, n - 1))   # -y[1:]: y is a workspace
-    graph = CompiledGraph([x], [out])
-    rng = np.random.default_rng(2)
+    graph, rng = _workspace_graph(), np.random.default_rng(2)
     xs = [rng.standard_normal((6, 6)).astype(np.float32) for _ in range(4)]
     want = [-(a * a.sum(1, keepdims=True, dtype=np.float32))[1:] for a in xs]
     launch, _ = graph.launcher({"n": 6}, [xs[0]], vm)
@@ -174,6 +170,51 @@ def test_a_busy_runner_takes_a_fresh_address_table():
     diff, prod = pair_call((a, b))
     np.testing.assert_array_equal(diff, a - b)
     np.testing.assert_array_equal(prod, a * b)
+
+
+def _workspace_graph():
+    """-(x * x.sum(1))[1:] over (n, 6): x * x.sum(1) is a workspace between two kernels."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = Node.make("input", DType.FLOAT32, (n, 6), index=0)
+    y = build.elementwise(ctx, "mul", x, build.reduce(ctx, "sum", x, 1, True))
+    out = build.elementwise(ctx, "neg", build.slice_view(ctx, y, 0, 1, n - 1))
+    return CompiledGraph([x], [out])
+
+
+@pytest.mark.cpu_vm   # the CPU VM's runner
+def test_cached_call_with_workspaces_owns_them():
+    """The one-function cached call of a launch with small workspaces: its own, alive as long as
+    the call is (memory freed and handed out again would be written by every launch), used by one
+    launch at a time (with the runner busy it takes fresh ones), from several threads at once."""
+    graph, rng = _workspace_graph(), np.random.default_rng(5)
+    xs = [rng.standard_normal((6, 6)).astype(np.float32) for _ in range(4)]
+    want = [-(a * a.sum(1, keepdims=True, dtype=np.float32))[1:] for a in xs]
+    launch, _ = graph.launcher({"n": 6}, [xs[0]], "cpu")
+    assert launch.ws_specs and launch.direct_parts() is not None
+    call = launch.cached_call(single=True)
+    gc.collect()
+    sentinels = [np.full(n, 7.0, dt) for n, dt in launch.ws_specs for _ in range(64)]
+    for a, w in zip(xs, want):
+        np.testing.assert_allclose(call((a,)), w, rtol=1e-5, atol=1e-6)
+    assert all((s == 7.0).all() for s in sentinels)
+    runner = launch._bound
+    assert runner.lock.acquire(False)
+    try:
+        np.testing.assert_allclose(call((xs[1],)), want[1], rtol=1e-5, atol=1e-6)
+    finally:
+        runner.lock.release()
+    bad = []
+
+    def work(i: int) -> None:
+        for _ in range(300):
+            if not np.allclose(call((xs[i],)), want[i], rtol=1e-5, atol=1e-6):
+                bad.append(i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
 
 
 @pytest.mark.cpu_vm   # launches on both VMs

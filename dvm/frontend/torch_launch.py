@@ -154,12 +154,15 @@ def _untracked_key(key: tuple) -> tuple:
                  for k in key)
 
 
-def _direct(outs: tuple, run: Callable) -> Callable:
+def _direct(outs: tuple, run: Callable, workspaces: tuple = ()) -> Callable | None:
     """tensors -> the outputs, freshly allocated, of `run` on their addresses: a launch with no
-    input to resolve or copy and no huge output, as one function (see _TensorLaunch.direct)."""
-    if hasattr(run, "caller"):   # the VM's own one-function form (VM.bind)
+    input to resolve or copy and no huge output, as one function (see _TensorLaunch.direct);
+    None for a launch with workspaces whose VM has no one-function form."""
+    if hasattr(run, "caller"):   # the VM's own one-function form (VM.bind), workspaces its own
         return run.caller(tuple((_empty_strided_cpu, *spec) for spec in outs), counters.bump_cached_launch,
-                          _data_ptr)
+                          _data_ptr, workspaces=workspaces)
+    if workspaces:
+        return None
 
     def call(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         made = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in outs]
@@ -184,8 +187,8 @@ class _TensorLaunch:
                           if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
-        plain = self.run is not None and not resolve and not self.huge
-        self.direct = _direct(self.outs, self.run) if plain else None
+        parts = launch.direct_parts()   # (bound VM, workspaces): the whole call as one function
+        self.direct = _direct(self.outs, *parts) if parts is not None and not resolve and not self.huge else None
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True, into=None) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not). into:

@@ -228,13 +228,14 @@ class Launch:
         output), else a tuple of the outputs. A plain CPU launch (no input copies, workspaces or
         shifted buffers) gets its layers flattened: ~0.5 us less a call, ~1.1 us with one output
         (vm/cpu/host/launch)."""
+        parts = self.direct_parts()
+        if parts is not None and hasattr(parts[0], "caller"):   # a chain of small kernels
+            return parts[0].caller(self._outs, counters.bump_cached_launch, single=single, workspaces=parts[1])
         if not (self._plain and not self.copy_slots):
             if single:
                 return lambda arrays: self(list(arrays))[0]
             return lambda arrays: tuple(self(list(arrays)))
         run, outs = self._bound, self._outs
-        if hasattr(run, "caller"):   # a chain of small kernels
-            return run.caller(outs, counters.bump_cached_launch, single=single)
 
         def call(arrays: Sequence[np.ndarray]):
             made = [alloc(shape, dt) for alloc, shape, dt in outs]
@@ -263,6 +264,14 @@ class Launch:
     def bound(self) -> bool:
         """Whether the VM runs this launch on addresses (run_addresses)."""
         return self._bound is not None
+
+    def direct_parts(self) -> tuple | None:
+        """(the bound VM, its workspaces' (element count, dtype)) where a caller may run this
+        launch on the inputs' and outputs' addresses and small workspaces of its own (VM.bind's
+        `caller`); None where not: input copies, shifted buffers, large workspaces, no bind."""
+        if self._bound is None or self.copy_slots or self._shifted or (self.ws_specs and self._ws_lock is None):
+            return None
+        return self._bound, self.ws_specs
 
     def plain_runner(self) -> Callable[[list[int]], None] | None:
         """The VM bound to this launch when it needs no workspaces and no shifted buffers (a

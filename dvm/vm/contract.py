@@ -56,7 +56,8 @@ class VM(ABC):
         """A launcher for `layout` on buffers given by address, their element counts fixed to
         `numels` (the cached launch path: the caller guarantees buffers of the dtypes and extents
         that passed check_buffers and keeps them alive during the call); None when the VM runs on
-        buffer objects only. The launcher may also offer `caller(outs, on_launch, ptr, single)`:
-        one function that allocates the outputs and runs on the inputs' and outputs' addresses
-        (vm/cpu/host/launch._ChainRunner.caller); callers check for it with hasattr."""
+        buffer objects only. The launcher may also offer `caller(outs, on_launch, ptr, single,
+        workspaces)`: one function that allocates the outputs and runs on the inputs' and outputs'
+        addresses, with workspaces of its own (vm/cpu/host/launch._ChainRunner.caller); callers
+        check for it with hasattr."""
         return None

@@ -71,29 +71,35 @@ class _ChainRunner:
         return self.entry(0, -1, self.chain, TABLE, np.array([*addrs, *self.numels], np.int64), NO_SCHED, False)
 
     def caller(self, outs: tuple, on_launch: Callable[[], object], ptr: Callable[[object], int] = data_ptr,
-               single: bool = False) -> Callable:
+               single: bool = False, workspaces: tuple = ()) -> Callable:
         """A function (inputs) -> outputs running this chain on the inputs and fresh outputs, with
         on_launch() per call. outs: one (allocator, *its arguments) per output (the runner's
-        last buffers); ptr: an input's or output's address (NumPy arrays by default; the torch
-        frontend passes its tensors' data_ptr). It returns the output itself when `single` (one
-        output), else the tuple of outputs. For one output of one or two inputs (most launches),
-        the same steps as __call__ in one function, without the address list between them."""
-        n_in = len(self.numels) - len(outs)
+        buffers after the inputs); ptr: an input's or output's address (NumPy arrays by default;
+        the torch frontend passes its tensors' data_ptr). workspaces: (element count, dtype) of
+        the runner's last buffers, the caller's own: allocated once and used under the runner's
+        lock, so by one launch at a time (a launch that finds the lock taken allocates its own).
+        It returns the output itself when `single` (one output), else the tuple of outputs. For
+        one output of one or two inputs and no workspace (most launches), the same steps as
+        __call__ in one function, without the address list between them."""
+        n_in = len(self.numels) - len(outs) - len(workspaces)
         entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
-        if len(outs) != 1 or n_in not in (1, 2):
+        if len(outs) != 1 or n_in not in (1, 2) or workspaces:
             makes = tuple(partial(*o) for o in outs)
+            kept = tuple(np.empty(n, dt) for n, dt in workspaces)   # alive while call_any is (read below)
+            ws_addrs = tuple(w.ctypes.data for w in kept)
 
             def call_any(arrays):
                 made = tuple([make() for make in makes])
                 on_launch()
                 if lock.acquire(False):
                     try:
-                        pack(table, 0, *map(ptr, arrays), *map(ptr, made))
+                        pack(table, 0, *map(ptr, arrays), *map(ptr, made), *ws_addrs)
                         err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
                     finally:
                         lock.release()
                 else:
-                    err = fresh(*map(ptr, arrays), *map(ptr, made))
+                    own = [np.empty_like(w) for w in kept]
+                    err = fresh(*map(ptr, arrays), *map(ptr, made), *(w.ctypes.data for w in own))
                 if err:
                     check(err)
                 return made[0] if single else made
