@@ -99,19 +99,24 @@ def test_reused_workspaces_under_concurrent_calls(vm):
     want = [-(a * a.sum(1, keepdims=True, dtype=np.float32))[1:] for a in xs]
     launch, _ = graph.launcher({"n": 6}, [xs[0]], vm)
     assert launch.ws_specs
+    assert not _wrong_in_threads(lambda a: graph.run({"n": 6}, [a], vm=vm)[0], xs, want)
+
+
+def _wrong_in_threads(call, xs: list, want: list) -> list:
+    """call(xs[i]) 300 times in each of len(xs) threads at once: the i of each result not
+    close to want[i]."""
     bad = []
 
     def work(i: int) -> None:
         for _ in range(300):
-            (got,) = graph.run({"n": 6}, [xs[i]], vm=vm)
-            if not np.allclose(got, want[i], rtol=1e-5, atol=1e-6):
+            if not np.allclose(call(xs[i]), want[i], rtol=1e-5, atol=1e-6):
                 bad.append(i)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not bad
+    return bad
 
 
 @dvm.kernel
@@ -203,18 +208,7 @@ def test_cached_call_with_workspaces_owns_them():
         np.testing.assert_allclose(call((xs[1],)), want[1], rtol=1e-5, atol=1e-6)
     finally:
         runner.lock.release()
-    bad = []
-
-    def work(i: int) -> None:
-        for _ in range(300):
-            if not np.allclose(call((xs[i],)), want[i], rtol=1e-5, atol=1e-6):
-                bad.append(i)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad
+    assert not _wrong_in_threads(lambda a: call((a,)), xs, want)
 
 
 @pytest.mark.cpu_vm   # launches on both VMs
