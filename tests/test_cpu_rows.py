@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dvm
-from dvm.codegen import encoder
+from dvm.codegen import encoder, isa
 from dvm.codegen.disasm import disasm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.tools.bench_ops_cases import max_last, sum_last
@@ -105,6 +105,74 @@ def test_row_forms_leave_tiles_over_twice_the_row_to_the_tile_form(monkeypatch):
     want = run_on(reference.run, softmax, x)[0]
     for n in (1, 2):
         np.testing.assert_allclose(run_on(_threads(n), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@dvm.kernel
+def hf_rmsnorm(k, x, r, w, eps):
+    """Hugging Face's RMSNorm of a residual sum, as the torch backend lowers it: the epsilon a 0-d
+    float64 input (a float Dynamo passes as a tensor), the weight on the left, the sum stored
+    after the norm (a pre-norm block's next residual)."""
+    h = k.add(k.load(x), k.load(r))
+    var = k.mean(k.mul(h, h), axis=-1, keepdims=True)
+    y = k.mul(k.load(w), k.mul(h, k.rsqrt(k.add(var, k.cast(k.load(eps), "float32")))))
+    return k.store(y), k.store(h)
+
+
+@dvm.kernel
+def hf_rmsnorm_first(k, x, w, eps):
+    """hf_rmsnorm of a loaded row (a block's first norm)."""
+    h = k.load(x)
+    var = k.mean(k.mul(h, h), axis=-1, keepdims=True)
+    return k.store(k.mul(k.load(w), k.mul(h, k.rsqrt(k.add(var, k.cast(k.load(eps), "float32"))))))
+
+
+@dvm.kernel
+def post_layernorm(k, x, r, w, b):
+    """A post-norm block's LayerNorm of the residual sum (BERT's), the sum not stored."""
+    h = k.add(k.load(x), k.load(r))
+    d = k.sub(h, k.mean(h, axis=-1, keepdims=True))
+    return k.store(d * k.rsqrt(k.mean(d * d, axis=-1, keepdims=True) + 1e-5) * k.load(w) + k.load(b))
+
+
+def test_models_norms_are_row_forms():
+    """The norms as models' graphs have them are planned as whole row forms (FK_ROWNORM at the
+    first load): the epsilon input computed before the row's loads (codegen/lower.uniforms_first,
+    its register held to the body's end), the weight loaded next to its product, a residual
+    sum's two loads and add taken by the form."""
+    from dvm.vm.cpu.abi import FK_ROWNORM
+    from dvm.vm.cpu.host import desc as cpu_desc
+    x, w, eps = RNG.standard_normal((16, 1024)).astype(np.float32), np.ones(1024, np.float32), np.array(1e-6)
+    for kfn, args in ((hf_rmsnorm, (x, x, w, eps)), (hf_rmsnorm_first, (x, w, eps)), (post_layernorm, (x, x, w, w))):
+        layout = dvm.verify(kfn.program(*args))
+        kl = layout.kernels[0]
+        fuse = cpu_desc._desc(kl, len(layout.args)).fuse
+        first_load = next(pc for pc, row in enumerate(kl.instrs) if isa.BY_CODE[int(row[0])].name == "load.f32")
+        assert fuse[first_load, 0] == FK_ROWNORM, kfn
+    text = disasm(hf_rmsnorm.program(x, x, w, eps))
+    assert re.search(r"load\.f64 .*\n.*cast\.f64\.f32 .*\n.*load\.f32", text), text
+
+
+@pytest.mark.parametrize("cols", [512, 600, 768, 1024, 2049, 4096, 70000])
+def test_models_norms_bitwise_as_reference(cols):
+    """hf_rmsnorm (both outputs), hf_rmsnorm_first and post_layernorm: bitwise the reference VM's
+    on 1 and 2 threads, with NaN, infinities, signed zeros and huge rows; with x passed twice;
+    with a transposed input (the row form refuses it: the instructions run). 70000 columns:
+    post_layernorm is all row form, so one tile of 131072 lanes (encoder.WIDE_ROW_COLS)."""
+    x = RNG.standard_normal((9, cols)).astype(np.float32)
+    r = RNG.standard_normal((9, cols)).astype(np.float32)
+    x[0], r[0] = -0.0, -0.0
+    x[2, ::7] = np.nan
+    x[3, 1], r[3, -1] = np.inf, -np.inf
+    x[5] *= np.float32(1e19)
+    w = RNG.standard_normal(cols).astype(np.float32)
+    b = RNG.standard_normal(cols).astype(np.float32)
+    eps = np.array(1e-6)
+    xt = np.ascontiguousarray(x.T).T
+    for kfn, args in ((hf_rmsnorm, (x, r, w, eps)), (hf_rmsnorm_first, (x, w, eps)), (post_layernorm, (x, r, w, b))):
+        _bitwise_as_reference(kfn, *args, why=(cols,))
+        _bitwise_as_reference(kfn, xt, *args[1:], why=(cols, "transposed"))
+        if kfn is not hf_rmsnorm_first:
+            _bitwise_as_reference(kfn, x, x, *args[2:], why=(cols, "x twice"))
 
 
 def _silu_gate(k, a, b):

@@ -59,6 +59,9 @@ class _Emitter:
         self.operands: list[OperandSpec] = []
         self.consts: list[tuple[Bank, object]] = []
         self._red_sweep: dict[Node, int] = {}
+        # registers live to the end of the body (uniforms_first: a row form's chain replays its
+        # instructions row by row, so a source it reads must not share a register it writes)
+        self.pinned: list[int] = []
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def ensure_sweeps(self, n: int) -> None:
@@ -110,6 +113,17 @@ class _Emitter:
         constants, and narrowing casts (which round)."""
         return node.op in ("const", "input", "iota") or node.op in VIEW_OPS or self.from_workspace(node) \
             or (node.op == "cast" and not cast_is_noop(node.inputs[0].dtype, node.dtype))
+
+    def is_load(self, node: Node) -> bool:
+        """compute() emits node as a load (of an input, a workspace, an index)."""
+        return node.op != "const" and (self.from_workspace(node) or node.op in VIEW_OPS or node.op in LEAF_OPS)
+
+    def is_uniform(self, node: Node) -> bool:
+        """One value for the whole domain (every aligned size 1), not a constant, read from no
+        reduction of this group: a 0-d input (a float Dynamo passes as a tensor) and what is
+        computed from such values alone."""
+        return node.op != "const" and node.ndim <= len(self.g.shape) and all(is_one(d) for d in self.aligned(node)) \
+            and self.red_sweep(node) < 0
 
     def from_workspace(self, node: Node) -> bool:
         slot = self.plan.slot_of.get(node)
@@ -164,7 +178,12 @@ class _Emitter:
             return reg
         if op.kind is Kind.REDUCE:
             raise AssertionError(f"reduction {node} reached outside its group")
-        ins = [self.value(i, sec) for i in node.inputs]
+        # loads last: a load sits right before its first use (the fused runs of host/fuse_plan
+        # take an operand's load next to the op that reads it)
+        regs: dict[int, int] = {}
+        for k in sorted(range(len(node.inputs)), key=lambda k: self.is_load(node.inputs[k])):
+            regs[k] = self.value(node.inputs[k], sec)
+        ins = [regs[k] for k in range(len(node.inputs))]
         bank = node.inputs[-1].dtype.bank
         spec = isa.BY_NAME[f"{node.op}.{bank.short}"]
         reg = self.new(spec.fields[0].bank)
@@ -196,6 +215,25 @@ class _Emitter:
         return reg
 
     # -- roots ----------------------------------------------------------------------------------
+    def uniforms_first(self) -> None:
+        """The single-tile stream's uniform values (is_uniform) that a non-uniform value reads,
+        computed at the start of the body: a norm's epsilon passed as a 0-d tensor is then a
+        ready source of the per-row chain (host/fuse_plan's row forms), not a load inside it."""
+        roots = [r.inputs[0] for r in self.g.reductions] + [st.value for st in self.g.stores]
+        seen, tops, stack = set(), [], list(roots)
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if self.is_uniform(n):
+                tops.append(n)
+            elif not self.is_load(n) and n.op != "const" and not is_reduce(n):
+                stack.extend(n.inputs)
+        body = self.sec("B", 0)
+        for n in tops:   # (discovery order: deterministic per graph)
+            self.pinned.append(self.value(n, body))
+
     def reductions(self) -> None:
         for r in sorted(self.g.reductions, key=lambda r: self.plan.sweep_of[r]):
             s, src = self.plan.sweep_of[r], r.inputs[0]
@@ -242,13 +280,15 @@ class _Emitter:
 def lower(plan: Plan, group: Group, slot_dtypes: list[DType], single: bool = False) -> KernelTemplate:
     em = _Emitter(plan, group, slot_dtypes, single)
     em.ensure_sweeps(1)
+    if single:
+        em.uniforms_first()
     em.reductions()
     em.stores()
     flat, bounds = [], []
     for sec in em.sections:
         bounds.append((len(flat), len(flat) + len(sec)))
         flat.extend(sec)
-    instrs, nregs = allocate(flat, bounds, em.vbank)
+    instrs, nregs = allocate(flat, bounds, em.vbank, em.pinned)
     sweeps = [bounds[1 + 3 * s][0:2] + bounds[2 + 3 * s][0:2] + bounds[3 + 3 * s][0:2]
               for s in range(em.n_sweeps)]
     t = KernelTemplate(group.shape, group.axes, em.operands, em.consts, instrs, bounds[0],
@@ -258,8 +298,9 @@ def lower(plan: Plan, group: Group, slot_dtypes: list[DType], single: bool = Fal
     return t
 
 
-def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank]):
-    """Linear-scan register allocation over the concatenated sections."""
+def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank], pinned: list[int] = ()):
+    """Linear-scan register allocation over the concatenated sections; `pinned` registers live
+    to the end of the first sweep's body."""
     specs = [isa.BY_CODE[ins[0]] for ins in flat]
     first, last = {}, {}
     for pos, (ins, spec) in enumerate(zip(flat, specs)):
@@ -273,6 +314,8 @@ def allocate(flat: list[list], bounds: list[tuple[int, int]], vbank: list[Bank])
     for v, p in first.items():
         if p < pro_end and last[v] >= pro_end:
             last[v] = len(flat) - 1
+    for v in pinned:
+        last[v] = max(last[v], bounds[2][1] - 1)
     bodies = [bounds[2 + 3 * s] for s in range((len(bounds) - 1) // 3)]
     for pos, (ins, spec) in enumerate(zip(flat, specs)):
         for bs, be in bodies:

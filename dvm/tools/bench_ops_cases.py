@@ -31,6 +31,22 @@ def silu_mul(k, a, b):
 
 
 @dvm.kernel
+def add_layernorm(k, a, b, w, c):
+    """LayerNorm of a residual sum a + b (a post-norm block's: BERT, BART)"""
+    x = k.add(k.load(a), k.load(b))
+    xc = k.sub(x, k.mean(x, axis=-1, keepdims=True))
+    y = k.mul(xc, k.rsqrt(k.add(k.mean(k.mul(xc, xc), axis=-1, keepdims=True), 1e-5)))
+    return k.store(k.add(k.mul(y, k.load(w)), k.load(c)))
+
+
+@dvm.kernel
+def add_rmsnorm(k, a, b, w):
+    """RMSNorm of a residual sum a + b"""
+    x = k.add(k.load(a), k.load(b))
+    return k.store(k.mul(k.mul(x, k.rsqrt(k.add(k.mean(k.mul(x, x), axis=-1, keepdims=True), 1e-6))), k.load(w)))
+
+
+@dvm.kernel
 def sum_last(k, x):
     return k.store(k.sum(k.load(x), axis=-1))
 
@@ -123,6 +139,9 @@ def _torch_forms() -> dict:
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+        "add_layernorm": (lambda a, b, w, c: layernorm_t(a + b, w, c),
+                          lambda a, b, w, c: F.layer_norm(a + b, (a.shape[-1],), w, c, 1e-5)),
+        "add_rmsnorm": (lambda a, b, w: rmsnorm_t(a + b, w), lambda a, b, w: F.rms_norm(a + b, (a.shape[-1],), w, 1e-6)),
         "sum_last": (lambda x: x.sum(-1), None),
         "max_last": (lambda x: x.amax(-1), None),
         "sum_first": (lambda x: x.sum(0), None),
@@ -149,9 +168,9 @@ class Case:
     def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
         full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
-        if self.name == "layernorm":   # weight near 1, bias small: a realistic LayerNorm
+        if self.name in ("layernorm", "add_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
-        elif self.name == "rmsnorm":
+        elif self.name in ("rmsnorm", "add_rmsnorm"):
             vecs = [1.0 + 0.1 * vecs[0]]
         return full + [v.astype(np.float32) for v in vecs]
 
@@ -187,6 +206,10 @@ CASES = (
          "norm", native_name="F.layer_norm"),
     Case("rmsnorm", "RMSNorm (weight) over the last axis", rmsnorm, 1, 1, _ref_rmsnorm, "norm",
          native_name="F.rms_norm"),
+    Case("add_layernorm", "LayerNorm of a residual sum a + b", add_layernorm, 2, 2,
+         lambda a, b, w, c: _ref_layernorm(a + b, w, c), "norm", native_name="F.layer_norm(a + b)"),
+    Case("add_rmsnorm", "RMSNorm of a residual sum a + b", add_rmsnorm, 1, 2,
+         lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)"),
     Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",
          reduce_axis=-1),
     Case("max_last", "max over the last axis", max_last, 0, 1, lambda x: x.max(axis=-1), "max",

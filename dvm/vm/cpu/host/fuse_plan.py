@@ -79,15 +79,17 @@ def _sqsum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     return [FK_SQSUM, 2, x, r]
 
 
-def _sub_then_sum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
+def _sub_then_sum(instrs, specs, flow: Flow, pc: int, sec, row_form: bool = False) -> list[int] | None:
     """sub d, x, m ; mul t, d, d ; rowred.sum r, t  ->  (FK_CSQSUM, 3, x, m, d, t, r)
-       sub t, x, m ; exp e, t ; rowred.sum r, e     ->  (FK_EXPSUM, 3, x, m, e, t, r)"""
+       sub t, x, m ; exp e, t ; rowred.sum r, e     ->  (FK_EXPSUM, 3, x, m, e, t, r)
+    row_form: inside a row form (_row_norm), which reads x's rows from memory: r may reuse x's
+    register (dead after the sub)."""
     if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 2], "rowred", "sum")):
         return None
     d, x, m = (int(v) for v in instrs[pc, 1:4])
     t, d1, d2 = (int(v) for v in instrs[pc + 1, 1:4])
     r, t2 = int(instrs[pc + 2, 1]), int(instrs[pc + 2, 2])
-    if t2 != t or r == x:
+    if t2 != t or (r == x and not row_form):
         return None
     if _is(specs[pc + 1], "ew", "mul"):   # the centered sum of squares; d is kept, t is dead
         if (d1, d2) != (d, d) or d in (x, m, t) or r in (d, t) or not flow.dead_after(t, pc, pc + 3, sec):
@@ -232,19 +234,38 @@ def _writes(flow: Flow, lo: int, hi: int) -> set[int]:
     return set().union(*flow.writes[lo:hi])
 
 
+def _residual(instrs, specs, flow: Flow, pc: int, sec) -> int | None:
+    """load a, oa ; load b, ob ; add x, a, b (either order), a and b read by nothing after the
+    add -> x (a residual sum, the row a norm then takes)."""
+    if pc + 3 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "load")
+                               and _is(specs[pc + 2], "ew", "add")):
+        return None
+    a, b = int(instrs[pc, 1]), int(instrs[pc + 1, 1])
+    x, u, v = (int(w) for w in instrs[pc + 2, 1:4])
+    if a == b or {u, v} != {a, b} or not (flow.dead_after(a, pc, pc + 3, sec) and flow.dead_after(b, pc, pc + 3, sec)):
+        return None
+    return x
+
+
 def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """load x, o ; rowred.sum s1, x ; chain A ; an FK_CSQSUM run of x and m   (LayerNorm)
        load x, o ; an FK_SQSUM run of x                                     (RMSNorm)
     then chain B ; an FK_APPLY run of (d or x) and rs ; store y
     -> (FK_ROWNORM, n, o, pc of the CSQSUM run or -1, pc of the FK_APPLY run, rs, w and b sources
     as FK_APPLY's) when m and rs are the chains' results (or the sums themselves) and the run is
-    self-contained. Chains: compact ops only (_scalar_chain), replayed per row by jit/fused/rows."""
+    self-contained. Chains: compact ops only (_scalar_chain), replayed per row by jit/fused/rows.
+    A residual sum (_residual: two loads and an add) may stand for `load x, o`, its row stored or
+    not by `store x` right after `store y`: then the field o is -1 - the offset of that store in
+    the run (0: not stored)."""
     if not _is(specs[pc], "load"):
         return None
     x, q = int(instrs[pc, 1]), pc + 1
+    res = _residual(instrs, specs, flow, pc, sec)
+    if res is not None:
+        x, q = res, pc + 3
     if q < sec[1] and _is(specs[q], "rowred", "sum") and int(instrs[q, 2]) == x and int(instrs[q, 1]) != x:
         cpc = _scalar_chain(instrs, specs, flow, q + 1, sec, {x})
-        run = _sub_then_sum(instrs, specs, flow, cpc, sec)
+        run = _sub_then_sum(instrs, specs, flow, cpc, sec, row_form=True)
         if run is None or run[0] != FK_CSQSUM or run[2] != x:
             return None
         m, src, s2 = run[3], run[4], run[6]
@@ -267,9 +288,14 @@ def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         return None
     if end >= sec[1] or not _is(specs[end], "store") or int(instrs[end, 1]) != app[6]:
         return None
+    o = int(instrs[pc, 2])
+    if res is not None:
+        stored = end + 1 < sec[1] and _is(specs[end + 1], "store") and int(instrs[end + 1, 1]) == x
+        o = -1 - (end + 1 - pc) if stored else -1
+        end += stored
     if not _self_contained(flow, pc, end, sec):
         return None
-    return [FK_ROWNORM, end + 1 - pc, int(instrs[pc, 2]), cpc, apc, rs, app[4], app[5]]
+    return [FK_ROWNORM, end + 1 - pc, o, cpc, apc, rs, app[4], app[5]]
 
 
 def _self_contained(flow: Flow, pc: int, end: int, sec) -> bool:

@@ -11,6 +11,10 @@ stays in L1 after the first) and writes the output row straight into the store's
     (LayerNorm; RMSNorm: load x, o ; mul t, x, x ; rowred.sum s2, t) ; chain B -> rs ;
     y = ((d or x) * rs) * w [+ b] (an FK_APPLY run) ; store y
 
+A residual sum may stand for the load: `load a ; load b ; add x, a, b`, optionally with
+`store x` right after `store y` (host/fuse_plan._row_norm); each row of x is then first added
+into the stored sum's buffer row, or into a scratch row, and read from there.
+
 A chain is a few f32 add/sub/mul/div/sqrt/rsqrt/reciprocal on compact registers (the mean's
 division, eps, rsqrt), replayed on each row's scalars: row r's value in lane r of its register,
 as a compact register keeps it. Every other source of a chain is a compact or uniform register
@@ -127,14 +131,24 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
 
 
 @njit(**OPTS)
+def _add_row(xr, pa, pb, n):
+    """xr[:n] = the rows at pa and pb added (the residual add's operand order; xr overlaps
+    neither). A call, not inlined: inlined into the row loop it slows the plain norms' loops."""
+    ra, rb = carray(ptr_f32(pa), n), carray(ptr_f32(pb), n)
+    for k in range(n):
+        xr[k] = ops.add(ra[k], rb[k])
+
+
+@njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
-               w, b, bias, ta):
+               w, b, bias, ta, residual, ra, rb):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
     bn: a power of two >= ROW_FORM_MIN_BN below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
     read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
-    appears once: every inlined copy costs compile time."""
+    appears once: every inlined copy costs compile time. residual: row r is first written to
+    rx[r] as the sum of the rows at ra[r] and rb[r]."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
@@ -142,6 +156,8 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
+        if residual:
+            _add_row(xr, ra[r], rb[r], ncv)
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
@@ -223,16 +239,23 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
     """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
     scale's FK_APPLY run, rs, w's and b's sources as FK_APPLY's): the whole norm row by row, its
     output rows written into the store's buffer. 0 when it cannot take the tile (nothing changed
-    then but the scratch)."""
+    then but the scratch). x's operand < 0: x is the residual sum of the loads at pc and pc + 1
+    (add at pc + 2), its rows written into the buffer of the store at pc - 1 - that field, or
+    into a scratch row when it is -1 (host/fuse_plan._row_norm)."""
     bm, bn = meta[M_BM], meta[M_BN]
     if not _rows_fit(meta, aok):
         return 0
-    n, cpc, apc, rs = fz[pc, 1], fz[pc, 3], fz[pc, 4], fz[pc, 5]
+    n, cpc, apc, rs, ox = fz[pc, 1], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 2]
+    residual = ox < 0
+    x0 = pc + 3 if residual else pc + 1   # the first instruction after x's row
+    ys = pc + n - 2 if ox < -1 and -1 - ox == n - 1 else pc + n - 1
+    if residual and bm > bn:   # (ix: four BM-row address lists in its 2 * (BM + BN) entries)
+        return 0
     centered = cpc >= 0
     if centered:   # rowred.sum s1, x ; chain A ; sub d, x, m ; mul t, d, d ; rowred.sum s2, t
-        s1, qa0, qa1, m, s2, qb0 = instrs[pc + 1, 1], pc + 2, cpc, instrs[cpc, 3], instrs[cpc + 2, 1], cpc + 3
+        s1, qa0, qa1, m, s2, qb0 = instrs[x0, 1], x0 + 1, cpc, instrs[cpc, 3], instrs[cpc + 2, 1], cpc + 3
     else:          # mul t, x, x ; rowred.sum s2, t
-        s1, qa0, qa1, m, s2, qb0 = -1, pc + 3, pc + 3, -1, instrs[pc + 2, 1], pc + 3
+        s1, qa0, qa1, m, s2, qb0 = -1, x0 + 2, x0 + 2, -1, instrs[x0 + 1, 1], x0 + 2
     if not _chain_ok(instrs, dec, st, qa0, qa1, qb0, apc, s1, s2):
         return 0
     w, b = sf[2 * bn + bm:3 * bn + bm], sf[3 * bn + bm:4 * bn + bm]
@@ -249,12 +272,25 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
         return 0
     nrows = min(bm, meta[M_ROWS] - r0)
     rx, ry = ix[:bm], ix[bm:2 * bm]   # after the row vectors: their loads use ix
-    if not (row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
-            and row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+    ra, rb = ix[2 * bm:3 * bm], ix[3 * bm:4 * bm]
+    if not row_addrs(ry, instrs[ys, 2], optab, dims, meta, addrs, r0, 0, nrows):
         return 0
+    if not residual:
+        if not row_addrs(rx, ox, optab, dims, meta, addrs, r0, 0, nrows):
+            return 0
+    else:   # add x, a, b: a's and b's rows in the add's order
+        first = 0 if instrs[pc + 2, 2] == instrs[pc, 1] else 1
+        if not (row_addrs(ra, instrs[pc + first, 2], optab, dims, meta, addrs, r0, 0, nrows)
+                and row_addrs(rb, instrs[pc + 1 - first, 2], optab, dims, meta, addrs, r0, 0, nrows)):
+            return 0
+        if ox < -1:   # x's rows into its store's buffer
+            if not row_addrs(rx, instrs[pc - 1 - ox, 2], optab, dims, meta, addrs, r0, 0, nrows):
+                return 0
+        else:         # one scratch row (the softmax form's e row), reused by every row
+            rx[:nrows] = sf[4 * bn + bm:5 * bn + bm].ctypes.data
     _bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-               qb0, apc, rs, w, b, bias, sf[:bn])
+               qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb)
     _bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
