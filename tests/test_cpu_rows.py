@@ -14,6 +14,8 @@ from dvm.codegen.disasm import disasm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.tools.bench_ops_cases import max_last, sum_last
 from dvm.vm import reference
+from dvm.vm.cpu.abi import FK_ROWNORM
+from dvm.vm.cpu.host import desc as cpu_desc
 
 from test_cpu_layouts import RNG, _bitwise_as_reference, _threads
 from test_cpu_vm import run_on
@@ -139,8 +141,6 @@ def test_models_norms_are_row_forms():
     first load): the epsilon input computed before the row's loads (codegen/lower.uniforms_first,
     its register held to the body's end), the weight loaded next to its product, a residual
     sum's two loads and add taken by the form."""
-    from dvm.vm.cpu.abi import FK_ROWNORM
-    from dvm.vm.cpu.host import desc as cpu_desc
     x, w, eps = RNG.standard_normal((16, 1024)).astype(np.float32), np.ones(1024, np.float32), np.array(1e-6)
     for kfn, args in ((hf_rmsnorm, (x, x, w, eps)), (hf_rmsnorm_first, (x, w, eps)), (post_layernorm, (x, x, w, w))):
         layout = dvm.verify(kfn.program(*args))
