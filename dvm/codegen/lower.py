@@ -154,7 +154,7 @@ class _Emitter:
             reg = self.new(bank)
             self.emit(0, f"const.{bank.short}", reg, len(self.consts) - 1)
             return reg
-        if self.from_workspace(node) or node.op in VIEW_OPS or node.op in LEAF_OPS:
+        if self.is_load(node):
             return self.load(node, sec)
         op = OP_TABLE[node.op]
         if op.kind is Kind.CAST:

@@ -8,7 +8,8 @@ every shape of the chosen size classes, one run times side by side:
                     runtime.launch.execute(..., vm="reference"); small shapes only
   numpy             the same computation written with NumPy float32 ops
   torch eager       PyTorch composite ops, the way the formula is written
-  torch native      PyTorch's fused native kernel where one exists (softmax, layer_norm, rms_norm)
+  torch native      PyTorch's fused native kernel where one exists (softmax, layer_norm, rms_norm;
+                    after the add for the norms of a residual sum)
   numexpr           numexpr.evaluate with a fixed expression string (elementwise cases)
   inductor static   torch.compile(eager form, dynamic=False), steady state after warm-up
   inductor dynamic  torch.compile(eager form, dynamic=True), steady state after warm-up

@@ -23,14 +23,13 @@ def add_parsers(sub) -> None:
                     help=f"new shapes per kernel (default {bench_encode.DEFAULT_SHAPES}; "
                          f"{bench_encode.QUICK_SHAPES} with --quick)")
     be.add_argument("--seed", type=int, default=0, help="random seed for shapes (default 0)")
-    be.add_argument("--json", default=bench_encode.DEFAULT_JSON, metavar="PATH",
-                    help=f"where to write the results as JSON (default {bench_encode.DEFAULT_JSON}; "
-                         f"'-' for none)")
+    add_output_options(be, ("--json", bench_encode.DEFAULT_JSON, "the results as JSON"))
     be.add_argument("--quick", action="store_true", help="a short smoke run")
     be.set_defaults(func=cmd_bench_encode)
     bo = bsub.add_parser("ops", help="fused kernels vs NumPy, PyTorch eager, numexpr, Inductor, copy",
                          description="Time DVM kernels (elementwise chains, bias+GELU, SiLU*b, softmax, "
-                                     "LayerNorm, RMSNorm, sum/max over either axis) side by side with "
+                                     "LayerNorm, RMSNorm, both also of a residual sum a + b, sum/max over "
+                                     "either axis) side by side with "
                                      "the reference VM, NumPy, PyTorch eager and native kernels, numexpr, "
                                      "torch.compile Inductor (static and dynamic; compile time reported "
                                      "separately) and a memory-copy roofline of the same bytes, plus "

@@ -43,6 +43,7 @@ from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs, row_uniform
 from ..bits import OPTS, ptr_f32
+from ..loops import loop2
 from ..mathf import exp_into
 from ..reduce import is_pow2
 from ..rowtree import tree_p2
@@ -130,13 +131,9 @@ def _chain_row(instrs, dec, q0, q1, F, st, r):
         F[instrs[q, 1]][r] = _scalar_op(op, a, b)
 
 
-@njit(**OPTS)
-def _add_row(xr, pa, pb, n):
-    """xr[:n] = the rows at pa and pb added (the residual add's operand order; xr overlaps
-    neither). A call, not inlined: inlined into the row loop it slows the plain norms' loops."""
-    ra, rb = carray(ptr_f32(pa), n), carray(ptr_f32(pb), n)
-    for k in range(n):
-        xr[k] = ops.add(ra[k], rb[k])
+# xr = a + b of two rows (the residual add's operand order; xr overlaps neither). A call, not
+# inlined: inlined into the row loop it slows the plain norms' loops.
+_add_row = loop2(ops.add)
 
 
 @njit(**OPTS)
@@ -157,7 +154,7 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         if residual:
-            _add_row(xr, ra[r], rb[r], ncv)
+            _add_row(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
