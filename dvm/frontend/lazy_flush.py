@@ -28,7 +28,7 @@ from ..graph.symbolic import SymExpr, free_symbols
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .lazy_ops import Kind, out_variant
-from .lazy_record import Ref
+from .lazy_vars import Ref
 from .lazy_trie import TORCH_OF
 from .torch_launch import TensorLauncher, input_spans, to_numpy, writable_over
 

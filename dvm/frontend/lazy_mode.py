@@ -27,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..runtime import counters
 from . import lazy_flush as F
 from .lazy_ops import _INFO, VALUE_READS, Kind, decomposition, info as op_info
-from .lazy_record import NotRecorded, Pending, storage_ptr
+from .lazy_record import Pending
+from .lazy_vars import NotRecorded, storage_ptr
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling   # a constant True inside Dynamo's trace
 FLUSH_REASONS = ("item", "bool", "tolist", "numpy", "print", "storage", "unsupported", "inplace", "matmul",
