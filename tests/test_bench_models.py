@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dvm.tools import bench_models  # noqa: E402
+from dvm.tools import bench_models, bench_models_run  # noqa: E402
 from dvm.tools.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
@@ -36,11 +36,11 @@ def test_compare_logits():
     """The stream's check against eager: within rtol = atol = 1e-4, a value outside it, a shape."""
     import torch
     want = torch.tensor([[1.0, -2.0], [1e3, 0.0]])
-    err, why = bench_models._compare(want + 5e-5, want)
+    err, why = bench_models_run.compare(want + 5e-5, want)
     assert 0 < err < 1e-4 and why == ""
-    err, why = bench_models._compare(want + torch.tensor([[0.0, 0.0], [0.0, 1e-3]]), want)
+    err, why = bench_models_run.compare(want + torch.tensor([[0.0, 0.0], [0.0, 1e-3]]), want)
     assert err == pytest.approx(1e-3) and why.startswith("max abs err")
-    err, why = bench_models._compare(want[:1], want)
+    err, why = bench_models_run.compare(want[:1], want)
     assert err == math.inf and why == "shape (1, 2) vs (2, 2)"
 
 

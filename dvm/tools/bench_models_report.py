@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from .bench_common import fmt_time, save_figure
-from .bench_models import LABELS, SHORT, SYSTEMS
+from .bench_models_run import LABELS, SHORT, SYSTEMS
 
 
 def _t(x) -> str:

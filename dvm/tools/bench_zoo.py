@@ -32,8 +32,9 @@ import time
 import numpy as np
 
 from .bench_common import finish_report, loadavg, machine_info, progress, vm_extra
-from .bench_models import ATOL, RTOL, _compare, _restore_threads, _set_threads, _warm_dynamo
+from .bench_models import _restore_threads, _set_threads, _warm_dynamo
 from .bench_models_probes import Stats, TimeDvmCompiler, dvm_graph_info, inductor_backend
+from .bench_models_run import ATOL, RTOL, compare
 from .bench_zoo_models import QUICK, ZOO, first_output, inputs
 
 DEFAULT_JSON = os.path.join("bench-results", "models_zoo.json")
@@ -70,7 +71,7 @@ class _Zoo:
                 out = first_output(fn(**inputs(zm, b, L)))
                 dt = time.perf_counter() - t0
                 first = dt if first is None else first
-                err, why = _compare(out, ref[(b, L)])
+                err, why = compare(out, ref[(b, L)])
                 worst = max(worst, err)
                 if why:
                     bad.append(f"b={b} L={L}: {why}")

@@ -190,7 +190,7 @@ def run_model_demo(seed: int = 0, inductor: bool = True, out=None, n_lengths: in
     print(file=out)
     head = ["steady state per call"] + bucket_head(report)
     rows = bucket_rows(report, "llama", "buckets", fmt_time, "-")
-    # ratios to eager calls timed alternately with the system's (bench_models._Run.steady)
+    # ratios to eager calls timed alternately with the system's (bench_models_run.SystemRun.steady)
     rows += bucket_rows(report, "llama", "speedup_vs_eager", lambda v: f"{v:.2f}x", "-", ": speed-up over eager")
     for line in _fmt_table(head, rows):
         print(line, file=out)
