@@ -28,8 +28,8 @@ from ..graph.symbolic import SymExpr, free_symbols
 from ..runtime import counters
 from ..runtime.compiled import CompiledGraph
 from .lazy_ops import Kind, out_variant
-from .lazy_vars import Ref
 from .lazy_trie import TORCH_OF
+from .lazy_vars import Ref
 from .torch_launch import TensorLauncher, input_spans, to_numpy, writable_over
 
 PLAN_CACHE_MAX = 256
