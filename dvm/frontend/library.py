@@ -21,20 +21,28 @@ def softmax(k, x):
     return k.store(k.mul(e, k.reciprocal(k.sum(e, axis=-1, keepdims=True))))
 
 
-@kernel
-def layernorm(k, x, w, b):
-    """LayerNorm over the last dim with weight and bias (eps 1e-5)."""
-    x = k.load(x)
+def layer_norm_of(k, x, w, b):
+    """The LayerNorm (eps 1e-5) of traced value x over its last dim, with traced weight w and bias b."""
     mean = k.mean(x, axis=-1, keepdims=True)
     xc = k.sub(x, mean)
     var = k.mean(k.mul(xc, xc), axis=-1, keepdims=True)
     y = k.mul(xc, k.rsqrt(k.add(var, 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(b)))
+    return k.add(k.mul(y, w), b)
+
+
+def rms_norm_of(k, x, w):
+    """The RMSNorm (eps 1e-6) of traced value x over its last dim, with traced weight w."""
+    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
+    return k.mul(k.mul(x, k.rsqrt(k.add(ms, 1e-6))), w)
+
+
+@kernel
+def layernorm(k, x, w, b):
+    """LayerNorm over the last dim with weight and bias (eps 1e-5)."""
+    return k.store(layer_norm_of(k, k.load(x), k.load(w), k.load(b)))
 
 
 @kernel
 def rmsnorm(k, x, w):
     """RMSNorm over the last dim with weight (eps 1e-6)."""
-    x = k.load(x)
-    ms = k.mean(k.mul(x, x), axis=-1, keepdims=True)
-    return k.store(k.mul(k.mul(x, k.rsqrt(k.add(ms, 1e-6))), k.load(w)))
+    return k.store(rms_norm_of(k, k.load(x), k.load(w)))

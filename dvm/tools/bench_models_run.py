@@ -23,7 +23,6 @@ VOCAB = 256
 
 SYSTEMS = ("eager", "inductor_dynamic_cold", "inductor_dynamic_warm", "inductor_default_cold",
            "inductor_default_warm", "dvm")
-INDUCTOR_SYSTEMS = SYSTEMS[1:5]
 LABELS = {"eager": "eager", "inductor_dynamic_cold": "Inductor dynamic=True, cold",
           "inductor_dynamic_warm": "Inductor dynamic=True, warm",
           "inductor_default_cold": "Inductor dynamic=None, cold",

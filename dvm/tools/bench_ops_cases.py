@@ -11,6 +11,7 @@ import numpy as np
 
 import dvm
 
+from ..frontend.library import layer_norm_of, rms_norm_of
 from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
 from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
 
@@ -33,17 +34,13 @@ def silu_mul(k, a, b):
 @dvm.kernel
 def add_layernorm(k, a, b, w, c):
     """LayerNorm of a residual sum a + b (a post-norm block's: BERT, BART)"""
-    x = k.add(k.load(a), k.load(b))
-    xc = k.sub(x, k.mean(x, axis=-1, keepdims=True))
-    y = k.mul(xc, k.rsqrt(k.add(k.mean(k.mul(xc, xc), axis=-1, keepdims=True), 1e-5)))
-    return k.store(k.add(k.mul(y, k.load(w)), k.load(c)))
+    return k.store(layer_norm_of(k, k.add(k.load(a), k.load(b)), k.load(w), k.load(c)))
 
 
 @dvm.kernel
 def add_rmsnorm(k, a, b, w):
     """RMSNorm of a residual sum a + b"""
-    x = k.add(k.load(a), k.load(b))
-    return k.store(k.mul(k.mul(x, k.rsqrt(k.add(k.mean(k.mul(x, x), axis=-1, keepdims=True), 1e-6))), k.load(w)))
+    return k.store(rms_norm_of(k, k.add(k.load(a), k.load(b)), k.load(w)))
 
 
 @dvm.kernel
