@@ -14,6 +14,7 @@ from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
 from dvm.vm.buffers import _interface_ptr, data_ptr
+from dvm.vm.cpu.host.desc import PARALLEL_MIN_ELEMS
 
 
 @dvm.kernel
@@ -143,8 +144,14 @@ def test_cached_calls_of_one_to_three_inputs_and_several_outputs(vm):
         np.testing.assert_allclose(both[1], x.sum(axis=0), rtol=1e-5, atol=1e-5)
 
 
+# element counts whose launch is one call of a chain of small kernels, and one whose kernel is big
+# enough to be shared between threads (vm/cpu/host/launch: _ChainRunner, _ListRunner)
+RUNNERS = {8: "_ChainRunner", PARALLEL_MIN_ELEMS + 8: "_ListRunner"}
+
+
 @pytest.mark.cpu_vm   # the CPU VM's runner
-def test_a_busy_runner_takes_a_fresh_address_table():
+@pytest.mark.parametrize("size", RUNNERS)
+def test_a_busy_runner_takes_a_fresh_address_table(size):
     """A launch's address table is in use by another thread (its lock is held): the cached call
     packs the addresses into a table of its own, with the same results; so does the cached call
     of several outputs."""
@@ -153,17 +160,18 @@ def test_a_busy_runner_takes_a_fresh_address_table():
     y = Node.make("input", DType.FLOAT32, (n,), index=1)
     graph = CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y)])
     pair = CompiledGraph([x, y], [build.elementwise(ctx, "sub", x, y), build.elementwise(ctx, "mul", x, y)])
-    a, b = np.arange(8, dtype=np.float32), np.full(8, 0.5, np.float32)
-    launch, _ = graph.launcher({"n": 8}, [a, b], "cpu")
+    a, b = np.arange(size, dtype=np.float32), np.full(size, 0.5, np.float32)
+    launch, _ = graph.launcher({"n": size}, [a, b], "cpu")
     call = launch.cached_call(single=True)
     np.testing.assert_array_equal(call((a, b)), a - b)
-    pair_launch, _ = pair.launcher({"n": 8}, [a, b], "cpu")
+    pair_launch, _ = pair.launcher({"n": size}, [a, b], "cpu")
     pair_call = pair_launch.cached_call()
     runner, pair_runner = launch._bound, pair_launch._bound
+    assert type(runner).__name__ == type(pair_runner).__name__ == RUNNERS[size]
     assert runner.lock.acquire(False) and pair_runner.lock.acquire(False)
     try:
         np.testing.assert_array_equal(call((b, a)), b - a)
-        runner([a.ctypes.data, b.ctypes.data, (out := np.empty(8, np.float32)).ctypes.data])
+        runner([a.ctypes.data, b.ctypes.data, (out := np.empty(size, np.float32)).ctypes.data])
         np.testing.assert_array_equal(out, a - b)
         diff, prod = pair_call((b, a))
         np.testing.assert_array_equal(diff, b - a)
@@ -171,7 +179,7 @@ def test_a_busy_runner_takes_a_fresh_address_table():
     finally:
         runner.lock.release()
         pair_runner.lock.release()
-    np.testing.assert_array_equal(call((a, a)), np.zeros(8, np.float32))
+    np.testing.assert_array_equal(call((a, a)), np.zeros(size, np.float32))
     diff, prod = pair_call((a, b))
     np.testing.assert_array_equal(diff, a - b)
     np.testing.assert_array_equal(prod, a * b)
@@ -186,16 +194,37 @@ def _workspace_graph():
     return CompiledGraph([x], [out])
 
 
+def _small_workspace_graph():
+    """x[1:] * x.sum(1)[1:] over (n, 64): the row sums (n floats) are a workspace between two kernels."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = Node.make("input", DType.FLOAT32, (n, 64), index=0)
+    sums = build.slice_view(ctx, build.reduce(ctx, "sum", x, 1, True), 0, 1, n - 1)
+    return CompiledGraph([x], [build.elementwise(ctx, "mul", build.slice_view(ctx, x, 0, 1, n - 1), sums)])
+
+
+# (graph, rows, its expected result, the runner): workspaces in a chain of small kernels, and in
+# a launch whose second kernel is big enough to be shared between threads
+WORKSPACE_CASES = {
+    "chain": (_workspace_graph, 6, lambda a: -(a * a.sum(1, keepdims=True, dtype=np.float32))[1:], "_ChainRunner"),
+    "list": (_small_workspace_graph, PARALLEL_MIN_ELEMS // 64 + 8,
+             lambda a: a[1:] * a.sum(1, keepdims=True, dtype=np.float32)[1:], "_ListRunner"),
+}
+
+
 @pytest.mark.cpu_vm   # the CPU VM's runner
-def test_cached_call_with_workspaces_owns_them():
+@pytest.mark.parametrize("case", WORKSPACE_CASES)
+def test_cached_call_with_workspaces_owns_them(case):
     """The one-function cached call of a launch with small workspaces: its own, alive as long as
     the call is (memory freed and handed out again would be written by every launch), used by one
     launch at a time (with the runner busy it takes fresh ones), from several threads at once."""
-    graph, rng = _workspace_graph(), np.random.default_rng(5)
-    xs = [rng.standard_normal((6, 6)).astype(np.float32) for _ in range(4)]
-    want = [-(a * a.sum(1, keepdims=True, dtype=np.float32))[1:] for a in xs]
-    launch, _ = graph.launcher({"n": 6}, [xs[0]], "cpu")
+    make, rows, expect, runner_type = WORKSPACE_CASES[case]
+    graph, rng = make(), np.random.default_rng(5)
+    # small integers: sums exact in any order
+    xs = [rng.integers(-8, 8, (rows, graph.inputs[0].shape[1])).astype(np.float32) for _ in range(4)]
+    want = [expect(a) for a in xs]
+    launch, _ = graph.launcher({"n": rows}, [xs[0]], "cpu")
     assert launch.ws_specs and launch.direct_parts() is not None
+    assert type(launch._bound).__name__ == runner_type
     call = launch.cached_call(single=True)
     gc.collect()
     sentinels = [np.full(n, 7.0, dt) for n, dt in launch.ws_specs for _ in range(64)]

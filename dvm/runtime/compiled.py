@@ -229,7 +229,7 @@ class Launch:
         or large workspaces gets its layers flattened (direct_parts; vm/cpu/host/launch): ~0.5 us
         less a call, ~1.1 us with one output."""
         parts = self.direct_parts()
-        if parts is not None and hasattr(parts[0], "caller"):   # a chain of small kernels
+        if parts is not None and hasattr(parts[0], "caller"):   # the VM's one-function form (VM.bind)
             return parts[0].caller(self._outs, counters.bump_cached_launch, single=single, workspaces=parts[1])
         if not (self._plain and not self.copy_slots):
             if single:

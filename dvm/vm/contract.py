@@ -58,6 +58,6 @@ class VM(ABC):
         that passed check_buffers and keeps them alive during the call); None when the VM runs on
         buffer objects only. The launcher may also offer `caller(outs, on_launch, ptr, single,
         workspaces)`: one function that allocates the outputs and runs on the inputs' and outputs'
-        addresses, with workspaces of its own (vm/cpu/host/launch._ChainRunner.caller); callers
+        addresses, with workspaces of its own (vm/cpu/host/launch._Runner.caller); callers
         check for it with hasattr."""
         return None

@@ -1,8 +1,10 @@
 """The CPU VM's cached launch path: a verified program bound once to its buffers' element counts,
 then called with nothing but the buffers' addresses (runtime.compiled.Launch keeps one per call
-signature). A launch of small kernels goes straight to numba's compiled entry of run_units;
-`_ChainRunner.caller` also folds the outputs' allocation and the launch count into one function
-(a builder kernel's cached call, a torch segment's direct call).
+signature). The addresses are packed into an address table kept with the runner. A launch of small
+kernels goes straight to numba's compiled entry of run_units (_ChainRunner); a launch with a big
+kernel runs its kernels one by one, each on the threads its size gets (_ListRunner). Both offer
+`caller`, which also folds the outputs' allocation and the launch count into one function (a
+builder kernel's cached call, a torch segment's direct call).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ...buffers import data_ptr
 from . import startup
 from .desc import prog_desc
 from .pieces import TABLE
-from .run import NO_SCHED, check, run_kernels
+from .run import NO_SCHED, _run_units, check
 
 
 def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
@@ -27,12 +29,8 @@ def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int
     startup.ensure_core()
     _, descs, _, chain = prog_desc(layout)
     if chain is None:
-        return partial(_run_kernel_list, descs, tuple(numels))
+        return _ListRunner(descs, numels)
     return _ChainRunner(chain, numels)
-
-
-def _run_kernel_list(descs, numels: tuple, addrs: list[int]) -> None:
-    run_kernels(descs, np.array(addrs + list(numels), np.int64), None)
 
 
 @lru_cache(maxsize=64)
@@ -40,25 +38,26 @@ def _packer(n: int) -> Callable:
     return struct.Struct(f"{n}q").pack_into
 
 
-class _ChainRunner:
-    """A chain of small kernels, straight to numba's compiled entry for its argument types
-    (host/startup.ENTRY), without the dispatcher's type matching of seven arguments; the addresses are
-    packed into a table kept with the runner (one C call), or into a fresh one while another
-    thread runs it (the VM releases the GIL). One object with slots, not a closure: a model keeps
-    one per segment and size, and the garbage collector walks each."""
-    __slots__ = ("entry", "chain", "table", "numels", "pack", "lock")
+class _Runner:
+    """A program bound to its buffers' element counts. `go(table, NO_SCHED, False)` runs it on an
+    address table (the n addresses, then the n element counts, C-contiguous int64) and returns the
+    VM's error code. The runner's own table is packed with the addresses (one C call) under its
+    lock; a launch that finds the lock taken (another thread runs the runner: the VM releases the
+    GIL) packs a fresh one. One object with slots, not a closure: a model keeps one per segment
+    and size, and the garbage collector walks each."""
+    __slots__ = ("go", "table", "numels", "pack", "lock")
 
-    def __init__(self, chain: np.ndarray, numels: list[int]):
+    def __init__(self, go: Callable, numels: list[int]):
         n = len(numels)
-        self.chain, self.numels = chain, tuple(numels)
-        self.table = np.array([0] * n + list(numels), np.int64)   # C-contiguous int64: what the entry unboxes
-        self.entry, self.pack, self.lock = startup.ENTRY, _packer(n), threading.Lock()
+        self.go, self.numels = go, tuple(numels)
+        self.table = np.array([0] * n + list(numels), np.int64)   # what the entry unboxes
+        self.pack, self.lock = _packer(n), threading.Lock()
 
     def __call__(self, addrs: list[int]) -> None:
         if self.lock.acquire(False):
             try:
                 self.pack(self.table, 0, *addrs)
-                err = self.entry(0, -1, self.chain, TABLE, self.table, NO_SCHED, False)
+                err = self.go(self.table, NO_SCHED, False)
             finally:
                 self.lock.release()
         else:
@@ -68,11 +67,11 @@ class _ChainRunner:
 
     def _fresh(self, *addrs: int) -> int:
         """A run with its own address table (another thread holds the runner's)."""
-        return self.entry(0, -1, self.chain, TABLE, np.array([*addrs, *self.numels], np.int64), NO_SCHED, False)
+        return self.go(np.array([*addrs, *self.numels], np.int64), NO_SCHED, False)
 
     def caller(self, outs: tuple, on_launch: Callable[[], object], ptr: Callable[[object], int] = data_ptr,
                single: bool = False, workspaces: tuple = ()) -> Callable:
-        """A function (inputs) -> outputs running this chain on the inputs and fresh outputs, with
+        """A function (inputs) -> outputs running this program on the inputs and fresh outputs, with
         on_launch() per call. outs: one (allocator, *its arguments) per output (the runner's
         buffers after the inputs); ptr: an input's or output's address (NumPy arrays by default;
         the torch frontend passes its tensors' data_ptr). workspaces: (element count, dtype) of
@@ -82,7 +81,7 @@ class _ChainRunner:
         one output of one or two inputs and no workspace (most launches), the same steps as
         __call__ in one function, without the address list between them."""
         n_in = len(self.numels) - len(outs) - len(workspaces)
-        entry, chain, table, pack, lock, fresh = self.entry, self.chain, self.table, self.pack, self.lock, self._fresh
+        go, table, pack, lock, fresh = self.go, self.table, self.pack, self.lock, self._fresh
         if len(outs) != 1 or n_in not in (1, 2) or workspaces:
             makes = tuple(partial(*o) for o in outs)
             kept = tuple(np.empty(n, dt) for n, dt in workspaces)   # alive while call_any is (read below)
@@ -94,7 +93,7 @@ class _ChainRunner:
                 if lock.acquire(False):
                     try:
                         pack(table, 0, *map(ptr, arrays), *map(ptr, made), *ws_addrs)
-                        err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
+                        err = go(table, NO_SCHED, False)
                     finally:
                         lock.release()
                 else:
@@ -117,7 +116,7 @@ class _ChainRunner:
                         pack(table, 0, ptr(arrays[0]), ptr(o))
                     else:
                         pack(table, 0, ptr(arrays[0]), ptr(arrays[1]), ptr(o))
-                    err = entry(0, -1, chain, TABLE, table, NO_SCHED, False)
+                    err = go(table, NO_SCHED, False)
                 finally:
                     lock.release()
             else:
@@ -126,3 +125,32 @@ class _ChainRunner:
                 check(err)
             return o if single else (o,)
         return call
+
+
+class _ChainRunner(_Runner):
+    """A chain of small kernels (host/desc._chain), run whole in one call of numba's compiled entry
+    for its argument types (host/startup.ENTRY), without the dispatcher's type matching of seven
+    arguments."""
+    __slots__ = ()
+
+    def __init__(self, chain: np.ndarray, numels: list[int]):
+        super().__init__(partial(startup.ENTRY, 0, -1, chain, TABLE), numels)
+
+
+class _ListRunner(_Runner):
+    """Kernels run one by one (sequence stacking: kernel i+1 starts after kernel i finished), each
+    on the threads its size gets (host/run._run_units)."""
+    __slots__ = ()
+
+    def __init__(self, descs, numels: list[int]):
+        super().__init__(partial(_run_list, tuple(d for d in descs if d.n_units)), numels)
+
+
+def _run_list(descs: tuple, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
+    """The kernels on an address table, in order, up to the first error (its code; 0: none).
+    The last two arguments stand for the entry's (`go`'s calling convention, see _Runner)."""
+    for d in descs:
+        err = _run_units(d, d.blob, table, None)
+        if err:
+            return err
+    return 0
