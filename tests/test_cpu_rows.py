@@ -215,8 +215,8 @@ add_pair = dvm.kernel(_add_pair)
 def test_serial_kernels_take_larger_tiles():
     """A kernel the CPU VM runs on one thread (fewer lanes than its Target.serial_lanes) with at
     most SERIAL_LANE_BYTES of registers a lane takes tiles of up to MID_TILE_ELEMS however few
-    remain; the reference VM's Programs, a kernel run on threads and one with more registers
-    keep MID_MIN_TILES tiles; bitwise the reference VM's results."""
+    remain, and one it shares among threads LEAN_MIN_TILES tiles; the reference VM's Programs and
+    kernels with more registers keep MID_MIN_TILES tiles; bitwise the reference VM's results."""
     from dvm.vm.cpu.host.desc import PARALLEL_MIN_ELEMS
 
     def tile(kfn, *args, vm="cpu") -> int:
@@ -231,7 +231,11 @@ def test_serial_kernels_take_larger_tiles():
     _bitwise_as_reference(add_pair, a, b, why=("serial",))
     _bitwise_as_reference(add_pair, a[:, :255], b[:, 1:], why=("strided",))
     big = RNG.standard_normal((PARALLEL_MIN_ELEMS // 256, 256)).astype(np.float32)
-    assert tile(add_pair, big, big) == encoder.TILE_ELEMS   # shared among threads
+    assert PARALLEL_MIN_ELEMS // encoder.LEAN_MIN_TILES <= encoder.MID_TILE_ELEMS
+    assert tile(add_pair, big, big) == PARALLEL_MIN_ELEMS // encoder.LEAN_MIN_TILES   # shared among threads
+    assert tile(add_pair, big, big, vm="reference") == encoder.TILE_ELEMS
+    assert tile(bias_mix, big, big[0]) == encoder.TILE_ELEMS   # six registers a lane
+    _bitwise_as_reference(add_pair, big, big[::-1], why=("parallel",))
 
 
 def test_streaming_kernels_take_stream_tiles(monkeypatch):

@@ -55,6 +55,11 @@ MID_MIN_TILES = 16
 # remain (an add, SiLU * mul, GELU(x + b) * y at 8-48 K lanes: 3-18 % faster); more registers keep
 # MID_MIN_TILES (an 8-op chain's 9 registers in 128-lane rows ran 16-20 % slower in 16 K-lane tiles)
 SERIAL_LANE_BYTES = 16
+# a parallel one with as few registers keeps LEAN_MIN_TILES on such a VM (serial_lanes > 0: it
+# shares larger kernels among its threads): a tile's dispatch outweighs the balance of more tiles
+# (an add, a * b * 0.5 + a at 64-192 K lanes on two threads: 1-10 % faster in 16 K-lane tiles than
+# in 4-8 K; more threads than tiles gain nothing at these sizes anyway)
+LEAN_MIN_TILES = 4
 MAX_BN = 4096   # tile width of elementwise kernels and of the multi-sweep stream
 # rows with at most this many columns use a kernel's single-tile stream (0: always sweep): one
 # row is then one tile of up to 65536 lanes, which the CPU VM's row forms read once from the
@@ -246,8 +251,9 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
         streaming = R * C >= STREAM_ELEMS and (single_stream or not c.col_axes)   # (not the sweeps)
-        serial = R * C * c.n_sweeps < target.serial_lanes and c.lane_bytes <= SERIAL_LANE_BYTES
-        ew_tile = _mid_tile(R * C, c.mid_tile, 1 if serial else MID_MIN_TILES) \
+        lean = c.lane_bytes <= SERIAL_LANE_BYTES and target.serial_lanes > 0
+        serial = lean and R * C * c.n_sweeps < target.serial_lanes
+        ew_tile = _mid_tile(R * C, c.mid_tile, 1 if serial else LEAN_MIN_TILES if lean else MID_MIN_TILES) \
             if not (c.col_axes or streaming) else TILE_ELEMS
         if not c.col_axes:
             bn = _even_bn(C, min(c.stream_tile if streaming else ew_tile, cap))
