@@ -20,7 +20,7 @@ from ...buffers import data_ptr
 from . import startup
 from .desc import prog_desc
 from .pieces import TABLE
-from .run import NO_SCHED, _run_units, check
+from .run import NO_SCHED, check, run_kernel
 
 
 def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
@@ -139,7 +139,7 @@ class _ChainRunner(_Runner):
 
 class _ListRunner(_Runner):
     """Kernels run one by one (sequence stacking: kernel i+1 starts after kernel i finished), each
-    on the threads its size gets (host/run._run_units)."""
+    on the threads its size gets (host/run.run_kernel)."""
     __slots__ = ()
 
     def __init__(self, descs, numels: list[int]):
@@ -150,7 +150,7 @@ def _run_list(descs: tuple, table: np.ndarray, _sched: np.ndarray, _wait: bool) 
     """The kernels on an address table, in order, up to the first error (its code; 0: none).
     The last two arguments stand for the entry's (`go`'s calling convention, see _Runner)."""
     for d in descs:
-        err = _run_units(d, d.blob, table, None)
+        err = run_kernel(d, d.blob, table, None)
         if err:
             return err
     return 0

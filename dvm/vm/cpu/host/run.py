@@ -37,7 +37,7 @@ def check(err: int) -> None:
         raise NotImplementedError(f"CPU VM: unhandled instruction (error {err})")
 
 
-def _run_units(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> int:
+def run_kernel(d, blob: np.ndarray, bufs: np.ndarray, threads: int | None) -> int:
     """Run one kernel's work units; returns the VM's error code. Big kernels are shared with
     DVM_NUM_THREADS - 1 helpers (the OpenMP team's threads or the VM's workers): the caller starts
     at once and helpers join when they wake up (a sleeping worker's handoff costs tens of
@@ -69,7 +69,7 @@ def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
     """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
     for d in descs:
         if d.n_units:
-            check(_run_units(d, d.blob, bufs, threads))
+            check(run_kernel(d, d.blob, bufs, threads))
 
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:

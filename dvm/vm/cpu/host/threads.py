@@ -1,5 +1,5 @@
 """The CPU VM's worker threads: persistent daemon threads that share a big kernel's work units
-with the launching thread (host/run._run_units), fed through a queue when asleep and through their
+with the launching thread (host/run.run_kernel), fed through a queue when asleep and through their
 mailboxes (jit/sync) while they spin after a job. numba's threading layer is never started: its
 spinning OpenMP threads slow PyTorch in the same process 10-40x."""
 from __future__ import annotations
