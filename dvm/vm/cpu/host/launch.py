@@ -20,7 +20,7 @@ from ...buffers import data_ptr
 from . import startup
 from .desc import prog_desc
 from .pieces import TABLE
-from .run import NO_SCHED, check, run_kernel
+from .run import NO_SCHED, check, run_kernels
 
 
 def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int]], None]:
@@ -139,18 +139,14 @@ class _ChainRunner(_Runner):
 
 class _ListRunner(_Runner):
     """Kernels run one by one (sequence stacking: kernel i+1 starts after kernel i finished), each
-    on the threads its size gets (host/run.run_kernel)."""
+    on the threads its size gets (host/run.run_kernels)."""
     __slots__ = ()
 
     def __init__(self, descs, numels: list[int]):
-        super().__init__(partial(_run_list, tuple(d for d in descs if d.n_units)), numels)
+        super().__init__(partial(_run_list, tuple(descs)), numels)
 
 
 def _run_list(descs: tuple, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
-    """The kernels on an address table, in order, up to the first error (its code; 0: none).
-    The last two arguments stand for the entry's (`go`'s calling convention, see _Runner)."""
-    for d in descs:
-        err = run_kernel(d, d.blob, table, None)
-        if err:
-            return err
-    return 0
+    """run.run_kernels on an address table, with `go`'s calling convention (see _Runner: the last
+    two arguments stand for the entry's)."""
+    return run_kernels(descs, table, None)

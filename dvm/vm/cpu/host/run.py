@@ -65,11 +65,15 @@ def default_threads() -> int:
     return c.threads if team is None else team
 
 
-def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> None:
-    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished)."""
+def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> int:
+    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished), up to
+    the first error; returns its code (0: none)."""
     for d in descs:
         if d.n_units:
-            check(run_kernel(d, d.blob, bufs, threads))
+            err = run_kernel(d, d.blob, bufs, threads)
+            if err:
+                return err
+    return 0
 
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
@@ -100,4 +104,4 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     if pd[3] is not None:   # small kernels only: one call runs them all, in order
         check(startup.ENTRY(0, -1, pd[3], TABLE, bufs, NO_SCHED, False))
     else:
-        run_kernels(pd[1], bufs, threads)
+        check(run_kernels(pd[1], bufs, threads))
