@@ -9,7 +9,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
-from dvm.frontend import fx_clones  # noqa: E402
+from dvm.frontend import fx_clones, fx_lone_ops  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -43,9 +43,10 @@ def test_eval_dropout_of_a_pytorch_value_is_no_segment():
             x = torch.randn(2, n, 16)
             torch.testing.assert_close(cf(x), f(x))
     assert _elided() > before
-    torch._dynamo.reset()   # (else Dynamo reuses the graph compiled above)
-    on = tb.explain_model(f, torch.randn(2, 5, 16))
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fx_lone_ops, "ENABLED", False)   # (else a kept clone alone would be PyTorch's)
+        torch._dynamo.reset()   # (else Dynamo reuses the graph compiled above)
+        on = tb.explain_model(f, torch.randn(2, 5, 16))
         mp.setattr(fx_clones, "ENABLED", False)
         torch._dynamo.reset()
         off = tb.explain_model(f, torch.randn(2, 5, 16))

@@ -10,7 +10,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
-from dvm.frontend import fx_product_activation  # noqa: E402
+from dvm.frontend import fx_lone_ops, fx_product_activation  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -140,6 +140,7 @@ def test_training_step_gradients_match_eager(act):
 
 def test_switched_off_the_activation_is_a_segment(monkeypatch):
     monkeypatch.setattr(fx_product_activation, "ENABLED", False)
+    monkeypatch.setattr(fx_lone_ops, "ENABLED", False)   # (else a ReLU alone would be PyTorch's)
     f = _mlp(F.relu)
     text = tb.explain_model(f, _x(5))
     assert FUSED not in text and "1 DVM segment(s)" in text

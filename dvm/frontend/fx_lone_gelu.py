@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import aten_table as T
+from .fx_lone_ops import single_op
 
 REASON = ("exact GELU alone: PyTorch's kernel, 2-3x faster per element than the VM's (accurate to 3.5 ULP); "
           "fused with nothing, the VM would save no pass")
@@ -22,19 +22,10 @@ _GELU = torch.ops.aten.gelu.default
 def lone_gelu(seg) -> bool:
     """seg's members (fx_segment_lower.Segment) are one exact float32 GELU of a PyTorch value (one of
     seg.inputs) and views of its result."""
-    gelus = [m for m in seg.members if m.target is _GELU]
-    if len(gelus) != 1 or not all(m is gelus[0] or m.target in T.VIEW_OPS for m in seg.members):
+    g = single_op(seg)
+    if g is None or g.target is not _GELU:
         return False
-    g = gelus[0]
     approximate = g.kwargs.get("approximate", g.args[1] if len(g.args) > 1 else "none")
     v = g.meta.get("val")
-    if approximate != "none" or not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or \
-            g.args[0] not in seg.inputs:
-        return False
-    made = {g}
-    for m in seg.members:   # (graph order) every view reads the GELU's result or a view of it
-        if m is not g:
-            if m.args[0] not in made:
-                return False
-            made.add(m)
-    return True
+    return approximate == "none" and isinstance(v, torch.Tensor) and v.dtype == torch.float32 and \
+        g.args[0] in seg.inputs

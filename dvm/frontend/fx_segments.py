@@ -22,8 +22,8 @@ import torch.fx as fx
 
 from ..graph.symbolic import SymExpr
 from . import aten_table as T
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_patterns, fx_rolled_blocks,
-               fx_sdpa, fx_sibling_linears, fx_updates)
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_lone_ops, fx_patterns,
+               fx_rolled_blocks, fx_sdpa, fx_sibling_linears, fx_updates)
 from .aten_table import Unsupported
 from .fx_segment_lower import Segment, SegmentLowering, arg_nodes
 from .fx_syms import Syms
@@ -110,13 +110,20 @@ class Planner(SegmentLowering):
                 raise Unsupported(f"FX op {n.op}")
         if self.open is not None and self.open.writes:   # its results go into inputs only
             self.close()
-        self.steps = [x for step in self.steps for x in self._lone_gelu_in_torch(step)]
+        self.steps = [x for step in self.steps for x in self._lone_op_in_torch(step)]
 
-    def _lone_gelu_in_torch(self, step) -> list:
-        """[step], or, for a segment that computes one exact GELU of a PyTorch value and takes
-        views of it, that GELU and those views as PyTorch steps (fx_lone_gelu)."""
+    def _lone_op_in_torch(self, step) -> list:
+        """[step], or, for a segment that computes one op PyTorch runs faster alone (an exact
+        GELU: fx_lone_gelu; a cheap elementwise op: fx_lone_ops) and takes views of it, that op
+        and those views as PyTorch steps."""
         seg = step.segment if isinstance(step, SegmentStep) else None
-        if seg is None or seg.writes or not fx_lone_gelu.ENABLED or not fx_lone_gelu.lone_gelu(seg):
+        if seg is None or seg.writes:
+            return [step]
+        if fx_lone_gelu.ENABLED and fx_lone_gelu.lone_gelu(seg):
+            reason = fx_lone_gelu.REASON
+        elif fx_lone_ops.ENABLED and fx_lone_ops.lone_cheap_op(seg):
+            reason = fx_lone_ops.REASON
+        else:
             return [step]
         self.segments.remove(seg)
         out = []
@@ -126,7 +133,7 @@ class Planner(SegmentLowering):
                 self.torch_views.add(m)
                 out.append(TorchStep(m, "view"))
             else:
-                out.append(TorchStep(m, "torch", fx_lone_gelu.REASON))
+                out.append(TorchStep(m, "torch", reason))
             self.ready.add(m)
         return out
 

@@ -121,12 +121,18 @@ def run_sample(op, dtype, sample) -> dict:
     """Eager against torch.compile(backend="dvm", dynamic=True) on one sample."""
     import torch
 
+    from ..frontend import fx_lone_ops
     from ..runtime import counters
     fn, tensors = as_function(op, sample)
     want = fn(*tensors)
     torch._dynamo.reset()
     before = counters.snapshot().get("torch_segment_launches", 0)
-    got = torch.compile(fn, backend="dvm", dynamic=True)(*tensors)
+    # DVM's own lowering of the op: alone, a cheap one would run as PyTorch's (fx_lone_ops)
+    saved, fx_lone_ops.ENABLED = fx_lone_ops.ENABLED, False
+    try:
+        got = torch.compile(fn, backend="dvm", dynamic=True)(*tensors)
+    finally:
+        fx_lone_ops.ENABLED = saved
     on_dvm = counters.snapshot().get("torch_segment_launches", 0) > before
     try:
         torch.testing.assert_close(got, want, equal_nan=True)
