@@ -141,6 +141,23 @@ def test_repeated_keys_and_values_are_passed_grouped(rep):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.cpu_vm
+def test_repeated_keys_and_values_with_a_strided_last_dim_keep_their_copies():
+    """Keys and values whose last dim is not contiguous (a convolution over time, transposed) stay
+    repeated: the flash kernel, called directly, needs a unit last stride, which repeat_kv's copy
+    gives it (passed grouped, the result was wrong)."""
+    torch._dynamo.reset()
+    fn = torch.compile(_grouped, backend="dvm", dynamic=True)
+    before = counters.snapshot().get("torch_sdpa_grouped_kv", 0)
+    for B, L in ((1, 6), (2, 9)):
+        q = torch.randn(B, 4, L, 8)
+        k, v = (torch.randn(B, 2, 8, L).transpose(2, 3) for _ in range(2))   # stride(-1) == L
+        keep = torch.rand(B, 1, L, L) > 0.2
+        keep[..., 0] = True
+        torch.testing.assert_close(fn(q, k, v, keep, 2), _grouped(q, k, v, keep, 2), rtol=0, atol=0)
+    assert counters.snapshot().get("torch_sdpa_grouped_kv", 0) == before
+
+
 class _ScaledQueryAttention(torch.nn.Module):
     """OPT's attention shape: the query projection times a float attribute, then views and sdpa."""
 

@@ -24,7 +24,7 @@ With a mask, HF also repeats grouped keys and values to the query's head count (
 expand and a copy each) where eager passes them grouped with `enable_gqa`. The flash kernel
 groups heads itself (query head i reads key / value head i // r; bitwise the same results), so
 `sdpa(q, repeat_kv(k), repeat_kv(v))` becomes `sdpa(q, k, v)` when nothing else reads the
-copies (counted: `torch_sdpa_grouped_kv`): two fewer [B, heads, L, head_dim] tensors stored per
+copies and k's and v's last dims are contiguous (counted: `torch_sdpa_grouped_kv`): two fewer [B, heads, L, head_dim] tensors stored per
 layer.
 """
 from __future__ import annotations
@@ -152,16 +152,26 @@ def _ungroup_kv(graph: fx.Graph, n: fx.Node) -> None:
     query head i from key / value head i // r itself (bitwise the same results; eager Hugging
     Face passes grouped heads the same way with enable_gqa), so the two copies of r times the
     keys and values go. Only where the copies have no other reader (not in training graphs,
-    which save them)."""
+    which save them) and k and v have a unit last stride (_unit_last_stride)."""
     if len(n.args) < 3:
         return
     k, v = _repeated_kv(n.args[1]), _repeated_kv(n.args[2])
-    if k is None or v is None or not statically_known_true(k[1] == v[1]):
+    if k is None or v is None or not statically_known_true(k[1] == v[1]) or \
+            not (_unit_last_stride(k[0]) and _unit_last_stride(v[0])):
         return
     n.args = (n.args[0], k[0], v[0], *n.args[3:])
     for node in k[2] + v[2]:   # each chain from its top: each node is then unread
         graph.erase_node(node)
     counters.bump("torch_sdpa_grouped_kv")
+
+
+def _unit_last_stride(x: fx.Node) -> bool:
+    """x's last dim is contiguous (stride 1). The CPU flash kernel, called directly, assumes it and
+    computes wrong results otherwise (the public sdpa copies such inputs first); repeat_kv's copy
+    is what gives it that layout where the grouped value's is another (a convolution's output
+    transposed)."""
+    xv = x.meta.get("val")
+    return isinstance(xv, torch.Tensor) and xv.dim() > 0 and statically_known_true(xv.stride()[-1] == 1)
 
 
 # views of the scaled query between the product and sdpa (a scalar product commutes with each)
