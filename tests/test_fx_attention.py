@@ -244,3 +244,17 @@ def test_non_finite_inputs_give_eagers_nan(where, masked):
     assert n == 1 and torch.isnan(want).any()
     assert counters.snapshot().get("torch_attention_math_nonfinite", 0) > before
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("transposed", ["k", "v", "q"])
+def test_operands_transposed_in_memory_match_eager(transposed):
+    """q, k or v whose last dim is not contiguous (stride(-1) == L): the flash kernel gets them
+    with a unit last stride (it computes wrong results otherwise)."""
+    def att(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.125, -1) @ v
+    torch._dynamo.reset()
+    cf = torch.compile(att, backend="dvm", dynamic=True)
+    for L in (5, 9):
+        q, k, v = (torch.randn(1, 4, 16, L).transpose(2, 3) if name == transposed else torch.randn(1, 4, L, 16)
+                   for name in "qkv")
+        torch.testing.assert_close(cf(q, k, v), att(q, k, v))

@@ -25,7 +25,17 @@ MATH = "dvm_attention_math"   # node.meta key: "plain" or "safe", the softmax of
 REASON = "attention written as math: the flash kernel, the math itself where an input is not finite"
 SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 # the same op through its torch function, bound in C++ (~1 us a call less than the overload)
-SDPA_CALL = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", SDPA)
+_FLASH = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", SDPA)
+
+
+def SDPA_CALL(q, k, v, *args, **kwargs):   # noqa: N802 (the kernel's call, as a constant)
+    """The CPU flash kernel on q, k, v with unit last strides. Called directly, it assumes them
+    and computes wrong results otherwise (the public sdpa copies such inputs first); the graphs
+    DVM rewrites into it may hand it keys or values transposed in memory (a convolution over
+    time's output)."""
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return _FLASH(q, k, v, *args, **kwargs)
 
 
 def remembered(t: torch.Tensor, attr: str, key, make):
