@@ -24,8 +24,8 @@ With a mask, HF also repeats grouped keys and values to the query's head count (
 expand and a copy each) where eager passes them grouped with `enable_gqa`. The flash kernel
 groups heads itself (query head i reads key / value head i // r; bitwise the same results), so
 `sdpa(q, repeat_kv(k), repeat_kv(v))` becomes `sdpa(q, k, v)` when nothing else reads the
-copies and k's and v's last dims are contiguous (counted: `torch_sdpa_grouped_kv`): two fewer [B, heads, L, head_dim] tensors stored per
-layer.
+copies and k's and v's last dims are contiguous (counted: `torch_sdpa_grouped_kv`): two fewer
+[B, heads, L, head_dim] tensors stored per layer.
 """
 from __future__ import annotations
 
