@@ -7,11 +7,13 @@
                      [--json PATH] [--md PATH] [--png PATH]
     dvm verify ddp [--models llama] [--steps N] [--precisions f32] [--size small|bench] [--seed S]
     dvm verify opinfo [--full | --samples N] [--dtypes float32,bfloat16,float16] [--ops OP,..]
+    dvm verify archs [--match REGEX] [--mode forward|train|bf16] [--jobs N] [--timeout S]
     dvm repro FILE.npz [--vm cpu,reference]
 """
 from __future__ import annotations
 
 import json
+import re
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -104,6 +106,21 @@ def cmd_verify_opinfo(args) -> int:
                               md_path=_path(args.md))
 
 
+def cmd_verify_archs(args) -> int:
+    from . import verify_archs
+    from .cli import _err
+    if args.jobs < 1 or args.timeout <= 0:
+        _err("--jobs must be at least 1 and --timeout positive")
+        return EXIT_USAGE
+    try:
+        re.compile(args.match or "")
+    except re.error as e:
+        _err(f"--match: {e}")
+        return EXIT_USAGE
+    return verify_archs.main(match=args.match, mode=args.mode, jobs=args.jobs, timeout_s=args.timeout,
+                             json_path=_path(args.json), md_path=_path(args.md))
+
+
 def cmd_repro(args) -> int:
     """Replay a reproducer on each VM: print each output's errors; exit 0 if every VM passes both
     rules, 1 if the failure reproduces, 2 if the file is not a reproducer or its Program is
@@ -162,7 +179,7 @@ def _errors(r: dict) -> str:
 
 def add_parsers(sub) -> None:
     """Register `verify` (with its train / ddp / opinfo subcommands) and `repro` on the CLI."""
-    from . import verify_ddp, verify_models, verify_train
+    from . import verify_archs, verify_ddp, verify_models, verify_train
     from .bench_models import MODEL_NAMES
     v = sub.add_parser("verify", help="accuracy verification: every DVM kernel vs eager and float64",
                        description="Verify every DVM kernel of a tiny model (forward and backward): each launch "
@@ -222,6 +239,16 @@ def add_parsers(sub) -> None:
     o.add_argument("--ops", default=None, metavar="LIST", help="op names (default the selected set)")
     _outputs(o, None, None)
     o.set_defaults(func=cmd_verify_opinfo)
+
+    a = vsub.add_parser("archs", help="every transformers *ForCausalLM architecture, tiny, against eager",
+                        description=" ".join(verify_archs.__doc__.split("\n\n")[1:4]))
+    a.add_argument("--match", default=None, metavar="REGEX", help="class names to run (default all)")
+    a.add_argument("--mode", choices=verify_archs.MODES, default="forward", help="default %(default)s")
+    a.add_argument("--jobs", type=int, default=1, help="architectures at a time (default %(default)s)")
+    a.add_argument("--timeout", type=float, default=verify_archs.DEFAULT_TIMEOUT_S,
+                   help="seconds per architecture (default %(default)s)")
+    _outputs(a, verify_archs.DEFAULT_JSON, verify_archs.DEFAULT_MD)
+    a.set_defaults(func=cmd_verify_archs)
 
     r = sub.add_parser("repro", help="replay a verification reproducer (.npz) on every VM of host memory",
                        description="Load a reproducer written by the verification mode, verify its Program, run "

@@ -1,0 +1,266 @@
+"""`dvm verify archs`: the Hugging Face architectures no benchmark names, against eager.
+
+Every `*ForCausalLM` class `transformers` ships (or those matching --match) is built from a tiny
+config (hidden 64, 2 layers, vocab 256, random weights), compiled with
+torch.compile(backend="dvm", dynamic=True) and run against eager at (1, 9) and (2, 17) tokens:
+
+- forward: float32 logits, assert_close with rtol = atol = 1e-4, or else DVM's max error against a
+  float64 copy of the model at most twice eager's plus 1e-4;
+- train: the logits, then each parameter's gradient of mean(logits²) within 1e-4 + 1e-3·max|grad|
+  (a parameter eager leaves without a gradient may get AOTAutograd's zeros);
+- bf16: bfloat16 logits; DVM's max error against a float64 copy of the model at most twice eager's
+  plus 1 % of the largest logit (fused kernels keep f32 intermediates, so eager is not the truth).
+
+Each architecture runs in a process of its own under a time limit. A failure under DVM is run again
+with backend="aot_eager": when that fails alike, Dynamo or AOTAutograd is the cause, not DVM
+(status "skipped"). Statuses: match; MISMATCH (DVM's values differ); DVM ERROR (DVM raised where
+aot_eager does not); skipped (the tiny config is refused, eager fails on it, the model is too big,
+or aot_eager fails alike); timeout. Exit 1 when any architecture is MISMATCH or DVM ERROR.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+MODES = ("forward", "train", "bf16")
+SHAPES = ((1, 9), (2, 17))          # (batch, tokens)
+TOL = 1e-4                           # forward logits and gradients (absolute and relative)
+GRAD_REL = 1e-3                      # gradients: plus this share of the largest |grad|
+BF16_LOGIT_SHARE = 1e-2              # bf16: plus this share of the largest logit
+MAX_PARAMS = 30_000_000              # bigger tiny models are skipped (a config that ignores the sizes)
+DEFAULT_TIMEOUT_S = 600
+DEFAULT_JSON, DEFAULT_MD = "bench-results/verify_archs.json", "bench-results/verify_archs.md"
+FAILING = ("MISMATCH", "DVM ERROR")
+
+# config attributes set where a config has them (lists and dicts are left alone)
+TINY = dict(hidden_size=64, n_embd=64, d_model=64, dim=64, num_hidden_layers=2, n_layer=2, num_layers=2,
+            n_layers=2, decoder_layers=2, encoder_layers=2, num_attention_heads=4, n_head=4, n_heads=4,
+            decoder_attention_heads=4, encoder_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+            ffn_dim=128, decoder_ffn_dim=128, encoder_ffn_dim=128, n_inner=128, vocab_size=256,
+            max_position_embeddings=256, n_positions=256, head_dim=16, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_experts=4, n_routed_experts=4, num_local_experts=4,
+            num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, rotary_dim=8, partial_rotary_factor=0.5,
+            use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+            tie_word_embeddings=True)
+VOCAB = TINY["vocab_size"]
+
+
+class Skip(Exception):
+    """Not DVM's to answer: the config, eager or the model's size."""
+
+
+def architectures(match: str | None = None) -> list[str]:
+    import transformers
+    names = sorted(n for n in dir(transformers) if n.endswith("ForCausalLM") and not n.startswith("TF"))
+    return [n for n in names if match is None or re.search(match, n)]
+
+
+def tiny_model(name: str):
+    """The class `name` from its default config with TINY's sizes (per-layer lists cut to 2 layers)."""
+    import torch
+    import transformers
+    cls = getattr(transformers, name)
+    cfg = cls.config_class()
+    sub = cfg.text_config if getattr(cfg, "text_config", None) is not None and \
+        not isinstance(cfg.text_config, dict) else cfg
+    layers = next((getattr(sub, k) for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+                   if isinstance(getattr(sub, k, None), int)), 0)
+    for k, v in TINY.items():
+        if hasattr(sub, k) and not isinstance(getattr(sub, k), (list, dict)):
+            try:
+                setattr(sub, k, v)
+            except Exception:   # (a config that validates its fields on assignment)
+                pass
+    for k, v in list(vars(sub).items()):
+        if isinstance(v, list) and layers > 2 and len(v) == layers:
+            try:
+                setattr(sub, k, v[:2])
+            except Exception:
+                pass
+    try:
+        fields = {k: v for k, v in cfg.to_dict().items()
+                  if not k.startswith("_") and k not in ("transformers_version", "architectures")}
+        torch.manual_seed(0)
+        model = cls(cls.config_class(**fields)).eval()
+    except Exception as e:
+        raise Skip(f"config refused: {type(e).__name__}: {str(e)[:160]}") from None
+    n = sum(p.numel() for p in model.parameters())
+    if n > MAX_PARAMS:
+        raise Skip(f"too big: {n:,} parameters")
+    return model
+
+
+def _eager(fn, what: str = "eager"):
+    try:
+        return fn()
+    except Exception as e:
+        raise Skip(f"{what} fails: {type(e).__name__}: {str(e)[:160]}") from None
+
+
+def _forward(model, compiled, ids) -> float:
+    """DVM's logits within TOL of eager's, or else no further from a float64 copy's than twice
+    eager's (large logits: CpmAnt's reach 31.7, where both differ from float64 by ~3e-4)."""
+    import copy
+
+    import torch
+    want = _eager(lambda: model(input_ids=ids).logits)
+    got = compiled(input_ids=ids).logits
+    try:
+        torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
+    except AssertionError:
+        truth = _eager(lambda: copy.deepcopy(model).double()(input_ids=ids).logits, "the float64 reference")
+        err, eager_err = (got.double() - truth).abs().max().item(), (want.double() - truth).abs().max().item()
+        if not err <= 2 * eager_err + TOL:
+            raise
+    return (got - want).abs().max().item()
+
+
+def _train(model, copy, compiled, ids) -> float:
+    import torch
+    model.zero_grad()
+    copy.zero_grad()
+    want = _eager(lambda: model(input_ids=ids).logits)
+    _eager(lambda: want.float().square().mean().backward())
+    got = compiled(input_ids=ids).logits
+    got.float().square().mean().backward()
+    torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
+    worst = (got - want).abs().max().item()
+    for (name, p), q in zip(model.named_parameters(), copy.parameters()):
+        if p.grad is None:
+            if q.grad is not None and q.grad.any():
+                raise AssertionError(f"{name}: a gradient where eager has none")
+            continue
+        if q.grad is None:
+            raise AssertionError(f"{name}: no gradient where eager has one")
+        err, scale = (p.grad - q.grad).abs().max().item(), p.grad.abs().max().item()
+        if err > TOL + GRAD_REL * scale:
+            raise AssertionError(f"{name}: gradient off by {err:.3g} (largest |grad| {scale:.3g})")
+        worst = max(worst, err)
+    return worst
+
+
+def _bf16(model, exact, compiled, ids) -> float:
+    want = _eager(lambda: model(input_ids=ids).logits.double())
+    truth = _eager(lambda: exact(input_ids=ids).logits, "the float64 reference")
+    got = compiled(input_ids=ids).logits.double()
+    err, eager_err = (got - truth).abs().max().item(), (want - truth).abs().max().item()
+    if not err <= 2 * eager_err + BF16_LOGIT_SHARE * truth.abs().max().item():
+        raise AssertionError(f"bf16 error against float64: DVM {err:.3g}, eager {eager_err:.3g}")
+    return err
+
+
+def check(name: str, mode: str, backend: str = "dvm") -> dict:
+    """One architecture in one mode under `backend`: {"status", "max_err" or "detail"}."""
+    import copy as copying
+
+    import torch
+    torch._dynamo.reset()
+    try:
+        model = tiny_model(name)
+        torch.manual_seed(1)
+        batches = [torch.randint(3, VOCAB, shape) for shape in SHAPES]
+        if mode == "train":
+            twin = copying.deepcopy(model)
+            compiled = torch.compile(twin, backend=backend, dynamic=True)
+            errs = [_train(model, twin, compiled, ids) for ids in batches]
+        elif mode == "bf16":
+            exact = copying.deepcopy(model).double()
+            model = model.to(torch.bfloat16)
+            compiled = torch.compile(model, backend=backend, dynamic=True)
+            with torch.no_grad():
+                errs = [_bf16(model, exact, compiled, ids) for ids in batches]
+        else:
+            compiled = torch.compile(model, backend=backend, dynamic=True)
+            with torch.no_grad():
+                errs = [_forward(model, compiled, ids) for ids in batches]
+    except Skip as e:
+        return {"status": "skipped", "detail": str(e)}
+    except AssertionError as e:
+        return {"status": "MISMATCH", "detail": str(e).strip().replace("\n", " ")[:300]}
+    except Exception as e:
+        return {"status": "DVM ERROR", "detail": f"{type(e).__name__}: {str(e)[:300]}",
+                "traceback": traceback.format_exc()[-2000:]}
+    return {"status": "match", "max_err": max(errs)}
+
+
+def child(name: str, mode: str) -> dict:
+    """check() under DVM; a failure is checked again under aot_eager (module docstring)."""
+    import dvm.frontend.torch_backend  # noqa: F401  (registers backend="dvm")
+    got = check(name, mode)
+    if got["status"] in FAILING:
+        other = check(name, mode, "aot_eager")
+        if other["status"] != "match":
+            got = {"status": "skipped", "detail": f"aot_eager fails alike: {other.get('detail', '')}",
+                   "dvm": got.get("detail", "")}
+        else:
+            got["aot_eager_max_err"] = other["max_err"]
+    return {"name": name, "mode": mode, **got}
+
+
+def _run_one(name: str, mode: str, timeout_s: float) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "dvm.tools.verify_archs", "--child", name, mode],
+                           capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "mode": mode, "status": "timeout", "detail": f"over {timeout_s:.0f} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"name": name, "mode": mode, "status": "DVM ERROR",
+                "detail": f"process exited {p.returncode}: {tail[0][:300]}"}
+    out = json.loads(lines[-1])
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def markdown(rows: list[dict], mode: str) -> str:
+    counts: dict = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines = [f"# dvm verify archs ({mode})", "",
+             f"{len(rows)} architectures: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+             "| architecture | status | max error | detail |", "| --- | --- | ---: | --- |"]
+    for r in sorted(rows, key=lambda r: (r["status"] == "match", r["name"])):
+        err = f"{r['max_err']:.2g}" if "max_err" in r else ""
+        detail = " ".join(r.get("detail", "").split()).replace("|", "/")
+        lines.append(f"| {r['name']} | {r['status']} | {err} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(match: str | None = None, mode: str = "forward", jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD) -> int:
+    names = architectures(match)
+    if not names:
+        print(f"dvm verify archs: no *ForCausalLM class matches {match!r}", file=sys.stderr)
+        return 2
+    rows: list[dict] = []
+
+    def run(name: str) -> dict:
+        r = _run_one(name, mode, timeout_s)
+        rows.append(r)
+        err = f" (max err {r['max_err']:.2g})" if "max_err" in r else f": {r.get('detail', '')[:120]}"
+        print(f"[{len(rows)}/{len(names)}] {name} {mode}: {r['status']}{err}", file=sys.stderr, flush=True)
+        return r
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(run, names))
+    text = markdown(rows, mode)
+    print(text)
+    for path, body in ((json_path, json.dumps(rows, indent=1)), (md_path, text)):
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(body)
+    return 1 if any(r["status"] in FAILING for r in rows) else 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--child":
+    print(json.dumps(child(sys.argv[2], sys.argv[3])))

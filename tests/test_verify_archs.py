@@ -1,0 +1,60 @@
+"""dvm verify archs: a transformers architecture built tiny, compiled with DVM, against eager (one
+end to end, in its own process); a DVM failure stays a failure unless aot_eager fails alike; the
+report counts statuses; bad arguments are usage errors."""
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from dvm.tools import cli, verify_archs  # noqa: E402
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
+
+
+def test_an_architecture_matches_eager_end_to_end(tmp_path, capsys):
+    paths = {k: str(tmp_path / f"archs.{k}") for k in ("json", "md")}
+    rc = verify_archs.main(match="^OPTForCausalLM$", mode="forward", json_path=paths["json"], md_path=paths["md"])
+    (row,) = json.loads(open(paths["json"]).read())
+    assert rc == 0, row
+    assert row["name"] == "OPTForCausalLM" and row["status"] == "match" and row["max_err"] <= verify_archs.TOL
+    assert "[1/1] OPTForCausalLM forward: match" in capsys.readouterr().err
+    assert "1 architectures: 1 match" in open(paths["md"]).read()
+
+
+@pytest.mark.parametrize("aot_eager, want", [({"status": "match", "max_err": 0.0}, "MISMATCH"),
+                                             ({"status": "MISMATCH", "detail": "off"}, "skipped")])
+def test_a_dvm_failure_is_dvms_unless_aot_eager_fails_alike(monkeypatch, aot_eager, want):
+    def check(name, mode, backend="dvm"):
+        return {"status": "MISMATCH", "detail": "logits off"} if backend == "dvm" else aot_eager
+    monkeypatch.setattr(verify_archs, "check", check)
+    got = verify_archs.child("AnyForCausalLM", "train")
+    assert got["status"] == want and got["mode"] == "train"
+    if want == "skipped":
+        assert got["detail"].startswith("aot_eager fails alike") and got["dvm"] == "logits off"
+
+
+def test_failures_set_the_exit_status_and_lead_the_report(monkeypatch, tmp_path):
+    rows = {"AForCausalLM": {"status": "match", "max_err": 1e-7}, "BForCausalLM": {"status": "DVM ERROR",
+                                                                                   "detail": "KeyError: x\ny"}}
+    monkeypatch.setattr(verify_archs, "architectures", lambda match=None: list(rows))
+    monkeypatch.setattr(verify_archs, "_run_one", lambda name, mode, t: {"name": name, "mode": mode, **rows[name]})
+    md = tmp_path / "r.md"
+    assert verify_archs.main(jobs=2, json_path=None, md_path=str(md)) == 1
+    text = md.read_text()
+    assert "2 architectures: 1 DVM ERROR, 1 match" in text
+    assert text.index("BForCausalLM") < text.index("AForCausalLM") and "KeyError: x y" in text
+
+
+@pytest.mark.parametrize("argv", [["--match", "("], ["--jobs", "0"], ["--timeout", "0"]])
+def test_bad_arguments_are_usage_errors(argv, capsys):
+    assert cli.main(["verify", "archs", *argv]) == 2
+    assert "dvm" in capsys.readouterr().err
+
+
+def test_no_matching_architecture_is_a_usage_error(capsys):
+    assert verify_archs.main(match="^NoSuchModelForCausalLM$", json_path=None, md_path=None) == 2
+    assert "no *ForCausalLM class matches" in capsys.readouterr().err
