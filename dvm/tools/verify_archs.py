@@ -115,24 +115,28 @@ def _forward(model, compiled, ids) -> float:
     try:
         torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
     except AssertionError:
-        truth = _eager(lambda: copy.deepcopy(model).double()(input_ids=ids).logits, "the float64 reference")
+        try:
+            truth = _eager(lambda: copy.deepcopy(model).double()(input_ids=ids).logits, "the float64 reference")
+        except Skip:   # (no float64 reference: the values stand as they are)
+            raise AssertionError(f"logits differ by {(got - want).abs().max().item():.3g}") from None
         err, eager_err = (got.double() - truth).abs().max().item(), (want.double() - truth).abs().max().item()
         if not err <= 2 * eager_err + TOL:
             raise
     return (got - want).abs().max().item()
 
 
-def _train(model, copy, compiled, ids) -> float:
+def _train(model, twin, compiled, ids) -> float:
+    """Logits as _forward's first rule, then every parameter's gradient (module docstring)."""
     import torch
     model.zero_grad()
-    copy.zero_grad()
+    twin.zero_grad()
     want = _eager(lambda: model(input_ids=ids).logits)
     _eager(lambda: want.float().square().mean().backward())
     got = compiled(input_ids=ids).logits
     got.float().square().mean().backward()
     torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
     worst = (got - want).abs().max().item()
-    for (name, p), q in zip(model.named_parameters(), copy.parameters()):
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         if p.grad is None:
             if q.grad is not None and q.grad.any():
                 raise AssertionError(f"{name}: a gradient where eager has none")
