@@ -62,6 +62,14 @@ def architectures(match: str | None = None) -> list[str]:
     return [n for n in names if match is None or re.search(match, n)]
 
 
+def _try_set(cfg, key: str, value) -> None:
+    """cfg.key = value where the config takes it (some validate their fields on assignment)."""
+    try:
+        setattr(cfg, key, value)
+    except Exception:
+        pass
+
+
 def tiny_model(name: str):
     """The class `name` from its default config with TINY's sizes (per-layer lists cut to 2 layers)."""
     import torch
@@ -74,16 +82,10 @@ def tiny_model(name: str):
                    if isinstance(getattr(sub, k, None), int)), 0)
     for k, v in TINY.items():
         if hasattr(sub, k) and not isinstance(getattr(sub, k), (list, dict)):
-            try:
-                setattr(sub, k, v)
-            except Exception:   # (a config that validates its fields on assignment)
-                pass
+            _try_set(sub, k, v)
     for k, v in list(vars(sub).items()):
         if isinstance(v, list) and layers > 2 and len(v) == layers:
-            try:
-                setattr(sub, k, v[:2])
-            except Exception:
-                pass
+            _try_set(sub, k, v[:2])
     try:
         fields = {k: v for k, v in cfg.to_dict().items()
                   if not k.startswith("_") and k not in ("transformers_version", "architectures")}
