@@ -49,6 +49,7 @@ class Match:
     lower: Callable                # lower(lw, *dvm_args) -> Node
     absorbed: list = field(default_factory=list)   # FX nodes computed only by the match
     rotate: list = field(default_factory=list)     # the rotate_half nodes (slices, neg, cat)
+    in_torch: object = None        # what a segment reads for root's value PyTorch computes (fx_rotate_pairs)
 
 
 def _val(n):
@@ -301,14 +302,14 @@ def find(gm: fx.GraphModule) -> dict:
             cats[n] = m
         m = _rope_match(n, cats) or _backward_match(n) or m
         if m is not None:
-            _close(m)
+            close(m)
             out[n] = m
             for a in m.absorbed:     # a rotate_half absorbed by a rope is not a root of its own
                 out.pop(a, None)
     return out
 
 
-def _close(m: Match) -> None:
+def close(m: Match) -> None:
     """Keep only absorbed nodes whose users are all inside the match (to a fixed point)."""
     absorbed = list(dict.fromkeys(m.absorbed))
     while True:

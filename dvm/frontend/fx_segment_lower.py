@@ -22,6 +22,7 @@ from . import fx_patterns, fx_rolled_blocks
 from .aten_common import fake
 from .aten_table import Unsupported
 from .fx_rolled_blocks import RolledBlocks
+from .fx_rotate_pairs import RotatedPairs
 from .gpu_arrays import device_supported
 
 
@@ -78,7 +79,7 @@ class SegmentLowering:
         r = self.rolled.get(a)
         if r is not None:
             signs = r.signs()
-            rolled = self.rolled_blocks(seg, r, new_inputs)
+            rolled = self.rolled_blocks(seg, r, new_inputs) if isinstance(r, fx_patterns.Rolled) else None
             if rolled is None:
                 rolled = self.extra_input(seg, r, fake(r.cat), new_inputs)
             return r.signed(seg.ctx, rolled, None if signs is None else self.extra_input(seg, signs, None, new_inputs))
@@ -149,7 +150,7 @@ class SegmentLowering:
             self.open = seg
             self.segments.append(seg)
         for a, node in new_inputs:
-            self.need_torch(a.x if isinstance(a, (fx_patterns.Rolled, RolledBlocks)) else a)   # (HalfSigns: a no-op)
+            self.need_torch(a.x if isinstance(a, (fx_patterns.Rolled, RolledBlocks, RotatedPairs)) else a)   # (HalfSigns: a no-op)
             seg.inputs.append(a)
             seg.input_nodes.append(node)
         seg.views.update(self._new_views)
@@ -162,7 +163,8 @@ class SegmentLowering:
 
     def extra_input(self, seg: Segment, key, v, new_inputs: list) -> Node:
         """The segment input for a value the run graph computes for segments only: a Rolled
-        (roll(r.x, r.h, r.axis), shaped as v) or a HalfSigns (a constant tensor)."""
+        (roll(r.x, r.h, r.axis), shaped as v), a RotatedPairs (rotate_pairs(r.x), shaped as v) or a
+        HalfSigns (a constant tensor)."""
         known = self._known_input(seg, key, new_inputs)
         if known is not None:
             return known

@@ -23,7 +23,7 @@ import torch.fx as fx
 from ..graph.symbolic import SymExpr
 from . import aten_table as T
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_lone_ops, fx_patterns,
-               fx_rolled_blocks, fx_sdpa, fx_sibling_linears, fx_updates)
+               fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears, fx_updates)
 from .aten_table import Unsupported
 from .fx_segment_lower import Segment, SegmentLowering, arg_nodes
 from .fx_syms import Syms
@@ -64,9 +64,9 @@ class Planner(SegmentLowering):
         self.ready: set = set()         # FX nodes with a torch value at this point of the plan
         self.reasons: dict = {}         # FX node -> fallback reason
         self.torch_views: set = set()   # FX nodes of views PyTorch takes (segments may replay them)
-        self.rolled: dict = {}          # rotate_half cat of a PyTorch value -> fx_patterns.Rolled
+        self.rolled: dict = {}          # rotate of a PyTorch value -> fx_patterns.Rolled / fx_rotate_pairs.RotatedPairs
         self._new_views: dict = {}      # views replayed by the lowering being tried
-        self.matches = fx_patterns.find(gm)               # root FX node -> Match
+        self.matches = {**fx_patterns.find(gm), **fx_rotate_pairs.find(gm)}   # root FX node -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
         self.roll_spans = fx_rolled_blocks.spans(   # (base, block, moves) -> the span roll_blocks takes
             r for r in (fx_patterns.rolled(m.rotate[0]) for m in self.matches.values() if m.rotate) if r is not None)
@@ -162,12 +162,13 @@ class Planner(SegmentLowering):
 
     def rotate_in_torch(self, n: fx.Node, match) -> None:
         """rotate_half of a PyTorch value: a segment reading it takes roll(x) from PyTorch and
-        applies the halves' signs (fx_patterns.Rolled); the slices, neg and cat are planned in
+        applies the halves' signs (fx_patterns.Rolled; an interleaved rotate: rotate_pairs(x),
+        fx_rotate_pairs.RotatedPairs); the slices, neg and cat are planned in
         PyTorch too, for any other reader (the run graph drops them where there is none). The
         products stay fused. (The flip form reads rows of d/2 elements, which the VM pays per
         row: slower than a PyTorch cat at every length measured.)"""
         rotate = set(match.rotate)
-        r = fx_patterns.rolled(match.rotate[0])
+        r = match.in_torch or fx_patterns.rolled(match.rotate[0])
         if r is not None:   # its consumers in segments read roll(x) (dvm_arg)
             self.rolled[r.cat] = r
         self.unabsorb(n, match, rotate)

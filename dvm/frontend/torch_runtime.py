@@ -27,6 +27,7 @@ from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx
 from .aten_common import fake
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
+from .fx_rotate_pairs import RotatedPairs, rotate_pairs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds
@@ -89,7 +90,8 @@ def _reads(step, runners: dict, folds: dict) -> list:
     if isinstance(step, SegmentStep):
         runner = runners[id(step)]
         if isinstance(runner, SegmentRunner):
-            return [x.x if isinstance(x, (Rolled, RolledBlocks)) else x for x in runner.inputs if not isinstance(x, HalfSigns)] + \
+            return [x.x if isinstance(x, (Rolled, RolledBlocks, RotatedPairs)) else x
+                    for x in runner.inputs if not isinstance(x, HalfSigns)] + \
                 runner.write_dsts
         for m in step.segment.members + [n for n, _, _ in step.segment.writes]:
             fx.node.map_arg((m.args, m.kwargs), lambda a: out.append(a) or a)
@@ -183,6 +185,9 @@ class _Emitter:
             elif isinstance(x, RolledBlocks) and x not in remap:   # ... in every head of x at once
                 remap[x] = g.call_function(roll_blocks, (remap[x.x], x.h, x.block, x.lo, x.hi, x.moves))
                 counters.bump("torch_rotate_half_block_rolls")
+            elif isinstance(x, RotatedPairs) and x not in remap:   # an interleaved rotate of x, whole
+                remap[x] = g.call_function(rotate_pairs, (remap[x.x], x.negs))
+                counters.bump("torch_rotate_pairs")
             elif isinstance(x, HalfSigns) and x not in remap:
                 remap[x] = g.call_function(_signs_call(x), ())
         call = g.call_function(runner.run, (env, *[remap[x] for x in runner.inputs],
@@ -355,6 +360,10 @@ class CompiledFx:
             if rolls:
                 lines.append(f"    rotate_half of a PyTorch value x{rolls}: roll(x) by PyTorch, "
                              "the halves' signs applied here")
+            pairs = sum(isinstance(x, RotatedPairs) for x in s.inputs)
+            if pairs:
+                lines.append(f"    interleaved rotate (pairs swapped) of a PyTorch value x{pairs}: rotate_pairs(x) by PyTorch, "
+                             "the products applying it fused here")
             blocks = sum(isinstance(x, RolledBlocks) for x in s.inputs)
             if blocks:
                 lines.append(f"    rotate_half of views of PyTorch values x{blocks}: roll_blocks(x) by PyTorch "

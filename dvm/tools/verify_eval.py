@@ -22,6 +22,7 @@ import torch.fx as fx
 from ..frontend.aten_common import fake
 from ..frontend.fx_patterns import HalfSigns, Rolled
 from ..frontend.fx_rolled_blocks import RolledBlocks
+from ..frontend.fx_rotate_pairs import RotatedPairs, rotate_pairs
 from ..frontend.fx_syms import Syms
 from ..graph.symbolic import evaluate
 
@@ -98,7 +99,9 @@ class SegmentEval:
                 out[key.x] = torch.roll(t, -key.h, key.axis)
             elif isinstance(key, RolledBlocks) and key.x not in out:
                 out[key.x] = _unrolled_blocks(key, t)
-            elif not isinstance(key, (fx.Node, Rolled, HalfSigns, RolledBlocks)):
+            elif isinstance(key, RotatedPairs) and key.x not in out:   # (its own inverse, signs swapped)
+                out[key.x] = rotate_pairs(t, key.negs[::-1])
+            elif not isinstance(key, (fx.Node, Rolled, HalfSigns, RolledBlocks, RotatedPairs)):
                 raise NotVerifiable(f"segment input of type {type(key).__name__}")
         return out
 
