@@ -172,3 +172,22 @@ def test_the_budget(monkeypatch, spare_mb, merged):
     finally:
         monkeypatch.delenv("DVM_SIBLING_MB")
         reload()
+
+
+@pytest.mark.parametrize("limit, merged", [(1 << 20, False), (2 << 20, True)])
+def test_groups_of_large_weights_stay_separate(monkeypatch, limit, merged):
+    """MAX_GROUP_BYTES: a group whose weights and biases (2 x 512 x 256 float32 and two biases:
+    just over 1 MiB) exceed it keeps separate products, counted as too wide."""
+    monkeypatch.setattr(fx_sibling_linears, "MAX_GROUP_BYTES", limit)
+    torch.manual_seed(5)
+    model = nn.ModuleDict({"a": nn.Linear(256, 512), "b": nn.Linear(256, 512)}).eval()
+
+    def f(x):
+        return model["a"](x) * model["b"](x).sigmoid()
+    x = torch.randn(3, 256)
+    before = {k: dvm.counters().get(k, 0) for k in ("torch_sibling_linears", "torch_sibling_linears_too_wide")}
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled(f)(x), f(x))
+    made = {k: dvm.counters().get(k, 0) - v for k, v in before.items()}
+    assert (made["torch_sibling_linears"] > 0) == merged
+    assert (made["torch_sibling_linears_too_wide"] > 0) == (not merged)

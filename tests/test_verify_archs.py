@@ -37,6 +37,26 @@ def test_a_dvm_failure_is_dvms_unless_aot_eager_fails_alike(monkeypatch, aot_eag
         assert got["detail"].startswith("aot_eager fails alike") and got["dvm"] == "logits off"
 
 
+@pytest.mark.parametrize("stdout, outcome, want", [
+    ("", -9, "skipped"),                                   # killed building the model (Blt: > 24 GiB)
+    (verify_archs.COMPILING + "\n", -9, "DVM ERROR"),      # killed after DVM began
+    (None, "timeout", "skipped"),
+    (verify_archs.COMPILING.encode() + b"\n", "timeout", "timeout"),
+])
+def test_a_dead_child_is_dvms_only_after_its_first_compiled_call(monkeypatch, stdout, outcome, want):
+    import subprocess
+
+    def run(cmd, **kw):
+        if outcome == "timeout":
+            raise subprocess.TimeoutExpired(cmd, 1.0, output=stdout)
+        return subprocess.CompletedProcess(cmd, outcome, stdout, "Killed\n")
+    monkeypatch.setattr(verify_archs.subprocess, "run", run)
+    got = verify_archs._run_one("XForCausalLM", "forward", 1.0)
+    assert got["status"] == want, got
+    if want == "skipped":
+        assert "before its first compiled call" in got["detail"], got
+
+
 def test_failures_set_the_exit_status_and_lead_the_report(monkeypatch, tmp_path):
     rows = {"AForCausalLM": {"status": "match", "max_err": 1e-7}, "BForCausalLM": {"status": "DVM ERROR",
                                                                                    "detail": "KeyError: x\ny"}}

@@ -5,8 +5,9 @@ at the ATen level `view(mm(view(x, [M, K]), t(W_i)), [..., N_i])` (or `addmm(b_i
 each i. `rewrite(gm, weights)` replaces such a group by one product with the weights (and biases)
 concatenated, `F.linear(x, cat(W_i), cat(b_i))`, whose last axis is sliced into the members'
 results: one matrix product call instead of several (each a PyTorch call of ~10-30 µs in a
-forward at 8 tokens), and a wider one, which BLAS runs faster (1024 x 128 by three 128 x 128
-weights: 0.65x the time of the three products on one thread). Each result is the product of the
+forward at 8 tokens), and a wider one, which BLAS runs faster where the weights are small (1024 x
+128 by three 128 x 128 weights: 0.65x the time of the three products on one thread) and slower
+where they are large (MAX_GROUP_BYTES: such groups are left alone). Each result is the product of the
 same row and column, so the values are the separate products' (bitwise, with the BLAS PyTorch
 ships, in every size measured).
 
@@ -42,6 +43,11 @@ aten = torch.ops.aten
 REASON = ("sibling linears of one input: their weights concatenated once (remembered while unchanged) "
           "for one matrix product, sliced into each linear's result")
 ENABLED = True   # off: every linear is its own product (tests compare the two)
+# Groups whose weights (and biases) exceed this stay separate products: with the BLAS PyTorch
+# ships, one product of a large concatenated weight is slower than the separate ones (one
+# thread, M 8-64 rows: 7 MiB of weights 1.26x their time, 22 MiB 1.18x, 48 MiB 1.36x; up to
+# 4 MiB within 0.95-1.07x), so merging pays only in calls saved, where weights are small.
+MAX_GROUP_BYTES = 4 << 20
 _budget_lock = threading.Lock()
 _bytes_used = [0]   # bytes of concatenated weights the rewrites of this process may keep
 
@@ -202,9 +208,13 @@ def _release(nbytes: int) -> None:
 
 
 def _merge(gm: fx.GraphModule, members: list[_Member], cats: "_Cats") -> bool:
-    """Rewrite one group (see the module docstring); False (nothing changed) where a view read
-    from a member's result cannot be taken on its slice of the wide product, or a result is
-    returned, or the budget is spent."""
+    """Rewrite one group (see the module docstring); False (nothing changed) where its weights
+    exceed MAX_GROUP_BYTES, a view read from a member's result cannot be taken on its slice of the
+    wide product, a result is returned, or the budget is spent."""
+    nbytes = _nbytes(members)
+    if nbytes > MAX_GROUP_BYTES:
+        counters.bump("torch_sibling_linears_too_wide")
+        return False
     g, first = gm.graph, members[0]
     total = sum(m.n for m in members)
     w_cat = torch.cat([_val(m.w) for m in members])
@@ -223,7 +233,6 @@ def _merge(gm: fx.GraphModule, members: list[_Member], cats: "_Cats") -> bool:
             return False
         slices.append((m, off, s_v))
         off += m.n
-    nbytes = _nbytes(members)
     if not _take_budget(nbytes):
         counters.bump("torch_sibling_linears_over_budget")
         return False

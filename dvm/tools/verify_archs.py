@@ -15,7 +15,8 @@ Each architecture runs in a process of its own under a time limit. A failure und
 with backend="aot_eager": when that fails alike, Dynamo or AOTAutograd is the cause, not DVM
 (status "skipped"). Statuses: match; MISMATCH (DVM's values differ); DVM ERROR (DVM raised where
 aot_eager does not); skipped (the tiny config is refused, eager fails on it, the model is too big,
-or aot_eager fails alike); timeout. Exit 1 when any architecture is MISMATCH or DVM ERROR.
+aot_eager fails alike, or the process died or ran out of time before its first compiled call:
+building the model or eager); timeout. Exit 1 when any architecture is MISMATCH or DVM ERROR.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ MAX_PARAMS = 30_000_000              # bigger tiny models are skipped (a config 
 DEFAULT_TIMEOUT_S = 600
 DEFAULT_JSON, DEFAULT_MD = "bench-results/verify_archs.json", "bench-results/verify_archs.md"
 FAILING = ("MISMATCH", "DVM ERROR")
+COMPILING = "verify-archs: first compiled call"   # the child's stdout line before DVM's first work
 
 # config attributes set where a config has them (lists and dicts are left alone)
 TINY = dict(hidden_size=64, n_embd=64, d_model=64, dim=64, num_hidden_layers=2, n_layer=2, num_layers=2,
@@ -162,6 +164,19 @@ def _bf16(model, exact, compiled, ids) -> float:
     return err
 
 
+def _announced(compiled):
+    """compiled, printing COMPILING (flushed) before its first call: a process that dies before
+    that line died building the model or in eager, not in DVM (_run_one)."""
+    said: list = []
+
+    def call(*args, **kwargs):
+        if not said:
+            print(COMPILING, flush=True)
+            said.append(True)
+        return compiled(*args, **kwargs)
+    return call
+
+
 def check(name: str, mode: str, backend: str = "dvm") -> dict:
     """One architecture in one mode under `backend`: {"status", "max_err" or "detail"}."""
     import copy as copying
@@ -174,16 +189,16 @@ def check(name: str, mode: str, backend: str = "dvm") -> dict:
         batches = [torch.randint(3, VOCAB, shape) for shape in SHAPES]
         if mode == "train":
             twin = copying.deepcopy(model)
-            compiled = torch.compile(twin, backend=backend, dynamic=True)
+            compiled = _announced(torch.compile(twin, backend=backend, dynamic=True))
             errs = [_train(model, twin, compiled, ids) for ids in batches]
         elif mode == "bf16":
             exact = copying.deepcopy(model).double()
             model = model.to(torch.bfloat16)
-            compiled = torch.compile(model, backend=backend, dynamic=True)
+            compiled = _announced(torch.compile(model, backend=backend, dynamic=True))
             with torch.no_grad():
                 errs = [_bf16(model, exact, compiled, ids) for ids in batches]
         else:
-            compiled = torch.compile(model, backend=backend, dynamic=True)
+            compiled = _announced(torch.compile(model, backend=backend, dynamic=True))
             with torch.no_grad():
                 errs = [_forward(model, compiled, ids) for ids in batches]
     except Skip as e:
@@ -216,16 +231,28 @@ def _run_one(name: str, mode: str, timeout_s: float) -> dict:
     try:
         p = subprocess.run([sys.executable, "-m", "dvm.tools.verify_archs", "--child", name, mode],
                            capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"name": name, "mode": mode, "status": "timeout", "detail": f"over {timeout_s:.0f} s"}
+    except subprocess.TimeoutExpired as e:
+        if COMPILING in _text(e.stdout):
+            return {"name": name, "mode": mode, "status": "timeout", "detail": f"over {timeout_s:.0f} s"}
+        return {"name": name, "mode": mode, "status": "skipped",
+                "detail": f"over {timeout_s:.0f} s before its first compiled call (building the model or eager)"}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+        if COMPILING not in p.stdout:
+            return {"name": name, "mode": mode, "status": "skipped",
+                    "detail": f"process exited {p.returncode} before its first compiled call (building the model "
+                              f"or eager): {tail[0][:300]}"}
         return {"name": name, "mode": mode, "status": "DVM ERROR",
                 "detail": f"process exited {p.returncode}: {tail[0][:300]}"}
     out = json.loads(lines[-1])
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def _text(out) -> str:
+    """A timed-out child's captured stdout (bytes or str, or None)."""
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def markdown(rows: list[dict], mode: str) -> str:
