@@ -57,6 +57,14 @@ def test_a_dead_child_is_dvms_only_after_its_first_compiled_call(monkeypatch, st
         assert "before its first compiled call" in got["detail"], got
 
 
+def test_dvm_failing_to_import_is_dvms_error(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "dvm.frontend.torch_backend", None)   # its import raises
+    monkeypatch.setattr(verify_archs, "check", lambda *a, **k: pytest.fail("checked without DVM"))
+    got = verify_archs.child("XForCausalLM", "forward")
+    assert got["status"] == "DVM ERROR" and got["detail"].startswith("import: "), got
+
+
 def test_failures_set_the_exit_status_and_lead_the_report(monkeypatch, tmp_path):
     rows = {"AForCausalLM": {"status": "match", "max_err": 1e-7}, "BForCausalLM": {"status": "DVM ERROR",
                                                                                    "detail": "KeyError: x\ny"}}

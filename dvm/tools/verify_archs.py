@@ -20,6 +20,7 @@ building the model or eager); timeout. Exit 1 when any architecture is MISMATCH 
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -212,8 +213,12 @@ def check(name: str, mode: str, backend: str = "dvm") -> dict:
 
 
 def child(name: str, mode: str) -> dict:
-    """check() under DVM; a failure is checked again under aot_eager (module docstring)."""
-    import dvm.frontend.torch_backend  # noqa: F401  (registers backend="dvm")
+    """check() under DVM; a failure is checked again under aot_eager (module docstring). DVM
+    failing to import is DVM's error (it comes before the COMPILING line)."""
+    try:
+        importlib.import_module("dvm.frontend.torch_backend")   # registers backend="dvm"
+    except Exception as e:
+        return {"name": name, "mode": mode, "status": "DVM ERROR", "detail": f"import: {type(e).__name__}: {e}"}
     got = check(name, mode)
     if got["status"] in FAILING:
         other = check(name, mode, "aot_eager")
