@@ -21,14 +21,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .aten_table import RESHAPE_OPS, Unsupported
-from .fx_patterns import Match, close
+from .fx_patterns import _BIG_END, Match, _val, close
+from .fx_rolled_blocks import _same
 
 aten = torch.ops.aten
 KIND = "rotate_pairs"
-_BIG_END = 2 ** 62   # slice ends at or past this run to the end of the axis
 ENABLED = True       # off: the ops are planned one by one (the tests compare)
 
 
@@ -61,10 +60,6 @@ def rotate_pairs(x: torch.Tensor, negs: tuple) -> torch.Tensor:
     return out
 
 
-def _val(n):
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
 def _parity_slice(n):
     """(source, start) for slice(src, last axis, start in {0, 1}, to the end, step 2); else None."""
     if not isinstance(n, fx.Node) or n.target is not aten.slice.Tensor or n.kwargs or len(n.args) != 5:
@@ -75,11 +70,6 @@ def _parity_slice(n):
             start not in (0, 1) or not (isinstance(end, int) and end >= _BIG_END or _same(end, v.shape[-1])):
         return None
     return src, start
-
-
-def _same(a, b) -> bool:
-    """a == b for sizes, without adding a guard."""
-    return statically_known_true(a == b)
 
 
 def _piece(n):
