@@ -192,26 +192,6 @@ def test_raw_copies_at_every_relative_offset(dtype, n):
         np.testing.assert_array_equal(o, x, err_msg=f"x at +{dx}, out at +{do} mod 4096")
 
 
-def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
-    from numba import njit
-
-    from dvm.vm.cpu.jit.moves import SHORT_RUN
-    from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
-
-    @njit
-    def move(dst, src, nbytes):
-        _move_bytes(dst, src, nbytes)
-
-    buf = RNG.integers(0, 255, 70_000).astype(np.uint8)
-    for n in (*range(SHORT_RUN + 2), 1000, 4096, 20_000):   # every short run's pieces and tail
-        for src, dst in ((0, 40_000), (40_000, 0), (100, 100 + n // 2), (100 + n // 2, 100), (7, 7), (5, 6)):
-            want = buf.copy()
-            want[dst:dst + n] = buf[src:src + n].copy()
-            got = buf.copy()
-            move(got.ctypes.data + dst, got.ctypes.data + src, n)
-            np.testing.assert_array_equal(got, want, err_msg=f"{n} bytes from {src} to {dst}")
-
-
 @dvm.kernel
 def sum_topk(k, x, w):
     """Top-k expert outputs summed (x: (T, C, K) as a permuted view of (T, K, C)) and scaled:

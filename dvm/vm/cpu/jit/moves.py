@@ -55,31 +55,87 @@ def copy_bytes(dst, src, nbytes):
 SHORT_RUN = 256   # bytes: shorter runs that do not overlap move in constant-size pieces
 
 
+@njit(inline='always', **OPTS)
+def _ends(dst, src, nbytes, p):
+    """A run of p to 2p bytes (p a constant where inlined) as two p-byte moves, its first p bytes
+    and its last p, which overlap unless nbytes == 2p: each is one or two vector moves. Correct
+    when source and destination do not overlap (the overlap rewrites the same bytes)."""
+    move(dst, src, p)
+    move(dst + nbytes - p, src + nbytes - p, p)
+
+
 @njit(**OPTS)   # a call (three integers) costs a few ns; inlined at every site, mem compiled 1.45x longer
 def move_short(dst, src, nbytes):
-    """A run of under SHORT_RUN bytes that does not overlap, as 32-byte pieces and a 16/8/4/2/1
-    tail: each a constant-size move, which LLVM inlines as one or two vector moves (a row of a
-    rotary or pass-through slice, 8 or 24 f32 lanes, costs a few cycles instead of a loop's
-    ~20 of trip-count and alias checks)."""
-    k = 0
-    while k + 32 <= nbytes:
-        move(dst + k, src + k, 32)
-        k += 32
-    k = _piece(dst, src, k, nbytes, 16)
-    k = _piece(dst, src, k, nbytes, 8)
-    k = _piece(dst, src, k, nbytes, 4)
-    k = _piece(dst, src, k, nbytes, 2)
-    _piece(dst, src, k, nbytes, 1)
+    """A run of under SHORT_RUN bytes that does not overlap, as two constant-size moves of the
+    largest power of two it holds (_ends): a row of a rotary or pass-through slice, 8 or 24 f32
+    lanes, costs a few cycles instead of a loop's ~20 of trip-count and alias checks."""
+    if nbytes >= 32:
+        if nbytes >= 128:
+            _ends(dst, src, nbytes, 128)
+        elif nbytes >= 64:
+            _ends(dst, src, nbytes, 64)
+        else:
+            _ends(dst, src, nbytes, 32)
+    elif nbytes >= 8:
+        if nbytes >= 16:
+            _ends(dst, src, nbytes, 16)
+        else:
+            _ends(dst, src, nbytes, 8)
+    elif nbytes >= 2:
+        if nbytes >= 4:
+            _ends(dst, src, nbytes, 4)
+        else:
+            _ends(dst, src, nbytes, 2)
+    elif nbytes == 1:
+        move(dst, src, 1)
 
 
 @njit(inline='always', **OPTS)
-def _piece(dst, src, k, nbytes, n):
-    """Bytes k .. k + n - 1 when they are in the run (n a constant where inlined: one vector or
-    scalar move); the next k."""
-    if k + n <= nbytes:
-        move(dst + k, src + k, n)
-        return k + n
-    return k
+def _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, p, exact):
+    """Rows i < nrv of nbytes each (p to 2p, p a constant where inlined; exactly p when the
+    constant `exact` is True): register row i at at_reg + i * nbytes, buffer row at
+    at_buf + rb[i] * isz; one p-byte move each, or _ends."""
+    for i in range(nrv):
+        r = at_reg + i * nbytes
+        b = at_buf + rb[i] * isz
+        d, s = (b, r) if is_store else (r, b)
+        if exact:
+            move(d, s, p)
+        else:
+            _ends(d, s, nbytes, p)
+
+
+@njit(**OPTS)
+def _apart_short_rows(is_store, reg, buf, at, rb, nrv, bn):
+    """Rows of 4 to SHORT_RUN - 1 bytes, no two back to back, the register outside the buffer:
+    moved with the size class chosen once for all rows (per row it cost more than the move).
+    False (nothing moved) for any other rows."""
+    isz = buf.itemsize
+    nbytes = bn * isz
+    at_reg, lo = reg.ctypes.data, buf.ctypes.data
+    if nbytes < 4 or nbytes >= SHORT_RUN or not (at_reg >= lo + buf.size * isz or at_reg + nrv * nbytes <= lo):
+        return False
+    for k in range(1, nrv):
+        if rb[k] == rb[k - 1] + bn:
+            return False
+    at_buf = lo + at * isz
+    if nbytes == 128:   # the common head widths (32, 64 f32 lanes; 64 bf16): one move a row
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 128, True)
+    elif nbytes == 64:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 64, True)
+    elif nbytes >= 128:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 128, False)
+    elif nbytes >= 64:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 64, False)
+    elif nbytes >= 32:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 32, False)
+    elif nbytes >= 16:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 16, False)
+    elif nbytes >= 8:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 8, False)
+    else:
+        _short_rows(is_store, at_reg, at_buf, rb, isz, nrv, nbytes, 4, False)
+    return True
 
 
 @njit(inline='always', **OPTS)   # per row of a tile: a call costs more than a short row's move
@@ -117,7 +173,10 @@ def move_run(is_store, reg, buf, lane, at, n):
 @njit(**OPTS)
 def move_rows(is_store, reg, buf, at, rb, nrv, bn):
     """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
-    in a contiguous inner row dim) move as one run, like their register rows."""
+    in a contiguous inner row dim) move as one run, like their register rows; short rows apart
+    from each other take _apart_short_rows."""
+    if _apart_short_rows(is_store, reg, buf, at, rb, nrv, bn):
+        return
     i = 0
     while i < nrv:
         k = i + 1

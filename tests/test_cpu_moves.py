@@ -1,0 +1,82 @@
+"""The CPU VM's raw byte moves (jit/moves): memmove's semantics for every short run, and the rows
+of a tile moved between a register and strided buffer rows exactly as NumPy's indexing moves
+them, for every short row width of each element size."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from dvm.vm.cpu.jit.moves import SHORT_RUN
+from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
+from dvm.vm.cpu.jit.moves import move_rows as _move_rows
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
+
+RNG = np.random.default_rng(11)
+
+
+@njit
+def _bytes(dst, src, nbytes):
+    _move_bytes(dst, src, nbytes)
+
+
+@njit
+def _rows(is_store, reg, buf, at, rb, nrv, bn):
+    _move_rows(is_store, reg, buf, at, rb, nrv, bn)
+
+
+def test_move_bytes_keeps_memmove_semantics_for_overlapping_runs():
+    buf = RNG.integers(0, 255, 70_000).astype(np.uint8)
+    for n in (*range(SHORT_RUN + 2), 1000, 4096, 20_000):   # every short run's pieces and tail
+        for src, dst in ((0, 40_000), (40_000, 0), (100, 100 + n // 2), (100 + n // 2, 100), (7, 7), (5, 6)):
+            want = buf.copy()
+            want[dst:dst + n] = buf[src:src + n].copy()
+            got = buf.copy()
+            _bytes(got.ctypes.data + dst, got.ctypes.data + src, n)
+            np.testing.assert_array_equal(got, want, err_msg=f"{n} bytes from {src} to {dst}")
+
+
+def _row_starts(kind: str, nrv: int, bn: int) -> np.ndarray:
+    """Element offsets of nrv buffer rows of bn elements: apart (a gap after each row), in reverse,
+    repeated (a broadcast operand's rows: loads only), or in groups of back-to-back rows."""
+    if kind == "apart":
+        return np.arange(nrv, dtype=np.int64) * (bn + 3)
+    if kind == "reversed":
+        return np.arange(nrv, dtype=np.int64)[::-1].copy() * (bn + 1)
+    if kind == "repeated":
+        return np.arange(nrv, dtype=np.int64) // 3 * (2 * bn)
+    return np.arange(nrv, dtype=np.int64) // 2 * (3 * bn) + np.arange(nrv, dtype=np.int64) % 2 * bn
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["apart", "reversed", "repeated", "pairs"])
+def test_rows_move_like_numpy_indexing(dtype, kind):
+    isz = np.dtype(dtype).itemsize
+    for bn in (*range(1, SHORT_RUN // isz + 2), 100, 1000):
+        for nrv in (1, 2, 7):
+            rb = _row_starts(kind, nrv, bn)
+            at = 5
+            buf = RNG.integers(0, 100, at + int(rb.max()) + bn + 9).astype(dtype)
+            reg = np.full(nrv * bn + 4, 77, dtype)   # lanes past the rows stay untouched
+            idx = at + rb[:, None] + np.arange(bn)
+            _rows(False, reg, buf, at, rb, nrv, bn)
+            np.testing.assert_array_equal(reg[:nrv * bn].reshape(nrv, bn), buf[idx], err_msg=f"load {bn} {nrv}")
+            assert (reg[nrv * bn:] == 77).all()
+            if kind == "repeated":
+                continue
+            want = buf.copy()
+            want[idx] = reg[:nrv * bn].reshape(nrv, bn) + 1
+            reg[:nrv * bn] += 1
+            _rows(True, reg, buf, at, rb, nrv, bn)
+            np.testing.assert_array_equal(buf, want, err_msg=f"store {bn} {nrv}")
+
+
+def test_rows_of_a_register_inside_the_buffer_move_like_numpy():
+    """A register that aliases part of the buffer (an in-place tile) takes the general path."""
+    buf = np.arange(400, dtype=np.float32)
+    reg = buf[300:340]
+    rb = np.arange(5, dtype=np.int64) * 11
+    want = buf[rb[:, None] + np.arange(8)].reshape(-1).copy()
+    _rows(False, reg, buf, 0, rb, 5, 8)
+    np.testing.assert_array_equal(buf[300:340], want)
