@@ -1,15 +1,19 @@
-"""The CPU VM's raw byte moves (jit/moves): memmove's semantics for every short run, and the rows
-of a tile moved between a register and strided buffer rows exactly as NumPy's indexing moves
-them, for every short row width of each element size."""
+"""The CPU VM's raw byte moves (jit/moves): memmove's semantics for every short run, the rows of
+a tile moved between a register and strided buffer rows exactly as NumPy's indexing moves them,
+for every short row width of each element size, and a kernel over short rows apart bitwise the
+reference VM's."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from numba import njit
 
+import dvm
 from dvm.vm.cpu.jit.moves import SHORT_RUN
 from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
 from dvm.vm.cpu.jit.moves import move_rows as _move_rows
+
+from test_cpu_layouts import _bitwise_as_reference
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 
@@ -80,3 +84,22 @@ def test_rows_of_a_register_inside_the_buffer_move_like_numpy():
     want = buf[rb[:, None] + np.arange(8)].reshape(-1).copy()
     _rows(False, reg, buf, 0, rb, 5, 8)
     np.testing.assert_array_equal(buf[300:340], want)
+
+
+@dvm.kernel
+def rope_like(k, x, c, s):
+    """x * c + x * s over rows of x's heads: c and s broadcast over the heads (repeated rows)."""
+    x = k.load(x)
+    return k.store(k.add(k.mul(x, k.load(c)), k.mul(x, k.load(s))))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("lanes", [1, 3, 8, 16, 24, 33, 70])
+def test_short_strided_rows_on_the_vm_as_on_the_reference(dtype, lanes):
+    """A kernel whose operands' rows are short and apart (a head slice of a wider row, a
+    broadcast operand's repeated rows), bitwise the reference VM's, on 1 and 2 threads."""
+    n, h = 37, 3
+    x = (RNG.standard_normal((n, h, 2 * lanes + 1)) * 4).astype(dtype)[..., 1:lanes + 1]
+    c = (RNG.standard_normal((n, 1, lanes)) * 4).astype(dtype)
+    s = (RNG.standard_normal((n, 1, lanes)) * 4).astype(dtype)
+    _bitwise_as_reference(rope_like, x, c, s, why=(dtype, lanes))
