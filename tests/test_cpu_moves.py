@@ -9,6 +9,8 @@ import pytest
 from numba import njit
 
 import dvm
+from dvm.vm.cpu.jit.mem import load_rows as _load_rows
+from dvm.vm.cpu.jit.mem import store_rows as _store_rows
 from dvm.vm.cpu.jit.moves import SHORT_RUN
 from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
 from dvm.vm.cpu.jit.moves import move_rows as _move_rows
@@ -93,13 +95,53 @@ def rope_like(k, x, c, s):
     return k.store(k.add(k.mul(x, k.load(c)), k.mul(x, k.load(s))))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.float16, "bfloat16"])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 16, 24, 33, 70])
 def test_short_strided_rows_on_the_vm_as_on_the_reference(dtype, lanes):
     """A kernel whose operands' rows are short and apart (a head slice of a wider row, a
-    broadcast operand's repeated rows), bitwise the reference VM's, on 1 and 2 threads."""
+    broadcast operand's repeated rows), bitwise the reference VM's, on 1 and 2 threads: raw
+    moves, and the whole-tile conversions of f16, bf16 and int32 rows (jit/mem.load_rows)."""
+    import ml_dtypes
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     n, h = 37, 3
     x = (RNG.standard_normal((n, h, 2 * lanes + 1)) * 4).astype(dtype)[..., 1:lanes + 1]
     c = (RNG.standard_normal((n, 1, lanes)) * 4).astype(dtype)
     s = (RNG.standard_normal((n, 1, lanes)) * 4).astype(dtype)
     _bitwise_as_reference(rope_like, x, c, s, why=(dtype, lanes))
+
+
+@njit
+def _convert_rows(is_store, reg, buf, cv, at, rb, nrv, bn):
+    if is_store:
+        _store_rows(buf, reg, cv, at, rb, nrv, bn)
+    else:
+        _load_rows(reg, buf, cv, at, rb, nrv, bn)
+
+
+@pytest.mark.parametrize("stored", ["float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("kind", ["apart", "reversed", "repeated", "pairs"])
+def test_converted_rows_like_numpy(stored, kind):
+    """Whole-tile row conversions (f16 / bf16 bits, int32 to int64 registers), loads and stores,
+    rows apart or in runs: the values NumPy's casts give, every other buffer element untouched."""
+    import ml_dtypes
+    from dvm.vm.cpu.abi import DT_BF16, DT_F16, DT_I32
+    dt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "int32": np.int32}[stored]
+    cv = {"float16": DT_F16, "bfloat16": DT_BF16, "int32": DT_I32}[stored]
+    reg_dt = np.int64 if stored == "int32" else np.float32
+    bits = (lambda a: a.view(np.uint16)) if stored != "int32" else (lambda a: a)
+    for bn in (1, 3, 8, 24, 100):
+        for nrv in (1, 2, 7):
+            rb = _row_starts(kind, nrv, bn)
+            at = 5
+            buf = (RNG.standard_normal(at + int(rb.max()) + bn + 9) * 50).astype(dt)
+            idx = at + rb[:, None] + np.arange(bn)
+            reg = np.zeros(nrv * bn, reg_dt)
+            _convert_rows(False, reg, bits(buf), cv, at, rb, nrv, bn)
+            np.testing.assert_array_equal(reg.reshape(nrv, bn), buf[idx].astype(reg_dt), err_msg=f"load {bn} {nrv}")
+            if kind == "repeated":
+                continue
+            reg = (RNG.standard_normal(nrv * bn) * 50).astype(reg_dt)
+            want = buf.copy()
+            want[idx] = reg.reshape(nrv, bn).astype(dt)
+            _convert_rows(True, reg, bits(buf), cv, at, rb, nrv, bn)
+            np.testing.assert_array_equal(bits(buf), bits(want), err_msg=f"store {bn} {nrv}")
