@@ -9,8 +9,7 @@ import pytest
 from numba import njit
 
 import dvm
-from dvm.vm.cpu.jit.mem import load_rows as _load_rows
-from dvm.vm.cpu.jit.mem import store_rows as _store_rows
+from dvm.vm.cpu.jit.mem import convert_rows as _convert
 from dvm.vm.cpu.jit.moves import SHORT_RUN
 from dvm.vm.cpu.jit.moves import move_bytes as _move_bytes
 from dvm.vm.cpu.jit.moves import move_rows as _move_rows
@@ -100,7 +99,7 @@ def rope_like(k, x, c, s):
 def test_short_strided_rows_on_the_vm_as_on_the_reference(dtype, lanes):
     """A kernel whose operands' rows are short and apart (a head slice of a wider row, a
     broadcast operand's repeated rows), bitwise the reference VM's, on 1 and 2 threads: raw
-    moves, and the whole-tile conversions of f16, bf16 and int32 rows (jit/mem.load_rows)."""
+    moves, and the whole-tile conversions of f16, bf16 and int32 rows (jit/mem.convert_rows)."""
     import ml_dtypes
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     n, h = 37, 3
@@ -112,10 +111,7 @@ def test_short_strided_rows_on_the_vm_as_on_the_reference(dtype, lanes):
 
 @njit
 def _convert_rows(is_store, reg, buf, cv, at, rb, nrv, bn):
-    if is_store:
-        _store_rows(buf, reg, cv, at, rb, nrv, bn)
-    else:
-        _load_rows(reg, buf, cv, at, rb, nrv, bn)
+    _convert(is_store, reg, buf, cv, at, rb, nrv, bn)
 
 
 @pytest.mark.parametrize("stored", ["float16", "bfloat16", "int32"])

@@ -85,27 +85,17 @@ def _load_half(o, buf, cv, start, stride, n, ix, general):
             o[k] = bf2f(buf[ix[k]])
 
 
-def load_rows(o, buf, cv, at, rb, nrv, bn):
-    """o[i*bn:(i+1)*bn] = buf[at + rb[i]:][:bn], converted from cv, for the rows i < nrv of a tile
-    whose operand has unit column stride: one call a tile (a call a row passed three arrays'
-    fields, ~60 ns a row), rows back to back in the buffer as one run. numba only, like load_row."""
+def convert_rows(is_store, reg, buf, cv, at, rb, nrv, bn):
+    """reg[i*bn:(i+1)*bn] = buf[at + rb[i]:][:bn] converted from cv (or back, converted to cv,
+    when storing) for the rows i < nrv of a tile whose operand has unit column stride: one call
+    a tile (a call a row passed three arrays' fields, ~60 ns a row), rows back to back in the
+    buffer as one run. numba only, like load_row: one implementation per buffer type."""
     raise NotImplementedError
 
 
-def store_rows(buf, x, cv, at, rb, nrv, bn):
-    """buf[at + rb[i]:][:bn] = x[i*bn:(i+1)*bn], converted to cv, for the rows i < nrv (load_rows'
-    inverse). numba only."""
-    raise NotImplementedError
-
-
-@overload(load_rows)
-def _load_rows_impl(o, buf, cv, at, rb, nrv, bn):
-    return _load_rows_half if buf.dtype == types.uint16 else _load_rows_plain
-
-
-@overload(store_rows)
-def _store_rows_impl(buf, x, cv, at, rb, nrv, bn):
-    return _store_rows_half if buf.dtype == types.uint16 else _store_rows_plain
+@overload(convert_rows)
+def _convert_rows_impl(is_store, reg, buf, cv, at, rb, nrv, bn):
+    return _rows_half if buf.dtype == types.uint16 else _rows_plain
 
 
 @njit(inline='always', **OPTS)
@@ -117,55 +107,39 @@ def _run_end(rb, i, nrv, bn):
     return k
 
 
-def _load_rows_plain(o, buf, cv, at, rb, nrv, bn):
+def _rows_plain(is_store, reg, buf, cv, at, rb, nrv, bn):
     i = 0
     while i < nrv:
         k = _run_end(rb, i, nrv, bn)
         n = (k - i) * bn
-        src, dst = buf[at + rb[i]:at + rb[i] + n], o[i * bn:i * bn + n]
-        for j in range(n):
-            dst[j] = src[j]
-        i = k
-
-
-def _load_rows_half(o, buf, cv, at, rb, nrv, bn):
-    i = 0
-    while i < nrv:
-        k = _run_end(rb, i, nrv, bn)
-        n = (k - i) * bn
-        src, dst = buf[at + rb[i]:at + rb[i] + n], o[i * bn:i * bn + n]
-        if cv == DT_F16:
+        r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
+        if is_store:
             for j in range(n):
-                dst[j] = h2f(src[j])
+                b[j] = r[j]
         else:
             for j in range(n):
-                dst[j] = bf2f(src[j])
+                r[j] = b[j]
         i = k
 
 
-def _store_rows_plain(buf, x, cv, at, rb, nrv, bn):
+def _rows_half(is_store, reg, buf, cv, at, rb, nrv, bn):
     i = 0
     while i < nrv:
         k = _run_end(rb, i, nrv, bn)
         n = (k - i) * bn
-        src, dst = x[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
-        for j in range(n):
-            dst[j] = src[j]
-        i = k
-
-
-def _store_rows_half(buf, x, cv, at, rb, nrv, bn):
-    i = 0
-    while i < nrv:
-        k = _run_end(rb, i, nrv, bn)
-        n = (k - i) * bn
-        src, dst = x[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
-        if cv == DT_F16:
+        r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
+        if is_store and cv == DT_F16:
             for j in range(n):
-                dst[j] = f2h(src[j])
+                b[j] = f2h(r[j])
+        elif is_store:
+            for j in range(n):
+                b[j] = f2bf(r[j])
+        elif cv == DT_F16:
+            for j in range(n):
+                r[j] = h2f(b[j])
         else:
             for j in range(n):
-                dst[j] = f2bf(src[j])
+                r[j] = bf2f(b[j])
         i = k
 
 
@@ -229,10 +203,7 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
     if raw and ncv == bn:
         move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
     elif ncv == bn and stride == 1 and not general:   # whole rows converted, one call a tile
-        if is_store:
-            store_rows(buf, reg, cv, off + c0, rb, nrv, bn)
-        else:
-            load_rows(reg, buf, cv, off + c0, rb, nrv, bn)
+        convert_rows(is_store, reg, buf, cv, off + c0, rb, nrv, bn)
     else:
         nrv_loop = nrv
     for i in range(nrv_loop):
