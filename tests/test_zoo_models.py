@@ -40,6 +40,20 @@ def test_zoo_model_matches_eager(name):
     assert after.get("torch_segments", 0) > before.get("torch_segments", 0)   # DVM ran kernels
 
 
+@pytest.mark.parametrize("name, dtype", [("gpt2", "float16"), ("llama", "float16"), ("bert", "bfloat16")])
+def test_zoo_model_in_16_bits_within_the_bench_tolerance(name, dtype):
+    """`dvm bench models --zoo --zoo-dtype`: the model converted, DVM's logits within the dtype's
+    TOLERANCE of eager's (the benchmark's own pass and check)."""
+    zm = ZOO[name]
+    model = zm.build().to(getattr(torch, dtype))
+    torch._dynamo.reset()
+    cells = [(2, 9), (1, 20)]
+    zoo = bench_zoo._Zoo(1, True, dtype)
+    result = zoo.one_pass(name, torch.compile(model, backend="dvm", dynamic=True), zm, cells,
+                          bench_zoo._reference(zm, model, cells))
+    assert result["mismatches"] == [] and result["max_abs_err"] is not None, result
+
+
 def test_zoo_inputs():
     bert, t5 = ZOO["bert"], ZOO["t5"]
     kw = inputs(bert, 4, 16)
@@ -74,7 +88,7 @@ def test_zoo_report_arithmetic(tmp_path):
     assert [(c["length"], c["model"]) for c in s["misses"]] == [(64, "m")]   # 1168 us vs eager's 1140
     report = {"machine": {"cpu": "x", "cores": 2}, "loadavg_1min": {"start": 0.1, "end": 0.1}, "summary": s,
               "date": "d", "versions": {"torch": "t", "transformers": "t"}, "vm": "cpu", "seconds": 1.0,
-              "lengths": [8, 64], "batches": [1], "threads": [1], "tolerance": {"rtol": 1e-4}, "models": models,
+              "lengths": [8, 64], "batches": [1], "threads": [1], "tolerance": {"rtol": 1e-4, "atol": 1e-4}, "models": models,
               "failures": []}
     md = bench_zoo_report.markdown(report)
     assert "| m | 1.07× (1.07×) | 0.98× (t1 b1 L64) | 1.50× (1.50×) |" in md and "m t1 b1 L64: 0.98× (fastest calls 0.98×" in md

@@ -40,13 +40,13 @@ def input_ids(b: int, L: int, seed: int):
     return torch.randint(0, VOCAB, (b, L), generator=g)
 
 
-def compare(logits, want) -> tuple[float, str]:
-    """(max abs error, "" or why the logits are outside rtol = atol = RTOL / ATOL of eager's)."""
+def compare(logits, want, rtol: float = RTOL, atol: float = ATOL) -> tuple[float, str]:
+    """(max abs error, "" or why the logits are outside rtol / atol of eager's)."""
     if tuple(logits.shape) != tuple(want.shape):
         return math.inf, f"shape {tuple(logits.shape)} vs {tuple(want.shape)}"
-    err = (logits - want).abs()
+    err = (logits.float() - want.float()).abs()
     worst = float(err.max())
-    inside = bool((err <= ATOL + RTOL * want.abs()).all())
+    inside = bool((err <= atol + rtol * want.float().abs()).all())
     return worst, "" if inside else f"max abs err {worst:.3g}"
 
 

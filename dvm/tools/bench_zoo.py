@@ -12,9 +12,10 @@ For every model of the zoo (bench_zoo_models) and every thread count, in one pro
      speed; the median per system (and the fastest call, the least disturbed on a busy machine). Rounds: at least `repeat`, more for short calls (~TARGET_S of
      timing per system and cell, at most MAX_ROUNDS).
 
+The models run in float32 (`dtype`: bfloat16 or float16, weights and activations converted).
 Inductor bakes the thread count into its C++ kernels, so both Inductor compiles are repeated per
 thread count (a cache directory per thread count). Reported per cell: the three medians, the
-speed-ups over eager, the max abs error of DVM and of Inductor against eager (rtol = atol = RTOL).
+speed-ups over eager, the max abs error of DVM and of Inductor against eager (TOLERANCE of the dtype).
 Per model: the DVM graph's segments, vector kernels, matmuls and fallbacks per forward (with their
 reasons), the graphs each system compiled, first-call and pass times, and the fixed cost per
 forward (host time: Python, guards, argument binding, allocation, launch overheads), estimated as
@@ -51,11 +52,16 @@ QUICK_REPEAT = 3
 TARGET_S = 0.25      # timing per system and cell the rounds aim at
 MAX_ROUNDS = 200
 SYSTEMS = ("eager", "inductor", "dvm")   # steady state: Inductor is the warm dynamic=True compile
+# (rtol, atol) of the logits against eager's per dtype. In 16 bits eager rounds every op's result
+# and a fused kernel only its outputs: the logits differ by a few of the dtype's steps.
+TOLERANCE = {"float32": (RTOL, ATOL), "float16": (1e-2, 1e-2), "bfloat16": (8e-2, 8e-2)}
+DTYPES = tuple(TOLERANCE)
 
 
 class _Zoo:
-    def __init__(self, repeat: int, quiet: bool):
+    def __init__(self, repeat: int, quiet: bool, dtype: str = "float32"):
         self.repeat, self.quiet, self.t0 = repeat, quiet, time.perf_counter()
+        self.rtol, self.atol = TOLERANCE[dtype]
 
     def log(self, msg: str) -> None:
         progress("models --zoo", f"{msg}  [{time.perf_counter() - self.t0:.1f} s]", self.quiet)
@@ -71,7 +77,7 @@ class _Zoo:
                 out = first_output(fn(**inputs(zm, b, L)))
                 dt = time.perf_counter() - t0
                 first = dt if first is None else first
-                err, why = compare(out, ref[(b, L)])
+                err, why = compare(out, ref[(b, L)], self.rtol, self.atol)
                 worst = max(worst, err)
                 if why:
                     bad.append(f"b={b} L={L}: {why}")
@@ -192,10 +198,10 @@ def host_cost(cells: list[dict], batch: int) -> dict:
     return out
 
 
-def _model(z: _Zoo, name: str, lengths, batches, threads_list, cold: bool) -> dict:
+def _model(z: _Zoo, name: str, lengths, batches, threads_list, cold: bool, dtype: str = "float32") -> dict:
     import torch
     zm = ZOO[name]
-    model = zm.build()
+    model = zm.build().to(getattr(torch, dtype))
     cells = [(b, L) for b in batches for L in lengths]
     z.log(f"{name}: {zm.what}")
     old = _set_threads(1)
@@ -259,7 +265,7 @@ def summary(models: dict) -> dict:
 
 
 def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: int = REPEAT,
-        cold: bool = True, quiet: bool = False) -> dict:
+        cold: bool = True, quiet: bool = False, dtype: str = "float32") -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
@@ -267,17 +273,19 @@ def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: 
     import dvm
     import dvm.frontend.torch_backend  # noqa: F401  (registers backend "dvm")
     models = list(models or ZOO)
-    z = _Zoo(repeat, quiet)
+    if dtype not in TOLERANCE:
+        raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    z = _Zoo(repeat, quiet, dtype)
     load_start, t0 = loadavg(), time.time()
     z.log(f"models {','.join(models)}; lengths {list(lengths)}; batches {list(batches)}; threads {list(threads)}; "
-          f"VM {dvm.config.config().vm}; 1-min load {load_start}")
+          f"{dtype}; VM {dvm.config.config().vm}; 1-min load {load_start}")
     warm_s = _warm_dynamo()
     old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     results, failures = {}, []
     try:
         for m in models:
             try:
-                results[m] = _model(z, m, list(lengths), list(batches), list(threads), cold)
+                results[m] = _model(z, m, list(lengths), list(batches), list(threads), cold, dtype)
             except Exception as e:   # a failing model is reported, the others still run
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 z.log(f"{m}: FAILED: {msg}")
@@ -298,14 +306,14 @@ def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: 
     return {"benchmark": "models_zoo", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "seconds": round(time.time() - t0, 2), "vm": dvm.config.config().vm, "repeat": repeat,
             "lengths": list(lengths), "batches": list(batches), "threads": list(threads), "cold": cold,
-            "tolerance": {"rtol": RTOL, "atol": ATOL}, "dynamo_warmup_s": warm_s,
+            "dtype": dtype, "tolerance": {"rtol": z.rtol, "atol": z.atol}, "dynamo_warmup_s": warm_s,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, **vm_extra()},
             "machine": machine_info(), "loadavg_1min": {"start": load_start, "end": loadavg()},
             "models": results, "summary": summary(results), "failures": failures}
 
 
 def main(models=None, quick: bool = False, lengths=None, batches=None, threads=None, repeat: int | None = None,
-         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, png_path: str | None = DEFAULT_PNG,
+         dtype: str = "float32", json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, png_path: str | None = DEFAULT_PNG,
          out=None) -> int:
     import sys
     out = out or sys.stdout
@@ -313,6 +321,6 @@ def main(models=None, quick: bool = False, lengths=None, batches=None, threads=N
                  lengths=lengths or (QUICK_LENGTHS if quick else LENGTHS),
                  batches=batches or (QUICK_BATCHES if quick else BATCHES),
                  threads=threads or (QUICK_THREADS if quick else THREADS),
-                 repeat=repeat or (QUICK_REPEAT if quick else REPEAT))
+                 repeat=repeat or (QUICK_REPEAT if quick else REPEAT), dtype=dtype)
     from .bench_zoo_report import markdown, plot
     return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "model(s)")

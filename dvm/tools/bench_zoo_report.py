@@ -104,9 +104,9 @@ def markdown(report: dict) -> str:
         f"{report['versions']['transformers']}; DVM VM **{report['vm']}**; 1-min load {load['start']} at start, "
         f"{load['end']} at end; {report['seconds']:.0f} s in all.", "",
         f"Cells: lengths {report['lengths']} × batches {report['batches']} × threads {report['threads']} per model; "
-        "float32, inference, random weights. Steady state: median per system over rounds of alternating calls "
+        f"{report.get('dtype', 'float32')}, inference, random weights. Steady state: median per system over rounds of alternating calls "
         "(eager, Inductor dynamic=True warm, DVM) after a warm-up; speed-ups are eager's median over the system's. "
-        f"Errors: DVM's output against eager's over every cell (rtol = atol = {report['tolerance']['rtol']:g}). "
+        f"Errors: DVM's output against eager's over every cell (rtol {report['tolerance']['rtol']:g}, atol {report['tolerance']['atol']:g}). "
         "Fixed cost per forward: the intercept at zero tokens of the line through the batch-"
         f"{min(report['batches'])} latencies at the two shortest lengths (Python, guards, argument binding, "
         "allocation, launch overheads).", "",

@@ -120,6 +120,8 @@ def add_parsers(sub) -> None:
                     help="with --zoo: sequence lengths (default 8,64,256,1024; 8,64 with --quick)")
     bm.add_argument("--zoo-threads", default=None, metavar="LIST",
                     help="with --zoo: thread counts, each a separate compile (default 1,2; 1 with --quick)")
+    bm.add_argument("--zoo-dtype", default="float32", choices=bench_zoo.DTYPES,
+                    help="with --zoo: the models' dtype, weights and activations (default float32)")
     bm.add_argument("--threads", type=int, default=bench_models.DEFAULT_THREADS, metavar="N",
                     help=f"torch and DVM CPU VM threads, the same for every system (default "
                          f"{bench_models.DEFAULT_THREADS}: tiny models on a shared machine)")
@@ -256,7 +258,7 @@ def _cmd_bench_zoo(args) -> int:
     paths = {k: (getattr(bench_zoo, f"DEFAULT_{k.upper()}") if getattr(args, k) == getattr(bench_models, f"DEFAULT_{k.upper()}")
                  else _path(getattr(args, k))) for k in ("json", "md", "png")}
     return bench_zoo.main(models=models, quick=args.quick, lengths=lengths, batches=batches, threads=threads,
-                          repeat=args.repeat, json_path=paths["json"], md_path=paths["md"], png_path=paths["png"])
+                          repeat=args.repeat, dtype=args.zoo_dtype, json_path=paths["json"], md_path=paths["md"], png_path=paths["png"])
 
 
 def cmd_bench_models(args) -> int:
