@@ -3,13 +3,18 @@ that call them:
 
 - bit casts (float32 <-> int, float64 <-> int64), a fused multiply-add and address -> typed
   pointer, as numba intrinsics;
-- float16 / bfloat16 <-> float32 conversions by bit manipulation (round to nearest even).
+- float16 <-> float32 conversions: the CPU's own instructions (x86 F16C: LLVM's fpext / fptrunc
+  of `half`) where the code is compiled for a CPU that has them, else bit manipulation; both round
+  to nearest even and give the same value for every input, a NaN's payload aside;
+- bfloat16 <-> float32 conversions by bit manipulation (round to nearest even).
 """
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import config as numba_config
+from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
 OPTS = dict(nogil=True, error_model="numpy")
@@ -104,7 +109,7 @@ _DENORM_MAGIC = f32(0.5)        # bits 126 << 23
 
 
 @njit(**OPTS)
-def h2f(h):
+def _h2f_bits(h):
     """float16 bits -> float32 (exact)."""
     h = np.int64(h) & 0xFFFF
     neg = (h & 0x8000) != 0
@@ -120,7 +125,7 @@ def h2f(h):
 
 
 @njit(**OPTS)
-def f2h(x):
+def _f2h_bits(x):
     """float32 -> float16 bits, round to nearest even (NaN -> quiet NaN, overflow -> inf)."""
     u = f32_bits(np.float32(x))
     sign = (u >> 16) & 0x8000
@@ -132,6 +137,61 @@ def f2h(x):
     else:
         r = (u - (112 << 23) + 0xFFF + ((u >> 13) & 1)) >> 13
     return r | sign
+
+
+@intrinsic
+def _h2f_cpu(typingctx, h):
+    """float16 bits (the low 16 of an integer) -> float32 by the CPU's conversion (exact)."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if v.type.width > 16:
+            v = builder.trunc(v, ir.IntType(16))
+        elif v.type.width < 16:
+            v = builder.zext(v, ir.IntType(16))
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+    return types.float32(h), codegen
+
+
+@intrinsic
+def _f2h_cpu(typingctx, x):
+    """float32 -> float16 bits (as a non-negative int64) by the CPU's conversion: round to nearest
+    even, overflow to inf, a NaN stays a NaN."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        half = builder.fptrunc(args[0], ir.HalfType())
+        return builder.zext(builder.bitcast(half, ir.IntType(16)), ir.IntType(64))
+    return types.int64(x), codegen
+
+
+def _cpu_converts_halves() -> bool:
+    """The code is compiled for an x86 CPU with F16C (numba's target features: NUMBA_CPU_FEATURES,
+    else the host's). Without it LLVM would call a runtime library function numba does not link."""
+    features = numba_config.CPU_FEATURES or get_host_cpu_features()
+    return "+f16c" in features.split(",")
+
+
+CPU_HALVES = _cpu_converts_halves()
+
+
+@njit(**OPTS)
+def h2f(h):
+    """float16 bits -> float32 (exact)."""
+    if CPU_HALVES:
+        return _h2f_cpu(np.int64(h))   # (callers' dead branches pass other types)
+    return _h2f_bits(h)
+
+
+@njit(**OPTS)
+def f2h(x):
+    """float32 -> float16 bits, round to nearest even (overflow -> inf, NaN -> a quiet NaN)."""
+    if CPU_HALVES:
+        return _f2h_cpu(np.float32(x))
+    return _f2h_bits(x)
 
 
 @njit(**OPTS)

@@ -1,0 +1,70 @@
+"""float16 <-> float32 conversions of the CPU VM (jit/bits): the CPU's instructions where the
+pieces are compiled for them, else bit manipulation. Both give NumPy's float16 casts for every
+half and for float32 values around every rounding boundary; a NaN stays a NaN of the same sign."""
+import numba
+import numpy as np
+import pytest
+
+from dvm.vm.cpu.jit import bits
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
+CONVERSIONS = [("bits", bits._h2f_bits, bits._f2h_bits)]
+if bits.CPU_HALVES:
+    CONVERSIONS.append(("cpu", bits._h2f_cpu, bits._f2h_cpu))
+
+
+def _loops(h2f, f2h):
+    @numba.njit
+    def widen(b, o):
+        for i in range(b.size):
+            o[i] = h2f(b[i])
+
+    @numba.njit
+    def narrow(x, b):
+        for i in range(x.size):
+            b[i] = f2h(np.float32(x[i]))
+    return widen, narrow
+
+
+def _same_or_nan(got: np.ndarray, want: np.ndarray, nan: np.ndarray, sign_bit: int) -> None:
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.array_equal(got[nan] & sign_bit, want[nan] & sign_bit)
+
+
+def _f32_cases() -> np.ndarray:
+    """Every float16 value, the midpoints between neighbours (ties round to even), a step either
+    side of each, the range's edges and random float32 bit patterns."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    finite = np.sort(halves[np.isfinite(halves)].astype(np.float64))
+    mid = (finite[1:] + finite[:-1]) / 2
+    mids = mid.astype(np.float32)   # exact: a midpoint needs 12 significant bits
+    around = np.concatenate([np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))])
+    edges = np.array([65504, 65519.996, 65520, 1e9, 2.0 ** -24, 2.0 ** -25, 2.0 ** -26, 1e-30, 0.0, -0.0,
+                      np.inf, -np.inf, np.nan], np.float32)
+    rng = np.random.default_rng(5)
+    noise = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([halves.astype(np.float32), mids, around, edges, noise])
+
+
+@pytest.mark.parametrize("name, h2f, f2h", CONVERSIONS)
+def test_halves_widen_as_numpy(name, h2f, f2h):
+    widen, _ = _loops(h2f, f2h)
+    b = np.arange(1 << 16, dtype=np.uint16)
+    got = np.empty(b.size, np.float32)
+    widen(b, got)
+    want = b.view(np.float16).astype(np.float32)
+    _same_or_nan(got.view(np.uint32), want.view(np.uint32), np.isnan(want), 1 << 31)
+    assert np.isnan(got[np.isnan(want)]).all()
+
+
+@pytest.mark.parametrize("name, h2f, f2h", CONVERSIONS)
+def test_floats_narrow_as_numpy(name, h2f, f2h):
+    _, narrow = _loops(h2f, f2h)
+    x = _f32_cases()
+    got = np.empty(x.size, np.uint16)
+    narrow(x, got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    nan = np.isnan(x)
+    _same_or_nan(got, want.view(np.uint16), nan, 1 << 15)
+    assert np.isnan(got[nan].view(np.float16)).all()
