@@ -73,6 +73,26 @@ def test_rope_output_has_eager_strides(order):
     assert "1 vector kernel(s)" in text and ", 4, 8) reduce []" in text   # one kernel, in the heads' memory order
 
 
+def test_quick_path_allocates_outputs_in_eager_order(order):
+    """From the third call with the same sizes the segment takes its quick path, which allocates
+    its outputs in PyTorch's order (no permute afterwards): eager's strides and values, a fresh
+    tensor each call."""
+    from dvm.frontend.torch_runtime import COMPILED
+    order("free")
+    w = torch.randn(HEADS * D, 32) * 0.1
+    cf = torch.compile(lambda x, cos, sin: _rope(x, w, cos, sin), backend="dvm", dynamic=True)
+    args = _inputs(9, 1)
+    with torch.no_grad():
+        want = _rope(*args[:1], w, *args[1:])
+        outs = [cf(*args) for _ in range(4)]
+    segment = next(s for s in COMPILED[-1].segments if s._perms is not None)
+    assert segment._quick is not None
+    for got in outs:
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+
+
 def test_attention_after_rope_matches_eager(order):
     """q and k through RoPE, attention, its output back to (b, n, heads * d) and projected: eager's
     values in both orders (in PyTorch's order the final reshape is a view, as in eager)."""

@@ -177,7 +177,7 @@ class _TensorLaunch:
     invariant). `same`: tensor_check of the tensors it was made for; `resolve`: the inputs whose
     negative or conjugate bit is resolved first; `direct`: the whole cached call as one function
     where nothing but the addresses is needed (else None)."""
-    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge", "direct")
+    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge", "direct", "_permuted")
 
     def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor], resolve: tuple[int, ...] = ()):
         self.launch, self.resolve = launch, resolve
@@ -189,6 +189,19 @@ class _TensorLaunch:
         self.run = None if launch.copy_slots else launch.plain_runner()
         parts = launch.direct_parts()   # (bound VM, workspaces): the whole call as one function
         self.direct = _direct(self.outs, *parts) if parts is not None and not resolve and not self.huge else None
+        self._permuted = None   # (perms, direct_permuted(perms)) of the last perms asked for
+
+    def direct_permuted(self, perms: tuple) -> Callable | None:
+        """direct, with output k allocated as the view `out.permute(perms[k])` of its row-major
+        self (None: as stored): the same bytes at the same address, which the VM writes as
+        stored, without a permute call per output afterwards."""
+        if self.direct is None or all(p is None for p in perms):
+            return self.direct
+        if self._permuted is None or self._permuted[0] != perms:
+            specs = tuple(spec if p is None else (tuple(spec[0][j] for j in p), tuple(spec[1][j] for j in p), spec[2])
+                          for spec, p in zip(self.outs, perms))
+            self._permuted = (perms, _direct(specs, *self.launch.direct_parts()))
+        return self._permuted[1]
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True, into=None) -> list[torch.Tensor]:
         """cached: counted as a program cache hit (the first call of a new launch is not). into:
@@ -232,13 +245,14 @@ class TensorLauncher:
         # sizes, VM and tensors that pass its check needs no signature (~1-2 us a call)
         self._last: tuple | None = None
 
-    def direct_for(self, env: dict, tensors: Sequence[torch.Tensor]) -> tuple | None:
+    def direct_for(self, env: dict, tensors: Sequence[torch.Tensor], perms: tuple = ()) -> tuple | None:
         """(tensor check, direct call) of the remembered launch for exactly this env and these
-        tensors, where it has a direct form (_TensorLaunch.direct); else None."""
+        tensors, where it has a direct form (_TensorLaunch.direct); else None. perms: the
+        permutation (or None) each output is returned viewed by (_TensorLaunch.direct_permuted)."""
         fast = self._fast.get(self.signature(env, tensors))
         if fast is None or fast.same is None or fast.direct is None:
             return None
-        return fast.same, fast.direct
+        return fast.same, fast.direct_permuted(perms) if perms else fast.direct
 
     def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None) -> list[torch.Tensor]:
         """into: optional tensors to write the outputs into (see _TensorLaunch; lazy mode's

@@ -185,7 +185,7 @@ class SegmentRunner:
         if quick is not None and quick[0] == key and quick[1](*tensors) and \
                 quick[2] == config().vm and VERIFY is None:
             counters.bump_segment()
-            return quick[3](tensors) if self._perms is None else _viewed(quick[3](tensors), self._perms)
+            return quick[3](tensors)
         results = self._run(env, tensors)
         if self._quick_ok:
             self._remember_quick(key, env, tensors)
@@ -198,7 +198,7 @@ class SegmentRunner:
         if key != self._last_key:
             self._last_key, self._quick = key, None
             return
-        got = self.launch.direct_for(self._bound(env, tensors), tensors)
+        got = self.launch.direct_for(self._bound(env, tensors), tensors, self._perms or ())
         self._quick = None if got is None else (key, got[0], config().vm, got[1])
 
     def _bound(self, env: dict, tensors: Sequence[torch.Tensor]) -> dict:
