@@ -313,8 +313,8 @@ def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: 
 
 
 def main(models=None, quick: bool = False, lengths=None, batches=None, threads=None, repeat: int | None = None,
-         dtype: str = "float32", json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, png_path: str | None = DEFAULT_PNG,
-         out=None) -> int:
+         dtype: str = "float32", json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD,
+         png_path: str | None = DEFAULT_PNG, out=None) -> int:
     import sys
     out = out or sys.stdout
     report = run(models=models or (list(QUICK) if quick else None),

@@ -258,7 +258,8 @@ def _cmd_bench_zoo(args) -> int:
     paths = {k: (getattr(bench_zoo, f"DEFAULT_{k.upper()}") if getattr(args, k) == getattr(bench_models, f"DEFAULT_{k.upper()}")
                  else _path(getattr(args, k))) for k in ("json", "md", "png")}
     return bench_zoo.main(models=models, quick=args.quick, lengths=lengths, batches=batches, threads=threads,
-                          repeat=args.repeat, dtype=args.zoo_dtype, json_path=paths["json"], md_path=paths["md"], png_path=paths["png"])
+                          repeat=args.repeat, dtype=args.zoo_dtype, json_path=paths["json"], md_path=paths["md"],
+                          png_path=paths["png"])
 
 
 def cmd_bench_models(args) -> int:
