@@ -196,16 +196,12 @@ def _and_or_identity(name: str, compute: DType, data: Sequence[Node]) -> Node | 
 
 
 def _pow_by_scalar(ctx: ShapeContext, x: Node, e) -> Node | None:
-    """PyTorch's CPU pow with these scalar exponents is not pow: 2 is x*x (every float dtype);
-    for f32 / f64, 3, -1 and -2 are x*x*x, 1/x and 1/(x*x) (f16 / bf16 round -1 and -2 once, at
-    the end, so they keep pow); +-0.5 is sqrt / rsqrt except for f16, whose pow(-inf, 0.5) is
-    +inf (sqrt gives NaN; rsqrt(-0.0) is -inf). Bitwise equal to eager (tests/test_ops.py), and
-    a product is ~100x cheaper than the VM's f64 pow loop.
-
-    f16 / bf16 x ** 3 (GPT-2's gelu_new) is (x*x)*x too, in their f32 registers: bitwise the pow
-    it stands for. x*x is exact in f32 (at most 22 significant bits) and the second product
-    rounds the exact cube once, as the f32 register of the VM's pow (an f64 pow, exact for a cube
-    of at most 33 bits) does; both round to f16 / bf16 where stored."""
+    """PyTorch's CPU pow with these scalar exponents is not pow: 2 is x*x (every float dtype); for
+    f32 / f64, 3, -1 and -2 are x*x*x, 1/x and 1/(x*x); +-0.5 is sqrt / rsqrt except for f16
+    (pow(-inf, 0.5) is +inf). Bitwise eager's (tests/test_ops.py); a product is ~100x cheaper than
+    the VM's f64 pow loop. f16 / bf16 x ** 3 is x*x*x too, the bits of the f64 pow it replaces
+    (tests/test_half_cube.py): in their f32 registers x*x is exact and x*x*x rounds the exact cube
+    once, as the pow's register did (exact: <= 33 bits); their -1 and -2 keep pow."""
     if isinstance(e, SymExpr) or e not in (0.5, -0.5, 2, 3, -1, -2):
         return None
     if e in (0.5, -0.5):
