@@ -23,6 +23,7 @@ the intercept at zero tokens of the line through the batch-1 cells at the two sh
 """
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import os
@@ -53,8 +54,12 @@ TARGET_S = 0.25      # timing per system and cell the rounds aim at
 MAX_ROUNDS = 200
 SYSTEMS = ("eager", "inductor", "dvm")   # steady state: Inductor is the warm dynamic=True compile
 # (rtol, atol) of the logits against eager's per dtype. In 16 bits eager rounds every op's result
-# and a fused kernel only its outputs: the logits differ by a few of the dtype's steps.
+# and a fused kernel only its outputs: the logits differ by a few of the dtype's steps, and an MoE
+# router's near-tie can send a token to another expert in either system. Logits outside the
+# tolerance pass if they are within FP32_FACTOR x eager's distance (+ atol) from the float32
+# model's (the 16-bit weights in float32), as `dvm verify archs --mode bf16` judges.
 TOLERANCE = {"float32": (RTOL, ATOL), "float16": (1e-2, 1e-2), "bfloat16": (8e-2, 8e-2)}
+FP32_FACTOR = 2.0
 DTYPES = tuple(TOLERANCE)
 
 
@@ -62,6 +67,7 @@ class _Zoo:
     def __init__(self, repeat: int, quiet: bool, dtype: str = "float32"):
         self.repeat, self.quiet, self.t0 = repeat, quiet, time.perf_counter()
         self.rtol, self.atol = TOLERANCE[dtype]
+        self.fp32: dict = {}   # (b, L) -> (the float32 model's logits, eager's max abs distance from them)
 
     def log(self, msg: str) -> None:
         progress("models --zoo", f"{msg}  [{time.perf_counter() - self.t0:.1f} s]", self.quiet)
@@ -78,6 +84,8 @@ class _Zoo:
                 dt = time.perf_counter() - t0
                 first = dt if first is None else first
                 err, why = compare(out, ref[(b, L)], self.rtol, self.atol)
+                if why and (b, L) in self.fp32:
+                    why = self._against_fp32(out, b, L, why)
                 worst = max(worst, err)
                 if why:
                     bad.append(f"b={b} L={L}: {why}")
@@ -86,6 +94,22 @@ class _Zoo:
         self.log(f"{tag}: first call {first:.2f} s, pass {res['pass_s']:.2f} s, max abs err {worst:.2g}"
                  + (" OUTSIDE TOLERANCE" if bad else ""))
         return res
+
+    def references(self, zm, model, cells, dtype: str) -> dict:
+        """Eager's logits per cell; in 16 bits also the float32 model's, for _against_fp32."""
+        ref = _reference(zm, model, cells)
+        if dtype != "float32":
+            ref32 = _reference(zm, copy.deepcopy(model).float(), cells)
+            self.fp32 = {c: (ref32[c], float((ref[c].float() - ref32[c]).abs().max())) for c in cells}
+        return ref
+
+    def _against_fp32(self, out, b: int, L: int, why: str) -> str:
+        """"" where out is within FP32_FACTOR x eager's distance from the float32 logits (+ atol)."""
+        logits32, eager_dist = self.fp32[(b, L)]
+        dist = float((out.float() - logits32).abs().max())
+        if dist <= FP32_FACTOR * eager_dist + self.atol:
+            return ""
+        return f"{why}; {dist:.3g} from float32's logits, eager {eager_dist:.3g}"
 
     def steady(self, fns: dict, zm, b: int, L: int) -> dict:
         """Median seconds per call of each system at (b, L), calls alternating between systems."""
@@ -206,7 +230,7 @@ def _model(z: _Zoo, name: str, lengths, batches, threads_list, cold: bool, dtype
     z.log(f"{name}: {zm.what}")
     old = _set_threads(1)
     try:
-        ref = _reference(zm, model, cells)
+        ref = z.references(zm, model, cells, dtype)
     finally:
         _restore_threads(old)
     out: dict = {"what": zm.what, "per_threads": {}, "cells": []}
