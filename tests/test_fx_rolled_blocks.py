@@ -1,6 +1,8 @@
 """rotate_half of views of one PyTorch value (frontend/fx_rolled_blocks): q and k of one q / k / v
 product are rolled by one PyTorch call and their views replayed in the segment; the values are
-bitwise those with a roll per view, and both match eager."""
+bitwise those with a roll per view, and both match eager. A rope reads such a roll only where it
+is not the flip form in its segment (fx_patterns.ROPE_OF_TORCH_VALUES off, as in the tests
+here but the last, which compares the two)."""
 
 import pytest
 
@@ -9,9 +11,15 @@ from torch import nn  # noqa: E402
 
 import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
-from dvm.frontend import fx_rolled_blocks  # noqa: E402
+from dvm.frontend import fx_patterns, fx_rolled_blocks  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
+
+
+@pytest.fixture(autouse=True)
+def rolled_ropes(monkeypatch):
+    """Ropes of PyTorch values read PyTorch's rolls (the flip form only where a test asks)."""
+    monkeypatch.setattr(fx_patterns, "ROPE_OF_TORCH_VALUES", False)
 
 LENGTHS = [1, 3, 8, 33]
 
@@ -100,3 +108,21 @@ def test_a_slice_that_cuts_a_head_rolls_each_value_alone():
             assert torch.equal(a, b), n
             torch.testing.assert_close(a, model(_x(n)))
     assert "rotate_half of views of PyTorch values x2: roll_blocks(x)" in _explain(model)
+
+
+@pytest.mark.parametrize("head", [8, 6])
+def test_rope_of_a_product_is_the_flip_form_bitwise_the_roll(head, monkeypatch):
+    """With ROPE_OF_TORCH_VALUES, q's and k's RoPE read the product's halves as a flip view in the
+    segment: no roll call, one launch, the same values bit for bit."""
+    torch.manual_seed(0)
+    model = Attention(head).eval()
+    rolled = _outputs(model, True)
+    monkeypatch.setattr(fx_patterns, "ROPE_OF_TORCH_VALUES", True)
+    before = dvm.counters().get("torch_rotate_half_block_rolls", 0)
+    flipped = _outputs(model, True)
+    assert dvm.counters().get("torch_rotate_half_block_rolls", 0) == before
+    with torch.no_grad():
+        for n, a, b in zip(LENGTHS, flipped, rolled):
+            assert torch.equal(a, b), n
+    text = _explain(model)
+    assert "recognized: rope x2" in text and "roll" not in text, text

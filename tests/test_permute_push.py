@@ -47,6 +47,33 @@ def test_rope_on_transposed_heads_is_one_kernel_in_the_heads_order(vm):
         np.testing.assert_array_equal(got, (qa * ca + ra * ca).transpose(0, 2, 1, 3))
 
 
+def test_flip_rope_of_transposed_heads_is_one_kernel_in_the_heads_order(vm):
+    """The flip form (fx_patterns): q viewed [b, h, s, 2, d/2], its halves swapped by a negative
+    stride and signed by a +-1 input, the result reshaped to [b, h, s, d]; its permute to the
+    heads' memory order moves under that reshape, and the split after q's transpose is a strided
+    load: one kernel, no workspace, NumPy's values."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, c, sg = _input((1, s, 24), 0), _input((1, 1, s, 4), 1), _input((2, 1), 2)
+    q = build.permute(ctx, build.reshape(ctx, build.slice_view(ctx, p, 2, 4, 12), (1, s, 3, 4)), (0, 2, 1, 3))
+    q2 = build.reshape(ctx, q, (1, 3, s, 2, 2))
+    flipped = build.slice_view(ctx, q2, 3, 1, 2, -1)
+    c2 = build.reshape(ctx, c, (1, 1, s, 2, 2))
+    rot = _ew(ctx, "mul", flipped, build.reshape(ctx, sg, (2, 1)))
+    y = build.reshape(ctx, _ew(ctx, "add", _ew(ctx, "mul", q2, c2), _ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
+    (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
+    assert moved.op == "reshape" and moved.shape == (1, s, 3, 4) and moved.inputs[0].op == "add"
+    g = CompiledGraph([p, c, sg], [moved])
+    assert len(g.plan.groups) == 1 and not g.plan.workspaces
+    rng = np.random.default_rng(3)
+    sa = np.array([[-1], [1]], F32)
+    for n in (1, 7):
+        pa, ca = rng.standard_normal((1, n, 24)).astype(F32), rng.standard_normal((1, 1, n, 4)).astype(F32)
+        (got,) = g.run({"s": n}, [pa, ca, sa])
+        qa = pa[:, :, 4:16].reshape(1, n, 3, 4).transpose(0, 2, 1, 3)
+        rota = np.concatenate((-qa[..., 2:], qa[..., :2]), -1)
+        np.testing.assert_array_equal(got, (qa * ca + rota * ca).transpose(0, 2, 1, 3))
+
+
 @pytest.mark.parametrize("axis", [2, 3])   # (static short axes sum as adds of slices)
 def test_reductions_move_with_their_axes_renumbered(vm, axis):
     """Qwen3's q_norm (RMSNorm over the head size of transposed heads) and sums over axes that

@@ -372,7 +372,8 @@ def test_rope_is_recognized_and_exact():
     assert not _fallbacks(snap, "cat"), snap
     torch._dynamo.reset()
     text = tb.explain_model(_rope, torch.randn(2, 9, 16))
-    assert "rope (rotate_half as roll(x) by PyTorch) x2" in text and "rope x1" in text, text
+    # all three in the flip form: of the projection's view (a PyTorch value) too, no roll
+    assert "recognized: rope x3" in text and "roll" not in text, text
 
 
 def test_rope_same_values_as_unrecognized(monkeypatch):

@@ -8,18 +8,17 @@ So the whole cat is one elementwise expression over [..., 2, h], reshaped back t
 
 rope: `x * cos + rotate_half(x) * sin` (either operand order) is computed entirely over
 [..., 2, h] (cos and sin viewed the same way) and reshaped once, so it is ONE vector kernel and
-never a fallback. The value is the same expression as the unfused ops (same ops, same operand
-order): the rewrite only changes the shape the elementwise work is done in.
+never a fallback; the halves' signs are a constant input row (HalfSigns: x * -1 is -x exactly)
+rather than a per-lane select. The value is the same expression as the unfused ops (same ops,
+same operand order): the rewrite only changes the shape the elementwise work is done in. This
+holds where x is a PyTorch value too (HF: a view of the q/k projection): the flip is a view of
+it, and a segment storing q and k in PyTorch's order computes them in that order
+(fusion/reshape_push: permutes move under the reshape), so no call is added for the rotation.
 
-Where x is a PyTorch value (HF: a view of the q/k projection), the planner has PyTorch compute
-`roll(x, h)` (one call; `Rolled`), or, where x's views keep the heads of their base whole,
-`roll_blocks` of that base for q and k at once (fx_rolled_blocks), applies the halves' signs in
-the segment and keeps the products fused (until 2026-11-22 the rotate_half itself, two slices + neg + cat, ran in
-PyTorch). Not the flip form: it makes every operand row d/2 elements long (the flip and the
-broadcast cos stop the encoder from folding the two halves), and the VM pays per row, so on
-the CPU VM it was slower than a PyTorch cat at every length measured (L 3 .. 700). Where x is
-a DVM value of the open segment (an input computed in the segment, the backward's gradient),
-the flip form keeps it in one launch.
+A rotate_half of a PyTorch value outside a rope (or a rope the segment cannot take) reads
+`roll(x, h)` computed by PyTorch (one call; `Rolled`), or, where x's views keep the heads of
+their base whole, `roll_blocks` of that base for q and k at once (fx_rolled_blocks), with the
+halves' signs applied in the segment.
 
 A match names the FX nodes it absorbs (each used only inside the match). The planner skips
 absorbed nodes and lowers the match at its root; if that fails, it plans them one by one.
@@ -39,6 +38,7 @@ from .aten_table import Unsupported
 aten = torch.ops.aten
 _BIG_END = 2 ** 62       # slice ends at or past this run to the end of the axis
 ENABLED = True           # off: every node is lowered on its own (tests compare the two)
+ROPE_OF_TORCH_VALUES = True   # off: a rope of a PyTorch value reads PyTorch's roll (the tests compare)
 
 
 @dataclass
@@ -258,7 +258,10 @@ def _rope_match(n: fx.Node, cats: dict) -> Match | None:
             cos, sin = plain.args[1 - pi], rot.args[1 - ri]
             _, ax, flip, negs, _ = _halves(*cat.args[0])
             lower = _lower_rope(ax - _val(x).ndim, flip, negs, pi, ri, n.args[0] is plain)
-            return Match("rope", n, (x, cos, sin), lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
+            v = _val(cat)
+            signs = () if negs[0] == negs[1] else \
+                (HalfSigns(v.shape[ax] // 2, v.ndim - 1 - ax, v.dtype, negs[0], str(v.device)),)
+            return Match("rope", n, (x, cos, sin, *signs), lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
     return None
 
 
@@ -273,13 +276,18 @@ def _as_rows(ctx, t: Node, axis: int) -> Node:
 
 
 def _lower_rope(axis: int, flip: bool, negs: tuple, x_pos: int, rot_pos: int, plain_first: bool):
-    def lower(lw, x, cos, sin):
+    def lower(lw, x, cos, sin, signs=None):
         ctx = lw.ctx
         if not isinstance(cos, Node) or not isinstance(sin, Node):
             raise Unsupported("rope with scalar cos / sin")
         a = x.ndim + axis
         x2 = _rows(ctx, x, a)
-        rot = halves_node(ctx, x, a, flip, negs)
+        if signs is None:
+            rot = halves_node(ctx, x, a, flip, negs)
+        else:   # the halves' signs as a constant input: no per-lane select
+            h = x.shape[a] // 2
+            rows = build.reshape(ctx, signs, (2, h) + signs.shape[1:])
+            rot = build.elementwise(ctx, "mul", halves_node(ctx, x, a, flip, (False, False)), rows)
         c2, s2 = _as_rows(ctx, cos, axis), _as_rows(ctx, sin, axis)
         plain = build.elementwise(ctx, "mul", *((x2, c2) if x_pos == 0 else (c2, x2)))
         rotated = build.elementwise(ctx, "mul", *((rot, s2) if rot_pos == 0 else (s2, rot)))

@@ -59,6 +59,8 @@ class SegmentLowering:
 
     def dvm_arg(self, seg: Segment, a, new_inputs: list):
         if not isinstance(a, fx.Node):
+            if isinstance(a, fx_patterns.HalfSigns):
+                return self.extra_input(seg, a, None, new_inputs)
             if isinstance(a, (list, tuple)):
                 return type(a)(self.dvm_arg(seg, x, new_inputs) for x in a)
             if isinstance(a, torch.SymInt):

@@ -143,7 +143,9 @@ class Planner(SegmentLowering):
         match = self.matches.get(n)
         if match is not None:
             if match.rotate and not (self.open is not None and self.seg_of.get(match.args[0]) is self.open):
-                return self.rotate_in_torch(n, match)
+                if not (fx_patterns.ROPE_OF_TORCH_VALUES and match.kind == "rope" and self.try_lower(n, match) is None):
+                    self.rotate_in_torch(n, match)
+                return
             if self.try_lower(n, match) is None:
                 return
             self.unabsorb(n, match, ())
@@ -165,8 +167,8 @@ class Planner(SegmentLowering):
         applies the halves' signs (fx_patterns.Rolled; an interleaved rotate: rotate_pairs(x),
         fx_rotate_pairs.RotatedPairs); the slices, neg and cat are planned in
         PyTorch too, for any other reader (the run graph drops them where there is none). The
-        products stay fused. (The flip form reads rows of d/2 elements, which the VM pays per
-        row: slower than a PyTorch cat at every length measured.)"""
+        products stay fused. (A rope of a PyTorch value is the flip form in the segment where
+        the segment can take it: visit.)"""
         rotate = set(match.rotate)
         r = match.in_torch or fx_patterns.rolled(match.rotate[0])
         if r is not None:   # its consumers in segments read roll(x) (dvm_arg)

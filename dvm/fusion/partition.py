@@ -91,16 +91,18 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
 
 
 def offending_reshape(chain: list[Node], start: int) -> int:
-    """Index of the first reshape in chain[start:] that follows a permute, or that follows a
-    broadcast or slice and merges axes, or -1: strides may not express it. (A permuted view's
-    copy is kept: read in another order, it would be strided.)"""
-    moved = permuted = False
+    """Index of the first reshape in chain[start:] that follows a permute, broadcast or slice
+    and merges axes, or that follows a permute moving the last axis, or -1: strides may not
+    express it. A reshape that only splits axes has strides after any view (an axis of stride s
+    splits into (.., b*s, s)), but a view whose last axis was permuted away is copied: read in
+    another order, it would be strided."""
+    moved = last_moved = False
     for i in range(start, len(chain)):
         v = chain[i]
-        if v.op == "reshape" and (permuted or (moved and not splits_only(v.inputs[0].shape, v.shape))):
+        if v.op == "reshape" and (last_moved or (moved and not splits_only(v.inputs[0].shape, v.shape))):
             return i
         moved |= v.op != "reshape"
-        permuted |= v.op == "permute"
+        last_moved |= v.op == "permute" and v.attr("dims")[-1] != v.ndim - 1
     return -1
 
 

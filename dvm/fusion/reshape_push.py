@@ -218,7 +218,25 @@ def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     new = []
     for o in outputs:
         moved = None
-        if o.op == "permute" and _permutable(o.inputs[0]) and users[id(o.inputs[0])] == [o]:
-            moved = _permuted(o.inputs[0], tuple(o.attr("dims")), users, out_ids, {})
+        if o.op == "permute" and users[id(o.inputs[0])] == [o]:
+            src, dims = o.inputs[0], tuple(o.attr("dims"))
+            if _permutable(src):
+                moved = _permuted(src, dims, users, out_ids, {})
+            elif src.op == "reshape" and id(src) not in out_ids:
+                moved = _permuted_reshape(src, dims, users, out_ids)
         new.append(o if moved is None else moved)
     return new
+
+
+def _permuted_reshape(r: Node, dims: tuple, users: dict[int, list[Node]], outputs: set) -> Node | None:
+    """permute(r, dims) for a reshape r of work that keeps r's first k axes and a permute that
+    keeps the others in place (RoPE's [.., 2, h] halves as [.., d], heads and positions swapped):
+    the reshape of the work computed in the permuted order; else None."""
+    x = r.inputs[0]
+    k = 0
+    while k < min(x.ndim, r.ndim) and x.shape[k] == r.shape[k]:
+        k += 1
+    if not _permutable(x) or users[id(x)] != [r] or any(dims[i] != i for i in range(k, r.ndim)):
+        return None
+    moved = _permuted(x, dims[:k] + tuple(range(k, x.ndim)), users, outputs, {})
+    return None if moved is None else reshape_node(moved, tuple(r.shape[d] for d in dims))
