@@ -142,6 +142,15 @@ class HalfSigns:
     device: str = "cpu"
 
 
+def signs_of(v, axis: int, negs: tuple) -> HalfSigns | None:
+    """The HalfSigns input that signs the halves of `axis` of v (a fake tensor) as `negs` says;
+    None where no half, or both, is negated, or the axis's size is symbolic."""
+    size = _int(v.shape[axis])
+    if negs[0] == negs[1] or size is None:
+        return None
+    return HalfSigns(size // 2, v.ndim - 1 - axis, v.dtype, negs[0], str(v.device))
+
+
 @dataclass(frozen=True, eq=False)
 class Rolled:
     """rotate_half(x) as `roll(x, h, axis)` (PyTorch: one call, where two slices, a neg and a cat
@@ -155,10 +164,7 @@ class Rolled:
 
     def signs(self) -> HalfSigns | None:
         """The sign input `signed` needs (None: no half, or both, is negated)."""
-        if self.negs[0] == self.negs[1]:
-            return None
-        v = _val(self.cat)
-        return HalfSigns(self.h, v.ndim - 1 - self.axis, v.dtype, self.negs[0], str(v.device))
+        return signs_of(_val(self.cat), self.axis, self.negs)
 
     def signed(self, ctx, rolled: Node, signs: Node | None) -> Node:
         """rotate_half's value from roll(x, h, axis) (and the signs() input, when there is one)."""
@@ -258,10 +264,9 @@ def _rope_match(n: fx.Node, cats: dict) -> Match | None:
             cos, sin = plain.args[1 - pi], rot.args[1 - ri]
             _, ax, flip, negs, _ = _halves(*cat.args[0])
             lower = _lower_rope(ax - _val(x).ndim, flip, negs, pi, ri, n.args[0] is plain)
-            v = _val(cat)
-            signs = () if negs[0] == negs[1] else \
-                (HalfSigns(v.shape[ax] // 2, v.ndim - 1 - ax, v.dtype, negs[0], str(v.device)),)
-            return Match("rope", n, (x, cos, sin, *signs), lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
+            signs = signs_of(_val(cat), ax, negs)
+            args = (x, cos, sin) if signs is None else (x, cos, sin, signs)
+            return Match("rope", n, args, lower, [plain, rot, cat] + m.absorbed, [cat] + m.rotate)
     return None
 
 

@@ -104,7 +104,8 @@ class _Zoo:
         return ref
 
     def _against_fp32(self, out, b: int, L: int, why: str) -> str:
-        """"" where out is within FP32_FACTOR x eager's distance from the float32 logits (+ atol)."""
+        """No reason (an empty one) where out is within FP32_FACTOR x eager's distance from the
+        float32 logits (+ atol); else `why` with both distances."""
         logits32, eager_dist = self.fp32[(b, L)]
         dist = float((out.float() - logits32).abs().max())
         if dist <= FP32_FACTOR * eager_dist + self.atol:
