@@ -44,6 +44,25 @@ def test_causal_mask_memo_follows_in_place_changes():
     assert not fx_sdpa.is_causal_mask(keep, 9, 9)
 
 
+def test_keep_kind_is_one_remembered_fact_that_follows_in_place_changes():
+    keep = _tril(2, 6)
+    assert fx_sdpa.keep_kind(keep, 6, 6) == fx_sdpa.keep_kind(keep, 6, 6) == "causal"
+    keep[1, 0, 0, 1] = True              # query 0 keeps key 1: not causal
+    assert fx_sdpa.keep_kind(keep, 6, 6) == "masked"
+    keep.fill_(True)
+    assert fx_sdpa.keep_kind(keep, 6, 6) == "every key"
+    padding = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    padding[1, ..., 4:] = False          # an encoder's padding mask, broadcast over the queries
+    assert fx_sdpa.keep_kind(padding.expand(2, 1, 6, 6), 6, 6) == "masked"
+    big = torch.ones(2, 1, 1, 600, dtype=torch.bool)   # over _BYTES_CHECK_MAX: the row-loop path
+    big[1, ..., 400:] = False
+    assert fx_sdpa.keep_kind(big.expand(2, 1, 600, 600).contiguous(), 600, 600) == "masked"
+    tri = _tril(2, 600)
+    tri[1, 0, 599, 3] = False
+    assert fx_sdpa.keep_kind(tri, 600, 600) == "masked"
+    assert fx_sdpa.keep_kind(torch.ones(1, 1, 1, 1, dtype=torch.bool), 1, 1) == "causal"
+
+
 def _attention(q, k, v, keep):
     mask = torch.where(keep, 0.0, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

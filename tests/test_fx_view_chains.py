@@ -1,7 +1,8 @@
 """Chains of views as one call (frontend/fx_view_chains): the folded call gives the chain's own
 view (the same storage, sizes, strides and offset) on its first call and on the remembered
-as_strided path after it; chains that copy, inputs that require grad and many sizes stay right.
-The attention case against eager."""
+path after it (as_strided, or a reinterpretation where only pure readers read it); chains that
+copy, inputs that require grad, many sizes, offsets and dtypes stay right. The attention case
+against eager."""
 
 import pytest
 
@@ -98,6 +99,43 @@ def test_an_input_that_requires_grad_keeps_its_autograd_chain():
     want = torch.zeros(1, 4, 24)
     want[..., 16:] = 1.0
     assert torch.equal(x.grad, want)
+
+
+def test_the_last_view_is_taken_again_only_at_its_offset_sizes_and_values():
+    plain, folded, _ = _folded(_v_heads)
+    base = torch.randn(400)
+    for offset, length, dtype in [(0, 3, None), (0, 3, None), (24, 3, None), (24, 3, None), (0, 4, None),
+                                  (0, 3, None), (0, 3, torch.float64), (0, 3, None)]:
+        x = base[offset:offset + length * 24].view(1, length, 24)
+        x = x if dtype is None else x.to(dtype)
+        _same_view(folded(x, length), plain(x, length))
+
+
+def test_a_view_read_only_by_pure_readers_is_reinterpreted(monkeypatch):
+    """Read only by calls that neither write nor return it, the remembered view is a plain tensor
+    on the same memory (no autograd view); read by anything else (here: a graph output), it is an
+    as_strided view of its input, as with REINTERPRET off."""
+    seen = []
+
+    def reader(t):   # a pure reader for this test: it records what it is given
+        seen.append(t)
+        return t.sum()
+    monkeypatch.setattr(fx_view_chains, "PURE_READERS", fx_view_chains.PURE_READERS | {reader})
+    plain, folded, _ = _folded(lambda g, x, n: g.call_function(reader, (_v_heads(g, x, n),)))
+    for length in (3, 5, 5, 5, 3, 3):
+        x = torch.randn(1, length, 24)
+        seen.clear()
+        assert torch.equal(folded(x, length), plain(x, length))
+        _same_view(*seen)
+    assert seen[0]._base is None and seen[1]._base is x
+    _, as_output, _ = _folded(_v_heads)
+    monkeypatch.setattr(fx_view_chains, "REINTERPRET", False)
+    _, switched_off, _ = _folded(lambda g, x, n: g.call_function(reader, (_v_heads(g, x, n),)))
+    for _ in range(3):
+        seen.clear()
+        switched_off(x, 3)
+        assert as_output(x, 3)._base is x
+    assert seen[0]._base is x
 
 
 def test_the_memo_is_bounded_and_stays_right(monkeypatch):

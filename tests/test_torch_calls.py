@@ -32,6 +32,15 @@ CALLS = [
     (aten.slice.Tensor, (X, 0, 5, 9)),
     (aten.slice.Tensor, (X, 2, None, -1)),
     (aten.slice.Tensor, (X,)),
+    (aten.cumsum.default, (torch.tensor([[1, 0, 1, 1]]), 1)),
+    (aten.gather.default, (X, 2, torch.tensor([[[3, 0]] * 3] * 2))),
+    (aten.index_select.default, (X, 1, torch.tensor([2, 0]))),
+    (aten.where.self, (X > 5, X, M)),
+    (aten.add.Tensor, (X, M)),
+    (aten.add.Tensor, (torch.arange(4), 2.5)),   # a Python number: the same promotion
+    (aten.sub.Tensor, (X, 1)),
+    (aten.mul.Tensor, (X.transpose(0, 2), 3.0)),
+    (aten.div.Tensor, (torch.arange(4), torch.tensor(2))),   # integers: true division
 ]
 
 

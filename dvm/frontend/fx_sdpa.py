@@ -257,10 +257,11 @@ class _KeepMaskSDPA:
     def __call__(self, q, k, v, keep, mask_dtype=torch.float32, scale=None, softmax=None):
         if needs_math(softmax, q, k, v):   # a chain fx_attention rewrote, inputs not finite
             return (math_attention(q, k, v, scale, softmax, additive_mask(keep, mask_dtype)),)
-        if is_causal_mask(keep, q.shape[-2], k.shape[-2]):
+        kind = keep_kind(keep, q.shape[-2], k.shape[-2])
+        if kind is _CAUSAL:
             counters.bump("torch_sdpa_causal")
             return _SDPA_CALL(q, k, v, 0.0, True, scale=scale)
-        if keeps_every_key(keep):   # an encoder's padding mask of an unpadded batch: a mask of zeros
+        if kind is _EVERY_KEY:   # an encoder's padding mask of an unpadded batch: a mask of zeros
             counters.bump("torch_sdpa_unmasked")
             return _SDPA_CALL(q, k, v, 0.0, False, scale=scale)
         counters.bump("torch_sdpa_masked")
@@ -271,6 +272,24 @@ class _KeepMaskSDPA:
 
 
 sdpa_keep_mask = _KeepMaskSDPA()
+
+
+_CAUSAL, _EVERY_KEY, _MASKED = "causal", "every key", "masked"
+
+
+def keep_kind(keep: torch.Tensor, L: int, S: int) -> str:
+    """_CAUSAL (is_causal_mask), _EVERY_KEY (keeps_every_key) or _MASKED: what attention with the
+    bool mask keep of L queries and S keys needs, remembered on keep as one fact (the layers of a
+    forward share the mask: each later layer pays one attribute lookup)."""
+    memo = getattr(keep, "_dvm_keep_kind", None)
+    if memo is not None and memo[0] == keep._version and memo[1] == L and memo[2] == S:
+        return memo[3]
+    kind = _CAUSAL if is_causal_mask(keep, L, S) else _EVERY_KEY if keeps_every_key(keep) else _MASKED
+    try:
+        keep._dvm_keep_kind = (keep._version, L, S, kind)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass without __dict__
+        pass
+    return kind
 
 
 def is_causal_mask(keep: torch.Tensor, L: int, S: int) -> bool:
@@ -313,6 +332,8 @@ def _equals_tril(keep: torch.Tensor, L: int) -> bool:
     tri, tri_bytes = entry
     if rows.size <= _BYTES_CHECK_MAX:   # small masks: a copy and one memcmp beat the row loop
         return rows.tobytes() == tri_bytes * rows.shape[0]
+    if L > 1 and rows[:, 1].any():   # query 0 keeps key 1 (an encoder's mask): not causal, no row loop
+        return False
     n8 = (L * L) // 8 * 8
     t64 = tri[:n8].view(np.uint64)
     for row in rows:   # 8 mask bytes per comparison, no copy

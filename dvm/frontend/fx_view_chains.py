@@ -10,6 +10,14 @@ Invariant: the remembered view is the chain's own result, element for element th
 (storage, sizes, strides, offset); only results that share their input's storage are
 remembered (a reshape that had to copy runs its chain every time). An input that requires grad
 (autograd would see an as_strided) always runs its chain.
+
+The chain last taken is checked first in one C++ call (the tensor's dtype, sizes, strides and
+dispatch keys, as a segment's quick path), then its offset and argument values. Where every
+reader of the chain's result only reads it into fresh results (a matrix product, attention, a
+segment that updates no input: PURE_READERS), the view is taken by reinterpretation (Inductor's
+`_reinterpret_tensor`, ~1 us less than as_strided): a tensor on the same storage that is no
+autograd view of its input and has its own version counter, which no such reader looks at.
+Elsewhere (a graph output, an in-place update, any other call) it is an as_strided view.
 """
 from __future__ import annotations
 
@@ -19,24 +27,40 @@ import torch
 import torch.fx as fx
 
 from ..runtime import counters
+from .fx_attention_math import SDPA, SDPA_CALL
+from .fx_sdpa import sdpa_keep_mask
 from .torch_calls import _slice, _view_or_reshape
+from .torch_launch import tensor_check
+
+try:   # Inductor's view without autograd bookkeeping (see the module docstring)
+    from torch._C._dynamo.guards import _reinterpret_tensor
+except ImportError:  # pragma: no cover - a PyTorch without it
+    _reinterpret_tensor = None
 
 # Run-graph callables whose result is a view of their first argument (_view_or_reshape: or a copy).
 VIEW_CALLS = frozenset({torch.Tensor.view, _view_or_reshape, _slice, torch.Tensor.t, torch.Tensor.unsqueeze,
                         torch.Tensor.squeeze, torch.Tensor.transpose, torch.Tensor.permute, torch.Tensor.expand,
                         torch.Tensor.select})
 ENABLED = True   # off: one call per view (the tests and the A/B compare the two)
+REINTERPRET = True   # off: every remembered view is an as_strided (the tests compare the two)
 _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
+# Run-graph callables that read their tensor arguments into fresh results only: they neither write
+# them nor return them (nor a view of them), and keep no reference to them.
+PURE_READERS = frozenset({torch._C._nn.linear, torch.addmm, torch.mm, torch.bmm, torch.matmul,
+                          torch._addmm_activation, SDPA, SDPA_CALL, sdpa_keep_mask})
 
 
 class _Slot(int):
     """The place of a run-time argument (a run-graph node) in a chain step's arguments."""
 
 
-def _chain_call(steps: list) -> Callable:
+def _chain_call(steps: list, reinterpret: bool) -> Callable:
     """view_chain(x, *values): the steps' view of x. steps: (callable, args after the first, with
-    _Slot(i) for values[i])."""
+    _Slot(i) for values[i]); reinterpret: remembered views by _reinterpret_tensor (every reader
+    of the result is a pure one), else by as_strided."""
     memo: dict = {}
+    last: list = [None]   # (tensor check, offset, values, memo entry) of the last view taken
+    take = _reinterpret_tensor if reinterpret and _reinterpret_tensor is not None else None
 
     def fill(a, values):
         if isinstance(a, _Slot):
@@ -47,23 +71,50 @@ def _chain_call(steps: list) -> Callable:
             return tuple(fill(b, values) for b in a)
         return a
 
+    def view(x, got, offset):
+        if take is not None:
+            return take(x, got[0], got[1], got[2] - offset)
+        return x.as_strided(got[0], got[1], got[2])
+
     def view_chain(x, *values):
-        key = (x.shape, x.stride(), x.storage_offset(), values)
+        q = last[0]
+        if q is not None and q[0](x) and q[1] == x.storage_offset() and q[2] == values and not x.requires_grad:
+            return view(x, q[3], q[1])
+        offset = x.storage_offset()
+        key = (x.shape, x.stride(), offset, values)
         try:
             got = memo.get(key)
         except TypeError:   # an argument value that cannot be a key (never remembered)
             got = key = None
         if got is not None and not x.requires_grad:
-            return x.as_strided(*got)
+            if got[3] is None:   # the entry's tensor check, made at its first reuse
+                got[3] = tensor_check((x,)) or False
+            last[0] = (got[3], offset, values, got) if got[3] else None
+            return view(x, got, offset)
         y = x
         for fn, args in steps:
             y = fn(y, *fill(args, values))
         if key is not None and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             if len(memo) >= _MEMO_MAX:
                 memo.clear()
-            memo[key] = (y.shape, y.stride(), y.storage_offset())
+            memo[key] = [tuple(y.shape), y.stride(), y.storage_offset(), None]
         return y
     return view_chain
+
+
+def _pure_readers_only(n: fx.Node) -> bool:
+    """Every reader of n reads it into fresh results only (PURE_READERS, or a segment's run that
+    updates no input); a graph output is not."""
+    if not (REINTERPRET and n.users):
+        return False
+    for u in n.users:
+        if u.op != "call_function":
+            return False
+        t = u.target
+        runner = getattr(t, "__self__", None)
+        if not (t in PURE_READERS or (getattr(t, "__name__", None) == "run" and getattr(runner, "writes", None) == [])):
+            return False
+    return True
 
 
 def _is_view(n) -> bool:
@@ -94,7 +145,7 @@ def fold(g: fx.Graph) -> tuple[int, int]:
             return _Slot(len(values) - 1)
         steps = [(m.target, fx.map_arg(tuple(m.args[1:]), slot)) for m in chain]
         with g.inserting_before(n):
-            call = g.call_function(_chain_call(steps), (chain[0].args[0], *values))
+            call = g.call_function(_chain_call(steps, _pure_readers_only(n)), (chain[0].args[0], *values))
         n.replace_all_uses_with(call)
         for m in reversed(chain):
             g.erase_node(m)

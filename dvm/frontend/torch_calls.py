@@ -42,6 +42,14 @@ _SAME_OP: dict = {
     aten.neg.default: torch.neg,
     aten.cat.default: torch.cat,
     aten._addmm_activation.default: torch._addmm_activation,
+    aten.cumsum.default: torch.cumsum,
+    aten.gather.default: torch.gather,
+    aten.index_select.default: torch.index_select,
+    aten.where.self: torch.where,
+    aten.add.Tensor: torch.add,
+    aten.sub.Tensor: torch.sub,
+    aten.mul.Tensor: torch.mul,
+    aten.div.Tensor: torch.div,
 }
 # Those of _SAME_OP whose callable also takes the op's keyword arguments by the same names.
 _SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default})
