@@ -57,6 +57,26 @@ def test_fast_call_matches_overload(i):
     _same(fn(*args), op(*args))
 
 
+@pytest.mark.parametrize("args", [(X, [1, 3], 2), (X, [2], 0), (X, [0, 3], 1)])
+def test_fast_split_matches_overload(args):
+    op = aten.split_with_sizes.default
+    fn = fast_call(op, len(args), False)
+    assert fn is not op
+    got, want = fn(*args), op(*args)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        _same(a, b)
+
+
+@pytest.mark.parametrize("op", sorted(_SAME_OP, key=str))
+def test_fast_calls_are_named_by_fx(op):
+    """FX's code generator can name every fast callable (a method PyTorch overrides in Python,
+    as Tensor.split, could not be: the whole graph would run eagerly)."""
+    g = torch.fx.Graph()
+    g.output(g.call_function(fast_call(op, 1, False), (g.placeholder("x"),)))
+    assert "def forward" in torch.fx.GraphModule(torch.nn.Module(), g).code
+
+
 def test_keyword_arguments_keep_the_overload():
     assert fast_call(aten.expand.default, 2, True) is aten.expand.default
     assert fast_call(aten.view.default, 3, False) is aten.view.default   # not the (x, size) form
@@ -127,7 +147,7 @@ class _OtherLinears(torch.nn.Module):
 @pytest.mark.parametrize("shape", [(3, 5, 16), (1, 1, 16)])
 def test_permuted_and_in_out_weights_fold_into_one_call(shape):
     """x @ w.permute(1, 0) and addmm(b, view(x), w) with w stored (in, out) become one F.linear
-    each (the second on w.t()); results match eager; in training nothing folds and gradients
+    call each (the second as linear_kxm, F.linear on w.t()); results match eager; in training nothing folds and gradients
     still match."""
     from dvm.frontend.torch_runtime import COMPILED
     torch.manual_seed(0)
@@ -136,6 +156,7 @@ def test_permuted_and_in_out_weights_fold_into_one_call(shape):
     inference = next(c for c in reversed(COMPILED) if c.kind == "inference")
     code = inference.runner.code
     assert "torch.mm" not in code and "torch.addmm" not in code and "permute" not in code, code
+    assert "linear_kxm" in code and "torch_Tensor_t" not in code, code   # the (in, out) weight: one call
 
 
 def _same_shape_views(x, w):

@@ -13,7 +13,7 @@ x to 2-D, `mm` (`addmm` with a bias), and a view back. Where all four run in PyT
 else reads the middle values, the run graph calls `torch.nn.functional.linear(x, w[, b])` once
 instead (the same BLAS call on the same operands: at::linear flattens x the same way; bitwise
 equal). A weight stored (in, out) (GPT-2's Conv1D: `addmm(b, view(x), w)`) folds the same way,
-as `linear(x, w.t(), b)`: at::linear's own `t()` gives back w.
+as `linear_kxm(x, w, b)`, which is `linear(x, w.t(), b)`: at::linear's own `t()` gives back w.
 """
 from __future__ import annotations
 
@@ -50,12 +50,21 @@ _SAME_OP: dict = {
     aten.sub.Tensor: torch.sub,
     aten.mul.Tensor: torch.mul,
     aten.div.Tensor: torch.div,
+    aten.split_with_sizes.default: torch.Tensor.split_with_sizes,   # (a tuple of the views, not a list)
 }
 # Those of _SAME_OP whose callable also takes the op's keyword arguments by the same names.
 _SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default})
 
+
+def linear_kxm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear of a weight w stored (in, out) (GPT-2's Conv1D; LinearFold.stored_kxm), as one
+    call of the run graph: at::linear's own t() gives back w."""
+    return torch._C._nn.linear(x, w.t(), bias)
+
+
 # Run-graph callables whose result is a new row-major tensor, whatever their operands' layouts.
-ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, torch._addmm_activation})
+ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, torch._addmm_activation,
+                               linear_kxm})
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
 # take on its layout but not on ours is taken as a reshape (a counted copy).

@@ -30,7 +30,7 @@ from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_rotate_pairs import RotatedPairs, rotate_pairs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
-from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds
+from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds, linear_kxm
 from .torch_segment import SegmentRunner
 
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
@@ -208,10 +208,8 @@ class _Emitter:
             return
         if n in self.folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
             fold = self.folds[n]
-            args = [remap[a] for a in fold.reads()]
-            if fold.stored_kxm:
-                args[1] = g.call_function(torch.Tensor.t, (args[1],))
-            remap[n] = g.call_function(torch.nn.functional.linear, tuple(args))
+            args = tuple(remap[a] for a in fold.reads())
+            remap[n] = g.call_function(linear_kxm if fold.stored_kxm else torch.nn.functional.linear, args)
             row_major.add(remap[n])
             counters.bump("torch_linear_folds")
         elif n not in self.skip:
