@@ -68,6 +68,30 @@ def test_a_product_without_bias_takes_it_too(act):
     assert f"cube {FUSED} x1" in text and "0 DVM segment(s)" in text, text
 
 
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("stored_kxm", [False, True])
+def test_the_activated_product_and_its_views_are_one_call(act, bias, stored_kxm):
+    """view(_addmm_activation(b, view(x), t(w)), ...) is one linear_activation call of the run
+    graph (no t, no view calls), for a weight stored (out, in) or (in, out) (GPT-2's Conv1D),
+    with and without a bias: bitwise eager."""
+    from dvm.frontend.torch_runtime import COMPILED
+    torch.manual_seed(0)
+    w = torch.randn(16, 24) if stored_kxm else torch.randn(24, 16)
+    b, w2 = torch.randn(24), torch.randn(16, 24)
+
+    def f(x):
+        flat = x.view(-1, 16)
+        h = torch.addmm(b, flat, w) if bias and stored_kxm else flat @ w if stored_kxm else F.linear(x, w, b if bias else None)
+        return F.linear(ACTIVATIONS[act](h.view(*x.shape[:-1], 24)), w2)
+    cf = _compiled(f)
+    with torch.no_grad():
+        for n in SIZES:
+            assert torch.equal(cf(_x(n)), f(_x(n))), n
+    code = next(c for c in reversed(COMPILED) if c.kind == "inference").runner.code
+    assert code.count("linear_activation(") == 1 and "torch_Tensor_t" not in code and "view" not in code, code
+
+
 def test_bfloat16_relu_is_bitwise_eager():
     f = _mlp(F.relu, torch.bfloat16)
     cf = _compiled(f)

@@ -147,8 +147,8 @@ class _OtherLinears(torch.nn.Module):
 @pytest.mark.parametrize("shape", [(3, 5, 16), (1, 1, 16)])
 def test_permuted_and_in_out_weights_fold_into_one_call(shape):
     """x @ w.permute(1, 0) and addmm(b, view(x), w) with w stored (in, out) become one F.linear
-    call each (the second as linear_kxm, F.linear on w.t()); results match eager; in training nothing folds and gradients
-    still match."""
+    call each (the second as linear_kxm: F.linear on w.t()); results match eager; in training
+    nothing folds and gradients still match."""
     from dvm.frontend.torch_runtime import COMPILED
     torch.manual_seed(0)
     m = _OtherLinears()

@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..runtime import counters
 from .fx_attention_math import SDPA, SDPA_CALL
 from .fx_sdpa import sdpa_keep_mask
-from .torch_calls import _slice, _view_or_reshape, linear_kxm
+from .torch_calls import _slice, _view_or_reshape, linear_activation, linear_kxm
 from .torch_launch import tensor_check
 
 try:   # Inductor's view without autograd bookkeeping (see the module docstring)
@@ -46,8 +46,8 @@ REINTERPRET = True   # off: every remembered view is an as_strided (the tests co
 _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
 # Run-graph callables that read their tensor arguments into fresh results only: they neither write
 # them nor return them (nor a view of them), and keep no reference to them.
-PURE_READERS = frozenset({torch._C._nn.linear, linear_kxm, torch.addmm, torch.mm, torch.bmm, torch.matmul,
-                          torch._addmm_activation, SDPA, SDPA_CALL, sdpa_keep_mask})
+PURE_READERS = frozenset({torch._C._nn.linear, linear_kxm, linear_activation, torch.addmm, torch.mm, torch.bmm,
+                          torch.matmul, torch._addmm_activation, SDPA, SDPA_CALL, sdpa_keep_mask})
 
 
 class _Slot(int):

@@ -62,9 +62,18 @@ def linear_kxm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     return torch._C._nn.linear(x, w.t(), bias)
 
 
+def linear_activation(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, kxm: bool = False, **kwargs):
+    """`view(_addmm_activation(bias, view(x, [n, k]), t(w), **kwargs), [..., m])` (the activated
+    product of fx_product_activation, between its views) as one call of the run graph: the same
+    kernel call on the same operands (x flattened as the view did, or copied where its strides do
+    not allow the view, as the run graph's view would; w stored (in, out) where kxm)."""
+    out = torch._addmm_activation(bias, _view_or_reshape(x, (-1, x.shape[-1])), w if kxm else w.t(), **kwargs)
+    return out.view(x.shape[:-1] + out.shape[-1:])
+
+
 # Run-graph callables whose result is a new row-major tensor, whatever their operands' layouts.
 ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, torch._addmm_activation,
-                               linear_kxm})
+                               linear_kxm, linear_activation})
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
 # take on its layout but not on ours is taken as a reshape (a counted copy).
@@ -106,11 +115,13 @@ def _slice(x: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1) -
 
 class LinearFold(NamedTuple):
     """`view(mm(view(x, [n, k]), w'), [..., m])` as one F.linear: w' is t(w) of an (m, k) weight w,
-    or (stored_kxm) the (k, m) weight itself, passed to F.linear as w.t()."""
+    or (stored_kxm) the (k, m) weight itself, passed to F.linear as w.t(). activation: None, or
+    the keyword arguments of an `_addmm_activation` product (then one linear_activation call)."""
     x: torch.fx.Node
     w: torch.fx.Node
     bias: torch.fx.Node | None
     stored_kxm: bool
+    activation: dict | None = None
 
     def reads(self) -> list:
         return [self.x, self.w] + ([self.bias] if self.bias is not None else [])
@@ -127,9 +138,13 @@ def _transposed_weight(tw) -> torch.fx.Node | None:
     return None
 
 
+_ACTIVATION_KWARGS = frozenset({"use_gelu", "beta"})   # those fx_product_activation writes
+
+
 def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
-    """The fold of mm / addmm node n and the inner nodes it skips, or None."""
-    bias = n.args[0] if n.target is aten.addmm.default else None
+    """The fold of mm / addmm / _addmm_activation node n and the inner nodes it skips, or None."""
+    activation = dict(n.kwargs) if n.target is aten._addmm_activation.default else None
+    bias = n.args[0] if n.target is not aten.mm.default else None
     flat, tw = n.args[-2:]
     if bias is not None and (len(n.args) != 3 or not isinstance(bias, torch.fx.Node)):
         return None
@@ -149,14 +164,15 @@ def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
         return None
     k, m = (wv.shape[0], wv.shape[1]) if stored_kxm else (wv.shape[1], wv.shape[0])
     bv = val(bias) if bias is not None else None
-    if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
-                                 and statically_known_true(bv.shape[0] == m)):
+    ignored = activation is not None and activation.get("beta", 1) == 0   # (a zero the op ignores)
+    if bias is not None and not ignored and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
+                                                 and statically_known_true(bv.shape[0] == m)):
         return None
     want = tuple(xv.shape[:-1]) + (m,)
     same = [statically_known_true(a == b) for a, b in zip(want, out.shape)]
     if len(want) != out.ndim or not all(same) or not statically_known_true(xv.shape[-1] == k):
         return None
-    return LinearFold(flat.args[0], w, bias, stored_kxm), inner
+    return LinearFold(flat.args[0], w, bias, stored_kxm, activation), inner
 
 
 def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
@@ -167,7 +183,9 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     node -> its fake value (symbolic sizes)."""
     folds, skip = {}, set()
     for n in nodes:
-        if n.target not in (aten.mm.default, aten.addmm.default) or len(n.users) != 1 or n.kwargs:
+        product = n.target in (aten.mm.default, aten.addmm.default) and not n.kwargs
+        activated = n.target is aten._addmm_activation.default and set(n.kwargs) <= _ACTIVATION_KWARGS
+        if len(n.users) != 1 or not (product or activated):
             continue
         got = _fold(n, in_torch, val)
         if got is not None:

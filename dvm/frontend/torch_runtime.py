@@ -30,7 +30,7 @@ from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_rotate_pairs import RotatedPairs, rotate_pairs
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
-from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_folds, linear_kxm
+from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_activation, linear_folds, linear_kxm
 from .torch_segment import SegmentRunner
 
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
@@ -209,7 +209,11 @@ class _Emitter:
         if n in self.folds:   # t + view + (add)mm + view: one F.linear (torch_calls)
             fold = self.folds[n]
             args = tuple(remap[a] for a in fold.reads())
-            remap[n] = g.call_function(linear_kxm if fold.stored_kxm else torch.nn.functional.linear, args)
+            if fold.activation is not None:
+                kwargs = {**fold.activation, **({"kxm": True} if fold.stored_kxm else {})}
+                remap[n] = g.call_function(linear_activation, args, kwargs)
+            else:
+                remap[n] = g.call_function(linear_kxm if fold.stored_kxm else torch.nn.functional.linear, args)
             row_major.add(remap[n])
             counters.bump("torch_linear_folds")
         elif n not in self.skip:
