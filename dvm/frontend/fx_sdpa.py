@@ -281,15 +281,8 @@ def keep_kind(keep: torch.Tensor, L: int, S: int) -> str:
     """_CAUSAL (is_causal_mask), _EVERY_KEY (keeps_every_key) or _MASKED: what attention with the
     bool mask keep of L queries and S keys needs, remembered on keep as one fact (the layers of a
     forward share the mask: each later layer pays one attribute lookup)."""
-    memo = getattr(keep, "_dvm_keep_kind", None)
-    if memo is not None and memo[0] == keep._version and memo[1] == L and memo[2] == S:
-        return memo[3]
-    kind = _CAUSAL if is_causal_mask(keep, L, S) else _EVERY_KEY if keeps_every_key(keep) else _MASKED
-    try:
-        keep._dvm_keep_kind = (keep._version, L, S, kind)
-    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass without __dict__
-        pass
-    return kind
+    return _remembered(keep, "_dvm_keep_kind", (L, S), lambda: _CAUSAL if is_causal_mask(keep, L, S)
+                       else _EVERY_KEY if keeps_every_key(keep) else _MASKED)
 
 
 def is_causal_mask(keep: torch.Tensor, L: int, S: int) -> bool:

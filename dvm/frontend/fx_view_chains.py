@@ -31,6 +31,7 @@ from .fx_attention_math import SDPA, SDPA_CALL
 from .fx_sdpa import sdpa_keep_mask
 from .torch_calls import _slice, _view_or_reshape, linear_activation, linear_kxm
 from .torch_launch import tensor_check
+from .torch_segment import SegmentRunner
 
 try:   # Inductor's view without autograd bookkeeping (see the module docstring)
     from torch._C._dynamo.guards import _reinterpret_tensor
@@ -110,9 +111,8 @@ def _pure_readers_only(n: fx.Node) -> bool:
     for u in n.users:
         if u.op != "call_function":
             return False
-        t = u.target
-        runner = getattr(t, "__self__", None)
-        if not (t in PURE_READERS or (getattr(t, "__name__", None) == "run" and getattr(runner, "writes", None) == [])):
+        runner = getattr(u.target, "__self__", None)   # a segment's bound run
+        if not (u.target in PURE_READERS or isinstance(runner, SegmentRunner) and not runner.writes):
             return False
     return True
 

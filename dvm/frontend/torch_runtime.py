@@ -210,8 +210,7 @@ class _Emitter:
             fold = self.folds[n]
             args = tuple(remap[a] for a in fold.reads())
             if fold.activation is not None:
-                kwargs = {**fold.activation, **({"kxm": True} if fold.stored_kxm else {})}
-                remap[n] = g.call_function(linear_activation, args, kwargs)
+                remap[n] = g.call_function(linear_activation, args, dict(fold.activation, kxm=fold.stored_kxm))
             else:
                 remap[n] = g.call_function(linear_kxm if fold.stored_kxm else torch.nn.functional.linear, args)
             row_major.add(remap[n])
