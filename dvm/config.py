@@ -17,6 +17,8 @@ DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all b
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_OPENMP         1 (default): where the process has an OpenMP runtime loaded (PyTorch's), the CPU VM's
                    parallel kernels run on its threads (vm/cpu/host/openmp); 0: on the VM's own workers
+DVM_STACK          1 (default): the kernels of a CPU VM launch with a big kernel run as one parallel
+                   job, independent ones beside each other (vm/cpu/host/stack); 0: one by one
 DVM_SIBLING_MB     MiB of concatenated weights that linears of one input, merged into one matrix product
                    (frontend/fx_sibling_linears), may hold in all (default 256; 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,
@@ -49,6 +51,7 @@ class Config:
     verify: bool = False
     lazy: bool = True
     openmp: bool = True
+    stack: bool = True
     gpu_specialize: int = 2
     gpu_cache: str = ""
     sibling_mb: int = 256
@@ -80,7 +83,7 @@ def config() -> Config:
                   pool_mb=_int("DVM_POOL_MB", 512, 0, 1 << 20),
                   spin_us=_int("DVM_SPIN_US", 100, 0, 1_000_000),
                   verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)),
-                  openmp=bool(_int("DVM_OPENMP", 1, 0, 1)),
+                  openmp=bool(_int("DVM_OPENMP", 1, 0, 1)), stack=bool(_int("DVM_STACK", 1, 0, 1)),
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
                   os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),

@@ -315,7 +315,7 @@ def test_descriptor_from_the_stream_template_is_the_packed_descriptor():
     lays = [verify(layernorm.program(_f32(r, c), _f32(c), _f32(c))) for r, c in ((3, 1001), (17, 1001), (64, 77))]
     lays += [verify(add_half.program(np.ones(n, np.float32))) for n in (64, 5000, 70000)]
     for lay in lays:
-        argsz, descs, _, _ = cpu_desc.prog_desc(lay)
+        argsz, descs, _, _, _ = cpu_desc.prog_desc(lay)
         for d in descs:
             assert np.array_equal(d.blob, cpu_desc._pack(d, argsz))
     assert lays[0].kernels[0].stream is lays[1].kernels[0].stream
@@ -333,19 +333,21 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
 def _unfused(kfn, *args):
     """The kernel's instructions run one by one (its fuse plan emptied while inside)."""
     layout = verify(kfn.program(*args))
-    argsz, descs, outs, chain = cpu_desc.prog_desc(layout)
+    argsz, descs, outs, chain, stack = cpu_desc.prog_desc(layout)
     saved = [(d, d.fuse, d.blob) for d in descs]
     for d in descs:
         d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (host/stream)
         d.blob = cpu_desc._pack(d, argsz)
-    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, cpu_desc._chain(descs)))
+    unfused_chain = cpu_desc._chain(descs)
+    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, unfused_chain,
+                                             None if unfused_chain is not None else cpu_desc.Stack.of(descs)))
     try:
         yield
     finally:
         for d, fuse, blob in saved:
             d.fuse = fuse
             d.blob = blob
-        object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, chain))
+        object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, chain, stack))
 
 
 def _threads(n: int):

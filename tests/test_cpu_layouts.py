@@ -361,7 +361,7 @@ def test_small_kernels_run_as_one_chain(shape):
     x = RNG.standard_normal(shape).astype(np.float32)
     d = RNG.integers(1, 5, shape[0]).astype(np.int64)
     layout = dvm.verify(stacked.program(x, d))
-    _, descs, _, chain = cpu_desc.prog_desc(layout)
+    _, descs, _, chain, _ = cpu_desc.prog_desc(layout)
     assert len(descs) >= 2
     assert (chain is not None) == (max(d.work for d in descs) < cpu_desc.PARALLEL_MIN_ELEMS)
     _bitwise_as_reference(stacked, x, d, why=(shape,))

@@ -10,9 +10,8 @@ import numpy as np
 from ....codegen.program import ARG_IN, KernelLayout, ProgramLayout
 from ....graph.dtypes import DType
 from .. import abi
+from .stack import PARALLEL_MIN_ELEMS, Stack
 from .stream import StreamPlan, stream_plan
-
-PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on the calling thread
 
 
 ROW_MAJOR_MIN_BN = 8   # reducing kernels with narrower tiles use column-major registers (_transposed)
@@ -37,13 +36,13 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
 
 class _Desc:
     __slots__ = ("instrs", "meta", "dims", "optab", "consts", "tile_par", "n_units", "work", "peep", "argst",
-                 "blob", "blob_at", "transposed", "rio", "fuse")
+                 "argld", "blob", "blob_at", "transposed", "rio", "fuse")
 
     def __init__(self, kl: KernelLayout, n_args: int):
         nr, nc = len(kl.row_sizes), len(kl.col_sizes)
         rows, cols = kl.rows, kl.cols
         plan = stream_plan(kl, n_args)
-        self.instrs, self.rio, self.peep, self.fuse, self.argst = plan[:5]
+        self.instrs, self.rio, self.peep, self.fuse, self.argst, self.argld = plan[:6]
         self.transposed = _transposed(kl, plan)
         meta = [nr, nc, kl.bm, kl.bn, rows, cols, *kl.nregs, len(kl.sweeps), *kl.prologue, int(self.transposed)]
         assert len(meta) == abi.M_SW
@@ -129,7 +128,7 @@ def _chain(descs) -> np.ndarray | None:
 
 def prog_desc(layout: ProgramLayout) -> tuple:
     """(argument element sizes, kernel descriptors, output arguments, the chained blob of a launch
-    of small kernels or None), once per layout."""
+    of small kernels or None, the launch's host/stack.Stack or None), once per layout."""
     pd = layout.__dict__.get("_cpu_prog")
     if pd is None:
         n_args = len(layout.args)
@@ -140,6 +139,7 @@ def prog_desc(layout: ProgramLayout) -> tuple:
                 d.blob = _blob(d, kl, argsz)
                 d.blob_at = d.blob.ctypes.data
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
-        pd = (argsz, descs, outs, _chain(descs))
+        chain = _chain(descs)
+        pd = (argsz, descs, outs, chain, Stack.of(descs) if chain is None else None)
         object.__setattr__(layout, "_cpu_prog", pd)
     return pd

@@ -27,9 +27,9 @@ def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int
     """run.run_addrs(layout, ·) with its per-launch work done once: the returned function takes
     the buffers' addresses (their element counts are `numels`, fixed per launch signature)."""
     startup.ensure_core()
-    _, descs, _, chain = prog_desc(layout)
+    _, descs, _, chain, stack = prog_desc(layout)
     if chain is None:
-        return _ListRunner(descs, numels)
+        return _ListRunner(descs, stack, numels)
     return _ChainRunner(chain, numels)
 
 
@@ -138,15 +138,15 @@ class _ChainRunner(_Runner):
 
 
 class _ListRunner(_Runner):
-    """Kernels run one by one (sequence stacking: kernel i+1 starts after kernel i finished), each
-    on the threads its size gets (host/run.run_kernels)."""
+    """Kernels with a big one: as one parallel job, or one by one, each on the threads its size
+    gets (host/run.run_kernels)."""
     __slots__ = ()
 
-    def __init__(self, descs, numels: list[int]):
-        super().__init__(partial(_run_list, tuple(descs)), numels)
+    def __init__(self, descs, stack, numels: list[int]):
+        super().__init__(partial(_run_list, tuple(descs), stack), numels)
 
 
-def _run_list(descs: tuple, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
+def _run_list(descs: tuple, stack, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
     """run.run_kernels on an address table, with `go`'s calling convention (see _Runner: the last
     two arguments stand for the entry's)."""
-    return run_kernels(descs, table, None)
+    return run_kernels(descs, table, None, stack)

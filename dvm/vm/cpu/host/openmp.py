@@ -23,7 +23,7 @@ import numpy as np
 from ....config import config
 from .. import abi
 from .pieces import TABLE, loaded
-from .threads import chunk_size, line_aligned_words
+from .stack import chunk_size, line_aligned_words
 
 _RUNTIME = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
 
@@ -134,13 +134,22 @@ class OpenMPTeam:
         them; returns the VM's error code. The job array is this thread's own, re-used: the call
         returns after the team's end barrier, when no thread reads it any more."""
         job, at = self._job(bufs.shape[0])
-        job[abi.J_U1] = d.n_units
+        job[abi.J_U0], job[abi.J_U1] = 0, d.n_units
         job[abi.J_BLOB], job[abi.J_BLOB_N] = d.blob_at, d.blob.shape[0]
         job[abi.J_SCHED:abi.J_SCHED + abi.S_CHUNK] = 0
         job[abi.J_SCHED + abi.S_CHUNK] = chunk_size(d.n_units, nthreads)
         job[abi.J_BUFS:] = bufs
         self._parallel(self._body, at, nthreads, 0)
         return int(job[abi.J_SCHED + abi.S_ERR])
+
+    def launch_stack(self, stack, recs_at: int, bufs: np.ndarray, nthreads: int) -> None:
+        """Run a stacked launch (host/stack; its errors go to its records at recs_at) on nthreads
+        threads of the team, this one among them."""
+        job, at = self._job(bufs.shape[0])
+        job[abi.J_U0], job[abi.J_U1] = abi.STACK, recs_at
+        job[abi.J_BLOB], job[abi.J_BLOB_N] = stack.chain_at, stack.chain.shape[0]
+        job[abi.J_BUFS:] = bufs
+        self._parallel(self._body, at, nthreads, 0)
 
     def _job(self, n_words: int) -> tuple:
         jobs = getattr(self._jobs, "by_size", None)

@@ -3,7 +3,9 @@ per launch of small kernels, or once per kernel with the big ones' work units sh
 calling thread and DVM_NUM_THREADS - 1 helpers: the OpenMP team of the process where it has one
 (host/openmp: PyTorch's), else the VM's own persistent workers (host/threads). numba's own
 threading layer is never used: its spinning OpenMP threads slow PyTorch in the same process 10-40x.
-Counted: cpu_parallel_openmp, cpu_parallel_workers.
+A launch of several kernels with a big one runs them as one parallel job (host/stack: parallel
+stacking). Counted: cpu_parallel_openmp, cpu_parallel_workers (per parallel kernel), cpu_stacked_openmp,
+cpu_stacked_workers (per stacked launch).
 
 Work units are row blocks (each runs all sweeps of its rows, so reductions never cross threads and
 results do not depend on the thread count), or, for kernels with one sweep and no init/fin,
@@ -18,10 +20,11 @@ from ....config import config
 from ....runtime.counters import bump
 from ...buffers import data_ptr
 from .. import abi
-from .desc import PARALLEL_MIN_ELEMS, prog_desc
+from .desc import prog_desc
 from .pieces import TABLE
 from . import startup
 from .openmp import OpenMPTeam
+from .stack import PARALLEL_MIN_ELEMS, Stack
 from .threads import Workers
 
 NO_SCHED = np.zeros(0, np.int64)
@@ -65,15 +68,35 @@ def default_threads() -> int:
     return c.threads if team is None else team
 
 
-def run_kernels(descs, bufs: np.ndarray, threads: int | None) -> int:
-    """The kernels in order (sequence stacking: kernel i+1 starts after kernel i finished), up to
-    the first error; returns its code (0: none)."""
+def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | None = None) -> int:
+    """The kernels of a launch with a big one: as one parallel job (host/stack, parallel stacking)
+    where it has one and more than one thread runs it (and DVM_STACK=1), else in order (kernel
+    i+1 starts after kernel i finished), up to the first error; returns its code (0: none)."""
+    if stack is not None and config().stack:
+        nthreads = min(default_threads() if threads is None else max(1, int(threads)), stack.units)
+        if nthreads > 1:
+            return run_stack(stack, bufs, nthreads)
     for d in descs:
         if d.n_units:
             err = run_kernel(d, d.blob, bufs, threads)
             if err:
                 return err
     return 0
+
+
+def run_stack(stack: Stack, bufs: np.ndarray, nthreads: int) -> int:
+    """A stacked launch on nthreads threads (the OpenMP team's or this one and the VM's workers);
+    returns the largest error code of its kernels (0: none)."""
+    recs, at = stack.records(nthreads)
+    err = 0
+    if _TEAM.usable():
+        bump("cpu_stacked_openmp")
+        _TEAM.launch_stack(stack, at, bufs, nthreads)
+    else:
+        bump("cpu_stacked_workers")
+        _WORKERS.ensure(nthreads - 1)
+        err = _WORKERS.launch_stack(stack, recs, at, bufs, nthreads - 1)
+    return max(err, stack.error(recs))
 
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:
@@ -104,4 +127,4 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     if pd[3] is not None:   # small kernels only: one call runs them all, in order
         check(startup.ENTRY(0, -1, pd[3], TABLE, bufs, NO_SCHED, False))
     else:
-        check(run_kernels(pd[1], bufs, threads))
+        check(run_kernels(pd[1], bufs, threads, pd[4]))

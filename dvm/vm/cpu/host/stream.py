@@ -27,6 +27,7 @@ class StreamPlan(NamedTuple):
     peep: np.ndarray     # in_place.in_place_plan
     fuse: np.ndarray     # fuse_plan.fuse_plan
     argst: np.ndarray    # per argument: 1 stored by the kernel, 2 stored and loaded, else 0
+    argld: np.ndarray    # per argument: 1 loaded by the kernel, else 0
     reduces: bool        # has a reduction and no argmax/argmin (column-major registers allowed)
 
 
@@ -47,8 +48,10 @@ def _reg_io(instrs: np.ndarray) -> np.ndarray:
     return rio
 
 
-def _arg_stores(instrs: np.ndarray, opnd_arg: np.ndarray, n_args: int) -> np.ndarray:
-    """Per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then)."""
+def _arg_access(instrs: np.ndarray, opnd_arg: np.ndarray, n_args: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per argument: 1 stored by this kernel, 2 stored and loaded (no in-place tiles then); and per
+    argument: 1 loaded by this kernel. Loads and stores are in the body and finalize sections
+    only (isa: the prologue holds constants), so these are every access the kernel makes."""
     argst = np.zeros(n_args, np.int64)
     loaded = set()
     for row in instrs:
@@ -64,10 +67,12 @@ def _arg_stores(instrs: np.ndarray, opnd_arg: np.ndarray, n_args: int) -> np.nda
                 loaded.add(a)
             else:
                 argst[a] = 1
+    argld = np.zeros(n_args, np.int64)
     for a in loaded:
+        argld[a] = 1
         if argst[a]:
             argst[a] = 2
-    return argst
+    return argst, argld
 
 
 def _reduces(instrs: np.ndarray) -> bool:
@@ -84,7 +89,7 @@ def _plan(kl: KernelLayout, n_args: int) -> StreamPlan:
     sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
     instrs = kl.instrs   # the stream's read-only array
     plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, kl.opnd_arg, sections),
-                      fuse_plan(instrs, sections), _arg_stores(instrs, kl.opnd_arg, n_args), _reduces(instrs))
+                      fuse_plan(instrs, sections), *_arg_access(instrs, kl.opnd_arg, n_args), _reduces(instrs))
     for a in plan[:-1]:
         a.setflags(write=False)
     return plan

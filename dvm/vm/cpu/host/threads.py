@@ -17,21 +17,9 @@ from .. import abi
 from . import startup
 from .pieces import TABLE
 
-assert (abi.S_CHUNK, abi.S_NPOST, abi.S_POST) == (3, 4, 5)   # sched, as _run builds it
-CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
-CACHE_LINE = 64
+from .stack import chunk_size, line_aligned_words
 
-
-def chunk_size(n_units: int, threads: int) -> int:
-    """How many units a thread claims at a time (sched[S_CHUNK])."""
-    return max(1, n_units // (threads * CHUNKS_PER_THREAD))
-
-
-def line_aligned_words(n: int) -> np.ndarray:
-    """n zeroed int64 words starting on a cache line (kept alive by the view's base)."""
-    raw = np.zeros(n + CACHE_LINE // 8, np.int64)
-    skip = (-raw.ctypes.data % CACHE_LINE) // 8
-    return raw[skip:skip + n]
+assert (abi.S_CHUNK, abi.S_NPOST, abi.S_POST) == (3, 4, 5)   # sched, as _post builds it
 
 
 class Workers:
@@ -69,7 +57,7 @@ class Workers:
         while True:
             fn, args = self.jobs.get()
             try:
-                fn(*args)
+                fn(*args[:7])   # args[7:]: what else the job reads, alive until it has run
                 ticks = int(config().spin_us * self.tsc_per_us)
                 if ticks > 0:
                     row[abi.MB_STATE] = abi.SPINNING   # only this worker leaves SLEEPING
@@ -83,26 +71,37 @@ class Workers:
     def launch(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int) -> int:
         """Run the units of kernel d (host/desc) on this thread and `helpers` workers. Returns the
         VM's error code."""
+        err, sched = self._launch(0, d.n_units, blob, bufs, helpers, chunk_size(d.n_units, helpers + 1), ())
+        return max(err, int(sched[abi.S_ERR]))
+
+    def launch_stack(self, stack, recs: np.ndarray, recs_at: int, bufs: np.ndarray, helpers: int) -> int:
+        """Run a stacked launch (host/stack) on this thread and `helpers` workers. Returns this
+        thread's error code (the others' are in the records)."""
+        return self._launch(abi.STACK, recs_at, stack.chain, bufs, helpers, 0, (recs,))[0]
+
+    def _launch(self, u0: int, u1: int, blob: np.ndarray, bufs: np.ndarray, helpers: int, chunk: int,
+                keep: tuple) -> tuple:
         if not self.post_lock.acquire(blocking=False):   # another thread is launching: queue only
-            return self._run(d, blob, bufs, helpers, [])
+            return self._post(u0, u1, blob, bufs, helpers, chunk, keep, [])
         try:
             spinning = [k for k in range(helpers) if self.mbox[k][abi.MB_STATE] == abi.SPINNING]
-            return self._run(d, blob, bufs, helpers, spinning)
+            return self._post(u0, u1, blob, bufs, helpers, chunk, keep, spinning)
         finally:
             self.post_lock.release()
 
-    def _run(self, d, blob: np.ndarray, bufs: np.ndarray, helpers: int, spinning: list) -> int:
-        """The compiled caller writes the job's fields into the listed mailboxes and posts them
-        (jit/sync.post_all): in Python, each `.ctypes.data` costs about a microsecond."""
-        chunk = chunk_size(d.n_units, helpers + 1)
+    def _post(self, u0: int, u1: int, blob: np.ndarray, bufs: np.ndarray, helpers: int, chunk: int,
+              keep: tuple, spinning: list) -> tuple:
+        """Run job (u0, u1, blob) here and on the workers: (this thread's error code, sched). The
+        compiled caller writes the job's fields into the listed mailboxes and posts them
+        (jit/sync.post_all): in Python, each `.ctypes.data` costs about a microsecond. `keep`: what
+        else the job reads (a stack's records), kept alive with it."""
         sched = np.array([0, 0, 0, chunk, len(spinning)] + [self.mbox_addr[k] for k in spinning], np.int64)
         for k in spinning:
-            self.keep[k] = (blob, bufs, sched)   # alive until this mailbox's next post
+            self.keep[k] = (blob, bufs, sched, keep)   # alive until this mailbox's next post
         entry = startup.ENTRY
         for _ in range(helpers - len(spinning)):   # sleeping (or busy) workers: through the queue
-            self.submit(entry, (0, d.n_units, blob, TABLE, bufs, sched, False))
-        err = entry(0, d.n_units, blob, TABLE, bufs, sched, True)
-        return max(err, int(sched[abi.S_ERR]))
+            self.submit(entry, (u0, u1, blob, TABLE, bufs, sched, False, keep))
+        return entry(u0, u1, blob, TABLE, bufs, sched, True), sched
 
 
 def _sched_yield_address() -> int:

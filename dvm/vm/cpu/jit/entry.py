@@ -19,11 +19,12 @@ from ..abi import (DEC_WIDTH, FR_ADDRS, FR_ARGST, FR_ARGSZ, FR_B, FR_CONSTS, FR_
                    M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, MAX_REGS, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N,
                    MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN, MB_U0, MB_U1, N_PIECES, P_ARGST, P_ARGSZ, P_CONSTS,
                    P_DIMS, P_FUSE, P_HEADER, P_INSTRS, P_META, P_OPTAB, P_PEEP, P_RIO, RIO_WIDTH, S_CHUNK, S_DONE,
-                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, TSC_NOW, WORKER)
+                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, TSC_NOW, WORKER, STACK, G_NK, G_REC,
+                   G_UNITS, G_WAIT, G_WIDTH)
 from .addr import alias_ok
 from .bits import OPTS, ptr_f32, ptr_f64, ptr_i64, ptr_u8
 from .interp import exec_tile
-from .sync import atomic_add, atomic_load, atomic_store, await_post, post_all, retract_all, tsc
+from .sync import atomic_add, atomic_load, atomic_store, await_post, pause, post_all, retract_all, tsc
 
 
 @njit(inline='always', **OPTS)   # one call site; a call would pass every view's fields
@@ -202,6 +203,87 @@ def _fill_frame(fr, tab, blob, base, bufs, n, at_ins, len_ins, at_opt, len_opt, 
     fr[FR_FZ] = _seg(blob, base, P_FUSE)[0]
 
 
+@njit(**OPTS)
+def _stores_alone(addrs, numels, argsz, argst):
+    """No argument the kernel stores (argst != 0) overlaps another argument in memory."""
+    n = addrs.shape[0]
+    for a in range(n):
+        if argst[a] == 0 or numels[a] == 0:
+            continue
+        lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
+        for b in range(n):
+            if b != a and numels[b] > 0 and addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
+                return False
+    return True
+
+
+@njit(**OPTS)
+def _all_stores_alone(chain, nk, bufs):
+    """_stores_alone for every kernel of a stack (its blobs back to back in `chain`)."""
+    n = bufs.shape[0] // 2
+    addrs, numels = carray(ptr_i64(bufs.ctypes.data), n), carray(ptr_i64(bufs.ctypes.data + 8 * n), n)
+    base0 = chain.ctypes.data
+    at = 0
+    for _ in range(nk):
+        kb = carray(ptr_i64(base0 + 8 * at), chain[at + H_LEN])
+        argsz = carray(ptr_i64(_seg(kb, base0 + 8 * at, P_ARGSZ)[0]), n)
+        argst = carray(ptr_i64(_seg(kb, base0 + 8 * at, P_ARGST)[0]), n)
+        if not _stores_alone(addrs, numels, argsz, argst):
+            return False
+        at += kb[H_LEN]
+    return True
+
+
+@njit(**OPTS)
+def run_stack(chain, tab, bufs, recs_addr):
+    """This thread's part of a stacked launch (abi.STACK; records at recs_addr, the kernels' blobs
+    back to back in `chain`). Each kernel's units are claimed from its own counter; a thread goes
+    on to the next kernel as soon as nothing of this one is left to claim, except where the next
+    one waits (G_WAIT; every kernel where a stored argument overlaps another, an in-place update)
+    until every kernel since the last wait is done. A kernel that failed (its S_ERR) stops the
+    launch at the next wait. Returns this thread's error code (0: none)."""
+    nk = carray(ptr_i64(recs_addr), 1)[G_NK]
+    recs = carray(ptr_i64(recs_addr), G_REC + G_WIDTH * nk)
+    alone = _all_stores_alone(chain, nk, bufs)
+    base0 = chain.ctypes.data
+    first = 0
+    at = 0
+    for k in range(nk):
+        r = G_REC + G_WIDTH * k
+        if k > first and (recs[r + G_WAIT] != 0 or not alone):
+            for p in range(first, k):
+                rp = recs_addr + 8 * (G_REC + G_WIDTH * p)
+                while atomic_load(rp + 8 * S_DONE) < atomic_load(rp + 8 * G_UNITS):
+                    pause()
+                if atomic_load(rp + 8 * S_ERR) != 0:
+                    return 0   # the failing kernel's threads report its error
+            first = k
+        kb = carray(ptr_i64(base0 + 8 * at), chain[at + H_LEN])
+        if recs[r + G_UNITS] > 0:
+            err = _run_kernel(0, recs[r + G_UNITS], kb, base0 + 8 * at, tab, bufs,
+                              carray(ptr_i64(recs_addr + 8 * r), S_CHUNK + 1))
+            if err != 0:
+                return err
+        at += kb[H_LEN]
+    return 0
+
+
+@njit(**OPTS)
+def _stack_join(recs_addr):
+    """The launching thread's end of a stacked launch shared with workers: claims every unit no
+    one has claimed (a worker that takes the job late, or goes on after a failed kernel, finds
+    nothing left to run), lowers each kernel's units to what was claimed (so no thread waits for
+    more), and returns when every claimed unit is done."""
+    nk = carray(ptr_i64(recs_addr), 1)[G_NK]
+    for k in range(nk):
+        rp = recs_addr + 8 * (G_REC + G_WIDTH * k)
+        units = atomic_load(rp + 8 * G_UNITS)
+        claimed = min(atomic_add(rp + 8 * S_NEXT, units), units)
+        atomic_store(rp + 8 * G_UNITS, claimed)
+        while atomic_load(rp + 8 * S_DONE) < claimed:
+            pause()
+
+
 @njit(cache=True, **OPTS)
 def run_units(u0, u1, blob, tab, bufs, sched, wait):
     """Run work units [u0, u1) of the kernel packed in `blob` on the calling thread (releases the
@@ -209,7 +291,9 @@ def run_units(u0, u1, blob, tab, bufs, sched, wait):
 
     u1 < 0: `blob` is a chain of packed kernels back to back (host/desc._chain), each run whole, in
     order, on this thread (one call for a launch of small kernels: numba's dispatch costs more
-    than a small kernel); the chain stops at the first error.
+    than a small kernel); the chain stops at the first error. u0 == STACK: `blob` is the chain of
+    a stacked launch whose records are at address u1 (run_stack; with the workers sched lists
+    when `wait`).
 
     wait (the launching thread of a parallel kernel): first posts the job to the spinning workers
     that sched lists, returns when every unit is done (jit/sync). u0 == WORKER: `blob` is a
@@ -234,21 +318,28 @@ def run_units(u0, u1, blob, tab, bufs, sched, wait):
             S = carray(ptr_i64(blob[MB_SCHED]), blob[MB_SCHED_N])
             lo, hi = blob[MB_U0], blob[MB_U1]
             blob[MB_TAKEN] += 1
-        base = B.ctypes.data + 8 * at
-        kb = carray(ptr_i64(base), B[at + H_LEN])
-        a = lo if hi >= 0 else 0
-        b = hi if hi >= 0 else kb[H_UNITS]
-        if b > a:
-            err = _run_kernel(a, b, kb, base, T, F, S)
-        at += kb[H_LEN]
+        if lo == STACK:
+            err = run_stack(B, T, F, hi)
+            at = B.shape[0]
+        else:
+            base = B.ctypes.data + 8 * at
+            kb = carray(ptr_i64(base), B[at + H_LEN])
+            a = lo if hi >= 0 else 0
+            b = hi if hi >= 0 else kb[H_UNITS]
+            if b > a:
+                err = _run_kernel(a, b, kb, base, T, F, S)
+            at += kb[H_LEN]
         if hi >= 0 or err != 0 or at >= B.shape[0]:
             if not worker:
                 break
             atomic_store(mb + 8 * MB_STATE, SPINNING)   # a worker's errors are in its job's sched
             at = 0
     if wait and S.shape[0] > S_CHUNK:   # the launching thread returns when every unit is done
-        sp = S.ctypes.data
-        while atomic_load(sp + 8 * S_DONE) < u1 - u0:
-            pass
+        if u0 == STACK:
+            _stack_join(u1)
+        else:
+            sp = S.ctypes.data
+            while atomic_load(sp + 8 * S_DONE) < u1 - u0:
+                pass
         retract_all(S)
     return err

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 from numba import carray
 
-from ..abi import H_LEN, J_BLOB, J_BLOB_N, J_BUFS, J_NBUFS, J_SCHED, J_TAB, J_TAB_N, J_U0, J_U1, S_CHUNK
+from ..abi import H_LEN, J_BLOB, J_BLOB_N, J_BUFS, J_NBUFS, J_SCHED, J_TAB, J_TAB_N, J_U0, J_U1, S_CHUNK, STACK
 from .bits import ptr_i64
-from .entry import _run_kernel
+from .entry import _run_kernel, run_stack
 
 
 def team_body(job):
-    """Run the job at address `job` (abi.J_*) with the other threads of a team. C signature
-    void(int64): the pointer GOMP_parallel passes. Compiled (host/pieces) like the pieces, as a C
-    function."""
+    """Run the job at address `job` (abi.J_*) with the other threads of a team: one kernel's units
+    [J_U0, J_U1), or a stacked launch (J_U0 == STACK: jit/entry.run_stack; its errors are in its
+    records). C signature void(int64): the pointer GOMP_parallel passes. Compiled (host/pieces)
+    like the pieces, as a C function."""
     j = carray(ptr_i64(job), J_BUFS)
     blob = carray(ptr_i64(j[J_BLOB]), j[J_BLOB_N])
+    tab = carray(ptr_i64(j[J_TAB]), j[J_TAB_N])
+    bufs = carray(ptr_i64(job + 8 * J_BUFS), 2 * j[J_NBUFS])
+    if j[J_U0] == STACK:
+        run_stack(blob, tab, bufs, j[J_U1])
+        return
     base = blob.ctypes.data
     kernel = carray(ptr_i64(base), blob[H_LEN])
-    _run_kernel(j[J_U0], j[J_U1], kernel, base, carray(ptr_i64(j[J_TAB]), j[J_TAB_N]),
-                carray(ptr_i64(job + 8 * J_BUFS), 2 * j[J_NBUFS]), carray(ptr_i64(job + 8 * J_SCHED), S_CHUNK + 1))
+    _run_kernel(j[J_U0], j[J_U1], kernel, base, tab, bufs, carray(ptr_i64(job + 8 * J_SCHED), S_CHUNK + 1))

@@ -1,0 +1,105 @@
+"""Parallel stacking: the kernels of a Program with a big kernel run as one parallel job (abi.STACK,
+jit/entry.run_stack) instead of one job per big kernel and the small ones alone on the launching
+thread.
+
+Every thread of the job claims units of kernel 0, goes on to kernel 1 when none is left to claim,
+and so on; it waits only before a kernel that depends on the kernels since the last wait: one that
+loads an argument they store, or stores one they load or store (by argument, from each kernel's
+loads and stores: host/stream). Independent kernels (the RoPE of q and of k, a norm beside a
+residual copy, a small kernel beside a big one) so share the threads, and a launch of n kernels
+pays one start and one join. A small kernel (below PARALLEL_MIN_ELEMS) is claimed whole by one
+thread. Where a stored argument overlaps another in memory (an in-place update), every kernel
+waits for the ones before it: the order of sequence stacking. Results are bitwise those of running
+the kernels one by one: each unit computes the same elements from the same inputs whoever runs it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import abi
+
+PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on one thread
+CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
+CACHE_LINE = 64
+
+
+def chunk_size(n_units: int, threads: int) -> int:
+    """How many units a thread claims at a time (sched[S_CHUNK])."""
+    return max(1, n_units // (threads * CHUNKS_PER_THREAD))
+
+
+def line_aligned_words(n: int) -> np.ndarray:
+    """n zeroed int64 words starting on a cache line (kept alive by the view's base)."""
+    raw = np.zeros(n + CACHE_LINE // 8, np.int64)
+    skip = (-raw.ctypes.data % CACHE_LINE) // 8
+    return raw[skip:skip + n]
+
+
+def kernel_waits(descs) -> list[int]:
+    """Per kernel, 1 where it must wait for the kernels since the last wait (see the module
+    docstring), from the descriptors' argst (stored) and argld (loaded) flags."""
+    waits = []
+    stored: set = set()
+    loaded: set = set()
+    for d in descs:
+        st = set(np.flatnonzero(d.argst).tolist())
+        ld = set(np.flatnonzero(d.argld).tolist())
+        wait = bool(ld & stored or st & (stored | loaded))
+        waits.append(int(wait))
+        if wait:
+            stored, loaded = st, ld
+        else:
+            stored, loaded = stored | st, loaded | ld
+    return waits
+
+
+class Stack:
+    """A Program's kernels as one parallel job: their blobs back to back (`chain`) and the records'
+    contents per thread count (abi.G_*: units, chunk, wait; counters zero)."""
+    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_templates")
+
+    def __init__(self, descs):
+        """Takes the descriptors' blobs into `chain`: each descriptor's blob becomes a view of it
+        (one copy of the words, not two)."""
+        self.chain = np.concatenate([d.blob for d in descs])
+        self.chain_at = self.chain.ctypes.data
+        at = 0
+        for d in descs:
+            n = d.blob.shape[0]
+            d.blob, d.blob_at = self.chain[at:at + n], self.chain_at + 8 * at
+            at += n
+        self.units = sum(d.n_units for d in descs)
+        self.n_words = abi.G_REC + abi.G_WIDTH * len(descs)
+        self._descs, self._waits = tuple(descs), kernel_waits(descs)
+        self._templates: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def of(cls, descs) -> "Stack | None":
+        """The stack of a launch of these kernels, or None where stacking has nothing to share:
+        fewer than two kernels with work."""
+        return cls(descs) if sum(1 for d in descs if d.n_units) > 1 else None
+
+    @property
+    def waits(self) -> tuple[int, ...]:
+        return tuple(self._waits)
+
+    def records(self, nthreads: int) -> tuple[np.ndarray, int]:
+        """Fresh records for a launch on nthreads threads, and their address."""
+        t = self._templates.get(nthreads)
+        if t is None:
+            t = np.zeros(self.n_words, np.int64)
+            t[abi.G_NK] = len(self._descs)
+            for k, (d, wait) in enumerate(zip(self._descs, self._waits)):
+                r = abi.G_REC + abi.G_WIDTH * k
+                small = d.work < PARALLEL_MIN_ELEMS
+                t[r + abi.S_CHUNK] = max(d.n_units, 1) if small else chunk_size(d.n_units, nthreads)
+                t[r + abi.G_UNITS], t[r + abi.G_WAIT] = d.n_units, wait
+            self._templates[nthreads] = t
+        recs = line_aligned_words(self.n_words)
+        recs[:] = t
+        return recs, recs.ctypes.data
+
+    @staticmethod
+    def error(recs: np.ndarray) -> int:
+        """The largest error code the kernels' threads recorded (0: none)."""
+        return int(recs[abi.G_REC + abi.S_ERR::abi.G_WIDTH].max())

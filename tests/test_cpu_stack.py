@@ -1,0 +1,194 @@
+"""Parallel stacking (vm/cpu/host/stack): the kernels of a launch with a big kernel run as one
+parallel job, independent ones beside each other. Results are bitwise those of the kernels run one
+by one (DVM_STACK=0), on the OpenMP team and on the VM's own workers, and agree with the reference
+VM; dependent kernels wait, an in-place update waits everywhere, and a failing kernel raises."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dvm
+from dvm import config as dvm_config
+from dvm.graph import build
+from dvm.graph.dtypes import DType
+from dvm.graph.node import Node
+from dvm.graph.symbolic import sym
+from dvm.runtime.compiled import CompiledGraph
+from dvm.vm.cpu.host.desc import prog_desc
+from dvm.vm.cpu.host.stack import PARALLEL_MIN_ELEMS, kernel_waits
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the CPU VM with itself and the reference
+
+WIDE, NARROW = 64, 48
+
+
+def _graph():
+    """Over x (n, WIDE) and y (m, NARROW): exp(x) - 1, y * y + 1 and the column sums of y
+    (independent of it), and x[1:] * x.sum(1)[1:] (the row sums are a workspace, then a kernel
+    that waits for it)."""
+    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
+    x = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
+    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=1)
+    ew = build.elementwise
+    one = build.const(1.0, DType.FLOAT32)
+    sums = build.slice_view(ctx, build.reduce(ctx, "sum", x, 1, True), 0, 1, n - 1)
+    outs = [ew(ctx, "sub", ew(ctx, "exp", x), one),
+            ew(ctx, "add", ew(ctx, "mul", y, y), one),
+            build.reduce(ctx, "sum", y, 0, False),
+            ew(ctx, "mul", build.slice_view(ctx, x, 0, 1, n - 1), sums)]
+    return CompiledGraph([x, y], outs)
+
+
+GRAPH = _graph()
+
+
+def _inputs(rows_x, rows_y, seed=0):
+    rng = np.random.default_rng(seed)
+    # small integers scaled by 1/8: the sums are exact in any order
+    x = (rng.integers(-8, 8, (rows_x, WIDE)) / 8).astype(np.float32)
+    y = (rng.integers(-8, 8, (rows_y, NARROW)) / 8).astype(np.float32)
+    return x, y
+
+
+@pytest.fixture(params=[1, 0], ids=["openmp", "workers"])
+def threads_of(request, monkeypatch):
+    """Parallel kernels on the OpenMP team (PyTorch's, loaded here) or on the VM's own workers."""
+    pytest.importorskip("torch")   # brings the OpenMP runtime into the process
+    monkeypatch.setenv("DVM_OPENMP", str(request.param))
+    monkeypatch.setenv("DVM_NUM_THREADS", "2")
+    dvm_config.reload()
+    yield request.param
+    monkeypatch.undo()
+    dvm_config.reload()
+
+
+def _run(graph, env, arrays, stack, vm="cpu", monkeypatch=None):
+    monkeypatch.setenv("DVM_STACK", str(int(stack)))
+    dvm_config.reload()
+    return graph.run(env, arrays, vm)
+
+
+def _stack_of(graph, env, arrays):
+    launch, _ = graph.launcher(env, arrays, "cpu")
+    return prog_desc(launch.layout)[4]
+
+
+def test_kernel_waits_follow_loads_and_stores():
+    """A kernel waits where it loads what the kernels since the last wait store, or stores what
+    they load or store; the sets start again at each wait."""
+    class D:
+        def __init__(self, stores, loads, n=5):
+            self.argst, self.argld = np.zeros(n, np.int64), np.zeros(n, np.int64)
+            self.argst[list(stores)], self.argld[list(loads)] = 1, 1
+    assert kernel_waits([D({2}, {0}), D({3}, {1}), D({4}, {0, 1})]) == [0, 0, 0]   # shared loads only
+    assert kernel_waits([D({2}, {0}), D({3}, {2})]) == [0, 1]          # loads what kernel 0 stores
+    assert kernel_waits([D({2}, {0}), D({0}, {1})]) == [0, 1]          # stores what kernel 0 loads
+    assert kernel_waits([D({2}, {0}), D({2}, {1})]) == [0, 1]          # stores what kernel 0 stores
+    assert kernel_waits([D({2}, {0}), D({3}, {2}), D({4}, {0})]) == [0, 1, 0]   # after a wait: kernel 1's sets
+    assert kernel_waits([D({2}, {0}), D({3}, {2}), D({4}, {2})]) == [0, 1, 0]   # kernel 0 is done by then
+
+
+def test_the_graph_stacks_with_independent_and_dependent_kernels():
+    rows = PARALLEL_MIN_ELEMS // WIDE + 3
+    x, y = _inputs(rows, 37)
+    stack = _stack_of(GRAPH, {"n": rows, "m": 37}, [x, y])
+    assert stack is not None and len(stack.waits) >= 3
+    assert stack.waits[1] == 0 and 1 in stack.waits   # kernels beside each other, and one that waits
+    small = _stack_of(GRAPH, {"n": 5, "m": 3}, list(_inputs(5, 3)))
+    assert small is None   # small kernels only: one call on one thread (the chain)
+
+
+@pytest.mark.parametrize("rows_x, rows_y", [(PARALLEL_MIN_ELEMS // WIDE + 3, 37),    # one big kernel
+                                             (PARALLEL_MIN_ELEMS // WIDE * 3 + 1, 2 * PARALLEL_MIN_ELEMS // NARROW),
+                                             (PARALLEL_MIN_ELEMS // WIDE, 1)])
+def test_stacked_equals_one_by_one(threads_of, rows_x, rows_y, monkeypatch):
+    """Bitwise equal to the kernels run one by one, equal to the reference VM, counted."""
+    x, y = _inputs(rows_x, rows_y)
+    env = {"n": rows_x, "m": rows_y}
+    one_by_one = _run(GRAPH, env, [x, y], False, monkeypatch=monkeypatch)
+    dvm.reset_counters()
+    stacked = _run(GRAPH, env, [x, y], True, monkeypatch=monkeypatch)
+    counted = dvm.counters()
+    assert counted.get("cpu_stacked_openmp" if threads_of else "cpu_stacked_workers", 0) >= 1
+    for a, b in zip(stacked, one_by_one):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(stacked, _run(GRAPH, env, [x, y], True, vm="reference", monkeypatch=monkeypatch)):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows_x=st.integers(1, 3 * PARALLEL_MIN_ELEMS // WIDE), rows_y=st.integers(1, 3000),
+       seed=st.integers(0, 2 ** 16))
+def test_stacked_equals_one_by_one_at_any_size(rows_x, rows_y, seed):
+    """Hypothesis: sizes on both sides of the threading threshold, repeated launches (counters,
+    late helpers): the stacked launch is bitwise the one-by-one run."""
+    import os
+    x, y = _inputs(rows_x, rows_y, seed)
+    env = {"n": rows_x, "m": rows_y}
+    old = os.environ.get("DVM_STACK")
+    try:
+        os.environ["DVM_STACK"] = "0"
+        dvm_config.reload()
+        want = GRAPH.run(env, [x, y], "cpu")
+        os.environ["DVM_STACK"] = "1"
+        dvm_config.reload()
+        for _ in range(3):
+            for a, b in zip(GRAPH.run(env, [x, y], "cpu"), want):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        if old is None:
+            os.environ.pop("DVM_STACK", None)
+        else:
+            os.environ["DVM_STACK"] = old
+        dvm_config.reload()
+
+
+def test_a_stored_argument_over_another_keeps_the_order(threads_of, monkeypatch):
+    """A launch whose output is another argument's memory (the VM's contract allows that only
+    for an in-place update read by its own kernel; this one is read by another kernel): every
+    kernel of the stack then waits for the ones before it, and the results are bitwise those of
+    the kernels run one by one."""
+    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
+    p = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
+    g = Node.make("input", DType.FLOAT32, (n, WIDE), index=1)
+    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=2)
+    ew = build.elementwise
+    graph = CompiledGraph([p, g, y], [ew(ctx, "mul", y, y), ew(ctx, "add", p, g)])
+    rows = 3 * PARALLEL_MIN_ELEMS // WIDE
+    env = {"n": rows, "m": rows * WIDE // NARROW}
+    pv, gv = _inputs(rows, 1, seed=3)[0], _inputs(rows, 1, seed=4)[0]
+    yv = _inputs(1, env["m"], seed=5)[1]
+    results = []
+    for stack in (False, True):
+        monkeypatch.setenv("DVM_STACK", str(int(stack)))
+        dvm_config.reload()
+        launch, _ = graph.launcher(env, [pv, gv, yv], "cpu")
+        assert len(prog_desc(launch.layout)[1]) == 2
+        ys, sq = yv.copy(), np.empty_like(yv)
+        launch._bound([pv.ctypes.data, gv.ctypes.data, ys.ctypes.data, sq.ctypes.data, ys.ctypes.data])
+        results.append((sq, ys))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    np.testing.assert_array_equal(results[1][1].reshape(-1), (pv + gv).reshape(-1))
+
+
+def test_a_failing_kernel_in_a_stack_raises(threads_of, monkeypatch):
+    """Integer division by zero in one kernel of a stacked launch raises ZeroDivisionError (no
+    hang, no result), and the next launch runs."""
+    ctx, n = build.ShapeContext(), sym("n")
+    a = Node.make("input", DType.INT64, (n,), index=0)
+    b = Node.make("input", DType.INT64, (n,), index=1)
+    c = Node.make("input", DType.FLOAT32, (n,), index=2)
+    graph = CompiledGraph([a, b, c], [build.elementwise(ctx, "floor_divide", a, b),
+                                      build.reduce(ctx, "sum", c, 0, False)])
+    size = 2 * PARALLEL_MIN_ELEMS
+    av, cv = np.arange(size, dtype=np.int64), np.ones(size, np.float32)
+    monkeypatch.setenv("DVM_STACK", "1")
+    dvm_config.reload()
+    bad = np.ones(size, np.int64)
+    bad[size - 5] = 0
+    for _ in range(3):
+        with pytest.raises(ZeroDivisionError):
+            graph.run({"n": size}, [av, bad, cv], "cpu")
+    q, s = graph.run({"n": size}, [av, np.full(size, 3, np.int64), cv], "cpu")
+    np.testing.assert_array_equal(q, av // 3)
+    assert s == size
