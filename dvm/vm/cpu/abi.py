@@ -127,12 +127,13 @@ J_SCHED = 8
 J_BUFS = 16
 # A stacked launch (parallel stacking: every kernel of a Program in one parallel job, host/run):
 # J_U0 (or run_units' u0, a mailbox's MB_U0) is STACK, J_U1 (u1, MB_U1) the address of the stack's
-# records, J_BLOB the kernels' blobs back to back. Records (int64, 64-byte aligned): G_NK at word 0,
-# then from G_REC one line (G_WIDTH words) per kernel: its sched words S_NEXT..S_CHUNK, its units
-# (G_UNITS) and G_WAIT (1: its threads first wait until every kernel since the last wait is done,
-# for it reads or writes what they write, or writes what they read; 0: it runs beside them).
+# records, J_BLOB the kernels' blobs back to back. Records (int64, 64-byte aligned): G_NK (the
+# kernel count) and G_ERR (an error code a thread met, 0: none) in the first line, then from G_REC
+# one line (G_WIDTH words) per kernel: its sched words S_NEXT..S_CHUNK, its units (G_UNITS) and
+# G_WAIT (1: its threads first wait until every kernel since the last wait is done, for it reads
+# or writes what they write, or writes what they read; 0: it runs beside them).
 STACK = -9
-G_NK = 0
+G_NK, G_ERR = 0, 1
 G_REC = 8
 G_UNITS, G_WAIT = 4, 5
 G_WIDTH = 8

@@ -87,16 +87,16 @@ def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | Non
 def run_stack(stack: Stack, bufs: np.ndarray, nthreads: int) -> int:
     """A stacked launch on nthreads threads (the OpenMP team's or this one and the VM's workers);
     returns the largest error code of its kernels (0: none)."""
-    recs, at = stack.records(nthreads)
-    err = 0
     if _TEAM.usable():
         bump("cpu_stacked_openmp")
+        recs, at = stack.records(nthreads, True)
         _TEAM.launch_stack(stack, at, bufs, nthreads)
-    else:
-        bump("cpu_stacked_workers")
-        _WORKERS.ensure(nthreads - 1)
-        err = _WORKERS.launch_stack(stack, recs, at, bufs, nthreads - 1)
-    return max(err, stack.error(recs))
+        return recs.item(abi.G_ERR)
+    bump("cpu_stacked_workers")
+    _WORKERS.ensure(nthreads - 1)
+    recs, at = stack.records(nthreads, False)
+    err = _WORKERS.launch_stack(stack, recs, at, bufs, nthreads - 1)
+    return err or recs.item(abi.G_ERR)
 
 
 def run(layout: ProgramLayout, buffers: list[np.ndarray], threads: int | None = None) -> None:

@@ -14,6 +14,8 @@ the kernels one by one: each unit computes the same elements from the same input
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .. import abi
@@ -56,7 +58,7 @@ def kernel_waits(descs) -> list[int]:
 class Stack:
     """A Program's kernels as one parallel job: their blobs back to back (`chain`) and the records'
     contents per thread count (abi.G_*: units, chunk, wait; counters zero)."""
-    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_templates")
+    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_templates", "_mine")
 
     def __init__(self, descs):
         """Takes the descriptors' blobs into `chain`: each descriptor's blob becomes a view of it
@@ -72,6 +74,7 @@ class Stack:
         self.n_words = abi.G_REC + abi.G_WIDTH * len(descs)
         self._descs, self._waits = tuple(descs), kernel_waits(descs)
         self._templates: dict[int, np.ndarray] = {}
+        self._mine = threading.local()   # per launching thread: {thread count: (records, address)}
 
     @classmethod
     def of(cls, descs) -> "Stack | None":
@@ -83,23 +86,31 @@ class Stack:
     def waits(self) -> tuple[int, ...]:
         return tuple(self._waits)
 
-    def records(self, nthreads: int) -> tuple[np.ndarray, int]:
-        """Fresh records for a launch on nthreads threads, and their address."""
+    def records(self, nthreads: int, reuse: bool) -> tuple[np.ndarray, int]:
+        """Records for a launch on nthreads threads (counters zero), and their address. `reuse`:
+        this thread's own records of the last launch, written over (where no thread reads them
+        after the launch: the OpenMP team's end barrier); else fresh ones (a late worker may read
+        the last ones)."""
         t = self._templates.get(nthreads)
         if t is None:
-            t = np.zeros(self.n_words, np.int64)
-            t[abi.G_NK] = len(self._descs)
-            for k, (d, wait) in enumerate(zip(self._descs, self._waits)):
-                r = abi.G_REC + abi.G_WIDTH * k
-                small = d.work < PARALLEL_MIN_ELEMS
-                t[r + abi.S_CHUNK] = max(d.n_units, 1) if small else chunk_size(d.n_units, nthreads)
-                t[r + abi.G_UNITS], t[r + abi.G_WAIT] = d.n_units, wait
-            self._templates[nthreads] = t
-        recs = line_aligned_words(self.n_words)
-        recs[:] = t
-        return recs, recs.ctypes.data
+            t = self._templates[nthreads] = self._template(nthreads)
+        if not reuse:
+            recs = t.copy()
+            return recs, recs.ctypes.data
+        mine = self._mine.__dict__
+        got = mine.get(nthreads)
+        if got is None:
+            recs = line_aligned_words(self.n_words)   # each kernel's counters on a line of their own
+            got = mine[nthreads] = (recs, recs.ctypes.data)
+        got[0][:] = t
+        return got
 
-    @staticmethod
-    def error(recs: np.ndarray) -> int:
-        """The largest error code the kernels' threads recorded (0: none)."""
-        return int(recs[abi.G_REC + abi.S_ERR::abi.G_WIDTH].max())
+    def _template(self, nthreads: int) -> np.ndarray:
+        t = np.zeros(self.n_words, np.int64)
+        t[abi.G_NK] = len(self._descs)
+        for k, (d, wait) in enumerate(zip(self._descs, self._waits)):
+            r = abi.G_REC + abi.G_WIDTH * k
+            small = d.work < PARALLEL_MIN_ELEMS
+            t[r + abi.S_CHUNK] = max(d.n_units, 1) if small else chunk_size(d.n_units, nthreads)
+            t[r + abi.G_UNITS], t[r + abi.G_WAIT] = d.n_units, wait
+        return t

@@ -19,8 +19,8 @@ from ..abi import (DEC_WIDTH, FR_ADDRS, FR_ARGST, FR_ARGSZ, FR_B, FR_CONSTS, FR_
                    M_NI, M_NSW, M_PRO_E, M_PRO_S, M_SW, MAX_REGS, MB_BLOB, MB_BLOB_N, MB_BUFS, MB_BUFS_N,
                    MB_SCHED, MB_SCHED_N, MB_STATE, MB_TAKEN, MB_U0, MB_U1, N_PIECES, P_ARGST, P_ARGSZ, P_CONSTS,
                    P_DIMS, P_FUSE, P_HEADER, P_INSTRS, P_META, P_OPTAB, P_PEEP, P_RIO, RIO_WIDTH, S_CHUNK, S_DONE,
-                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, TSC_NOW, WORKER, STACK, G_NK, G_REC,
-                   G_UNITS, G_WAIT, G_WIDTH)
+                   S_ERR, S_NEXT, SF_ROWS, SPINNING, ST_ROWS, SWEEP_META, TSC_NOW, WORKER, STACK, G_ERR, G_NK,
+                   G_REC, G_UNITS, G_WAIT, G_WIDTH)
 from .addr import alias_ok
 from .bits import OPTS, ptr_f32, ptr_f64, ptr_i64, ptr_u8
 from .interp import exec_tile
@@ -241,7 +241,7 @@ def run_stack(chain, tab, bufs, recs_addr):
     on to the next kernel as soon as nothing of this one is left to claim, except where the next
     one waits (G_WAIT; every kernel where a stored argument overlaps another, an in-place update)
     until every kernel since the last wait is done. A kernel that failed (its S_ERR) stops the
-    launch at the next wait. Returns this thread's error code (0: none)."""
+    launch at the next wait. Returns this thread's error code (0: none), also stored at G_ERR."""
     nk = carray(ptr_i64(recs_addr), 1)[G_NK]
     recs = carray(ptr_i64(recs_addr), G_REC + G_WIDTH * nk)
     alone = _all_stores_alone(chain, nk, bufs)
@@ -259,10 +259,11 @@ def run_stack(chain, tab, bufs, recs_addr):
                     return 0   # the failing kernel's threads report its error
             first = k
         kb = carray(ptr_i64(base0 + 8 * at), chain[at + H_LEN])
-        if recs[r + G_UNITS] > 0:
-            err = _run_kernel(0, recs[r + G_UNITS], kb, base0 + 8 * at, tab, bufs,
-                              carray(ptr_i64(recs_addr + 8 * r), S_CHUNK + 1))
+        units = recs[r + G_UNITS]
+        if atomic_load(recs_addr + 8 * (r + S_NEXT)) < units:   # else nothing is left to claim
+            err = _run_kernel(0, units, kb, base0 + 8 * at, tab, bufs, carray(ptr_i64(recs_addr + 8 * r), S_CHUNK + 1))
             if err != 0:
+                atomic_store(recs_addr + 8 * G_ERR, err)
                 return err
         at += kb[H_LEN]
     return 0
