@@ -17,8 +17,9 @@ DVM_CACHE_MB       MiB that each cache family (all programs, all launches, all b
 DVM_POOL_MB        MiB of freed large results kept for re-use (runtime/buffer_pool; default 512, 0: off)
 DVM_OPENMP         1 (default): where the process has an OpenMP runtime loaded (PyTorch's), the CPU VM's
                    parallel kernels run on its threads (vm/cpu/host/openmp); 0: on the VM's own workers
-DVM_STACK          1 (default): the kernels of a CPU VM launch with a big kernel run as one parallel
-                   job, independent ones beside each other (vm/cpu/host/stack); 0: one by one
+DVM_STACK          1 (default): the kernels of a CPU VM launch with a big kernel (or small ones with
+                   enough work to share) run as one parallel job, independent ones beside each other
+                   (vm/cpu/host/stack); 0: one by one
 DVM_SIBLING_MB     MiB of concatenated weights that linears of one input, merged into one matrix product
                    (frontend/fx_sibling_linears), may hold in all (default 256; 0: off)
 DVM_SPIN_US        microseconds a CPU VM worker spins for its next job before it sleeps (default 100,

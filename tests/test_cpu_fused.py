@@ -339,8 +339,7 @@ def _unfused(kfn, *args):
         d.fuse = np.zeros_like(d.fuse)   # the plan itself is shared and read-only (host/stream)
         d.blob = cpu_desc._pack(d, argsz)
     unfused_chain = cpu_desc._chain(descs)
-    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, unfused_chain,
-                                             None if unfused_chain is not None else cpu_desc.Stack.of(descs)))
+    object.__setattr__(layout, "_cpu_prog", (argsz, descs, outs, unfused_chain, cpu_desc.Stack.of(descs, unfused_chain)))
     try:
         yield
     finally:

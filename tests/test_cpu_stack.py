@@ -14,7 +14,7 @@ from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
 from dvm.vm.cpu.host.desc import prog_desc
-from dvm.vm.cpu.host.stack import PARALLEL_MIN_ELEMS, kernel_waits
+from dvm.vm.cpu.host.stack import PARALLEL_MIN_ELEMS, STACK_MIN_SIDE_WORK, arg_owners, kernel_waits, side_work
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the CPU VM with itself and the reference
 
@@ -75,10 +75,7 @@ def _stack_of(graph, env, arrays):
 def test_kernel_waits_follow_loads_and_stores():
     """A kernel waits where it loads what the kernels since the last wait store, or stores what
     they load or store; the sets start again at each wait."""
-    class D:
-        def __init__(self, stores, loads, n=5):
-            self.argst, self.argld = np.zeros(n, np.int64), np.zeros(n, np.int64)
-            self.argst[list(stores)], self.argld[list(loads)] = 1, 1
+    D = _Flags
     assert kernel_waits([D({2}, {0}), D({3}, {1}), D({4}, {0, 1})]) == [0, 0, 0]   # shared loads only
     assert kernel_waits([D({2}, {0}), D({3}, {2})]) == [0, 1]          # loads what kernel 0 stores
     assert kernel_waits([D({2}, {0}), D({0}, {1})]) == [0, 1]          # stores what kernel 0 loads
@@ -87,28 +84,84 @@ def test_kernel_waits_follow_loads_and_stores():
     assert kernel_waits([D({2}, {0}), D({3}, {2}), D({4}, {2})]) == [0, 1, 0]   # kernel 0 is done by then
 
 
+class _Flags:
+    """A descriptor's stored / loaded argument flags (what kernel_waits and arg_owners read)."""
+    def __init__(self, stores, loads, n=5):
+        self.argst, self.argld = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        self.argst[list(stores)], self.argld[list(loads)] = 1, 1
+
+
+def test_arg_owners_name_the_one_kernel_or_none_or_several():
+    owners = arg_owners([_Flags({2}, {0}), _Flags({3, 4}, {1, 2}), _Flags({4}, {1})])
+    store, touch = owners[:5].tolist(), owners[5:].tolist()
+    assert store == [-1, -1, 0, 1, -2]
+    assert touch == [0, -2, -2, 1, -2]
+
+
+def test_side_work_is_what_runs_beside_the_largest_kernel_of_each_run():
+    class W:
+        def __init__(self, work):
+            self.work = work
+    assert side_work([W(10), W(50), W(30)], [0, 0, 1]) == 10
+    assert side_work([W(10), W(50), W(30)], [0, 0, 0]) == 40
+    assert side_work([W(10), W(50), W(30)], [0, 1, 1]) == 0
+
+
+def _ordered(owners, spans):
+    """jit/entry._aliases_ordered on buffers at (address, element count) `spans` of float32."""
+    from dvm.vm.cpu.jit.entry import _aliases_ordered
+    n = len(spans)
+    bufs = np.array([a for a, _ in spans] + [c for _, c in spans], np.int64)
+    recs = np.concatenate([np.zeros(3, np.int64), np.asarray(owners, np.int64)])
+    return _aliases_ordered(recs, 3, bufs, np.full(n, 4, np.int64))
+
+
+def test_an_in_place_update_keeps_the_waits_and_any_other_overlap_orders_all():
+    """Arguments: 0 in p, 1 in q, 2 out p' (kernel 0 stores it), 3 out q' (kernel 1). p' over p
+    with only kernel 0 touching p: the waits by argument stay valid; p' over q (read by kernel 1),
+    p' half over p, or p' stored by two kernels: not."""
+    apart = [(1000, 8), (2000, 8), (3000, 8), (4000, 8)]
+    in_place = [(1000, 8), (2000, 8), (1000, 8), (2000, 8)]
+    owners = [-1, -1, 0, 1, 0, 1, 0, 1]   # stores, then touches
+    assert _ordered(owners, apart) and _ordered(owners, in_place)
+    assert not _ordered(owners, [(1000, 8), (2000, 8), (2000, 8), (4000, 8)])   # p' over q
+    assert not _ordered(owners, [(1000, 8), (2000, 8), (1016, 8), (4000, 8)])   # half over p
+    assert not _ordered([-1, -1, -2, 1, 0, 1, -2, 1], in_place)                  # p' stored twice
+    assert not _ordered([-1, -1, 0, 1, 1, 1, 0, 1], in_place)                    # p read by kernel 1
+
+
 def test_the_graph_stacks_with_independent_and_dependent_kernels():
     rows = PARALLEL_MIN_ELEMS // WIDE + 3
     x, y = _inputs(rows, 37)
     stack = _stack_of(GRAPH, {"n": rows, "m": 37}, [x, y])
     assert stack is not None and len(stack.waits) >= 3
     assert stack.waits[1] == 0 and 1 in stack.waits   # kernels beside each other, and one that waits
-    small = _stack_of(GRAPH, {"n": 5, "m": 3}, list(_inputs(5, 3)))
-    assert small is None   # small kernels only: one call on one thread (the chain)
+    assert _stack_of(GRAPH, {"n": 5, "m": 3}, list(_inputs(5, 3))) is None   # tiny: the chain only
+    launch, _ = GRAPH.launcher({"n": SMALL_X, "m": SMALL_Y}, list(_inputs(SMALL_X, SMALL_Y)), "cpu")
+    _, descs, _, chain, stack = prog_desc(launch.layout)
+    assert max(d.work for d in descs) < PARALLEL_MIN_ELEMS and chain is not None and stack is not None
+    assert side_work(descs, stack.waits) >= STACK_MIN_SIDE_WORK   # enough work beside the largest kernel
+
+
+SMALL_X, SMALL_Y = PARALLEL_MIN_ELEMS * 7 // 8 // WIDE, PARALLEL_MIN_ELEMS * 3 // 4 // NARROW
 
 
 @pytest.mark.parametrize("rows_x, rows_y", [(PARALLEL_MIN_ELEMS // WIDE + 3, 37),    # one big kernel
                                              (PARALLEL_MIN_ELEMS // WIDE * 3 + 1, 2 * PARALLEL_MIN_ELEMS // NARROW),
-                                             (PARALLEL_MIN_ELEMS // WIDE, 1)])
+                                             (PARALLEL_MIN_ELEMS // WIDE, 1),
+                                             (SMALL_X, SMALL_Y)])   # small kernels only
 def test_stacked_equals_one_by_one(threads_of, rows_x, rows_y, monkeypatch):
-    """Bitwise equal to the kernels run one by one, equal to the reference VM, counted."""
+    """Bitwise equal to the kernels run one by one, equal to the reference VM, counted (small
+    kernels are stacked on the OpenMP team only: on the VM's workers they run as one chain)."""
     x, y = _inputs(rows_x, rows_y)
     env = {"n": rows_x, "m": rows_y}
     one_by_one = _run(GRAPH, env, [x, y], False, monkeypatch=monkeypatch)
     dvm.reset_counters()
     stacked = _run(GRAPH, env, [x, y], True, monkeypatch=monkeypatch)
     counted = dvm.counters()
-    assert counted.get("cpu_stacked_openmp" if threads_of else "cpu_stacked_workers", 0) >= 1
+    small = (rows_x, rows_y) == (SMALL_X, SMALL_Y)
+    assert counted.get("cpu_stacked_openmp" if threads_of else "cpu_stacked_workers", 0) == \
+        (0 if small and not threads_of else 1)
     for a, b in zip(stacked, one_by_one):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(stacked, _run(GRAPH, env, [x, y], True, vm="reference", monkeypatch=monkeypatch)):
@@ -169,6 +222,32 @@ def test_a_stored_argument_over_another_keeps_the_order(threads_of, monkeypatch)
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
     np.testing.assert_array_equal(results[1][1].reshape(-1), (pv + gv).reshape(-1))
+
+
+def test_in_place_updates_in_a_stack(threads_of, monkeypatch):
+    """p += g and y *= y written over their inputs (each input read by its own kernel only, as
+    runtime/in_place allows): the kernels keep running beside each other, with the results of the
+    kernels run one by one."""
+    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
+    p = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
+    g = Node.make("input", DType.FLOAT32, (n, WIDE), index=1)
+    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=2)
+    ew = build.elementwise
+    graph = CompiledGraph([p, g, y], [ew(ctx, "add", p, g), ew(ctx, "mul", y, y)])
+    rows = 3 * PARALLEL_MIN_ELEMS // WIDE
+    env = {"n": rows, "m": 2 * PARALLEL_MIN_ELEMS // NARROW}
+    pv, gv = _inputs(rows, 1, seed=6)[0], _inputs(rows, 1, seed=7)[0]
+    yv = _inputs(1, env["m"], seed=8)[1]
+    for stack in (False, True):
+        monkeypatch.setenv("DVM_STACK", str(int(stack)))
+        dvm_config.reload()
+        launch, _ = graph.launcher(env, [pv, gv, yv], "cpu")
+        assert len(prog_desc(launch.layout)[1]) == 2
+        ps, ys = pv.copy(), yv.copy()
+        for _ in range(2):
+            launch._bound([ps.ctypes.data, gv.ctypes.data, ys.ctypes.data, ps.ctypes.data, ys.ctypes.data])
+        np.testing.assert_array_equal(ps, (pv + gv) + gv)
+        np.testing.assert_array_equal(ys, (yv * yv) * (yv * yv))
 
 
 def test_a_failing_kernel_in_a_stack_raises(threads_of, monkeypatch):

@@ -131,7 +131,9 @@ J_BUFS = 16
 # kernel count) and G_ERR (an error code a thread met, 0: none) in the first line, then from G_REC
 # one line (G_WIDTH words) per kernel: its sched words S_NEXT..S_CHUNK, its units (G_UNITS) and
 # G_WAIT (1: its threads first wait until every kernel since the last wait is done, for it reads
-# or writes what they write, or writes what they read; 0: it runs beside them).
+# or writes what they write, or writes what they read; 0: it runs beside them); after the kernels'
+# lines, per argument the kernel that stores it, then per argument the kernel that loads or stores
+# it (-1: none, -2: several; jit/entry._aliases_ordered).
 STACK = -9
 G_NK, G_ERR = 0, 1
 G_REC = 8

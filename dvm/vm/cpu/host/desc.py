@@ -128,7 +128,8 @@ def _chain(descs) -> np.ndarray | None:
 
 def prog_desc(layout: ProgramLayout) -> tuple:
     """(argument element sizes, kernel descriptors, output arguments, the chained blob of a launch
-    of small kernels or None, the launch's host/stack.Stack or None), once per layout."""
+    of small kernels or None, the launch's host/stack.Stack or None: its kernels run as one
+    parallel job where more than one thread runs the launch), once per layout."""
     pd = layout.__dict__.get("_cpu_prog")
     if pd is None:
         n_args = len(layout.args)
@@ -140,6 +141,6 @@ def prog_desc(layout: ProgramLayout) -> tuple:
                 d.blob_at = d.blob.ctypes.data
         outs = tuple(a for a, info in enumerate(layout.args) if info.role != ARG_IN)
         chain = _chain(descs)
-        pd = (argsz, descs, outs, chain, Stack.of(descs) if chain is None else None)
+        pd = (argsz, descs, outs, chain, Stack.of(descs, chain))
         object.__setattr__(layout, "_cpu_prog", pd)
     return pd

@@ -28,8 +28,8 @@ def bound_runner(layout: ProgramLayout, numels: list[int]) -> Callable[[list[int
     the buffers' addresses (their element counts are `numels`, fixed per launch signature)."""
     startup.ensure_core()
     _, descs, _, chain, stack = prog_desc(layout)
-    if chain is None:
-        return _ListRunner(descs, stack, numels)
+    if chain is None or stack is not None:
+        return _ListRunner(descs, stack, chain, numels)
     return _ChainRunner(chain, numels)
 
 
@@ -138,15 +138,15 @@ class _ChainRunner(_Runner):
 
 
 class _ListRunner(_Runner):
-    """Kernels with a big one: as one parallel job, or one by one, each on the threads its size
-    gets (host/run.run_kernels)."""
+    """Kernels with a big one, or small ones with a stack: as one parallel job, else as the chain
+    or one by one, each on the threads its size gets (host/run.run_kernels)."""
     __slots__ = ()
 
-    def __init__(self, descs, stack, numels: list[int]):
-        super().__init__(partial(_run_list, tuple(descs), stack), numels)
+    def __init__(self, descs, stack, chain, numels: list[int]):
+        super().__init__(partial(_run_list, tuple(descs), stack, chain), numels)
 
 
-def _run_list(descs: tuple, stack, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
+def _run_list(descs: tuple, stack, chain, table: np.ndarray, _sched: np.ndarray, _wait: bool) -> int:
     """run.run_kernels on an address table, with `go`'s calling convention (see _Runner: the last
     two arguments stand for the entry's)."""
-    return run_kernels(descs, table, None, stack)
+    return run_kernels(descs, table, None, stack, chain)

@@ -68,14 +68,19 @@ def default_threads() -> int:
     return c.threads if team is None else team
 
 
-def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | None = None) -> int:
-    """The kernels of a launch with a big one: as one parallel job (host/stack, parallel stacking)
-    where it has one and more than one thread runs it (and DVM_STACK=1), else in order (kernel
-    i+1 starts after kernel i finished), up to the first error; returns its code (0: none)."""
-    if stack is not None and config().stack:
+def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | None = None,
+                chain: np.ndarray | None = None) -> int:
+    """The kernels of a launch: as one parallel job (host/stack, parallel stacking) where it has a
+    stack and more than one thread runs it (and DVM_STACK=1; small kernels only on the OpenMP
+    team: a job handed to the VM's workers costs more than they gain); else the chain of small
+    kernels in one call, or in order (kernel i+1 starts after kernel i finished), up to the first
+    error; returns its code (0: none)."""
+    if stack is not None and config().stack and (chain is None or _TEAM.usable()):
         nthreads = min(default_threads() if threads is None else max(1, int(threads)), stack.units)
         if nthreads > 1:
             return run_stack(stack, bufs, nthreads)
+    if chain is not None:
+        return startup.ENTRY(0, -1, chain, TABLE, bufs, NO_SCHED, False)
     for d in descs:
         if d.n_units:
             err = run_kernel(d, d.blob, bufs, threads)
@@ -124,7 +129,7 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     if startup.ENTRY is None:   # a module attribute: the cheapest check a launch can make
         startup.ensure_core()
     pd = prog_desc(layout)
-    if pd[3] is not None:   # small kernels only: one call runs them all, in order
+    if pd[3] is not None and pd[4] is None:   # small kernels only: one call runs them all, in order
         check(startup.ENTRY(0, -1, pd[3], TABLE, bufs, NO_SCHED, False))
     else:
-        check(run_kernels(pd[1], bufs, threads, pd[4]))
+        check(run_kernels(pd[1], bufs, threads, pd[4], pd[3]))

@@ -1,6 +1,7 @@
 """Parallel stacking: the kernels of a Program with a big kernel run as one parallel job (abi.STACK,
 jit/entry.run_stack) instead of one job per big kernel and the small ones alone on the launching
-thread.
+thread; so do small kernels only (one call on one thread otherwise) where STACK_MIN_SIDE_WORK of
+their work can run beside other work, on the OpenMP team (host/run).
 
 Every thread of the job claims units of kernel 0, goes on to kernel 1 when none is left to claim,
 and so on; it waits only before a kernel that depends on the kernels since the last wait: one that
@@ -8,9 +9,11 @@ loads an argument they store, or stores one they load or store (by argument, fro
 loads and stores: host/stream). Independent kernels (the RoPE of q and of k, a norm beside a
 residual copy, a small kernel beside a big one) so share the threads, and a launch of n kernels
 pays one start and one join. A small kernel (below PARALLEL_MIN_ELEMS) is claimed whole by one
-thread. Where a stored argument overlaps another in memory (an in-place update), every kernel
-waits for the ones before it: the order of sequence stacking. Results are bitwise those of running
-the kernels one by one: each unit computes the same elements from the same inputs whoever runs it.
+thread. An output written over an input (an in-place update: the input is touched by no kernel
+but the one storing the output) keeps these waits; any other overlap of a stored argument with
+another makes every kernel wait for the ones before it: the order of sequence stacking (checked
+per launch, jit/entry._aliases_ordered). Results are bitwise those of running the kernels one by
+one: each unit computes the same elements from the same inputs whoever runs it.
 """
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ import numpy as np
 from .. import abi
 
 PARALLEL_MIN_ELEMS = 1 << 16   # below this a kernel runs on one thread
+# small kernels only (one call on one thread otherwise) are stacked from this much work beside
+# the largest of each run between waits: as much as each thread gets of a kernel just big enough
+# to be shared between two
+STACK_MIN_SIDE_WORK = PARALLEL_MIN_ELEMS // 2
 CHUNKS_PER_THREAD = 4   # units are claimed in chunks of about n_units / (threads * this)
 CACHE_LINE = 64
 
@@ -35,6 +42,17 @@ def line_aligned_words(n: int) -> np.ndarray:
     raw = np.zeros(n + CACHE_LINE // 8, np.int64)
     skip = (-raw.ctypes.data % CACHE_LINE) // 8
     return raw[skip:skip + n]
+
+
+def arg_owners(descs) -> np.ndarray:
+    """Per argument the kernel that stores it, then per argument the kernel that loads or stores
+    it (-1: none, -2: several), for jit/entry._aliases_ordered."""
+    n = len(descs[0].argst)
+    store, touch = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    for k, d in enumerate(descs):
+        for owner, used in ((store, d.argst != 0), (touch, (d.argst != 0) | (d.argld != 0))):
+            owner[used] = np.where(owner[used] == -1, k, -2)
+    return np.concatenate([store, touch])
 
 
 def kernel_waits(descs) -> list[int]:
@@ -55,15 +73,28 @@ def kernel_waits(descs) -> list[int]:
     return waits
 
 
+def side_work(descs, waits) -> int:
+    """The work that can run beside other work: per run of kernels between waits, all of its work
+    but its largest kernel's."""
+    total = largest = side = 0
+    for d, wait in zip(descs, waits):
+        if wait:
+            side += total - largest
+            total = largest = 0
+        total, largest = total + d.work, max(largest, d.work)
+    return side + total - largest
+
+
 class Stack:
     """A Program's kernels as one parallel job: their blobs back to back (`chain`) and the records'
-    contents per thread count (abi.G_*: units, chunk, wait; counters zero)."""
-    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_templates", "_mine")
+    contents per thread count (abi.G_*: units, chunk, wait, the arguments' owners; counters
+    zero)."""
+    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_owners", "_templates", "_mine")
 
-    def __init__(self, descs):
-        """Takes the descriptors' blobs into `chain`: each descriptor's blob becomes a view of it
-        (one copy of the words, not two)."""
-        self.chain = np.concatenate([d.blob for d in descs])
+    def __init__(self, descs, chain: np.ndarray | None = None):
+        """Takes the descriptors' blobs into `chain` (their concatenation, given or made): each
+        descriptor's blob becomes a view of it (one copy of the words, not two)."""
+        self.chain = np.concatenate([d.blob for d in descs]) if chain is None else chain
         self.chain_at = self.chain.ctypes.data
         at = 0
         for d in descs:
@@ -71,16 +102,22 @@ class Stack:
             d.blob, d.blob_at = self.chain[at:at + n], self.chain_at + 8 * at
             at += n
         self.units = sum(d.n_units for d in descs)
-        self.n_words = abi.G_REC + abi.G_WIDTH * len(descs)
         self._descs, self._waits = tuple(descs), kernel_waits(descs)
+        self._owners = arg_owners(descs)
+        self.n_words = abi.G_REC + abi.G_WIDTH * len(descs) + len(self._owners)
         self._templates: dict[int, np.ndarray] = {}
         self._mine = threading.local()   # per launching thread: {thread count: (records, address)}
 
     @classmethod
-    def of(cls, descs) -> "Stack | None":
+    def of(cls, descs, chain: np.ndarray | None = None) -> "Stack | None":
         """The stack of a launch of these kernels, or None where stacking has nothing to share:
-        fewer than two kernels with work."""
-        return cls(descs) if sum(1 for d in descs if d.n_units) > 1 else None
+        fewer than two kernels with work, or (`chain`: small kernels only, which one thread runs
+        in one call) less than STACK_MIN_SIDE_WORK of work that can run beside other work."""
+        if sum(1 for d in descs if d.n_units) < 2:
+            return None
+        if chain is not None and side_work(descs, kernel_waits(descs)) < STACK_MIN_SIDE_WORK:
+            return None
+        return cls(descs, chain)
 
     @property
     def waits(self) -> tuple[int, ...]:
@@ -113,4 +150,5 @@ class Stack:
             small = d.work < PARALLEL_MIN_ELEMS
             t[r + abi.S_CHUNK] = max(d.n_units, 1) if small else chunk_size(d.n_units, nthreads)
             t[r + abi.G_UNITS], t[r + abi.G_WAIT] = d.n_units, wait
+        t[self.n_words - len(self._owners):] = self._owners
         return t

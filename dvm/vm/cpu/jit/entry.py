@@ -204,33 +204,27 @@ def _fill_frame(fr, tab, blob, base, bufs, n, at_ins, len_ins, at_opt, len_opt, 
 
 
 @njit(**OPTS)
-def _stores_alone(addrs, numels, argsz, argst):
-    """No argument the kernel stores (argst != 0) overlaps another argument in memory."""
-    n = addrs.shape[0]
+def _aliases_ordered(recs, at, bufs, argsz):
+    """Whether the waits of a stack (by argument) order every access to memory that arguments
+    share: each overlap of a stored argument a with another argument b must be an exact alias (the
+    same memory) where a is stored by one kernel k and no kernel but k touches b (an in-place
+    update: runtime/in_place). recs[at:at + n]: per argument the kernel that stores it (-1 none,
+    -2 several); recs[at + n:at + 2n]: the kernel that loads or stores it (-1 none, -2 several)."""
+    n = bufs.shape[0] // 2
+    addrs, numels = carray(ptr_i64(bufs.ctypes.data), n), carray(ptr_i64(bufs.ctypes.data + 8 * n), n)
     for a in range(n):
-        if argst[a] == 0 or numels[a] == 0:
+        k = recs[at + a]
+        if k == -1 or numels[a] == 0:
             continue
         lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
         for b in range(n):
-            if b != a and numels[b] > 0 and addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
-                return False
-    return True
-
-
-@njit(**OPTS)
-def _all_stores_alone(chain, nk, bufs):
-    """_stores_alone for every kernel of a stack (its blobs back to back in `chain`)."""
-    n = bufs.shape[0] // 2
-    addrs, numels = carray(ptr_i64(bufs.ctypes.data), n), carray(ptr_i64(bufs.ctypes.data + 8 * n), n)
-    base0 = chain.ctypes.data
-    at = 0
-    for _ in range(nk):
-        kb = carray(ptr_i64(base0 + 8 * at), chain[at + H_LEN])
-        argsz = carray(ptr_i64(_seg(kb, base0 + 8 * at, P_ARGSZ)[0]), n)
-        argst = carray(ptr_i64(_seg(kb, base0 + 8 * at, P_ARGST)[0]), n)
-        if not _stores_alone(addrs, numels, argsz, argst):
-            return False
-        at += kb[H_LEN]
+            if b == a or numels[b] == 0:
+                continue
+            b_lo, b_hi = addrs[b], addrs[b] + numels[b] * argsz[b]
+            if b_lo < hi and lo < b_hi:
+                touched_by = recs[at + n + b]
+                if k < 0 or b_lo != lo or b_hi != hi or (touched_by != -1 and touched_by != k):
+                    return False
     return True
 
 
@@ -239,18 +233,20 @@ def run_stack(chain, tab, bufs, recs_addr):
     """This thread's part of a stacked launch (abi.STACK; records at recs_addr, the kernels' blobs
     back to back in `chain`). Each kernel's units are claimed from its own counter; a thread goes
     on to the next kernel as soon as nothing of this one is left to claim, except where the next
-    one waits (G_WAIT; every kernel where a stored argument overlaps another, an in-place update)
-    until every kernel since the last wait is done. A kernel that failed (its S_ERR) stops the
-    launch at the next wait. Returns this thread's error code (0: none), also stored at G_ERR."""
+    one waits (G_WAIT; every kernel where a stored argument overlaps another beyond an in-place
+    update: _aliases_ordered) until every kernel since the last wait is done. A kernel that
+    failed (its S_ERR) stops the launch at the next wait. Returns this thread's error code (0:
+    none), also stored at G_ERR."""
     nk = carray(ptr_i64(recs_addr), 1)[G_NK]
-    recs = carray(ptr_i64(recs_addr), G_REC + G_WIDTH * nk)
-    alone = _all_stores_alone(chain, nk, bufs)
+    recs = carray(ptr_i64(recs_addr), G_REC + G_WIDTH * nk + bufs.shape[0])   # lines, then 2 words an argument
     base0 = chain.ctypes.data
+    ordered = _aliases_ordered(recs, G_REC + G_WIDTH * nk, bufs,
+                               carray(ptr_i64(_seg(chain, base0, P_ARGSZ)[0]), bufs.shape[0] // 2))
     first = 0
     at = 0
     for k in range(nk):
         r = G_REC + G_WIDTH * k
-        if k > first and (recs[r + G_WAIT] != 0 or not alone):
+        if k > first and (recs[r + G_WAIT] != 0 or not ordered):
             for p in range(first, k):
                 rp = recs_addr + 8 * (G_REC + G_WIDTH * p)
                 while atomic_load(rp + 8 * S_DONE) < atomic_load(rp + 8 * G_UNITS):
