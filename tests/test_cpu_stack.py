@@ -195,27 +195,38 @@ def test_stacked_equals_one_by_one_at_any_size(rows_x, rows_y, seed):
         dvm_config.reload()
 
 
+def _update_inputs(env, seed):
+    """p and g over (n, WIDE), y over (m, NARROW)."""
+    return _inputs(env["n"], 1, seed)[0], _inputs(env["n"], 1, seed + 1)[0], _inputs(1, env["m"], seed + 2)[1]
+
+
+def _update_launches(env, arrays, square_first, monkeypatch):
+    """The launch of p + g and y * y (two kernels; y * y the first output where square_first),
+    bound with DVM_STACK=0, then with DVM_STACK=1."""
+    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
+    p = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
+    g = Node.make("input", DType.FLOAT32, (n, WIDE), index=1)
+    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=2)
+    outs = [build.elementwise(ctx, "add", p, g), build.elementwise(ctx, "mul", y, y)]
+    graph = CompiledGraph([p, g, y], outs[::-1] if square_first else outs)
+    for stack in (False, True):
+        monkeypatch.setenv("DVM_STACK", str(int(stack)))
+        dvm_config.reload()
+        launch, _ = graph.launcher(env, arrays, "cpu")
+        assert len(prog_desc(launch.layout)[1]) == 2
+        yield launch
+
+
 def test_a_stored_argument_over_another_keeps_the_order(threads_of, monkeypatch):
     """A launch whose output is another argument's memory (the VM's contract allows that only
     for an in-place update read by its own kernel; this one is read by another kernel): every
     kernel of the stack then waits for the ones before it, and the results are bitwise those of
     the kernels run one by one."""
-    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
-    p = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
-    g = Node.make("input", DType.FLOAT32, (n, WIDE), index=1)
-    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=2)
-    ew = build.elementwise
-    graph = CompiledGraph([p, g, y], [ew(ctx, "mul", y, y), ew(ctx, "add", p, g)])
     rows = 3 * PARALLEL_MIN_ELEMS // WIDE
     env = {"n": rows, "m": rows * WIDE // NARROW}
-    pv, gv = _inputs(rows, 1, seed=3)[0], _inputs(rows, 1, seed=4)[0]
-    yv = _inputs(1, env["m"], seed=5)[1]
+    pv, gv, yv = _update_inputs(env, seed=3)
     results = []
-    for stack in (False, True):
-        monkeypatch.setenv("DVM_STACK", str(int(stack)))
-        dvm_config.reload()
-        launch, _ = graph.launcher(env, [pv, gv, yv], "cpu")
-        assert len(prog_desc(launch.layout)[1]) == 2
+    for launch in _update_launches(env, [pv, gv, yv], square_first=True, monkeypatch=monkeypatch):
         ys, sq = yv.copy(), np.empty_like(yv)
         launch._bound([pv.ctypes.data, gv.ctypes.data, ys.ctypes.data, sq.ctypes.data, ys.ctypes.data])
         results.append((sq, ys))
@@ -228,21 +239,10 @@ def test_in_place_updates_in_a_stack(threads_of, monkeypatch):
     """p += g and y *= y written over their inputs (each input read by its own kernel only, as
     runtime/in_place allows): the kernels keep running beside each other, with the results of the
     kernels run one by one."""
-    ctx, n, m = build.ShapeContext(), sym("n"), sym("m")
-    p = Node.make("input", DType.FLOAT32, (n, WIDE), index=0)
-    g = Node.make("input", DType.FLOAT32, (n, WIDE), index=1)
-    y = Node.make("input", DType.FLOAT32, (m, NARROW), index=2)
-    ew = build.elementwise
-    graph = CompiledGraph([p, g, y], [ew(ctx, "add", p, g), ew(ctx, "mul", y, y)])
     rows = 3 * PARALLEL_MIN_ELEMS // WIDE
     env = {"n": rows, "m": 2 * PARALLEL_MIN_ELEMS // NARROW}
-    pv, gv = _inputs(rows, 1, seed=6)[0], _inputs(rows, 1, seed=7)[0]
-    yv = _inputs(1, env["m"], seed=8)[1]
-    for stack in (False, True):
-        monkeypatch.setenv("DVM_STACK", str(int(stack)))
-        dvm_config.reload()
-        launch, _ = graph.launcher(env, [pv, gv, yv], "cpu")
-        assert len(prog_desc(launch.layout)[1]) == 2
+    pv, gv, yv = _update_inputs(env, seed=6)
+    for launch in _update_launches(env, [pv, gv, yv], square_first=False, monkeypatch=monkeypatch):
         ps, ys = pv.copy(), yv.copy()
         for _ in range(2):
             launch._bound([ps.ctypes.data, gv.ctypes.data, ys.ctypes.data, ps.ctypes.data, ys.ctypes.data])
