@@ -1,7 +1,8 @@
 """Parallel stacking (vm/cpu/host/stack): the kernels of a launch with a big kernel run as one
 parallel job, independent ones beside each other. Results are bitwise those of the kernels run one
 by one (DVM_STACK=0), on the OpenMP team and on the VM's own workers, and agree with the reference
-VM; dependent kernels wait, an in-place update waits everywhere, and a failing kernel raises."""
+VM; dependent kernels wait, in-place updates keep running beside each other, any other output
+over an argument's memory orders every kernel, and a failing kernel raises."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -174,25 +175,14 @@ def test_stacked_equals_one_by_one(threads_of, rows_x, rows_y, monkeypatch):
 def test_stacked_equals_one_by_one_at_any_size(rows_x, rows_y, seed):
     """Hypothesis: sizes on both sides of the threading threshold, repeated launches (counters,
     late helpers): the stacked launch is bitwise the one-by-one run."""
-    import os
     x, y = _inputs(rows_x, rows_y, seed)
     env = {"n": rows_x, "m": rows_y}
-    old = os.environ.get("DVM_STACK")
-    try:
-        os.environ["DVM_STACK"] = "0"
-        dvm_config.reload()
-        want = GRAPH.run(env, [x, y], "cpu")
-        os.environ["DVM_STACK"] = "1"
-        dvm_config.reload()
+    with pytest.MonkeyPatch.context() as mp:   # (hypothesis runs examples inside one test call)
+        want = _run(GRAPH, env, [x, y], False, monkeypatch=mp)
         for _ in range(3):
-            for a, b in zip(GRAPH.run(env, [x, y], "cpu"), want):
+            for a, b in zip(_run(GRAPH, env, [x, y], True, monkeypatch=mp), want):
                 np.testing.assert_array_equal(a, b)
-    finally:
-        if old is None:
-            os.environ.pop("DVM_STACK", None)
-        else:
-            os.environ["DVM_STACK"] = old
-        dvm_config.reload()
+    dvm_config.reload()
 
 
 def _update_inputs(env, seed):

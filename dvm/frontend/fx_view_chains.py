@@ -47,7 +47,7 @@ REINTERPRET = True   # off: every remembered view is an as_strided (the tests co
 _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
 # Run-graph callables that read their tensor arguments into fresh results only: they neither write
 # them nor return them (nor a view of them), and keep no reference to them.
-PURE_READERS = frozenset({torch._C._nn.linear, linear_kxm, linear_activation, torch.addmm, torch.mm, torch.bmm,
+PURE_READERS = frozenset({torch.nn.functional.linear, linear_kxm, linear_activation, torch.addmm, torch.mm, torch.bmm,
                           torch.matmul, torch._addmm_activation, SDPA, SDPA_CALL, sdpa_keep_mask})
 
 

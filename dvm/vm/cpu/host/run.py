@@ -75,10 +75,11 @@ def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | Non
     team: a job handed to the VM's workers costs more than they gain); else the chain of small
     kernels in one call, or in order (kernel i+1 starts after kernel i finished), up to the first
     error; returns its code (0: none)."""
-    if stack is not None and config().stack and (chain is None or _TEAM.usable()):
+    if stack is not None and config().stack:
         nthreads = min(default_threads() if threads is None else max(1, int(threads)), stack.units)
-        if nthreads > 1:
-            return run_stack(stack, bufs, nthreads)
+        team = _TEAM.usable()
+        if nthreads > 1 and (team or chain is None):
+            return run_stack(stack, bufs, nthreads, team)
     if chain is not None:
         return startup.ENTRY(0, -1, chain, TABLE, bufs, NO_SCHED, False)
     for d in descs:
@@ -89,10 +90,10 @@ def run_kernels(descs, bufs: np.ndarray, threads: int | None, stack: Stack | Non
     return 0
 
 
-def run_stack(stack: Stack, bufs: np.ndarray, nthreads: int) -> int:
-    """A stacked launch on nthreads threads (the OpenMP team's or this one and the VM's workers);
-    returns the largest error code of its kernels (0: none)."""
-    if _TEAM.usable():
+def run_stack(stack: Stack, bufs: np.ndarray, nthreads: int, team: bool) -> int:
+    """A stacked launch on nthreads threads (the OpenMP team's where `team`, else this one and the
+    VM's workers); returns an error code of its kernels (0: none)."""
+    if team:
         bump("cpu_stacked_openmp")
         recs, at = stack.records(nthreads, True)
         _TEAM.launch_stack(stack, at, bufs, nthreads)
@@ -129,7 +130,4 @@ def run_addrs(layout: ProgramLayout, bufs: np.ndarray, threads: int | None = Non
     if startup.ENTRY is None:   # a module attribute: the cheapest check a launch can make
         startup.ensure_core()
     pd = prog_desc(layout)
-    if pd[3] is not None and pd[4] is None:   # small kernels only: one call runs them all, in order
-        check(startup.ENTRY(0, -1, pd[3], TABLE, bufs, NO_SCHED, False))
-    else:
-        check(run_kernels(pd[1], bufs, threads, pd[4], pd[3]))
+    check(run_kernels(pd[1], bufs, threads, pd[4], pd[3]))

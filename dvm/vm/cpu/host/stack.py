@@ -89,11 +89,12 @@ class Stack:
     """A Program's kernels as one parallel job: their blobs back to back (`chain`) and the records'
     contents per thread count (abi.G_*: units, chunk, wait, the arguments' owners; counters
     zero)."""
-    __slots__ = ("chain", "chain_at", "units", "n_words", "_descs", "_waits", "_owners", "_templates", "_mine")
+    __slots__ = ("chain", "chain_at", "units", "n_words", "waits", "_descs", "_owners", "_templates", "_mine")
 
-    def __init__(self, descs, chain: np.ndarray | None = None):
+    def __init__(self, descs, waits: list[int], chain: np.ndarray | None = None):
         """Takes the descriptors' blobs into `chain` (their concatenation, given or made): each
-        descriptor's blob becomes a view of it (one copy of the words, not two)."""
+        descriptor's blob becomes a view of it (one copy of the words, not two). waits:
+        kernel_waits(descs)."""
         self.chain = np.concatenate([d.blob for d in descs]) if chain is None else chain
         self.chain_at = self.chain.ctypes.data
         at = 0
@@ -102,7 +103,7 @@ class Stack:
             d.blob, d.blob_at = self.chain[at:at + n], self.chain_at + 8 * at
             at += n
         self.units = sum(d.n_units for d in descs)
-        self._descs, self._waits = tuple(descs), kernel_waits(descs)
+        self._descs, self.waits = tuple(descs), tuple(waits)
         self._owners = arg_owners(descs)
         self.n_words = abi.G_REC + abi.G_WIDTH * len(descs) + len(self._owners)
         self._templates: dict[int, np.ndarray] = {}
@@ -115,13 +116,10 @@ class Stack:
         in one call) less than STACK_MIN_SIDE_WORK of work that can run beside other work."""
         if sum(1 for d in descs if d.n_units) < 2:
             return None
-        if chain is not None and side_work(descs, kernel_waits(descs)) < STACK_MIN_SIDE_WORK:
+        waits = kernel_waits(descs)
+        if chain is not None and side_work(descs, waits) < STACK_MIN_SIDE_WORK:
             return None
-        return cls(descs, chain)
-
-    @property
-    def waits(self) -> tuple[int, ...]:
-        return tuple(self._waits)
+        return cls(descs, waits, chain)
 
     def records(self, nthreads: int, reuse: bool) -> tuple[np.ndarray, int]:
         """Records for a launch on nthreads threads (counters zero), and their address. `reuse`:
@@ -145,7 +143,7 @@ class Stack:
     def _template(self, nthreads: int) -> np.ndarray:
         t = np.zeros(self.n_words, np.int64)
         t[abi.G_NK] = len(self._descs)
-        for k, (d, wait) in enumerate(zip(self._descs, self._waits)):
+        for k, (d, wait) in enumerate(zip(self._descs, self.waits)):
             r = abi.G_REC + abi.G_WIDTH * k
             small = d.work < PARALLEL_MIN_ELEMS
             t[r + abi.S_CHUNK] = max(d.n_units, 1) if small else chunk_size(d.n_units, nthreads)
