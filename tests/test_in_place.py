@@ -83,3 +83,66 @@ def test_vm_writes_over_its_input(rows):
     np.testing.assert_array_equal(p, want[0])
     np.testing.assert_array_equal(m, want[1])
     np.testing.assert_array_equal(g, arrays[1])
+
+
+def _alias_code(graph, rows, outs_over):
+    """jit/addr.alias_ok on the CPU VM's descriptor of `graph`'s kernel, with output k placed
+    where outs_over[k] says: ("in", slot, shift) over that input's buffer shifted by `shift`
+    elements, or None (a buffer of its own)."""
+    from dvm.vm.cpu.host.decode import DECODE
+    from dvm.vm.cpu.host.desc import prog_desc
+    from dvm.vm.cpu.jit.addr import alias_ok
+    arrays = [np.zeros((rows + 1) * C, np.float32) for _ in graph.inputs]   # (room for a shifted output)
+    layouts = [as_buffer(a[:rows * C].reshape(rows, C))[1] for a in arrays]
+    layout = verify(graph.program({"s": rows}, layouts, registry.get("cpu").target))
+    argsz, descs, _, _, _ = prog_desc(layout)
+    (d,) = descs
+    own = [np.zeros(rows * C, np.float32) for _ in outs_over]   # (kept alive: distinct addresses)
+    addrs = [a.ctypes.data for a in arrays]
+    for k, over in enumerate(outs_over):
+        addrs.append(own[k].ctypes.data if over is None else arrays[over[1]].ctypes.data + 4 * over[2])
+    numels = np.full(len(addrs), rows * C, np.int64)   # each buffer's elements, as a launch passes them
+    return alias_ok(np.array(addrs, np.int64), numels, argsz, d.argst, d.instrs, DECODE, d.rio, d.optab, d.meta,
+                    d.dims)
+
+
+@pytest.mark.parametrize("name, outs_over, want", [
+    ("adam", (None, None), 1),                          # nothing overlaps
+    ("adam", (("in", 0, 0), ("in", 2, 0)), 2),          # p' over p and m' over m: runtime/in_place's update
+    ("adam", (("in", 1, 0), None), 2),                  # p' over g (g is read before p' is computed)
+    ("adam", (None, ("in", 0, 0)), 0),                  # m' over p: p is read after m' is computed
+    ("adam", (("in", 0, 1), None), 0),                  # p' over p shifted by an element: other elements
+    ("transposed", (("in", 0, 0),), 0),                 # t read transposed too
+    ("reduction", (("in", 0, 0),), 0),                  # the row is read again after a store
+])
+def test_in_place_tiles_where_the_kernel_allows_the_overlap(name, outs_over, want):
+    """The CPU VM keeps its in-place tiles (registers pointing into buffers, results written into
+    outputs) where an output is an input's memory exactly and the stream reads that input before
+    computing the value stored over it (abi.ALIASED), and runs every tile through its registers
+    wherever else arguments overlap (0)."""
+    from dvm.vm.cpu.abi import ALIASED
+    inputs, outputs, _ = _graphs()[name]
+    got = _alias_code(CompiledGraph(inputs, outputs), 5, outs_over)
+    assert got == {0: 0, 1: 1, 2: ALIASED}[want]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 2048])
+@pytest.mark.parametrize("over", [(0, 2), (1, 2)])   # (p' over, m' over): the input slot each writes over
+def test_vm_writes_over_its_input_with_in_place_tiles(rows, over):
+    """The CPU VM on the Adam-like graph with p' written over p (or g) and m' over m, at sizes of
+    one tile, a few and many (threads share them): the values of a run into fresh outputs, and
+    the input no output is placed over unchanged."""
+    inputs, outputs, _ = _graphs()["adam"]
+    graph = CompiledGraph(inputs, outputs)
+    rng = np.random.default_rng(rows)
+    arrays = [rng.standard_normal((rows, C)).astype(np.float32) for _ in inputs]
+    want = graph.run({"s": rows}, [a.copy() for a in arrays])
+    bufs = [a.copy() for a in arrays]
+    layouts = [as_buffer(a)[1] for a in bufs]
+    vm = registry.get("cpu")
+    layout = verify(graph.program({"s": rows}, layouts, vm.target))
+    vm.run(layout, [b.reshape(-1) for b in bufs] + [bufs[over[0]].reshape(-1), bufs[over[1]].reshape(-1)])
+    np.testing.assert_array_equal(bufs[over[0]], want[0])
+    np.testing.assert_array_equal(bufs[over[1]], want[1])
+    untouched = ({0, 1, 2} - set(over)).pop()
+    np.testing.assert_array_equal(bufs[untouched], arrays[untouched])

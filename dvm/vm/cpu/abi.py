@@ -7,6 +7,8 @@ imports).
 from __future__ import annotations
 
 MAX_REGS = 256   # registers per bank (codegen.program.MAX_REGS; checked by host/decode)
+ALIASED = 2      # jit/addr.alias_ok: in-place tiles, some of them an input's and an output's at once
+OPND_ARG = 0     # an operand-table row reading an argument (codegen.program.OPND_ARG; checked by host/decode)
 
 # --- register banks and stored dtypes (the Program format's dtype codes; checked by host/decode) -
 BK_F32, BK_F64, BK_I64, BK_B8 = 0, 1, 2, 3

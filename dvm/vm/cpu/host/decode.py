@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....codegen import isa
-from ....codegen.program import MAX_REGS
+from ....codegen.program import MAX_REGS, OPND_ARG
 from ....graph.dtypes import Bank, DType
 from .. import abi
 
@@ -23,7 +23,7 @@ _REDUCE_GROUPS = ("accinit", "acc", "rfin", "rowred")
 assert [int(d) for d in (DType.BOOL, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16,
                          DType.FLOAT32, DType.FLOAT64)] == [abi.DT_BOOL, abi.DT_I32, abi.DT_I64, abi.DT_F16,
                                                             abi.DT_BF16, abi.DT_F32, abi.DT_F64]
-assert abi.MAX_REGS == MAX_REGS and abi.INSTR_WIDTH == isa.WORDS
+assert abi.MAX_REGS == MAX_REGS and abi.OPND_ARG == OPND_ARG and abi.INSTR_WIDTH == isa.WORDS
 
 
 def writes_f(spec: isa.InstrSpec) -> int:

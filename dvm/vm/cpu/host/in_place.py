@@ -20,8 +20,9 @@ def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, opnd_arg: np.ndarr
     peep[pc] = PEEP_LATER - operand where the store comes later or the register is read besides (a
     residual sum that a norm reads, stored after the norm): it points at the store's tile from pc
     on, and the store finds its tile written. Only when no instruction between pc and the
-    register's last read writes it or stores into that store's argument (another argument never
-    overlaps it while tiles are in place: jit/addr.alias_ok)."""
+    register's last read writes it or stores into that store's argument (while tiles are in place,
+    another argument overlaps it only as the input of an in-place update, whose registers are read
+    no later than the instruction computing the stored value: jit/addr.alias_ok)."""
     peep = np.full(len(instrs), -1, np.int64)
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ..abi import DT_F32, M_BM, M_BN, M_COLS, M_NC, M_NR, M_ROWS, M_TL, OPTAB_FIXED
+from ..abi import (ALIASED, BK_F32, DEC_GROUP, DT_F32, G_ACC, G_ACCINIT, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
+                   G_STOREROW, MAX_REGS, M_BM, M_BN, M_COLS, M_NC, M_NR, M_NSW, M_ROWS, M_SW, M_TL, N_BANKS, OPND_ARG,
+                   OPTAB_FIXED)
 from .bits import OPTS, ptr_f32
 
 _S = OPTAB_FIXED   # optab column of operand j's stride along dim 0
@@ -123,20 +125,111 @@ def freg(F, fp, k):
 
 
 @njit(**OPTS)
-def alias_ok(addrs, numels, argsz, argst):
-    """In-place tiles only when no stored argument overlaps any other argument."""
+def alias_ok(addrs, numels, argsz, argst, instrs, dec, rio, optab, meta, dims):
+    """In-place tiles (registers pointing into buffers, results written straight into outputs):
+    0 where a stored argument overlaps another argument other than by an in-place update the
+    kernel allows (in_place_pair), 1 where no stored argument overlaps any other, ALIASED where
+    every overlap is such an update."""
     n = addrs.shape[0]
+    ok = 1
     for a in range(n):
         if argst[a] == 2:
-            return False
+            return 0
         if argst[a] == 0:
             continue
         lo, hi = addrs[a], addrs[a] + numels[a] * argsz[a]
         for b in range(n):
             if b != a and hi > lo and numels[b] > 0:
                 if addrs[b] < hi and lo < addrs[b] + numels[b] * argsz[b]:
-                    return False
+                    if not in_place_pair(a, b, addrs, numels, argsz, argst, instrs, dec, rio, optab, meta, dims):
+                        return 0
+                    ok = ALIASED
+    return ok
+
+
+@njit(**OPTS)
+def in_place_pair(a, b, addrs, numels, argsz, argst, instrs, dec, rio, optab, meta, dims):
+    """Stored argument a may occupy exactly the memory of argument b with in-place tiles (an update
+    `b.add_(...)`, runtime/in_place): b is not stored; both are the same elements at the same
+    addresses, each read through one operand of the same dense row-major layout over the domain;
+    the kernel is one sweep without reductions (no element is read again after a store); and in
+    its stream every read of a register loaded from b comes no later than the instruction
+    computing the one value stored to a (which reads them element by element). Then every
+    element is read before it is overwritten, and never after."""
+    if argst[b] != 0 or addrs[a] != addrs[b] or numels[a] != numels[b] or argsz[a] != argsz[b]:
+        return False
+    sw = M_SW
+    if meta[M_NSW] != 1 or meta[sw] != meta[sw + 1] or meta[sw + 4] != meta[sw + 5]:
+        return False
+    ja = _sole_operand(a, optab)
+    jb = _sole_operand(b, optab)
+    return ja >= 0 and jb >= 0 and _same_dense(ja, jb, optab, dims, meta[M_NR] + meta[M_NC]) and \
+        _reads_precede_store(jb, ja, instrs, dec, rio)
+
+
+@njit(**OPTS)
+def _sole_operand(arg, optab):
+    """The one operand reading or writing argument arg, or -1 (none, several, or an index)."""
+    j = -1
+    for k in range(optab.shape[0]):
+        if optab[k, 1] == arg:
+            if j >= 0 or optab[k, 0] != OPND_ARG:
+                return -1
+            j = k
+    return j
+
+
+@njit(**OPTS)
+def _same_dense(ja, jb, optab, dims, nd):
+    """Operands ja and jb address the same elements of one dense row-major layout of the domain."""
+    if optab[ja, 2] != optab[jb, 2] or optab[ja, 3] != optab[jb, 3]:
+        return False
+    step = 1
+    for d in range(nd - 1, -1, -1):
+        if optab[ja, _S + d] != optab[jb, _S + d]:
+            return False
+        if dims[d] > 1:
+            if optab[ja, _S + d] != step:
+                return False
+            step *= dims[d]
     return True
+
+
+@njit(**OPTS)
+def _reads_precede_store(jb, ja, instrs, dec, rio):
+    """One store to operand ja, and every read of a register loaded from operand jb no later than
+    the instruction that last wrote the stored register; no reductions (runtime/in_place's rule)."""
+    loaded = np.zeros((N_BANKS, MAX_REGS), np.bool_)
+    writer = np.full((N_BANKS, MAX_REGS), -1, np.int64)
+    last_read, produced, stores = -1, -1, 0
+    for pc in range(instrs.shape[0]):
+        g = dec[instrs[pc, 0], DEC_GROUP]
+        if g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED or g == G_STOREROW:
+            return False
+        for f in range(5):
+            bk = rio[pc, f]
+            if bk > 0 and loaded[bk - 1, instrs[pc, 1 + f]]:
+                last_read = pc
+        if g == G_STORE and instrs[pc, 2] == ja:
+            stores += 1
+            produced = writer[rio[pc, 0] - 1, instrs[pc, 1]] if rio[pc, 0] > 0 else -1
+        for f in range(5):
+            bk = rio[pc, 5 + f]
+            if bk > 0:
+                loaded[bk - 1, instrs[pc, 1 + f]] = False
+                writer[bk - 1, instrs[pc, 1 + f]] = pc
+        if g == G_LOAD and instrs[pc, 2] == jb and rio[pc, 5] > 0:
+            loaded[rio[pc, 5] - 1, instrs[pc, 1]] = True
+    return stores == 1 and produced >= 0 and last_read <= produced
+
+
+@njit(inline='always', **OPTS)   # per instruction of a tile, where tiles alias (alias_ok: ALIASED)
+def reads_at(p, pc, instrs, rio, fp):
+    """Instruction pc reads an f32 register that points at address p."""
+    for f in range(5):
+        if rio[pc, f] == 1 + BK_F32 and fp[instrs[pc, 1 + f]] == p:
+            return True
+    return False
 
 
 @njit(**OPTS)

@@ -40,7 +40,7 @@ def _exec_units(u0, u1, tile_par, fra, fr, tab, instrs, dec, peep, meta, dims, o
     bm, bn = meta[M_BM], meta[M_BN]
     fp[:] = 0
     st[:, :] = 0
-    aok = alias_ok(addrs, numels, argsz, argst)
+    aok = alias_ok(addrs, numels, argsz, argst, instrs, dec, rio, optab, meta, dims)
     cols = meta[M_COLS]
     nct = (cols + bn - 1) // bn
     per_unit = 1 if tile_par else meta[M_NSW] * (nct + 2)

@@ -17,8 +17,12 @@ In-place tiles: f32 registers are addressed through fp[reg] (0: the bank row). A
 contiguous f32 tile only points its register at the buffer (no copy); an elementwise op whose
 result is only stored writes straight into the output tile and the store is skipped (a later
 store finds its tile already written: the register points there meanwhile). Both only
-when no stored argument overlaps another argument (aok, checked per call), so results are
-unchanged.
+when no stored argument overlaps another argument, or each overlap is an in-place update the
+kernel's stream allows (aok, checked per call: jit/addr.alias_ok), so results are unchanged. In
+the latter (ALIASED) an instruction whose result would be written over a tile it reads computes
+into its bank row (the store copies it out), except bin_tile's ops, computed over that tile by a
+loop that reads it as it writes it (loops.bin_in_place: two views of one address would not
+vectorize).
 
 Register states st[bank, reg] (abi.RS_*): full tiles, compact row values, uniform constants, row
 vectors (jit/rowlevel); st[ST_CACHE]: the tags of the fused runs' cached row vectors.
@@ -28,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
+from ..abi import (ALIASED, BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
                    ERR_UNHANDLED, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FR_AOK, FR_C0, FR_FIN, FR_R0,
                    FUSED_RUN, G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
                    G_STOREROW, K_BIN, K_CMP, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE, MEM_STOREROW,
@@ -37,7 +41,7 @@ from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP
                    OP_SUB, PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_MEM, PC_MEM_T, PC_REDUCE,
                    PC_ROWLEVEL, PC_ROWTREE, PEEP_LATER, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL,
                    R_ARGMAX, R_ARGMIN, WRITES_F_DEST, WRITES_F_RMW)
-from .addr import col_uniform, direct_addr, row_addrs, tile_row_uniform
+from .addr import col_uniform, direct_addr, reads_at, row_addrs, tile_row_uniform
 from .bits import OPTS, ptr_f32
 from .frame import call_piece
 
@@ -176,7 +180,11 @@ def exec_tile(s, e, fra, fr, tab, instrs, dec, peep, meta, dims, optab, consts, 
             pj = peep[pc]
             if aok and not fin and pj != -1 and mode != MODE_COMPACT:
                 p = direct_addr(pj if pj >= 0 else PEEP_LATER - pj, optab, dims, meta, addrs, r0, c0)
-                if p != 0:
+                if aok == ALIASED and p != 0 and reads_at(p, pc, instrs, rio, fp) and not (
+                        g == G_EW and kind == K_BIN and bank == BK_F32 and _rowb_op(op) and mode == MODE_FULL):
+                    pass   # its source is that tile (an in-place update): computed into its bank row
+                    # (bin_tile's ops compute over their source: kernels.ew_f32_piece)
+                elif p != 0:
                     fp[f1] = p
                     if pj >= 0:
                         skip = pc + 1

@@ -33,6 +33,16 @@ def loop2(f):
     return loop
 
 
+def loop2i(f):
+    """A loop o[i] = f(o[i], b[i]): o is also the first operand (an in-place update's tile, which
+    a loop2 given two views of one address would run unvectorized, as possibly overlapping)."""
+    @njit(**OPTS)
+    def loop(o, b):
+        for i in range(o.shape[0]):
+            o[i] = f(o[i], b[i])
+    return loop
+
+
 def loop2s(f):
     """A loop o[i] = f(a[i], v) for a scalar v."""
     @njit(**OPTS)
@@ -96,6 +106,8 @@ _BIN = (ops.add, ops.sub, ops.mul, ops.div, ops.maximum, ops.minimum)
 _BIN_SW = (ops.add_sw, ops.sub_sw, ops.mul_sw, ops.div_sw, ops.maximum_sw, ops.minimum_sw)
 _ADD, _SUB, _MUL, _DIV, _MAX, _MIN = (loop2(f) for f in _BIN)
 _ADD_SW, _SUB_SW, _MUL_SW, _DIV_SW, _MAX_SW, _MIN_SW = (loop2(f) for f in _BIN_SW)
+_I_ADD, _I_SUB, _I_MUL, _I_DIV, _I_MAX, _I_MIN = (loop2i(f) for f in _BIN)
+_I_ADD_SW, _I_SUB_SW, _I_MUL_SW, _I_DIV_SW, _I_MAX_SW, _I_MIN_SW = (loop2i(f) for f in _BIN_SW)
 _ADD_S, _SUB_S, _MUL_S, _DIV_S, _MAX_S, _MIN_S = (loop2s(f) for f in _BIN)
 _ADD_S_SW, _SUB_S_SW, _MUL_S_SW, _DIV_S_SW, _MAX_S_SW, _MIN_S_SW = (loop2s(f) for f in _BIN_SW)
 _R_ADD, _R_SUB, _R_MUL, _R_DIV, _R_MAX, _R_MIN = (_rows(f) for f in _BIN)
@@ -123,6 +135,23 @@ def bin_tile(op, o, a, b, swap):
         _MAX_SW(o, a, b) if swap else _MAX(o, a, b)
     else:
         _MIN_SW(o, a, b) if swap else _MIN(o, a, b)
+
+
+@njit(**OPTS)
+def bin_in_place(op, o, b, swap):
+    """o = o . b lane-wise (b . o when swap): bin_tile's ops, o both written and read."""
+    if op == OP_ADD:
+        _I_ADD_SW(o, b) if swap else _I_ADD(o, b)
+    elif op == OP_MUL:
+        _I_MUL_SW(o, b) if swap else _I_MUL(o, b)
+    elif op == OP_SUB:
+        _I_SUB_SW(o, b) if swap else _I_SUB(o, b)
+    elif op == OP_DIV:
+        _I_DIV_SW(o, b) if swap else _I_DIV(o, b)
+    elif op == OP_MAX:
+        _I_MAX_SW(o, b) if swap else _I_MAX(o, b)
+    else:
+        _I_MIN_SW(o, b) if swap else _I_MIN(o, b)
 
 
 @njit(**OPTS)
