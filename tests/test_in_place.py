@@ -106,6 +106,8 @@ def _alias_code(graph, rows, outs_over):
                     d.dims)
 
 
+@pytest.mark.vm_once
+@pytest.mark.cpu_vm
 @pytest.mark.parametrize("name, outs_over, want", [
     ("adam", (None, None), 1),                          # nothing overlaps
     ("adam", (("in", 0, 0), ("in", 2, 0)), 2),          # p' over p and m' over m: runtime/in_place's update
@@ -126,6 +128,8 @@ def test_in_place_tiles_where_the_kernel_allows_the_overlap(name, outs_over, wan
     assert got == {0: 0, 1: 1, 2: ALIASED}[want]
 
 
+@pytest.mark.vm_once
+@pytest.mark.cpu_vm
 @pytest.mark.parametrize("rows", [1, 7, 2048])
 @pytest.mark.parametrize("over", [(0, 2), (1, 2)])   # (p' over, m' over): the input slot each writes over
 def test_vm_writes_over_its_input_with_in_place_tiles(rows, over):
