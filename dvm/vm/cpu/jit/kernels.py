@@ -297,11 +297,9 @@ def ew_f32_piece(fra, pc, n, unused):
         ok = un_f32(op, freg(F, fp, f1)[:n], freg(F, fp, f2)[:n])
     elif kind == K_PRED:
         ok = _pred(op, fm.bank_b(fr)[f1][:n], freg(F, fp, f2)[:n])
-    elif kind == K_BIN and fp[f1] != 0 and (fp[f1] == fp[f2] or fp[f1] == fp[f3]):
-        # an in-place update's tile (jit/interp: only bin_tile's ops): the result over a source
-        other = f3 if fp[f1] == fp[f2] else f2
-        loops.bin_in_place(op, freg(F, fp, f1)[:n], freg(F, fp, other)[:n], other == f2)
-        ok = True
+    elif kind == K_BIN and fp[f1] != 0 and (fp[f1] == fp[f2] or fp[f1] == fp[f3]) and loops.bin_in_place(
+            op, freg(F, fp, f1)[:n], freg(F, fp, f3 if fp[f1] == fp[f2] else f2)[:n], fp[f1] != fp[f2]):
+        ok = True   # the result over the source whose tile it is (an in-place update: jit/interp)
     elif kind == K_BIN:
         ok = _bin_float(op, freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
     elif kind == K_CMP:

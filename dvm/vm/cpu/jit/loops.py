@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numba import carray, njit
 
-from ..abi import OP_ADD, OP_DIV, OP_EQ, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MUL, OP_NE, OP_SUB
+from ..abi import OP_ADD, OP_DIV, OP_EQ, OP_GT, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_NE, OP_SUB
 from . import ops
 from .bits import OPTS, ptr_f32
 
@@ -139,7 +139,8 @@ def bin_tile(op, o, a, b, swap):
 
 @njit(**OPTS)
 def bin_in_place(op, o, b, swap):
-    """o = o . b lane-wise (b . o when swap): bin_tile's ops, o both written and read."""
+    """o = o . b lane-wise (b . o when swap) for bin_tile's ops, o both written and read; False
+    (nothing computed) for any other op."""
     if op == OP_ADD:
         _I_ADD_SW(o, b) if swap else _I_ADD(o, b)
     elif op == OP_MUL:
@@ -150,8 +151,11 @@ def bin_in_place(op, o, b, swap):
         _I_DIV_SW(o, b) if swap else _I_DIV(o, b)
     elif op == OP_MAX:
         _I_MAX_SW(o, b) if swap else _I_MAX(o, b)
-    else:
+    elif op == OP_MIN:
         _I_MIN_SW(o, b) if swap else _I_MIN(o, b)
+    else:
+        return False
+    return True
 
 
 @njit(**OPTS)
