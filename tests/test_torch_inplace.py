@@ -67,6 +67,37 @@ def test_compiled_optimizer_step_matches_eager(name, foreach):
     assert _count("torch_input_updates_copied") - copied <= 3 * len(shapes)
 
 
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_repeated_steps_take_the_quick_path_and_follow_new_storage(name):
+    """From the third step on, a step whose every output is written into the tensor it updates runs
+    the VM on the remembered addresses (the segment's quick path: no per-call binding; Adam's
+    launch has workspaces, which the launch adds); the parameters stay eager's over many steps,
+    and after a parameter's storage is replaced (`p.data = ...`: new addresses) the next step
+    checks, takes the slow path and stays right."""
+    torch._dynamo.reset()
+    shapes = [(33, 17), (17,)]
+    eager_ps, dvm_ps = _params(shapes), _params(shapes)
+    eager, opt = OPTIMIZERS[name](eager_ps, True), OPTIMIZERS[name](dvm_ps, True)
+    step = torch.compile(opt.step, backend="dvm")
+    for _ in range(3):
+        eager.step()
+        step()
+    from dvm.frontend.torch_runtime import COMPILED
+    runners = [s for c in list(COMPILED)[-1:] for s in c.segments]
+    assert runners and all(r._quick is not None for r in runners)
+    stored = _count("torch_input_updates_stored")
+    for k in range(8):
+        if k == 4:
+            for p, q in zip(eager_ps, dvm_ps):
+                q.data = q.data.clone()   # new addresses, the same values
+                assert q.data_ptr() != p.data_ptr()
+        eager.step()
+        step()
+        for a, b in zip(eager_ps, dvm_ps):
+            torch.testing.assert_close(b, a)
+    assert _count("torch_input_updates_stored") > stored
+
+
 def _check(fn, *args) -> tuple[int, int]:
     """fn compiled vs eager on clones of args: results and the arguments' in-place effects.
     Returns the input updates the call stored into the inputs and those it copied in after."""

@@ -159,6 +159,10 @@ class SegmentRunner:
         self._quick: tuple | None = None
         self._last_key: tuple | None = None
         self._quick_ok = self.launch is not None and not self.writes and self._direct
+        # or, for a segment updating inputs, where every output is written into one (_remember_writes)
+        self._quick_writes = self.launch is not None and bool(self.writes) and self._direct and \
+            self._perms is None and not self._copies
+        self._no_quick: tuple | None = None   # (sizes, _into decision) for which it was not possible
         self.n_kernels = len(self.graph.templates) if self.graph else 0
         if VERIFY is None and config().verify:
             from ..tools.verify import install_from_env   # DVM_VERIFY=1
@@ -189,6 +193,8 @@ class SegmentRunner:
         results = self._run(env, tensors)
         if self._quick_ok:
             self._remember_quick(key, env, tensors)
+        elif self._quick_writes:
+            self._remember_writes(key, env, tensors)
         return results
 
     def _remember_quick(self, key: tuple, env: dict, tensors: Sequence[torch.Tensor]) -> None:
@@ -200,6 +206,40 @@ class SegmentRunner:
             return
         got = self.launch.direct_for(self._bound(env, tensors), tensors, self._perms or ())
         self._quick = None if got is None else (key, got[0], config().vm, got[1])
+
+    def _remember_writes(self, key: tuple, env: dict, tensors: Sequence[torch.Tensor]) -> None:
+        """After the second call in a row with the same sizes, where _into wrote every output into
+        the input it updates (an optimizer step) and the launch runs on addresses alone: run()'s
+        quick path, the VM on the same addresses once the tensors pass _into's check (the same
+        addresses, dtypes, sizes and strides: the same decisions)."""
+        if key != self._last_key:
+            self._last_key, self._quick = key, None
+            return
+        n, memo = len(self.inputs), self._into_memo
+        tried = self._no_quick
+        if memo is None or VERIFY is not None or (tried is not None and tried[0] == key and tried[1] is memo):
+            return
+        self._no_quick = (key, memo)   # (tried once per sizes and _into decision; kept if it fails)
+        same, ptrs, direct = memo
+        dst_of = {self.writes[i][1]: i for i in direct}   # launch output -> the write storing it
+        if len(direct) != len(self.writes) or set(dst_of) != set(range(len(self.graph.outputs))):
+            return
+        run = self.launch.addresses_for(self._bound(env, tensors[:n]), tensors[:n])
+        if run is None:
+            return
+        dsts = [n + dst_of[k] for k in range(len(dst_of))]
+        addrs = [*map(_data_ptr, tensors[:n]), *(_data_ptr(tensors[i]) for i in dsts)]
+        outside = [n + i for i in self._outside]
+
+        def check(*tensors) -> bool:
+            every = (*tensors[:n], *[tensors[i] for i in outside])   # (each tensor once, as _into)
+            return tuple(map(_data_ptr, every)) == ptrs and same(*every)
+
+        def call(tensors: Sequence[torch.Tensor]) -> tuple:
+            run(addrs)
+            counters.bump("torch_input_updates_stored", len(dsts))
+            return tuple(tensors[i] for i in dsts)
+        self._quick = (key, check, config().vm, call)
 
     def _bound(self, env: dict, tensors: Sequence[torch.Tensor]) -> dict:
         """env with the segment's own sizes bound from its inputs' shapes."""
