@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dvm.codegen import isa
 from dvm.graph import build
-from dvm.graph.dtypes import DType
+from dvm.graph.dtypes import Category, DType
 from dvm.graph.node import Node
 from dvm.graph.ops import BINARY, OP_TABLE, UNARY
 from dvm.runtime.compiled import CompiledGraph
@@ -78,7 +78,7 @@ def test_where_of_a_constant_condition_is_the_operand_it_selects():
 def test_other_compute_dtypes_are_not_folded(dtype):
     """float16 / bfloat16 values stay float32 between ops; integer division by zero raises at run time."""
     ctx = build.ShapeContext()
-    name = "floor_divide" if dtype.category == 1 else "add"
+    name = "floor_divide" if dtype.category is Category.INT else "add"
     node = build.elementwise(ctx, name, build.const(3, dtype), build.const(0 if name == "floor_divide" else 1, dtype))
     assert node.op == name
 
