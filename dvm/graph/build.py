@@ -170,11 +170,9 @@ def elementwise(ctx: ShapeContext, name: str, *args: Node) -> Node:
         # not NaN; f16 0.7 * int32[-65536] is -45888, not -inf); every other case (remainder
         # included) rounds
         inputs[1] = cast(data[1], DType.FLOAT32)
-    if cond is not None and fold.known(cond):   # (graph/fold)
-        return broadcast_view(ctx, fold.strong(inputs[0] if cond.attr("value") else inputs[1]), shape)
-    const = fold.folded(name, compute, result, inputs) if cond is None else None
-    if const is not None:
-        return const
+    done = fold.folded(name, compute, result, inputs, cond)   # (graph/fold)
+    if done is not None:
+        return broadcast_view(ctx, done, shape)
     if cond is not None:
         inputs = [cond] + inputs
     return Node.make(name, result, shape, inputs)

@@ -38,9 +38,12 @@ def strong(x: Node) -> Node:
     return x
 
 
-def folded(name: str, compute: DType, result: DType, inputs: Sequence[Node]) -> Node | None:
-    """The constant that op `name` computes from `inputs` (each already cast to `compute`), or
-    None where it is not folded."""
+def folded(name: str, compute: DType, result: DType, inputs: Sequence[Node], cond: Node | None = None) -> Node | None:
+    """The constant that op `name` computes from `inputs` (each already cast to `compute`), or for
+    a `where` (cond: its condition) of a constant condition the operand it selects; None where
+    nothing folds."""
+    if cond is not None:
+        return strong(inputs[0] if cond.attr("value") else inputs[1]) if known(cond) else None
     ref = OP_TABLE[name].ref
     if compute not in FOLDED_DTYPES or ref is None or not inputs or not all(known(a) for a in inputs):
         return None

@@ -9,8 +9,7 @@ import numpy as np
 from numba import carray, njit
 
 from ..abi import (ALIASED, BK_F32, DEC_GROUP, DT_F32, G_ACC, G_ACCINIT, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
-                   G_STOREROW, MAX_REGS, M_BM, M_BN, M_COLS, M_NC, M_NR, M_NSW, M_ROWS, M_SW, M_TL, N_BANKS, OPND_ARG,
-                   OPTAB_FIXED)
+                   G_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_NSW, M_ROWS, M_SW, M_TL, OPND_ARG, OPTAB_FIXED)
 from .bits import OPTS, ptr_f32
 
 _S = OPTAB_FIXED   # optab column of operand j's stride along dim 0
@@ -198,29 +197,51 @@ def _same_dense(ja, jb, optab, dims, nd):
 @njit(**OPTS)
 def _reads_precede_store(jb, ja, instrs, dec, rio):
     """One store to operand ja, and every read of a register loaded from operand jb no later than
-    the instruction that last wrote the stored register; no reductions (runtime/in_place's rule)."""
-    loaded = np.zeros((N_BANKS, MAX_REGS), np.bool_)
-    writer = np.full((N_BANKS, MAX_REGS), -1, np.int64)
-    last_read, produced, stores = -1, -1, 0
-    for pc in range(instrs.shape[0]):
+    the instruction that last wrote the stored register; no reductions (runtime/in_place's rule).
+    Scans the stream without tables: a few hundred ns where arguments overlap, nothing elsewhere."""
+    n = instrs.shape[0]
+    store = -1
+    for pc in range(n):
         g = dec[instrs[pc, 0], DEC_GROUP]
         if g == G_ACCINIT or g == G_ACC or g == G_RFIN or g == G_ROWRED or g == G_STOREROW:
             return False
-        for f in range(5):
-            bk = rio[pc, f]
-            if bk > 0 and loaded[bk - 1, instrs[pc, 1 + f]]:
-                last_read = pc
         if g == G_STORE and instrs[pc, 2] == ja:
-            stores += 1
-            produced = writer[rio[pc, 0] - 1, instrs[pc, 1]] if rio[pc, 0] > 0 else -1
+            if store >= 0 or rio[pc, 0] == 0:
+                return False
+            store = pc
+    if store < 0:
+        return False
+    produced = _last_write(rio[store, 0], instrs[store, 1], store, instrs, rio)
+    for pc in range(n):   # each load of jb: its register's reads until it is written again
+        if dec[instrs[pc, 0], DEC_GROUP] == G_LOAD and instrs[pc, 2] == jb and rio[pc, 5] > 0:
+            if _last_read(rio[pc, 5], instrs[pc, 1], pc + 1, instrs, rio) > produced:
+                return False
+    return produced >= 0
+
+
+@njit(**OPTS)
+def _last_write(bk, reg, before, instrs, rio):
+    """The last instruction before `before` writing register reg of bank code bk - 1, or -1."""
+    for pc in range(before - 1, -1, -1):
         for f in range(5):
-            bk = rio[pc, 5 + f]
-            if bk > 0:
-                loaded[bk - 1, instrs[pc, 1 + f]] = False
-                writer[bk - 1, instrs[pc, 1 + f]] = pc
-        if g == G_LOAD and instrs[pc, 2] == jb and rio[pc, 5] > 0:
-            loaded[rio[pc, 5] - 1, instrs[pc, 1]] = True
-    return stores == 1 and produced >= 0 and last_read <= produced
+            if rio[pc, 5 + f] == bk and instrs[pc, 1 + f] == reg:
+                return pc
+    return -1
+
+
+@njit(**OPTS)
+def _last_read(bk, reg, start, instrs, rio):
+    """The last instruction from `start` on reading register reg (bank code bk - 1) before an
+    instruction writes it again, or -1."""
+    last = -1
+    for pc in range(start, instrs.shape[0]):
+        for f in range(5):
+            if rio[pc, f] == bk and instrs[pc, 1 + f] == reg:
+                last = pc
+        for f in range(5):
+            if rio[pc, 5 + f] == bk and instrs[pc, 1 + f] == reg:
+                return last
+    return last
 
 
 @njit(inline='always', **OPTS)   # per instruction of a tile, where tiles alias (alias_ok: ALIASED)
