@@ -1,10 +1,13 @@
-"""FK_UNBIN (cpu_unbin): a math op and the add / sub / mul that consumes it, in one pass. The plan
-finds the runs (with and without a load between the two, the math result on either side) and
-refuses those whose math result is read again; the fused runs give bitwise what the
-instructions give one by one, on 1 and 2 threads, with NaN, infinities, -0.0 and values outside
-exp's one-step range (the out-of-range re-runs) in the data, partial tiles, operands that are
-views (the load then copies: no fusion) and results that reuse their math op's source register
-(refused at run time unless written straight into the output: the instructions run one by one)."""
+"""FK_UNBIN (cpu_unbin): a math op, or an add / sub / mul with a constant, and the add / sub / mul
+that consumes it, in one pass. The plan finds the runs (with and without a load between the two,
+the first result on either side, the constant on either side) and refuses those whose first
+result is read again, whose other operand is not a full tile (a row vector, a row's statistic, a
+constant) or whose B a run of its own takes; the fused runs give bitwise what the instructions
+give one by one, on 1 and 2 threads, with NaN, infinities, -0.0 and values outside exp's one-step
+range (the out-of-range re-runs) in the data, partial tiles, operands that are views (the load
+then copies: no fusion) and results that reuse their first op's source register (a math op's
+refused at run time unless written straight into the output; a constant's computed over that
+tile). Written over an input (runtime/in_place's updates): tests/test_in_place."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,10 +17,9 @@ import dvm
 from dvm.codegen.verifier import verify
 from dvm.vm import reference
 from dvm.vm.cpu.host import desc as cpu_desc
-from dvm.vm.cpu.abi import FK_UNBIN
-from dvm.vm.cpu.abi import FUSED_BIN, FUSED_UN, NO_LOAD
+from dvm.vm.cpu.abi import FK_ADDSUM, FK_UNBIN, FUSED_BIN, FUSED_UN, NO_LOAD, UNBIN_C_SHIFT, UNBIN_SWAP
 
-from test_cpu_fused import _same, _threads, _unfused
+from test_cpu_fused import _kinds, _same, _threads, _unfused
 from test_cpu_vm import run_on
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
@@ -68,8 +70,53 @@ def square(k, x):
     return k.store(k.mul(t, t))
 
 
+SCALE = 2.5
+
+
+def _scaled(u: str, b: str, first: bool, const_first: bool):
+    """b(u(x, c), z) or b(z, u(x, c)), the constant c on either side of u."""
+    def kern(k, x, z):
+        xv = k.load(x)
+        t = getattr(k, u)(SCALE, xv) if const_first else getattr(k, u)(xv, SCALE)
+        zv = k.load(z)
+        return k.store(getattr(k, b)(t, zv) if first else getattr(k, b)(zv, t))
+    kern.__name__ = f"{b}_{u}c_{int(first)}{int(const_first)}"
+    return dvm.kernel(kern)
+
+
+@dvm.kernel
+def scaled_reuse(k, x, z):
+    """(x * z) * c + x: the result takes the register of x * z, dead after the scaling: computed
+    over that register's tile (not written straight into the output: x * z is stored too)."""
+    xv = k.load(x)
+    xz = k.mul(xv, k.load(z))
+    return k.store(k.add(k.mul(xz, SCALE), xv)), k.store(xz)
+
+
+@dvm.kernel
+def row_scale(k, x, w, z):
+    """x * w + z for a weight row w: a row vector, not a constant: no run."""
+    return k.store(k.add(k.mul(k.load(x), k.load(w)), k.load(z)))
+
+
+@dvm.kernel
+def plus_const(k, x, z):
+    """exp(x) + c and (x * z) - c: B's other operand is a constant, not a full tile: no run."""
+    xv, zv = k.load(x), k.load(z)
+    return k.store(k.add(k.exp(xv), SCALE)), k.store(k.sub(k.mul(xv, zv), SCALE))
+
+
+@dvm.kernel
+def scaled_sum(k, x, z):
+    """sum(x * c + z) over rows of 64: the add and its sum are an FK_ADDSUM run: no FK_UNBIN."""
+    h = k.add(k.mul(k.load(x), SCALE), k.load(z))
+    return k.store(h), k.store(k.sum(h, axis=-1, keepdims=True))
+
+
 PAIRS = [_pair(u, b, first) for u in FUSED_UN for b in FUSED_BIN for first in (True, False)]
 REUSES = [_reuse(u, b) for u in FUSED_UN for b in FUSED_BIN]
+SCALED = [_scaled(u, b, first, cf) for u in FUSED_BIN for b in FUSED_BIN for first in (True, False)
+          for cf in (True, False)] + [scaled_reuse]
 
 
 def _data(shape):
@@ -93,13 +140,25 @@ def test_plan_finds_the_runs():
     assert _plans(math_live, a, a) == [] and _plans(square, a) == []
     for kfn in PAIRS + REUSES:
         assert len(_plans(kfn, a, a)) == 1, kfn
+        assert _plans(kfn, a, a)[0][7] >> UNBIN_C_SHIFT == 0, kfn   # a math op: no constant
+
+
+def test_plan_finds_the_runs_with_a_constant():
+    a = np.ones((8, 64), np.float32)
+    for kfn in SCALED:
+        (run,) = _plans(kfn, a, a)
+        assert run[7] >> UNBIN_C_SHIFT > 0, kfn   # U's other operand: the constant's register
+    (run,) = _plans(_scaled("mul", "sub", False, False), a, a)
+    assert run[7] & UNBIN_SWAP and run[6] != NO_LOAD   # z - x * c: swapped, z loaded between
+    assert _plans(row_scale, a, a[0], a) == [] and _plans(plus_const, a, a) == []
+    assert _kinds(scaled_sum, a, a) == {FK_ADDSUM}
 
 
 @pytest.mark.parametrize("shape", [(64, 1024), (9, 1001), (5, 300), (2, 3, 513), (1, 70001)])
 def test_fused_pairs_match_unfused(shape):
     x, z = _data(shape)
     views = [(x, z), (x[..., 1:], z[..., 1:])]   # rows not back to back: loads copy, no in-place z
-    for kfn in PAIRS + REUSES:
+    for kfn in PAIRS + REUSES + SCALED:
         for a, b in views:
             with _unfused(kfn, a, b):
                 want = run_on(_threads(1), kfn, a, b)[0]

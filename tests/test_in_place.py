@@ -30,11 +30,19 @@ def _adam_like(ctx, p, g, m):
     return _ew(ctx, "sub", p, _ew(ctx, "div", _ew(ctx, "mul", m2, build.const(0.01)), den)), m2
 
 
+def _sgd_like(ctx, p, g, b):
+    """b' = 0.9 b + g; p' = p + (-0.01) b': each a product by a constant and a sum (FK_UNBIN runs
+    with a constant), b' computed over b's tile and p' over p's when written over them."""
+    b2 = _ew(ctx, "add", _ew(ctx, "mul", b, build.const(0.9)), g)
+    return _ew(ctx, "add", p, _ew(ctx, "mul", b2, build.const(-0.01))), b2
+
+
 def _graphs():
     """name -> (inputs, outputs, {(out, slot): may it be written over})."""
     ctx = build.ShapeContext()
     p, g, m = _input((S, C), 0), _input((S, C), 1), _input((S, C), 2)
     p2, m2 = _adam_like(ctx, p, g, m)
+    p3, b3 = _sgd_like(ctx, p, g, m)
     row = _input((C,), 1)
     t = _input((C, C), 0)
     x = _input((S, C), 0)
@@ -43,6 +51,7 @@ def _graphs():
     return {
         # p, g and m read once each, unviewed, by the kernel storing p' and m' (from all three)
         "adam": ([p, g, m], [p2, m2], {(0, 0): True, (1, 2): True, (0, 1): True}),
+        "sgd": ([p, g, m], [p3, b3], {(0, 0): True, (1, 2): True}),
         # the broadcast row is read at other points than those storing it; shapes differ anyway
         "broadcast": ([p, row], [_ew(ctx, "add", p, row)], {(0, 0): True, (0, 1): False}),
         # t read transposed too: another element than the one stored over
@@ -150,3 +159,28 @@ def test_vm_writes_over_its_input_with_in_place_tiles(rows, over):
     np.testing.assert_array_equal(bufs[over[1]], want[1])
     untouched = ({0, 1, 2} - set(over)).pop()
     np.testing.assert_array_equal(bufs[untouched], arrays[untouched])
+
+
+@pytest.mark.vm_once
+@pytest.mark.cpu_vm
+@pytest.mark.parametrize("rows", [1, 7, 2048])
+def test_scaled_sums_computed_over_the_tiles_they_update(rows):
+    """The CPU VM on the SGD-like graph with p' over p and b' over b: its two products by a
+    constant and sums are fused runs (jit/fused/unbin) computing over the input's tile (b' lands
+    on b's, which x reads; p' on p's, which z reads); the values are float32's, op by op."""
+    from dvm.vm.cpu.abi import FK_UNBIN, UNBIN_C_SHIFT
+    from dvm.vm.cpu.host.desc import prog_desc
+    inputs, outputs, _ = _graphs()["sgd"]
+    graph = CompiledGraph(inputs, outputs)
+    rng = np.random.default_rng(rows)
+    arrays = [rng.standard_normal((rows, C)).astype(np.float32) for _ in inputs]
+    arrays[2].reshape(-1)[::7] = np.inf
+    p, g, b = (a.copy() for a in arrays)
+    layout = verify(graph.program({"s": rows}, [as_buffer(a)[1] for a in (p, g, b)], registry.get("cpu").target))
+    (d,) = prog_desc(layout)[1]
+    assert sum(1 for row in d.fuse if row[0] == FK_UNBIN and row[7] >> UNBIN_C_SHIFT > 0) == 2
+    registry.get("cpu").run(layout, [p.reshape(-1), g.reshape(-1), b.reshape(-1), p.reshape(-1), b.reshape(-1)])
+    want_b = arrays[2] * np.float32(0.9) + arrays[1]
+    np.testing.assert_array_equal(b, want_b)
+    np.testing.assert_array_equal(p, arrays[0] + want_b * np.float32(-0.01))
+    np.testing.assert_array_equal(g, arrays[1])

@@ -103,6 +103,12 @@ NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)
 PEEP_LATER = -2   # peep[pc] <= PEEP_LATER: operand PEEP_LATER - peep[pc] stores the result later
 FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops a run may start with
 FUSED_BIN = ("add", "sub", "mul")                       # and the op that consumes it
+# FK_UNBIN's last field: UNBIN_SWAP (B's operands swapped) | UNBIN_USWAP (U's: c U x) |
+# (c + 1) << UNBIN_C_SHIFT, c the register of the prologue's value (a constant) that a U in
+# FUSED_BIN takes besides x; c + 1 = 0 for a math op U
+UNBIN_SWAP = 1
+UNBIN_USWAP = 2
+UNBIN_C_SHIFT = 2
 CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)   # replayed per row (rownorm)
 
 # --- scratch -----------------------------------------------------------------------------------------

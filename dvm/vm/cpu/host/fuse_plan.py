@@ -19,7 +19,8 @@ from ....codegen import isa
 from ....graph.dtypes import Bank
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
                    FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
-                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES)
+                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP,
+                   UNBIN_USWAP)
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
@@ -155,6 +156,8 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     if not _is(specs[pc], "ew", "mul"):
         return None
     y, a, b = (int(v) for v in instrs[pc, 1:4])
+    if _prologue_value(flow, a) or _prologue_value(flow, b):   # a constant, not a row's scale
+        return None
     loaded: dict[int, int] = {}     # register -> the operand the run loaded into it
     written = {y}                   # registers a stage of the run wrote
     targets: set[int] = set()       # registers the run loaded into
@@ -197,13 +200,42 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
+def _prologue_value(flow: Flow, reg: int) -> bool:
+    """reg holds what the prologue computed (a constant, uniform or compact) in every sweep."""
+    return reg in _writes(flow, *flow.sections[0]) and \
+        not any(reg in _writes(flow, s, e) for s, e in flow.sections[1:])
+
+
+def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> bool:
+    """reg's value at pc is one per row as far as the section shows: a row reduction's result, or
+    an op on such values and the prologue's (a norm's chain between its sums and its scale)."""
+    for q in range(pc - 1, sec[0] - 1, -1):
+        if reg in flow.writes[q]:
+            if specs[q].group == "rowred":
+                return True
+            return specs[q].group == "ew" and depth > 0 and all(
+                _prologue_value(flow, r) or _row_level(specs, flow, r, q, sec, depth - 1) for r in flow.reads[q])
+    return False
+
+
 def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
-    NO_LOAD, swap) for U in FUSED_UN, B in FUSED_BIN, when t is dead after the run and feeds one
-    side of B only (jit/fused/unbin)."""
-    if not (_is(specs[pc], "ew") and specs[pc].op in FUSED_UN):
+    NO_LOAD, swap | uswap | (c + 1) << UNBIN_C_SHIFT) for U in FUSED_UN (c = -1) or U = `op t, x, c`
+    (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant: a scaling
+    before a sum, an optimizer's `b * 0.9 + g`) and x not row-level, B in FUSED_BIN, when t is dead
+    after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin). A binary U
+    leaves B to a run that starts at B (B and a sum after it, say)."""
+    spec = specs[pc]
+    if not (_is(spec, "ew") and spec.op in FUSED_UN + FUSED_BIN):
         return None
     t, x = int(instrs[pc, 1]), int(instrs[pc, 2])
+    c, uswap = -1, 0
+    if spec.op in FUSED_BIN:   # x U c or c U x, c the prologue's
+        c = int(instrs[pc, 3])
+        if _prologue_value(flow, x) and not _prologue_value(flow, c):
+            x, c, uswap = c, x, UNBIN_USWAP
+        if not _prologue_value(flow, c) or _prologue_value(flow, x) or _row_level(specs, flow, x, pc, sec):
+            return None
     k, load = pc + 1, None
     if k < sec[1] and _is(specs[k], "load"):
         load = (int(instrs[k, 1]), int(instrs[k, 2]))
@@ -216,9 +248,12 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     z = b if a == t else a
     if load is not None and (load[0] != z or z == t):
         return None
-    if not flow.dead_after(t, pc, k + 1, sec):
+    if (load is None and _prologue_value(flow, z)) or not flow.dead_after(t, pc, k + 1, sec):
         return None
-    return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD, int(a != t)]
+    if c >= 0 and any(find(instrs, specs, flow, k, sec) for find in _TILE_RUNS if find is not _un_then_bin):
+        return None
+    return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD,
+            (UNBIN_SWAP if a != t else 0) | uswap | (c + 1) << UNBIN_C_SHIFT]
 
 
 def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:

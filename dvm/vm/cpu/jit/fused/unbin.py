@@ -1,29 +1,35 @@
-"""FK_UNBIN (run by the PC_FUSED_TILE piece): a float32 math op and the add, sub or mul that
-consumes it, in one pass of the CPU VM.
+"""FK_UNBIN (run by the PC_FUSED_TILE piece): a float32 math op, or an add, sub or mul with a
+constant, and the add, sub or mul that consumes it, in one pass of the CPU VM.
 
     un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)      y = B(U(x), z)   (host/fuse_plan)
+    op t, x, c ; [load z, o] ; bin y, t, z                      y = B(x op c, z)  (or c op x)
 
-U is exp, sigmoid, SiLU, tanh or GELU; t is dead after the run (the plan checked), so it is never
-written, and z is a full tile: a register, or the operand the run's load would read in place
-(a contiguous f32 tile). One loop reads x and z and writes y: where the two instructions made
-two passes over a tile (the math one compute-bound, the other memory-bound with the tile of t in
-L2), every element now goes through both in registers while the next ones stream in (SiLU(a)*b
-see docs/DECISIONS.md).
+U is exp, sigmoid, SiLU, tanh or GELU, or add, sub or mul of a full tile and a register only the
+prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled residual); t is dead after
+the run (the plan checked), so it is never written, and z is a full tile: a register, or the
+operand the run's load would read in place (a contiguous f32 tile). One loop reads x and z and
+writes y: where the two instructions made two passes over a tile (the math one compute-bound,
+the other memory-bound with the tile of t in L2), every element now goes through both in
+registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
 
 Bitwise the same as the two instructions: each lane gets U's value (the same functions as
 jit/kernels' f32 math, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
-f32, then jit/ops' f32 add, sub or mul, compiled without FMA contraction (OPTS). A y that would share
-its memory with x or z (the register allocator gives a result the register of a source that
-dies there, when the result is not written straight into the output) leaves the run to the two
-instructions: a loop whose output may alias an input does not vectorize, and copying x through
-scratch first measured no faster than the two passes.
+f32, then jit/ops' f32 add, sub or mul, compiled without FMA contraction (OPTS). A math op's y
+that would share its memory with x or z (the register allocator gives a result the register of a
+source that dies there, when the result is not written straight into the output) leaves the run
+to the two instructions: a loop whose output may alias an input does not vectorize, and copying x
+through scratch first measured no faster than the two passes. The constant's form computes over
+x's or z's tile where y lands on it (an in-place update's `p + (-lr) * u` into p, y given x's
+register): one loop reads and writes that tile, as jit/loops.bin_in_place.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import carray, njit
 
 from ...abi import (DEC_OP, M_BM, M_BN, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH,
-                    RS_FULL)
+                    PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL, UNBIN_C_SHIFT, UNBIN_SWAP,
+                    UNBIN_USWAP)
 from .. import frame as fm
 from .. import ops
 from ..addr import direct_addr, freg
@@ -85,31 +91,60 @@ def _un_bin(uop, bop, swap, o, x, z):
     return True
 
 
+# where the constant's form puts its result: a tile of its own, or x's or z's (an in-place update)
+AT_NEW, AT_X, AT_Z = 0, 1, 2
+
+
+@njit(**OPTS)
+def _scaled_bin(uop, uswap, c, bop, swap, o, x, z, at):
+    """o = B(U(x, c), z) lane by lane, U(c, x) when uswap, B's operands swapped when swap; at: o
+    is a tile of its own, or x's lanes (AT_X: x is not read through its own view), or z's (AT_Z)."""
+    n = o.shape[0]
+    if at == AT_X:
+        for k in range(n):
+            o[k] = _bin3(bop, swap, _bin3(uop, uswap, o[k], c), z[k])
+    elif at == AT_Z:
+        for k in range(n):
+            o[k] = _bin3(bop, swap, _bin3(uop, uswap, x[k], c), o[k])
+    else:
+        for k in range(n):
+            o[k] = _bin3(bop, swap, _bin3(uop, uswap, x[k], c), z[k])
+
+
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
-    """FK_UNBIN = (kind, n, x, t, z, y, o, swap), o: the load's operand or NO_LOAD. Returns the
-    instructions done (the store after the run too when y is written straight into its tile),
-    0 when x or z is not a full tile here, the load's tile is not one contiguous run, or y
-    would be written over x or z (a loop whose output may alias an input does not vectorize:
-    the two instructions are faster then)."""
+    """FK_UNBIN = (kind, n, x, t, z, y, o, swap | uswap | (c + 1) << UNBIN_C_SHIFT), o: the load's
+    operand or NO_LOAD, c: U's constant operand (the prologue's) or -1 (a math op U). Returns the
+    instructions done (the store after the run too when y is written straight into its tile), 0
+    when x or z is not a full tile here, the load's tile is not one contiguous run, or a math op's
+    y would be written over x or z (a loop whose output may alias an input does not vectorize: the
+    two instructions are faster then)."""
     peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
-    n, x, t, z, y, j, swap = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6], fz[pc, 7] != 0
+    n, x, t, z, y, j = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
+    swap, uswap = (fz[pc, 7] & UNBIN_SWAP) != 0, (fz[pc, 7] & UNBIN_USWAP) != 0
+    c = (fz[pc, 7] >> UNBIN_C_SHIFT) - 1
     if st[0, x] != RS_FULL or (j == NO_LOAD and st[0, z] != RS_FULL):
         return 0
+    if c >= 0 and st[0, c] != RS_UNIFORM and st[0, c] != RS_UNIFORM_ALL and st[0, c] != RS_COMPACT:
+        return 0   # (the prologue's value: the same in every lane it holds, whatever its state)
     pz = 0
     if j != NO_LOAD:
         pz = direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok else 0
         if pz == 0:
             return 0
     last = pc + n - 1
-    js = peep[last]   # >= 0: y is read by nothing but the store after the run
-    po = direct_addr(js, optab, dims, meta, addrs, r0, c0) if aok and js >= 0 else 0
+    js = peep[last]   # as B's own dispatch (jit/interp): y written into the tile of the store after
+    # the run (js >= 0: nothing else reads y, the store is done) or of a later one (js <= PEEP_LATER)
+    po = direct_addr(js if js >= 0 else PEEP_LATER - js, optab, dims, meta, addrs, r0, c0) \
+        if aok and (js >= 0 or js <= PEEP_LATER) else 0
     lanes = meta[M_BM] * meta[M_BN]
     xv = freg(F, fp, x)
     zv = carray(ptr_f32(pz), lanes) if pz != 0 else freg(F, fp, z)
     out = po if po != 0 else F[y].ctypes.data
-    if out == xv.ctypes.data or out == zv.ctypes.data:
+    at = AT_X if out == xv.ctypes.data else (AT_Z if out == zv.ctypes.data else AT_NEW)
+    if at != AT_NEW and c < 0:
         return 0
+    cv = freg(F, fp, c)[0] if c >= 0 else np.float32(0)
     fp[t] = 0   # t is dead after the run: left as a full tile, never written
     st[0, t] = RS_FULL
     if pz != 0:   # z as the load leaves it (y below, if it is z's register)
@@ -117,5 +152,9 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
         st[0, z] = RS_FULL
     fp[y] = po
     st[0, y] = RS_FULL
-    _un_bin(dec[instrs[pc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], swap, freg(F, fp, y)[:lanes], xv[:lanes], zv[:lanes])
-    return n + 1 if po != 0 else n
+    uop, bop, yv = dec[instrs[pc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], freg(F, fp, y)[:lanes]
+    if c >= 0:
+        _scaled_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], zv[:lanes], at)
+    else:
+        _un_bin(uop, bop, swap, yv, xv[:lanes], zv[:lanes])
+    return n + 1 if po != 0 and js >= 0 else n
