@@ -93,6 +93,17 @@ def scaled_reuse(k, x, z):
     return k.store(k.add(k.mul(xz, SCALE), xv)), k.store(xz)
 
 
+def _stored_later(u: str, const: bool):
+    """y = u(x) * z (or (x * c) * z) read by another op before it is stored: y goes straight into
+    its output's tile (peep PEEP_LATER), which the later op then reads."""
+    def kern(k, x, z):
+        xv = k.load(x)
+        y = k.mul(getattr(k, u)(xv, SCALE) if const else getattr(k, u)(xv), k.load(z))
+        return k.store(k.add(y, xv)), k.store(y)
+    kern.__name__ = f"later_{u}{'c' if const else ''}"
+    return dvm.kernel(kern)
+
+
 @dvm.kernel
 def row_scale(k, x, w, z):
     """x * w + z for a weight row w: a row vector, not a constant: no run."""
@@ -117,6 +128,8 @@ PAIRS = [_pair(u, b, first) for u in FUSED_UN for b in FUSED_BIN for first in (T
 REUSES = [_reuse(u, b) for u in FUSED_UN for b in FUSED_BIN]
 SCALED = [_scaled(u, b, first, cf) for u in FUSED_BIN for b in FUSED_BIN for first in (True, False)
           for cf in (True, False)] + [scaled_reuse]
+LATER = [_stored_later("silu", False), _stored_later("exp", False), _stored_later("mul", True),
+         _stored_later("sub", True)]
 
 
 def _data(shape):
@@ -141,6 +154,8 @@ def test_plan_finds_the_runs():
     for kfn in PAIRS + REUSES:
         assert len(_plans(kfn, a, a)) == 1, kfn
         assert _plans(kfn, a, a)[0][7] >> UNBIN_C_SHIFT == 0, kfn   # a math op: no constant
+    for kfn in LATER:
+        assert len(_plans(kfn, a, a)) == 1, kfn
 
 
 def test_plan_finds_the_runs_with_a_constant():
@@ -158,7 +173,7 @@ def test_plan_finds_the_runs_with_a_constant():
 def test_fused_pairs_match_unfused(shape):
     x, z = _data(shape)
     views = [(x, z), (x[..., 1:], z[..., 1:])]   # rows not back to back: loads copy, no in-place z
-    for kfn in PAIRS + REUSES + SCALED:
+    for kfn in PAIRS + REUSES + SCALED + LATER:
         for a, b in views:
             with _unfused(kfn, a, b):
                 want = run_on(_threads(1), kfn, a, b)[0]
