@@ -86,11 +86,11 @@ def _scaled(u: str, b: str, first: bool, const_first: bool):
 
 @dvm.kernel
 def scaled_reuse(k, x, z):
-    """(x * z) * c + x: the result takes the register of x * z, dead after the scaling: computed
-    over that register's tile (not written straight into the output: x * z is stored too)."""
+    """y = (x * z) * c + x, stored as y * y: y takes the register of x * z (dead after the scaling)
+    and is read again, not written into an output: the run computes over that register's tile."""
     xv = k.load(x)
-    xz = k.mul(xv, k.load(z))
-    return k.store(k.add(k.mul(xz, SCALE), xv)), k.store(xz)
+    y = k.add(k.mul(k.mul(xv, k.load(z)), SCALE), xv)
+    return k.store(k.mul(y, y))
 
 
 def _stored_later(u: str, const: bool):

@@ -180,7 +180,7 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
             src = load[1]
         elif other in loaded and other not in written:
             src = loaded[other]
-        elif other in written:
+        elif other in written or _prologue_value(flow, other):   # (a constant: never a row vector)
             break
         else:
             src = -2 - other
