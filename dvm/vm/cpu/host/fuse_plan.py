@@ -30,12 +30,16 @@ def f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
 
 
 class Flow:
-    """Per instruction: the f32 registers it reads ('s' and 'm' fields) and overwrites ('d')."""
+    """Per instruction: the f32 registers it reads ('s' and 'm' fields) and overwrites ('d');
+    `constants`: the registers only the prologue writes (a constant, uniform or compact, in every
+    sweep)."""
 
     def __init__(self, instrs: np.ndarray, specs: list, sections: list[tuple[int, int]]):
         self.reads = [f32_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
         self.writes = [f32_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
         self.sections = sections
+        later = set().union(*(self.writes[q] for s, e in sections[1:] for q in range(s, e)))
+        self.constants = set().union(*self.writes[slice(*sections[0])]) - later
 
     def _first_access(self, reg: int, lo: int, hi: int) -> str:
         for q in range(lo, hi):
@@ -156,7 +160,7 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     if not _is(specs[pc], "ew", "mul"):
         return None
     y, a, b = (int(v) for v in instrs[pc, 1:4])
-    if _prologue_value(flow, a) or _prologue_value(flow, b):   # a constant, not a row's scale
+    if a in flow.constants or b in flow.constants:   # a constant, not a row's scale
         return None
     loaded: dict[int, int] = {}     # register -> the operand the run loaded into it
     written = {y}                   # registers a stage of the run wrote
@@ -180,7 +184,7 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
             src = load[1]
         elif other in loaded and other not in written:
             src = loaded[other]
-        elif other in written or _prologue_value(flow, other):   # (a constant: never a row vector)
+        elif other in written or other in flow.constants:   # (a constant: never a row vector)
             break
         else:
             src = -2 - other
@@ -200,12 +204,6 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     return [FK_APPLY, end - pc, a, b, srcs[0], srcs[1] if len(srcs) > 1 else NO_SRC, y]
 
 
-def _prologue_value(flow: Flow, reg: int) -> bool:
-    """reg holds what the prologue computed (a constant, uniform or compact) in every sweep."""
-    return reg in _writes(flow, *flow.sections[0]) and \
-        not any(reg in _writes(flow, s, e) for s, e in flow.sections[1:])
-
-
 def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> bool:
     """reg's value at pc is one per row as far as the section shows: a row reduction's result, or
     an op on such values and the prologue's (a norm's chain between its sums and its scale)."""
@@ -214,7 +212,7 @@ def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> boo
             if specs[q].group == "rowred":
                 return True
             return specs[q].group == "ew" and depth > 0 and all(
-                _prologue_value(flow, r) or _row_level(specs, flow, r, q, sec, depth - 1) for r in flow.reads[q])
+                r in flow.constants or _row_level(specs, flow, r, q, sec, depth - 1) for r in flow.reads[q])
     return False
 
 
@@ -232,9 +230,9 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     c, uswap = -1, 0
     if spec.op in FUSED_BIN:   # x U c or c U x, c the prologue's
         c = int(instrs[pc, 3])
-        if _prologue_value(flow, x) and not _prologue_value(flow, c):
+        if x in flow.constants and c not in flow.constants:
             x, c, uswap = c, x, UNBIN_USWAP
-        if not _prologue_value(flow, c) or _prologue_value(flow, x) or _row_level(specs, flow, x, pc, sec):
+        if c not in flow.constants or x in flow.constants or _row_level(specs, flow, x, pc, sec):
             return None
     k, load = pc + 1, None
     if k < sec[1] and _is(specs[k], "load"):
@@ -248,7 +246,7 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     z = b if a == t else a
     if load is not None and (load[0] != z or z == t):
         return None
-    if (load is None and _prologue_value(flow, z)) or not flow.dead_after(t, pc, k + 1, sec):
+    if (load is None and z in flow.constants) or not flow.dead_after(t, pc, k + 1, sec):
         return None
     if c >= 0 and any(find(instrs, specs, flow, k, sec) for find in _TILE_RUNS if find is not _un_then_bin):
         return None

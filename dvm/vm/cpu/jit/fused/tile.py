@@ -24,7 +24,7 @@ through are dead after it (checked by the plan), so they are not written.
   FK_CSQACC  sub d, x, m ; mul t, d, d ; acc.sum +a, t        a += (x - m)^2 lane-wise (a LayerNorm's
              variance over the sweeps of long rows; d and t are dead after)
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U (or
-             an add, sub or mul of x and a uniform c) and an add, sub or mul B, t dead after
+             an add, sub or mul of x and a constant c) and an add, sub or mul B, t dead after
              (jit/fused/unbin)
   FK_ADDSUM  add h, a, b ; rowred.sum s, h                    h = a + b, s = each row's sum, read
              back while the row is in L1 (whole rows of 16 to VTREE_MAX lanes, a power of two:
