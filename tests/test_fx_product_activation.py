@@ -10,9 +10,16 @@ import torch.nn.functional as F  # noqa: E402
 
 import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
-from dvm.frontend import fx_lone_ops, fx_product_activation  # noqa: E402
+from dvm.frontend import fx_lone_ops, fx_product_activation, gelu_size  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
+
+
+@pytest.fixture(autouse=True)
+def _pytorchs_gelu_at_every_size(monkeypatch):
+    """The rule itself: its GELU runs as PyTorch's kernel at every size (the run-time choice of the
+    VM's GELU for small ones is tests/test_gelu_size.py's)."""
+    monkeypatch.setattr(gelu_size, "ENABLED", False)
 
 SIZES = [1, 3, 8, 33, 130]
 FUSED = "aten._addmm_activation.default"

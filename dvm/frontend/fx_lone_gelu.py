@@ -1,11 +1,13 @@
-"""An exact float32 GELU that would be a DVM segment of its own runs as PyTorch's kernel.
+"""An exact float32 GELU that would be a DVM segment of its own runs as a PyTorch step.
 
-The VM's GELU is accurate to 3.5 ULP (PyTorch's: up to 49) and takes 2.8-3.3x the time of
-PyTorch's per element on two threads, from 2 K to 1 M elements; alone, fusing it saves no memory
-pass. So after planning, a segment whose members are one exact float32 GELU of a PyTorch value
-and views of its result becomes PyTorch steps (fx_segments.Planner._lone_gelu_in_torch), and the
-result is eager's bit for bit. The tanh form (the VM's is faster from ~128 K elements), other
-dtypes and a GELU fused with anything stay in DVM. docs/DECISIONS.md, "A segment of one op".
+The VM's GELU is accurate to 3.5 ULP (PyTorch's: up to 49) and takes ~2.7x the time of
+PyTorch's per element on large tensors; alone, fusing it saves no memory pass. So after
+planning, a segment whose members are one exact float32 GELU of a PyTorch value and views of its
+result becomes PyTorch steps; the run graph's GELU step chooses by size at run time
+(gelu_size: PyTorch's kernel above gelu_size.VM_GELU_MAX_ELEMENTS elements, eager's bit for bit;
+the VM's below, where PyTorch's fixed cost dominates). The tanh form (the VM's is faster from
+~128 K elements), other dtypes and a GELU fused with anything stay in DVM. docs/DECISIONS.md,
+"A segment of one op".
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import torch
 
 from .fx_lone_ops import single_op
 
-REASON = ("exact GELU alone: PyTorch's kernel, 2-3x faster per element than the VM's (accurate to 3.5 ULP); "
-          "fused with nothing, the VM would save no pass")
+REASON = ("exact GELU alone: PyTorch's kernel above a size, ~2.7x faster per element than the VM's (accurate to "
+          "3.5 ULP); the VM's below it (gelu_size); fused with nothing, the VM would save no pass")
 ENABLED = True   # off: such a GELU is a segment of its own (tests compare the two)
 _GELU = torch.ops.aten.gelu.default
 

@@ -8,7 +8,8 @@ what mm computes (ATen's mm is addmm_impl_cpu_ with beta 0 too). PyTorch's CPU k
 relu_ / gelu_ to its fresh result in place while it is in cache, so the values are eager's bit
 for bit, with one call, one output tensor and one pass over it fewer; where the activation was a
 DVM segment of its own (OPT's fc1 and ReLU; the fc1 and GELU of BERT, GPT-NeoX and BART), a
-launch fewer too. An activation fused with later elementwise ops leaves them a segment that reads
+launch fewer too. A GELU's product of at most gelu_size.VM_GELU_MAX_ELEMENTS float32 elements
+takes the VM's GELU after the product instead (decided per call: gelu_size). An activation fused with later elementwise ops leaves them a segment that reads
 the activated product. The planner runs `_addmm_activation` as a cube op (aten_table.CUBE_OPS).
 
 Only where the product, its operands and the views are CPU tensors: CUDA's kernel takes its

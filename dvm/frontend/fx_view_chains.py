@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime import counters
+from .gelu_size import addmm_activation, gelu
 from .fx_attention_math import SDPA, SDPA_CALL
 from .fx_sdpa import sdpa_keep_mask
 from .torch_calls import _slice, _view_or_reshape, linear_activation, linear_kxm
@@ -48,7 +49,7 @@ _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
 # Run-graph callables that read their tensor arguments into fresh results only: they neither write
 # them nor return them (nor a view of them), and keep no reference to them.
 PURE_READERS = frozenset({torch.nn.functional.linear, linear_kxm, linear_activation, torch.addmm, torch.mm, torch.bmm,
-                          torch.matmul, torch._addmm_activation, SDPA, SDPA_CALL, sdpa_keep_mask})
+                          torch.matmul, addmm_activation, gelu, SDPA, SDPA_CALL, sdpa_keep_mask})
 
 
 class _Slot(int):

@@ -23,6 +23,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
+from .gelu_size import addmm_activation, gelu, vm_gelu, vm_takes
 
 aten = torch.ops.aten
 
@@ -41,7 +42,8 @@ _SAME_OP: dict = {
     aten.embedding.default: torch.embedding,
     aten.neg.default: torch.neg,
     aten.cat.default: torch.cat,
-    aten._addmm_activation.default: torch._addmm_activation,
+    aten._addmm_activation.default: addmm_activation,   # (an exact GELU by its size: gelu_size)
+    aten.gelu.default: gelu,
     aten.cumsum.default: torch.cumsum,
     aten.gather.default: torch.gather,
     aten.index_select.default: torch.index_select,
@@ -53,7 +55,7 @@ _SAME_OP: dict = {
     aten.split_with_sizes.default: torch.Tensor.split_with_sizes,   # (a tuple of the views, not a list)
 }
 # Those of _SAME_OP whose callable also takes the op's keyword arguments by the same names.
-_SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default})
+_SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default, aten.gelu.default})
 
 
 def linear_kxm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,12 +69,16 @@ def linear_activation(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, kxm:
     product of fx_product_activation, between its views) as one call of the run graph: the same
     kernel call on the same operands (x flattened as the view did, or copied where its strides do
     not allow the view, as the run graph's view would; w stored (in, out) where kxm)."""
+    if kwargs.get("use_gelu") and set(kwargs) <= _ACTIVATION_KWARGS and \
+            vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0]):
+        # (a small result: the product as F.linear computes it, then the VM's GELU: gelu_size)
+        return vm_gelu(torch._C._nn.linear(x, w.t() if kxm else w, None if kwargs.get("beta", 1) == 0 else bias))
     out = torch._addmm_activation(bias, _view_or_reshape(x, (-1, x.shape[-1])), w if kxm else w.t(), **kwargs)
     return out.view(x.shape[:-1] + out.shape[-1:])
 
 
 # Run-graph callables whose result is a new row-major tensor, whatever their operands' layouts.
-ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, torch._addmm_activation,
+ROW_MAJOR_RESULTS = frozenset({torch.mm, torch.addmm, torch.bmm, torch.nn.functional.linear, addmm_activation,
                                linear_kxm, linear_activation})
 
 # DVM outputs are row-major; PyTorch's may follow an input's memory order. A view PyTorch could
