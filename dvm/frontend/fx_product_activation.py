@@ -9,8 +9,8 @@ relu_ / gelu_ to its fresh result in place while it is in cache, so the values a
 for bit, with one call, one output tensor and one pass over it fewer; where the activation was a
 DVM segment of its own (OPT's fc1 and ReLU; the fc1 and GELU of BERT, GPT-NeoX and BART), a
 launch fewer too. A GELU's product of at most gelu_size.VM_GELU_MAX_ELEMENTS float32 elements
-takes the VM's GELU after the product instead (decided per call: gelu_size). An activation fused with later elementwise ops leaves them a segment that reads
-the activated product. The planner runs `_addmm_activation` as a cube op (aten_table.CUBE_OPS).
+takes the VM's GELU after the product instead (decided per call: gelu_size). An activation fused
+with later elementwise ops leaves them a segment that reads the activated product. The planner runs `_addmm_activation` as a cube op (aten_table.CUBE_OPS).
 
 Only where the product, its operands and the views are CPU tensors: CUDA's kernel takes its
 GELU from cuBLASLt's epilogue, the tanh approximation. Only where nothing else reads the product

@@ -64,7 +64,7 @@ def vm_takes(t: torch.Tensor, n: int) -> bool:
 
 
 def vm_gelu(t: torch.Tensor) -> torch.Tensor:
-    """The VM's GELU of the contiguous tensor t."""
+    """The VM's GELU of the float32 CPU tensor t, as a fresh row-major tensor."""
     counters.bump("torch_gelu_vm_small")
     got = _calls.get(t.shape)
     if got is not None and got[0](t):
@@ -73,8 +73,8 @@ def vm_gelu(t: torch.Tensor) -> torch.Tensor:
 
 
 def _first_call(t: torch.Tensor) -> torch.Tensor:
-    """_vm_gelu through the shape class's launcher, remembering the launch's direct call for t's shape
-    (the call sites of a graph alternate between shapes: one remembered launch would not do)."""
+    """vm_gelu through the shape class's launcher, remembering the launch's direct call for t's
+    shape (the call sites of a graph alternate between shapes: one remembered launch would not do)."""
     shape = t.shape
     launch, names = _launcher(tuple([d if d < 2 else -1 for d in shape]))
     env = {name: d for name, d in zip(names, shape) if name is not None}
