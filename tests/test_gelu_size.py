@@ -1,5 +1,5 @@
 """An exact GELU that PyTorch would run alone, chosen by its size at run time (frontend/gelu_size):
-the VM's GELU at most VM_GELU_MAX_ELEMENTS float32 elements on the CPU VM (eager's values within
+the VM's GELU up to vm_limit() float32 elements on the CPU VM (eager's values within
 assert_close, counted), PyTorch's kernel above it and for other dtypes, layouts and VMs (eager's
 bit for bit); in compiled graphs, for the GELU of a linear (fx_product_activation) and a lone
 GELU (fx_lone_gelu)."""
@@ -26,13 +26,30 @@ def _vm_calls() -> int:
     return dvm.counters().get("torch_gelu_vm_small", 0)
 
 
+def _limit(monkeypatch, n: int) -> None:
+    """vm_limit() == n with PyTorch's thread count now."""
+    monkeypatch.setattr(gelu_size, "VM_GELU_MAX_ELEMENTS", n * torch.get_num_threads())
+    assert gelu_size.vm_limit() == n
+
+
+def test_the_limit_is_per_thread(monkeypatch):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert gelu_size.vm_limit() == gelu_size.VM_GELU_MAX_ELEMENTS
+        torch.set_num_threads(2)
+        assert gelu_size.vm_limit() == gelu_size.VM_GELU_MAX_ELEMENTS // 2
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _compiled(f):
     torch._dynamo.reset()
     return torch.compile(f, backend="dvm", dynamic=True)
 
 
 def test_small_float32_takes_the_vms_gelu_large_takes_pytorchs(monkeypatch):
-    monkeypatch.setattr(gelu_size, "VM_GELU_MAX_ELEMENTS", 64)
+    _limit(monkeypatch, 64)
     small, large = torch.randn(4, 16), torch.randn(5, 13)
     before = _vm_calls()
     torch.testing.assert_close(gelu_size.gelu(small), F.gelu(small))
@@ -102,7 +119,7 @@ def test_the_activated_product_small_and_large(monkeypatch, kxm, no_bias):
     """linear_activation (fx_product_activation's call) and addmm_activation (an unfolded
     `_addmm_activation`): the product then the VM's GELU when small, PyTorch's kernel (bitwise)
     when large."""
-    monkeypatch.setattr(gelu_size, "VM_GELU_MAX_ELEMENTS", 200)
+    _limit(monkeypatch, 200)
     torch.manual_seed(0)
     w = torch.randn(24, 16)
     wk = w.t().contiguous() if kxm else w
@@ -147,7 +164,7 @@ def _mlp():
 def test_compiled_graphs_choose_per_call(monkeypatch, which):
     """One compiled graph, sizes on both sides of the limit: small calls take the VM's GELU, large
     ones PyTorch's, every result eager's (bitwise above the limit)."""
-    monkeypatch.setattr(gelu_size, "VM_GELU_MAX_ELEMENTS", 24 * 10)
+    _limit(monkeypatch, 24 * 10)
     f = dict(zip(("product", "lone"), _mlp()))[which]
     cf = _compiled(f)
     with torch.no_grad():
@@ -155,7 +172,7 @@ def test_compiled_graphs_choose_per_call(monkeypatch, which):
             x = torch.randn(2, n, 16 if which == "product" else 24)
             before = _vm_calls()
             got = cf(x)
-            small = 2 * n * 24 <= gelu_size.VM_GELU_MAX_ELEMENTS   # (the GELU's elements)
+            small = 2 * n * 24 <= gelu_size.vm_limit()   # (the GELU's elements)
             assert _vm_calls() == before + small, n
             if small:
                 torch.testing.assert_close(got, f(x))

@@ -4,7 +4,7 @@ The VM's GELU is accurate to 3.5 ULP (PyTorch's: up to 49) and takes ~2.7x the t
 PyTorch's per element on large tensors; alone, fusing it saves no memory pass. So after
 planning, a segment whose members are one exact float32 GELU of a PyTorch value and views of its
 result becomes PyTorch steps; the run graph's GELU step chooses by size at run time
-(gelu_size: PyTorch's kernel above gelu_size.VM_GELU_MAX_ELEMENTS elements, eager's bit for bit;
+(gelu_size: PyTorch's kernel above gelu_size.vm_limit() elements, eager's bit for bit;
 the VM's below, where PyTorch's fixed cost dominates). The tanh form (the VM's is faster from
 ~128 K elements), other dtypes and a GELU fused with anything stay in DVM. docs/DECISIONS.md,
 "A segment of one op".

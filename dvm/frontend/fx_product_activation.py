@@ -8,7 +8,7 @@ what mm computes (ATen's mm is addmm_impl_cpu_ with beta 0 too). PyTorch's CPU k
 relu_ / gelu_ to its fresh result in place while it is in cache, so the values are eager's bit
 for bit, with one call, one output tensor and one pass over it fewer; where the activation was a
 DVM segment of its own (OPT's fc1 and ReLU; the fc1 and GELU of BERT, GPT-NeoX and BART), a
-launch fewer too. A GELU's product of at most gelu_size.VM_GELU_MAX_ELEMENTS float32 elements
+launch fewer too. A GELU's product of at most gelu_size.vm_limit() float32 elements (32-64 K)
 takes the VM's GELU after the product instead (decided per call: gelu_size). An activation fused
 with later elementwise ops leaves them a segment that reads the activated product. The planner runs `_addmm_activation` as a cube op (aten_table.CUBE_OPS).
 

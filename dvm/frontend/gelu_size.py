@@ -7,8 +7,8 @@ VM's GELU (accurate to 3.5 ULP; PyTorch's float32 kernel to 49, and NaN at +inf)
 cost is larger (~12 µs a call at 2 K elements in BERT's forward, the VM's ~5). Where a run graph
 calls an exact GELU in PyTorch (fx_product_activation's activated products, fx_lone_gelu's lone
 GELUs), it calls these functions, which choose by the element count at each call: at most
-VM_GELU_MAX_ELEMENTS of a CPU float32 tensor (contiguous for a lone GELU) with the CPU VM
-selected, the product as F.linear computes it and then the VM's GELU (counted:
+vm_limit() (64 K elements on one thread, 32 K on two) of a CPU float32 tensor (contiguous for a
+lone GELU) with the CPU VM selected, the product as F.linear computes it and then the VM's GELU (counted:
 `torch_gelu_vm_small`); otherwise PyTorch's kernel, eager's bit for bit. Each shape's launch is
 remembered apart (a graph's GELUs alternate between shapes). docs/DECISIONS.md, "An exact GELU
 by its size".
@@ -23,10 +23,11 @@ from ..runtime import counters
 from .builder import kernel
 from .torch_launch import TensorLauncher
 
-# Measured on whole forwards (BERT, GPT-NeoX; one and two threads), the VM's GELU against
-# PyTorch's: 2 K elements 13-15 % less time a forward, 16 K 5 %, 32 K 2 %, 64 K 3 % less on one
-# thread and 1 % more on two.
-VM_GELU_MAX_ELEMENTS = 32768
+# The limit on one thread, divided by PyTorch's thread count (its GELU runs on them all). Measured
+# on whole forwards (BERT, GPT-NeoX), the VM's GELU against PyTorch's: 2 K elements 13-15 % less
+# time a forward, 16 K 5 %, 32 K 2 %; 64 K 3-4.5 % less on one thread and -6 to +1 % on two;
+# 128 K 1.5 % less on one thread.
+VM_GELU_MAX_ELEMENTS = 65536
 _SHAPE_CLASSES_KEPT = 16   # launchers kept (one per rank and placement of sizes 1)
 _SHAPES_KEPT = 64          # remembered direct calls (one per shape)
 ENABLED = True   # off: PyTorch's GELU at every size (the tests and the A/B compare the two)
@@ -54,10 +55,15 @@ def _launcher(shape_class: tuple) -> tuple[TensorLauncher, tuple]:
     return got
 
 
+def vm_limit() -> int:
+    """The most elements whose GELU the VM computes, with PyTorch's thread count now."""
+    return VM_GELU_MAX_ELEMENTS // max(torch.get_num_threads(), 1)
+
+
 def vm_takes(t: torch.Tensor, n: int) -> bool:
     """The VM computes the GELU of t (n elements) instead of PyTorch. (Not under DVM_VERIFY:
     verification recomputes segments, and this launch is none: PyTorch's GELU runs there.)"""
-    if not (ENABLED and 0 < n <= VM_GELU_MAX_ELEMENTS and t.dtype is torch.float32 and t.is_cpu):
+    if not (ENABLED and 0 < n <= vm_limit() and t.dtype is torch.float32 and t.is_cpu):
         return False
     c = config()
     return c.vm == "cpu" and not c.verify
