@@ -31,6 +31,7 @@ VM_GELU_MAX_ELEMENTS = 65536
 _SHAPE_CLASSES_KEPT = 16   # launchers kept (one per rank and placement of sizes 1)
 _SHAPES_KEPT = 64          # remembered direct calls (one per shape)
 ENABLED = True   # off: PyTorch's GELU at every size (the tests and the A/B compare the two)
+ACTIVATION_KWARGS = frozenset({"use_gelu", "beta"})   # _addmm_activation's, as fx_product_activation writes them
 
 
 @kernel
@@ -103,7 +104,7 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 def addmm_activation(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor, **kwargs) -> torch.Tensor:
     """aten._addmm_activation(bias, x, w, **kwargs) as the run graph calls it: with use_gelu and
     a small float32 result, the product (the same addmm, beta as given) then the VM's GELU."""
-    if kwargs.get("use_gelu") and set(kwargs) <= {"use_gelu", "beta"} and x.dim() == 2 and w.dim() == 2 and \
+    if kwargs.get("use_gelu") and set(kwargs) <= ACTIVATION_KWARGS and x.dim() == 2 and w.dim() == 2 and \
             vm_takes(x, x.shape[0] * w.shape[1]):
         return vm_gelu(torch.addmm(bias, x, w, beta=kwargs.get("beta", 1)))
     return torch._addmm_activation(bias, x, w, **kwargs)

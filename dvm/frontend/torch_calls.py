@@ -23,7 +23,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
-from .gelu_size import addmm_activation, gelu, vm_gelu, vm_takes
+from .gelu_size import ACTIVATION_KWARGS, addmm_activation, gelu, vm_gelu, vm_takes
 
 aten = torch.ops.aten
 
@@ -69,7 +69,7 @@ def linear_activation(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, kxm:
     product of fx_product_activation, between its views) as one call of the run graph: the same
     kernel call on the same operands (x flattened as the view did, or copied where its strides do
     not allow the view, as the run graph's view would; w stored (in, out) where kxm)."""
-    if kwargs.get("use_gelu") and set(kwargs) <= _ACTIVATION_KWARGS and \
+    if kwargs.get("use_gelu") and set(kwargs) <= ACTIVATION_KWARGS and \
             vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0]):
         # (a small result: the product as F.linear computes it, then the VM's GELU: gelu_size)
         return vm_gelu(torch._C._nn.linear(x, w.t() if kxm else w, None if kwargs.get("beta", 1) == 0 else bias))
@@ -144,9 +144,6 @@ def _transposed_weight(tw) -> torch.fx.Node | None:
     return None
 
 
-_ACTIVATION_KWARGS = frozenset({"use_gelu", "beta"})   # those fx_product_activation writes
-
-
 def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
     """The fold of mm / addmm / _addmm_activation node n and the inner nodes it skips, or None."""
     activation = dict(n.kwargs) if n.target is aten._addmm_activation.default else None
@@ -190,7 +187,7 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     folds, skip = {}, set()
     for n in nodes:
         product = n.target in (aten.mm.default, aten.addmm.default) and not n.kwargs
-        activated = n.target is aten._addmm_activation.default and set(n.kwargs) <= _ACTIVATION_KWARGS
+        activated = n.target is aten._addmm_activation.default and set(n.kwargs) <= ACTIVATION_KWARGS
         if len(n.users) != 1 or not (product or activated):
             continue
         got = _fold(n, in_torch, val)
