@@ -3,6 +3,8 @@ torch.compile(backend="dvm") equal to eager on both paths (causal mask / any oth
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -62,6 +64,36 @@ def test_keep_kind_is_one_remembered_fact_that_follows_in_place_changes():
     assert fx_sdpa.keep_kind(tri, 600, 600) == "masked"
     assert fx_sdpa.keep_kind(torch.ones(1, 1, 1, 1, dtype=torch.bool), 1, 1) == "causal"
 
+
+
+def _kind_by_definition(keep, L, S):
+    causal = keep.dim() >= 2 and L == S and L > 0 and tuple(keep.shape[-2:]) == (L, S) and \
+        bool(torch.equal(keep, torch.ones(L, S, dtype=torch.bool).tril().expand(keep.shape)))
+    return "causal" if causal else "every key" if bool(keep.all()) else "masked"
+
+
+@settings(max_examples=200, deadline=None)
+@given(B=st.integers(1, 3), L=st.integers(0, 9), S=st.integers(0, 9), start=st.sampled_from(["tril", "ones", "zeros"]),
+       flips=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 8), st.integers(0, 8)), max_size=3),
+       broadcast=st.booleans())
+def test_keep_kind_of_fresh_masks_is_the_definition(B, L, S, start, flips, broadcast):
+    """A mask seen for the first time (one NumPy read decides most kinds) against the kind by its
+    definition, over causal masks, all-kept and all-dropped ones, a few entries flipped, and
+    padding masks broadcast over the queries."""
+    if broadcast:   # an encoder's padding mask: [B, 1, 1, S] expanded over L queries
+        row = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        for b, _, j in flips:
+            if b < B and j < S:
+                row[b, ..., j] = False
+        keep = row.expand(B, 1, L, S)
+    else:
+        keep = {"tril": torch.ones(L, S, dtype=torch.bool).tril(), "ones": torch.ones(L, S, dtype=torch.bool),
+                "zeros": torch.zeros(L, S, dtype=torch.bool)}[start].expand(B, 1, L, S).contiguous()
+        for b, i, j in flips:
+            if b < B and i < L and j < S:
+                keep[b, 0, i, j] = not keep[b, 0, i, j]
+    assert fx_sdpa.keep_kind(keep, L, S) == _kind_by_definition(keep, L, S)
+    assert fx_sdpa.keep_kind(keep.float(), L, S) == "masked"   # (only a bool mask is read)
 
 def _attention(q, k, v, keep):
     mask = torch.where(keep, 0.0, float("-inf"))

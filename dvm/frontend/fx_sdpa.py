@@ -281,8 +281,32 @@ def keep_kind(keep: torch.Tensor, L: int, S: int) -> str:
     """_CAUSAL (is_causal_mask), _EVERY_KEY (keeps_every_key) or _MASKED: what attention with the
     bool mask keep of L queries and S keys needs, remembered on keep as one fact (the layers of a
     forward share the mask: each later layer pays one attribute lookup)."""
-    return _remembered(keep, "_dvm_keep_kind", (L, S), lambda: _CAUSAL if is_causal_mask(keep, L, S)
-                       else _EVERY_KEY if keeps_every_key(keep) else _MASKED)
+    memo = getattr(keep, "_dvm_keep_kind", None)
+    if memo is not None and memo[0] == keep._version and memo[1] == (L, S):
+        return memo[2]
+    kind = _fresh_kind(keep, L, S)
+    try:
+        keep._dvm_keep_kind = (keep._version, (L, S), kind)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass without __dict__
+        pass
+    return kind
+
+
+def _fresh_kind(keep: torch.Tensor, L: int, S: int) -> str:
+    """keep_kind of a mask not seen before (an encoder's is made from the padding mask each
+    forward). A CPU mask is read once through NumPy: where query 0 keeps key 1 it is not causal
+    and one all() decides between every key and masked; where it does not, it keeps not every key
+    and only the causal comparison is left."""
+    if keep.dtype != torch.bool:
+        return _MASKED
+    if not keep.is_cpu:
+        return _CAUSAL if is_causal_mask(keep, L, S) else _EVERY_KEY if keeps_every_key(keep) else _MASKED
+    a = keep.detach().numpy()
+    if L == S > 1 and a.shape[-2:] == (L, S) and not a[(0,) * (a.ndim - 2) + (0, 1)]:
+        return _CAUSAL if _equals_tril(keep, L) else _MASKED
+    if not a.all():
+        return _MASKED
+    return _CAUSAL if L == S == 1 and is_causal_mask(keep, L, S) else _EVERY_KEY   # (1 x 1: both)
 
 
 def is_causal_mask(keep: torch.Tensor, L: int, S: int) -> bool:
