@@ -1,0 +1,33 @@
+"""tools/gemm_probe: a product called from compiled code through the process's BLAS gives
+PyTorch's product (MKL's sgemm_: bitwise) and its epilogue PyTorch's add and ReLU; arguments."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dvm.tools import gemm_probe  # noqa: E402
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
+
+
+def test_products_through_each_blas_found():
+    found = gemm_probe.blas_libraries()
+    if not found:
+        pytest.skip("no BLAS sgemm exported by this process's libraries")
+    rows = gemm_probe.probe(shapes=((3, 5, 7), (8, 33, 17)), samples=3)
+    assert len(rows) == 2 * len(found)
+    for r in rows:   # (the probe raises where the epilogue differs from PyTorch's)
+        assert set(r["us"]) == {"F.linear", "compiled product", "F.linear + bias, relu_",
+                                "compiled product + bias + ReLU"} and min(r["us"].values()) > 0
+        if r["blas"].startswith("MKL"):
+            assert r["check"] == "bitwise", r
+        else:
+            assert r["check"] == "bitwise" or float(r["check"].split()[-1]) < 1e-4, r
+    assert "| 8x33x17 |" in gemm_probe.markdown(rows)
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "8x8"], ["--shapes", "0x8x8"], ["--shapes", "axbxc"],
+                                  ["--threads", "0"], ["--samples", "0"]])
+def test_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        gemm_probe.main(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
