@@ -2,6 +2,7 @@
 against PyTorch's linear from Python (a measurement for issue 49's mix kernels; not a test).
 
     python -m dvm.tools.gemm_probe [--threads N] [--samples N] [--shapes MxNxK,...]
+    python -m dvm.tools.gemm_probe --forward MODEL,... [--cells BxL,...] [--rounds N] [--threads N]
 
 A mix kernel runs a matmul and its elementwise epilogue in one VM launch. This probe measures
 what that launch could gain where it matters most, small products: the float32 product
@@ -11,7 +12,8 @@ applied to the output while it is in cache, each called as one compiled function
 its symbol is exported: MKL's Fortran `sgemm_` in libtorch_cpu (PyTorch's x86 wheels link MKL
 statically and export it) and NumPy's OpenBLAS (`scipy_sgemm_64_`, 64-bit integers). Each product
 is checked against PyTorch's (`bitwise` where equal, else the largest difference). Calls of the
-systems alternate one by one; medians of the samples.
+systems alternate one by one; medians of the samples. `--forward` measures the product inside
+whole forwards of zoo models compiled with DVM instead (tools/gemm_probe_forward).
 """
 from __future__ import annotations
 
@@ -135,9 +137,13 @@ def probe(shapes=DEFAULT_SHAPES, samples: int = 300, seed: int = 0) -> list[dict
     return rows
 
 
+def table_head(labels: tuple, systems: tuple) -> list[str]:
+    """A markdown table's header and rule: text columns `labels`, then one numeric column a system."""
+    return ["| " + " | ".join((*labels, *systems)) + " |", "|" + " --- |" * len(labels) + " ---: |" * len(systems)]
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| BLAS | M x N x K | product vs PyTorch's | " + " | ".join(SYSTEMS) + " |",
-             "| --- | --- | --- |" + " ---: |" * len(SYSTEMS)]
+    lines = table_head(("BLAS", "M x N x K", "product vs PyTorch's"), SYSTEMS)
     for r in rows:
         check = "bitwise" if r["max_diff"] == 0 else f"max diff {r['max_diff']:.1e}"
         times = " | ".join(f"{r['us'][s]:.1f} µs" for s in SYSTEMS)
@@ -145,14 +151,31 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _shapes(text: str) -> tuple:
-    try:
-        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shapes are MxNxK,... (got {text!r})") from None
-    if not all(len(s) == 3 and min(s) > 0 for s in shapes):
-        raise argparse.ArgumentTypeError(f"each shape is three positive sizes MxNxK (got {text!r})")
-    return shapes
+def _sizes(form: str):
+    """An argparse type: comma-separated tuples of positive sizes written as `form` (e.g. MxNxK)."""
+    n = form.count("x") + 1
+
+    def parse(text: str) -> tuple:
+        try:
+            got = tuple(tuple(int(v) for v in item.split("x")) for item in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {form},... (got {text!r})") from None
+        if not all(len(t) == n and min(t) > 0 for t in got):
+            raise argparse.ArgumentTypeError(f"each item is {n} positive sizes {form} (got {text!r})")
+        return got
+    return parse
+
+
+def _forward(args) -> int:
+    """--forward: the product inside whole forwards (gemm_probe_forward), through MKL's sgemm_."""
+    from . import gemm_probe_forward as fwd
+    mkl = [f for name, (f, _) in blas_libraries().items() if name.startswith("MKL")]
+    if not mkl:
+        print("MKL's sgemm_ is not exported by this process's libraries", file=sys.stderr)
+        return 1
+    rows = [r for m in args.forward for r in fwd.probe_model(m, mkl[0], args.cells or fwd.DEFAULT_CELLS, args.rounds)]
+    print(fwd.markdown(rows))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -160,11 +183,22 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="threads of PyTorch (which MKL's sgemm_ follows) and of OpenBLAS (default 1)")
     ap.add_argument("--samples", type=int, default=300, help="timed calls per system and shape (default 300)")
-    ap.add_argument("--shapes", type=_shapes, default=DEFAULT_SHAPES, help="MxNxK,... (default: a few small ones)")
+    ap.add_argument("--shapes", type=_sizes("MxNxK"), default=DEFAULT_SHAPES, help="MxNxK,... (default: a few small ones)")
+    ap.add_argument("--forward", type=lambda t: [m for m in t.split(",") if m],
+                    help="zoo models (dvm bench models --zoo's names): time the product inside their forwards")
+    ap.add_argument("--cells", type=_sizes("BxL"), help="with --forward: batch x length cells (default 1x8,4x8,1x64)")
+    ap.add_argument("--rounds", type=int, default=200, help="with --forward: forwards per system and cell (default 200)")
     args = ap.parse_args(argv)
-    if args.threads < 1 or args.samples < 1:
-        ap.error("--threads and --samples take a positive number")
+    if args.threads < 1 or args.samples < 1 or args.rounds < 1:
+        ap.error("--threads, --samples and --rounds take a positive number")
+    if args.forward:
+        from .bench_zoo_models import ZOO
+        unknown = [m for m in args.forward if m not in ZOO]
+        if unknown:
+            ap.error(f"--forward: unknown zoo model(s) {', '.join(unknown)}; the zoo: {', '.join(ZOO)}")
     set_threads(args.threads)
+    if args.forward:
+        return _forward(args)
     rows = probe(args.shapes, args.samples)
     if not rows:
         print("no BLAS sgemm found in this process's libraries", file=sys.stderr)
