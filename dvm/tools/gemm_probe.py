@@ -35,6 +35,7 @@ from .bench_common import progress
 
 DEFAULT_SHAPES = ((8, 128, 128), (8, 384, 128), (8, 256, 256), (8, 768, 768), (64, 128, 128), (64, 512, 128),
                   (256, 128, 128))
+MKL = "MKL"   # the name blas_libraries gives MKL's sgemm_ starts with it
 _SGEMM = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13)   # Fortran sgemm: every argument by address
 # the systems timed, in the order of their calls and of the table's columns
 SYSTEMS = ("F.linear", "compiled product", "F.linear + bias, relu_", "compiled product + bias + ReLU")
@@ -58,7 +59,7 @@ def blas_libraries() -> dict[str, tuple[ctypes._CFuncPtr, type]]:
     found = {}
     try:
         lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        found["MKL (libtorch_cpu sgemm_)"] = (_SGEMM(("sgemm_", lib)), np.int32)
+        found[f"{MKL} (libtorch_cpu sgemm_)"] = (_SGEMM(("sgemm_", lib)), np.int32)
     except (OSError, AttributeError):
         pass
     for path in _openblas_paths():
@@ -67,6 +68,12 @@ def blas_libraries() -> dict[str, tuple[ctypes._CFuncPtr, type]]:
         except (OSError, AttributeError):
             pass
     return found
+
+
+def mkl_sgemm():
+    """MKL's sgemm_ (the BLAS PyTorch's products use, on its threads) where this process exports
+    it, else None."""
+    return next((f for name, (f, _) in blas_libraries().items() if name.startswith(MKL)), None)
 
 
 def _compiled(sgemm):
@@ -169,11 +176,11 @@ def _sizes(form: str):
 def _forward(args) -> int:
     """--forward: the product inside whole forwards (gemm_probe_forward), through MKL's sgemm_."""
     from . import gemm_probe_forward as fwd
-    mkl = [f for name, (f, _) in blas_libraries().items() if name.startswith("MKL")]
-    if not mkl:
+    sgemm = mkl_sgemm()
+    if sgemm is None:
         print("MKL's sgemm_ is not exported by this process's libraries", file=sys.stderr)
         return 1
-    rows = [r for m in args.forward for r in fwd.probe_model(m, mkl[0], args.cells or fwd.DEFAULT_CELLS, args.rounds)]
+    rows = [r for m in args.forward for r in fwd.probe_model(m, sgemm, args.cells or fwd.DEFAULT_CELLS, args.rounds)]
     print(fwd.markdown(rows))
     return 0
 

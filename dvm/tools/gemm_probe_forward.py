@@ -40,7 +40,7 @@ from .gemm_probe import table_head
 
 SYSTEMS = ("as built", "as built, again", "product", "product + GELU")   # (again: the noise floor)
 DEFAULT_CELLS = ((1, 8), (4, 8), (1, 64))
-_NOW, _AGAIN, _PRODUCT, _GELU = SYSTEMS
+_NOW, _, _PRODUCT, _GELU = SYSTEMS
 # the scratch words of one call (sgemm's arguments are all addresses): int32 N, M, K at bytes
 # 0-11, float32 alpha, beta at 16-23, the transposition characters at 24-25
 _INTS, _SCALARS, _TRANS = 0, 16, 24
