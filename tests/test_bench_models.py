@@ -46,7 +46,7 @@ def test_compare_logits():
 
 def test_bench_models_quick(tmp_path, capsys):
     paths = {k: str(tmp_path / f"models.{k}") for k in ("json", "md", "png")}
-    assert main(["bench", "models", "--quick", "--json", paths["json"], "--md", paths["md"],
+    assert main(["bench", "models", "--quick", "--layers", "3", "--json", paths["json"], "--md", paths["md"],
                  "--png", paths["png"]]) == 0
     captured = capsys.readouterr()
     assert "[dvm bench models]" in captured.err and "llama dvm: [1/6]" in captured.err   # progress on stderr
@@ -55,6 +55,7 @@ def test_bench_models_quick(tmp_path, capsys):
     report = json.loads(open(paths["json"]).read())
     assert report["benchmark"] == "models" and report["failures"] == []
     assert report["systems"] == ["eager", "dvm"] and report["batches"] == [1]
+    assert report["layers"] == 3 and "3 layers" in report["models"]["llama"]["what"]
     assert len(report["lengths"]) == 6 and 1 in report["lengths"]
     assert _finite(report["loadavg_1min"]["start"]) and report["machine"]["cores"] >= 1
     per = report["models"]["llama"]["systems"]
@@ -94,8 +95,11 @@ def test_bench_models_rejects_bad_arguments(capsys):
     assert main(["bench", "models", "--models", "gpt9", "--json", "-"]) == 2
     assert main(["bench", "models", "--batches", "0", "--json", "-"]) == 2
     assert main(["bench", "models", "--lengths", "2000", "--json", "-"]) == 2
+    assert main(["bench", "models", "--layers", "0", "--json", "-"]) == 2
+    assert main(["bench", "models", "--zoo", "--layers", "4", "--json", "-"]) == 2
     err = capsys.readouterr().err
     assert "gpt9" in err and "--batches" in err and "--lengths" in err and "Traceback" not in err
+    assert "--layers must be in 1 .. 64" in err and "not to --zoo" in err
 
 
 def test_demo_without_inductor(capsys):

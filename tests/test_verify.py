@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -69,6 +70,8 @@ def _perturbed(encode):
 
 def test_a_wrong_kernel_is_caught_named_and_reproduced(tmp_path, monkeypatch, capsys):
     torch._dynamo.reset()
+    # (graphs of their own, as in a fresh process: equal graphs share their Programs)
+    monkeypatch.setattr(compiled_mod, "_SHARED", weakref.WeakValueDictionary())
     monkeypatch.setattr(compiled_mod, "encode_program", _perturbed(compiled_mod.encode_program))
     report = dvm.verify(chain, *_inputs(), repro_dir=str(tmp_path), label="injected")
     assert not report.passed

@@ -270,11 +270,11 @@ class CompiledFx:
         self.segments, self.torch_steps = [], []
         in_torch = {s.node for s in planner.steps if isinstance(s, TorchStep)}
         folds, skip = linear_folds(gm.graph.nodes, in_torch, fake)
-        runners = {}
+        runners, launchers, env_names = {}, {}, [name for _, _, name in self.binds]
         for step in planner.steps:
             if isinstance(step, SegmentStep):
                 try:
-                    runners[id(step)] = SegmentRunner(step.segment, syms)
+                    runners[id(step)] = SegmentRunner(step.segment, env_names, launchers)
                 except Exception as e:  # the whole segment runs through PyTorch, with the reason
                     runners[id(step)] = e
         output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -351,12 +351,16 @@ class CompiledFx:
                        if self.consts.n_weights else "")
             lines.append(f"  size-only values: {self.consts.n_steps} step(s){segs}, computed once per tuple "
                          f"of sizes and remembered{weights}")
+        first_of: dict = {}   # graph -> the first segment running it
         for i, s in enumerate(self.segments):
             ops = collections.Counter(str(n.target).replace("aten.", "").replace(".default", "")
                                       for n in s.seg.members)
             lines.append(f"  segment {i}: {s.n_kernels} vector kernel(s) in ONE launch (sequence-stacked), "
                          f"{len(s.inputs)} in / {len(s.out_map)} out; ops: "
                          + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in ops.items()))
+            j = first_of.setdefault(s.graph, i) if s.graph is not None else i
+            if j != i:
+                lines.append(f"    the graph of segment {j} (equal): its Programs and launches, each size encoded once")
             rolls = sum(isinstance(x, Rolled) for x in s.inputs)
             if rolls:
                 lines.append(f"    rotate_half of a PyTorch value x{rolls}: roll(x) by PyTorch, "

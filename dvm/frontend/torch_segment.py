@@ -20,7 +20,7 @@ from ..graph.build import permute
 from ..graph.node import topo_order
 from ..graph.symbolic import SymExpr, evaluate, free_symbols
 from ..runtime import counters
-from ..runtime.compiled import CompiledGraph
+from ..runtime.compiled import shared_graph
 from .aten_common import fake
 from .aten_table import VIEW_OPS, Unsupported
 from .torch_launch import TensorLauncher, _data_ptr, input_spans, tensor_check, writable_over
@@ -90,7 +90,10 @@ def _returned(n) -> bool:
 
 
 class SegmentRunner:
-    def __init__(self, seg, graph_syms: set):
+    def __init__(self, seg, env_names: Sequence[str], launchers: dict | None = None):
+        """env_names: the keys of the env run() is given, in order (the graph's size symbols).
+        launchers: the TensorLaunchers of the segments of one Dynamo graph, by CompiledGraph (its
+        segments of equal graphs share one, behind the same guards)."""
         self.seg = seg
         nodes, self.out_map = [], []
         for fxn, (node, inv) in zip(seg.outputs, _stored(seg)):
@@ -108,7 +111,7 @@ class SegmentRunner:
                 needed |= {s.name for s in free_symbols(node.attr("value"))}
         for c in seg.ctx.checks:
             needed |= {s.name for s in free_symbols(c.lhs) | free_symbols(c.rhs if c.rhs is not None else 0)}
-        self.binds, bound = [], set(graph_syms)
+        self.binds, bound = [], set(env_names)
         for i, node in enumerate(seg.input_nodes):
             for j, d in enumerate(node.shape):
                 s = d.as_symbol() if isinstance(d, SymExpr) else None
@@ -151,10 +154,16 @@ class SegmentRunner:
         perms = tuple(inv for _, _, inv in self.results)
         self._perms = perms if self._direct and any(p is not None for p in perms) else None
         t0 = time.perf_counter()
-        self.graph = CompiledGraph(seg.input_nodes, nodes) if nodes else None
+        # (a model's equal layers: one graph, whose Programs and Launches serve them all)
+        self.graph = shared_graph(seg.input_nodes, nodes, [*env_names, *(name for _, _, name in self.binds)]) \
+            if nodes else None
         self.compile_s = time.perf_counter() - t0
-        # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
-        self.launch = TensorLauncher(self.graph, guarded=True) if self.graph else None
+        self.launch = None if self.graph is None else launchers.get(self.graph) if launchers is not None else None
+        if self.graph is not None and self.launch is None:
+            # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
+            self.launch = TensorLauncher(self.graph, guarded=True)
+            if launchers is not None:
+                launchers[self.graph] = self.launch
         # run()'s quick path: (graph sizes, tensor check, VM, direct call) of the last launch
         self._quick: tuple | None = None
         self._last_key: tuple | None = None

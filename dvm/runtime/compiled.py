@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from ..codegen.target import GENERIC, Target
 from ..config import config
 from ..errors import ProgramLimitError
 from ..fusion.partition import partition
-from ..graph.node import Node
+from ..graph.node import Node, topo_order
 from ..graph.symbolic import evaluate
 from ..graph.views import Layout, contiguous_strides
 from . import buffer_pool, counters, debug
@@ -178,6 +179,45 @@ class CompiledGraph:
         deltas = [_buffer_delta(a) for a in arrays] + [0] * (len(outs) + len(ws))
         numels = [b.shape[0] for b in buffers]
         return Launch(layout, copy_slots, outs, ws, vm, deltas, numels)
+
+
+# (input nodes, output nodes, env names) -> the graph built for them, while some caller holds it
+_SHARED: "weakref.WeakValueDictionary[tuple, CompiledGraph]" = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+_LABELS = ("name",)   # input attributes that only label an input (for dumps): not computed with
+
+
+def shared_graph(inputs: Sequence[Node], outputs: Sequence[Node], env_names: Sequence[str]) -> CompiledGraph:
+    """The CompiledGraph of these nodes without their inputs' labels, one per process for every
+    caller whose env has the keys env_names in that order. Nodes are hash-consed (graph.node):
+    equal graphs are the same unlabelled input and output nodes, hence the same templates, and the
+    same env values mean the same sizes (the caches key on env's values in its key order). A
+    model's equal layers then encode, verify and bind each new size once, not once a layer
+    (counted: graphs_shared)."""
+    inputs, outputs = _unlabelled(inputs, outputs)
+    key = (inputs, outputs, tuple(env_names))
+    with _SHARED_LOCK:
+        graph = _SHARED.get(key)
+    if graph is not None:
+        counters.bump("graphs_shared")
+        return graph
+    graph = CompiledGraph(inputs, outputs)
+    with _SHARED_LOCK:
+        return _SHARED.setdefault(key, graph)
+
+
+def _unlabelled(inputs: Sequence[Node], outputs: Sequence[Node]) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """The graph of `outputs` over `inputs` rebuilt with input nodes that carry no _LABELS."""
+    made: dict[Node, Node] = {}
+    for node in [*inputs, *topo_order(outputs)]:
+        if node in made:
+            continue
+        if node.op == "input":
+            made[node] = Node.make("input", node.dtype, node.shape,
+                                   **{k: v for k, v in node.attrs if k not in _LABELS})
+        else:
+            made[node] = Node.make(node.op, node.dtype, node.shape, [made[i] for i in node.inputs], **dict(node.attrs))
+    return tuple(made[n] for n in inputs), tuple(made[n] for n in outputs)
 
 
 def remember(cache: dict, key, value, lock: threading.Lock, nbytes: int | None = None) -> None:

@@ -65,6 +65,8 @@ QUICK_LENGTHS = 6
 MAX_LENGTH = 1024
 DEFAULT_BATCHES = (1, 3)
 DEFAULT_REPEAT = 5
+LAYERS = 2          # decoder layers of each model (--layers: how a new size's cost grows with depth)
+MAX_LAYERS = 64
 # Tiny models: each op's parallel region lasts microseconds, and on a shared 2-core machine an
 # OpenMP thread waiting for a busy core stalls it for a scheduler quantum (eager at 2 threads ran
 # 10-40x slower than at 1 under load 2). One thread by default, the same for every system
@@ -73,21 +75,21 @@ DEFAULT_THREADS = 1
 QUICK_REPEAT = 2
 # ---------------------------------------------------------------------------------------------
 # Models: small configs, random weights, no downloads.
-def _llama(seed: int):
+def _llama(seed: int, layers: int = LAYERS):
     import torch
     import transformers
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
                                    max_position_embeddings=2048, use_cache=False)
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(cfg)
 
 
-def _qwen2_moe(seed: int):
+def _qwen2_moe(seed: int, layers: int = LAYERS):
     import torch
     import transformers
     cfg = transformers.Qwen2MoeConfig(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                                      shared_expert_intermediate_size=128, num_hidden_layers=2,
+                                      shared_expert_intermediate_size=128, num_hidden_layers=layers,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
                                       num_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
                                       use_cache=False)
@@ -156,19 +158,19 @@ def _restore_threads(old: tuple[int, str | None]) -> None:
 def run(models=MODEL_NAMES, n_lengths: int = DEFAULT_LENGTHS, batches=DEFAULT_BATCHES, seed: int = 0,
         inductor: bool = True, repeat: int = DEFAULT_REPEAT, lengths: list[int] | None = None,
         inductor_modes=("dynamic", "default"), warm: bool = True, threads: int = DEFAULT_THREADS,
-        quiet: bool = False, bench: str = "models") -> dict:
+        quiet: bool = False, bench: str = "models", layers: int = LAYERS) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import dvm.frontend.torch_backend  # noqa: F401  (registers backend "dvm")
     old_threads = _set_threads(threads)
     try:
         return _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm,
-                    threads, quiet, bench)
+                    threads, quiet, bench, layers)
     finally:
         _restore_threads(old_threads)
 
 
 def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_modes, warm, threads,
-         quiet, bench) -> dict:
+         quiet, bench, layers) -> dict:
     import torch
     import transformers
 
@@ -194,7 +196,8 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
     try:
         for m in models:
             make, what = MODELS[m]
-            model = make(seed).eval()
+            model = make(seed, layers).eval()
+            what = what.replace(f"{LAYERS} layers", f"{layers} layers")
             r.log(f"{m}: {what}")
             per: dict = {}
             ref = None
@@ -245,7 +248,7 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
         "benchmark": "models",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "seconds": round(time.time() - t0, 2),
-        "vm": vm, "seed": seed, "repeat": repeat, "batches": list(batches), "lengths": list(lengths),
+        "vm": vm, "seed": seed, "layers": layers, "repeat": repeat, "batches": list(batches), "lengths": list(lengths),
         "stream": [list(p) for p in stream], "buckets": [f"{lo}-{hi}" for lo, hi in BUCKETS],
         "systems": systems, "inductor": inductor,
         "tolerance": {"rtol": RTOL, "atol": ATOL},
@@ -276,7 +279,8 @@ def parse_list(text: str, what: str, choices=None, cast=str) -> list:
 
 
 def main(models=None, n_lengths: int | None = None, batches=None, seed: int = 0, quick: bool = False,
-         inductor: bool | None = None, repeat: int | None = None, threads: int = DEFAULT_THREADS, json_path: str | None = DEFAULT_JSON,
+         inductor: bool | None = None, repeat: int | None = None, threads: int = DEFAULT_THREADS,
+         layers: int = LAYERS, json_path: str | None = DEFAULT_JSON,
          md_path: str | None = DEFAULT_MD, png_path: str | None = DEFAULT_PNG, out=None) -> int:
     """Run, print the markdown on `out`, write JSON / markdown / PNG. Exit 1 if DVM failed, or its
     logits differed from eager's beyond the tolerance, or a whole graph fell back to PyTorch."""
@@ -292,6 +296,6 @@ def main(models=None, n_lengths: int | None = None, batches=None, seed: int = 0,
     if repeat is None:
         repeat = QUICK_REPEAT if quick else DEFAULT_REPEAT
     report = run(models=models, n_lengths=n_lengths, batches=batches, seed=seed, inductor=inductor, repeat=repeat,
-                 threads=threads)
+                 threads=threads, layers=layers)
     from .bench_models_report import markdown, plot
     return finish_report(report, markdown(report), plot, json_path, md_path, png_path, out, "model(s)")

@@ -97,6 +97,9 @@ def add_parsers(sub) -> None:
     bm.add_argument("--batches", default=None, metavar="LIST",
                     help="comma-separated batch sizes (default 1,3; 1 with --quick)")
     bm.add_argument("--seed", type=int, default=0, help="random seed for lengths, order, weights, tokens (default 0)")
+    bm.add_argument("--layers", type=int, default=bench_models.LAYERS, metavar="N",
+                    help=f"decoder layers of each model (default {bench_models.LAYERS}; up to "
+                         f"{bench_models.MAX_LAYERS}): what depth costs, e.g. a size seen for the first time")
     bm.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: a tiny bf16 Llama on a CUDA GPU, eager vs Inductor vs DVM's GPU VM over 20 "
                          "lengths (bench_gpu_models; exit 2 without a CUDA device)")
@@ -264,6 +267,9 @@ def _cmd_bench_zoo(args) -> int:
 
 def cmd_bench_models(args) -> int:
     from . import bench_models
+    if args.layers != bench_models.LAYERS and (args.zoo or args.device == "cuda"):
+        _err("--layers applies to the CPU stream's two models, not to --zoo or --device cuda")
+        return EXIT_USAGE
     if args.zoo:
         return _cmd_bench_zoo(args)
     gpu = _on_cuda(args, "bench_gpu_models", {"json": bench_models.DEFAULT_JSON, "md": bench_models.DEFAULT_MD})
@@ -281,11 +287,14 @@ def cmd_bench_models(args) -> int:
     if args.lengths is not None and not 1 <= args.lengths <= bench_models.MAX_LENGTH:
         _err(f"--lengths must be in 1 .. {bench_models.MAX_LENGTH}")
         return EXIT_USAGE
+    if not 1 <= args.layers <= bench_models.MAX_LAYERS:
+        _err(f"--layers must be in 1 .. {bench_models.MAX_LAYERS}")
+        return EXIT_USAGE
     if not _repeat_threads_ok(args):
         return EXIT_USAGE
     return bench_models.main(models=models, n_lengths=args.lengths, batches=batches, seed=args.seed,
                              quick=args.quick, inductor=args.inductor, repeat=args.repeat,
-                             threads=args.threads, json_path=_path(args.json), md_path=_path(args.md),
+                             threads=args.threads, layers=args.layers, json_path=_path(args.json), md_path=_path(args.md),
                              png_path=_path(args.png))
 
 
