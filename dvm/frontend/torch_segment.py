@@ -90,10 +90,10 @@ def _returned(n) -> bool:
 
 
 class SegmentRunner:
-    def __init__(self, seg, env_names: Sequence[str], launchers: dict | None = None):
+    def __init__(self, seg, env_names: Sequence[str], launchers: dict):
         """env_names: the keys of the env run() is given, in order (the graph's size symbols).
         launchers: the TensorLaunchers of the segments of one Dynamo graph, by CompiledGraph (its
-        segments of equal graphs share one, behind the same guards)."""
+        segments of equal graphs share one, behind the same guards); this segment's is added."""
         self.seg = seg
         nodes, self.out_map = [], []
         for fxn, (node, inv) in zip(seg.outputs, _stored(seg)):
@@ -158,12 +158,10 @@ class SegmentRunner:
         self.graph = shared_graph(seg.input_nodes, nodes, [*env_names, *(name for _, _, name in self.binds)]) \
             if nodes else None
         self.compile_s = time.perf_counter() - t0
-        self.launch = None if self.graph is None else launchers.get(self.graph) if launchers is not None else None
-        if self.graph is not None and self.launch is None:
+        if self.graph is not None and self.graph not in launchers:
             # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
-            self.launch = TensorLauncher(self.graph, guarded=True)
-            if launchers is not None:
-                launchers[self.graph] = self.launch
+            launchers[self.graph] = TensorLauncher(self.graph, guarded=True)
+        self.launch = launchers.get(self.graph)
         # run()'s quick path: (graph sizes, tensor check, VM, direct call) of the last launch
         self._quick: tuple | None = None
         self._last_key: tuple | None = None
