@@ -24,7 +24,7 @@ def test_every_table_slot_has_one_piece_and_the_core_is_complete_without_fast_pi
     assert slots == list(range(abi.N_PIECES))
     core = {s for p in pieces.PIECES if p.tier == pieces.CORE for s in p.slots}
     # the fast pieces are optional: the core calls each only where its table word is set
-    assert {abi.PC_ROWTREE, abi.PC_FUSED_TILE, abi.PC_FUSED_ROWS}.isdisjoint(core)
+    assert {abi.PC_ROWTREE, abi.PC_FUSED_TILE, abi.PC_FUSED_ROWS, abi.PC_FUSED_ROTARY}.isdisjoint(core)
 
 
 def test_a_piece_is_keyed_by_the_modules_it_is_built_from():

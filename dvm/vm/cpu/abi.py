@@ -96,7 +96,7 @@ OPTAB_FIXED = 4   # optab row: kind, arg, dtype, offset, then one stride per dim
 
 # --- fused runs (host/fuse_plan plans them, jit/fused runs them) -----------------------------------
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
- FK_CSQACC, FK_UNBIN, FK_ADDSUM) = range(12)
+ FK_CSQACC, FK_UNBIN, FK_ADDSUM, FK_ROTARY) = range(13)
 FUSE_WIDTH = 8    # fuse[pc]: kind, instructions covered, then the kind's fields
 NO_SRC = -1       # FK_APPLY (and FK_ROWNORM) without a bias stage
 NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)
@@ -109,6 +109,9 @@ FUSED_BIN = ("add", "sub", "mul")                       # and the op that consum
 UNBIN_SWAP = 1
 UNBIN_USWAP = 2
 UNBIN_C_SHIFT = 2
+# FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r)
+ROT_R_SWAP = 1
+ROT_Y_SWAP = 2
 CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)   # replayed per row (rownorm)
 
 # --- scratch -----------------------------------------------------------------------------------------
@@ -153,8 +156,8 @@ G_WIDTH = 8
 # the core then takes the generic path), then the decode table (DEC_WIDTH words per opcode).
 # Every piece is a C function int64(frame, pc, a, b); what a and b mean is the piece's own.
 (PC_EW_F32, PC_EW_F64, PC_EW_I64, PC_EW_B8, PC_CAST, PC_MEM, PC_MEM_T, PC_ROWLEVEL, PC_REDUCE,
- PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_ROWS) = range(12)
-N_PIECES = 12      # table slots (a piece may fill several: the slots of the banks it serves)
+ PC_ROWTREE, PC_FUSED_TILE, PC_FUSED_ROWS, PC_FUSED_ROTARY) = range(13)
+N_PIECES = 13      # table slots (a piece may fill several: the slots of the banks it serves)
 FUSED_RUN = -1  # a piece's `a` when the core calls it for the fused run at pc (fuse[pc])
 ROWS_AT = -1   # PC_ROWTREE's pc for a fused run's call (its arguments in the frame's FR_ARGS)
 MEM_LOAD, MEM_STORE, MEM_STOREROW, MEM_COMPACT, MEM_INDEX = range(5)   # PC_MEM's and PC_MEM_T's `a`

@@ -18,9 +18,9 @@ import numpy as np
 from ....codegen import isa
 from ....graph.dtypes import Bank
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
-                   FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
-                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP,
-                   UNBIN_USWAP)
+                   FK_LOADRED, FK_NONE, FK_ROTARY, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH,
+                   FUSED_BIN, FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, ROT_R_SWAP, ROT_Y_SWAP,
+                   UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP)
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
@@ -367,6 +367,58 @@ def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
 
 
+def _product_of_loads(instrs, specs, pc: int, sec) -> tuple[int, list[int]] | None:
+    """load a, oa ; load b, ob ; mul p, a, b (either order, kept)  ->  (p, [the first factor's
+    operand, the second's]) for two distinct registers a and b."""
+    if pc + 3 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "load")
+                               and _is(specs[pc + 2], "ew", "mul")):
+        return None
+    loaded = {int(instrs[pc, 1]): int(instrs[pc, 2]), int(instrs[pc + 1, 1]): int(instrs[pc + 1, 2])}
+    p, u, v = (int(w) for w in instrs[pc + 2, 1:4])
+    if len(loaded) != 2 or {u, v} != set(loaded):
+        return None
+    return p, [loaded[u], loaded[v]]
+
+
+def _scaled_product(instrs, specs, pc: int, sec) -> tuple[int, list[int], int, int] | None:
+    """load c ; load d ; mul q, c, d ; load e ; mul r, q, e (either order, kept)  ->  (r, [c's, d's
+    operands], e's operand, ROT_R_SWAP where r = e * q)."""
+    first = _product_of_loads(instrs, specs, pc, sec)
+    if first is None or pc + 5 > sec[1] or not (_is(specs[pc + 3], "load") and _is(specs[pc + 4], "ew", "mul")):
+        return None
+    q, cd = first
+    e, oe = int(instrs[pc + 3, 1]), int(instrs[pc + 3, 2])
+    r, u, v = (int(w) for w in instrs[pc + 4, 1:4])
+    if q == e or {u, v} != {q, e}:
+        return None
+    return r, cd, oe, ROT_R_SWAP if u == e else 0
+
+
+def _rotary(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
+    """A product of two loads p = a * b and a scaled product r = (c * d) * e (_scaled_product), in
+    either order, then add y, p, r ; store y   (every product's and the sum's operands in either
+    order, kept)  ->  (FK_ROTARY, 10, a's, b's, c's, d's and e's operands in their products' order,
+    ROT_R_SWAP | ROT_Y_SWAP): y = x * cos + (x_swapped * sign) * sin, a rotary embedding with its
+    halves swapped by a view (frontend fx_rotate_pairs / fx_rolled_blocks), as the CPU VM's row
+    form (jit/fused/rotary) computes it from the operands' rows; every register it writes is dead
+    after it."""
+    end = pc + 9
+    if end >= sec[1] or not (_is(specs[pc + 8], "ew", "add") and _is(specs[end], "store")):
+        return None
+    first, scaled = _product_of_loads(instrs, specs, pc, sec), _scaled_product(instrs, specs, pc + 3, sec)
+    if first is None or scaled is None:   # the scaled product first, then the product of loads
+        scaled, first = _scaled_product(instrs, specs, pc, sec), _product_of_loads(instrs, specs, pc + 5, sec)
+        if first is None or scaled is None or scaled[0] in _writes(flow, pc + 5, pc + 8):
+            return None
+    elif first[0] in _writes(flow, pc + 3, pc + 8):
+        return None
+    (p, ab), (r, cd, oe, r_swap) = first, scaled
+    y, s, t = (int(w) for w in instrs[pc + 8, 1:4])
+    if p == r or {s, t} != {p, r} or int(instrs[end, 1]) != y or not _self_contained(flow, pc, end, sec):
+        return None
+    return [FK_ROTARY, end + 1 - pc, *ab, *cd, oe, r_swap | (ROT_Y_SWAP if s == r else 0)]
+
+
 # the runs tried at each pc, in this order (the first that matches is planned)
 _TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _un_then_bin, _add_then_sum)
 
@@ -381,7 +433,8 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
     for sec in sections:
         pc = sec[0]
         while pc < sec[1]:
-            norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec)
+            norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec) or \
+                _rotary(instrs, specs, flow, pc, sec)
             if norm:   # the runs inside it are planned as well, for tiles it cannot take
                 plan[pc, :len(norm)] = norm
                 pc += 1

@@ -64,6 +64,7 @@ PIECES = (   # in the order they compile: the build processes take them round-ro
     Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
     Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST),
     Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
+    Piece("fused_rotary", (abi.PC_FUSED_ROTARY,), f"{_PKG}.fused.rotary", "fused_rotary_piece", FAST),
     Piece("team", (), f"{_PKG}.team", "team_body", FAST, c_sig="void(int64)"),   # host/openmp.OpenMPTeam
 )
 BY_NAME = {p.name: p for p in PIECES}

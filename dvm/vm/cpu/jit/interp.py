@@ -33,13 +33,13 @@ import numpy as np
 from numba import carray, njit
 
 from ..abi import (ALIASED, BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_KIND, DEC_OP, DEC_WRITES_F, DT_F32,
-                   ERR_UNHANDLED, FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FR_AOK, FR_C0, FR_FIN, FR_R0,
-                   FUSED_RUN, G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
+                   ERR_UNHANDLED, FK_LOADRED, FK_NONE, FK_ROTARY, FK_ROWNORM, FK_ROWSOFTMAX, FR_AOK, FR_C0, FR_FIN,
+                   FR_R0, FUSED_RUN, G_ACC, G_ACCINIT, G_CAST, G_CONST, G_EW, G_INDEX, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
                    G_STOREROW, K_BIN, K_CMP, MEM_COMPACT, MEM_INDEX, MEM_LOAD, MEM_STORE, MEM_STOREROW,
                    MODE_CMP_OUTER, MODE_COMPACT, MODE_CONST, MODE_EXPAND, MODE_FULL, MODE_ROWB, MODE_ROWLOAD,
                    MODE_ROWV, MODE_UNIFORM, M_BM, M_BN, M_COLS, M_ROWS, M_TL, OP_ADD, OP_DIV, OP_MAX, OP_MIN, OP_MUL,
-                   OP_SUB, PC_CAST, PC_EW_F32, PC_FUSED_ROWS, PC_FUSED_TILE, PC_MEM, PC_MEM_T, PC_REDUCE,
-                   PC_ROWLEVEL, PC_ROWTREE, PEEP_LATER, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL,
+                   OP_SUB, PC_CAST, PC_EW_F32, PC_FUSED_ROTARY, PC_FUSED_ROWS, PC_FUSED_TILE, PC_MEM, PC_MEM_T,
+                   PC_REDUCE, PC_ROWLEVEL, PC_ROWTREE, PEEP_LATER, RS_COMPACT, RS_FULL, RS_ROWVEC, RS_UNIFORM, RS_UNIFORM_ALL,
                    R_ARGMAX, R_ARGMIN, WRITES_F_DEST, WRITES_F_RMW)
 from .addr import col_uniform, direct_addr, reads_at, row_addrs, tile_row_uniform
 from .bits import OPTS, ptr_f32
@@ -127,6 +127,8 @@ def _fused_slot(kind):
         return PC_ROWTREE
     if kind == FK_ROWNORM or kind == FK_ROWSOFTMAX:
         return PC_FUSED_ROWS
+    if kind == FK_ROTARY:
+        return PC_FUSED_ROTARY
     return PC_FUSED_TILE
 
 

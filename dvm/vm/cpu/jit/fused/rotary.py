@@ -1,0 +1,111 @@
+"""A rotary embedding one row at a time, from its operands' rows: the PC_FUSED_ROTARY piece
+(FK_ROTARY, planned by host/fuse_plan._rotary).
+
+    load a ; load b ; mul p, a, b ; load c ; load d ; mul q, c, d ; load e ; mul r, q, e ;
+    add y, p, r ; store y                  (y = x * cos + (x_swapped * sign) * sin)
+
+The torch frontend writes RoPE over [..., 2, d/2] with the halves swapped by a view (a negative
+stride), so the tile form's rows are d/2 lanes (16 for a 32-wide head) and a tile of 1024 such
+rows makes five loads and a store of 1024 short row moves each, through the tile registers. This
+form reads each operand's row where it is and writes y's row into the store's buffer: no tile
+register is filled. Each lane takes the same f32 operations in the same order as the
+instructions (each product's and the sum's operands as they were written), so the results are
+bitwise the tile form's. It takes a tile only when no output overlaps any other argument (aok
+without in-place updates) and every operand's rows can be addressed (f32, unit column stride:
+addr.row_addrs); otherwise it returns 0 and the instructions run.
+"""
+from __future__ import annotations
+
+from numba import carray, njit
+
+from ...abi import (FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NR, M_ROWS, OPTAB_FIXED, ROT_R_SWAP, ROT_Y_SWAP,
+                    RS_FULL)
+from .. import frame as fm
+from .. import ops
+from ..addr import row_addrs
+from ..bits import OPTS, ptr_f32
+
+N_ROWS = 6   # the rows a lane reads and writes: a, b, c, d, e's and y's
+_S = OPTAB_FIXED
+
+
+@njit(inline='always', **OPTS)
+def _start(src, optab, dims, addrs, nr, r0, c0, sc):
+    """sc[:nr]: row r0's index over the nr row dims; sc[nr:nr + N_ROWS]: each row's element offset
+    there; sc[nr + N_ROWS:nr + 2 * N_ROWS]: the address of each operand's lane c0 of its first row."""
+    rem = r0
+    for d in range(nr - 1, -1, -1):
+        n_d = max(dims[d], 1)
+        sc[d] = rem % n_d
+        rem //= n_d
+    for j in range(N_ROWS):
+        o = src[j]
+        acc = optab[o, 3] * 0
+        for d in range(nr):
+            acc += sc[d] * optab[o, _S + d]
+        sc[nr + j] = acc
+        sc[nr + N_ROWS + j] = addrs[optab[o, 1]] + 4 * (optab[o, 3] + c0)
+
+
+@njit(inline='always', **OPTS)
+def _next(src, optab, dims, nr, sc):
+    """The odometer one row on: sc's index and the operands' row offsets (as _start keeps them)."""
+    d = nr - 1
+    while d >= 0:
+        sc[d] += 1
+        for j in range(N_ROWS):
+            sc[nr + j] += optab[src[j], _S + d]
+        if sc[d] < dims[d]:
+            return
+        for j in range(N_ROWS):
+            sc[nr + j] -= optab[src[j], _S + d] * dims[d]
+        sc[d] = 0
+        d -= 1
+
+
+@njit(inline='always', **OPTS)
+def _row(sc, nr, ncv, r_swap, y_swap):
+    """y's row from a, b, c, d, e's rows at the odometer's offsets."""
+    at, off = sc[nr + N_ROWS:nr + 2 * N_ROWS], sc[nr:nr + N_ROWS]
+    a, b = carray(ptr_f32(at[0] + 4 * off[0]), ncv), carray(ptr_f32(at[1] + 4 * off[1]), ncv)
+    c, d = carray(ptr_f32(at[2] + 4 * off[2]), ncv), carray(ptr_f32(at[3] + 4 * off[3]), ncv)
+    e, y = carray(ptr_f32(at[4] + 4 * off[4]), ncv), carray(ptr_f32(at[5] + 4 * off[5]), ncv)
+    for k in range(ncv):
+        p = ops.mul(a[k], b[k])
+        q = ops.mul(c[k], d[k])
+        r = ops.mul(e[k], q) if r_swap else ops.mul(q, e[k])
+        y[k] = ops.add(r, p) if y_swap else ops.add(p, r)
+
+
+def fused_rotary_piece(fra, pc, unused_a, unused_b):
+    """PC_FUSED_ROTARY: the FK_ROTARY run at pc = (kind, n, a's, b's, c's, d's, e's operands,
+    ROT_R_SWAP | ROT_Y_SWAP) over the frame's tile at (r0, c0); returns n, or 0 when it cannot
+    take the tile (nothing changed then but ix, its scratch)."""
+    fr = fm.frame(fra)
+    fz, instrs, meta, dims, optab = fm.fuse(fr), fm.instrs(fr), fm.meta(fr), fm.dims(fr), fm.optab(fr)
+    addrs, fp, st, ix = fm.addrs(fr), fm.fptr(fr), fm.states(fr), fm.ix(fr)
+    aok, r0, c0 = fr[FR_AOK], fr[FR_R0], fr[FR_C0]
+    if aok != 1:   # (ALIASED: an in-place update; row by row it could read a row it wrote)
+        return 0
+    n, nr = fz[pc, 1], meta[M_NR]
+    nrows, ncv = min(meta[M_BM], meta[M_ROWS] - r0), min(meta[M_BN], meta[M_COLS] - c0)
+    if nrows < 1 or ncv < 1 or ix.shape[0] < nr + 3 * N_ROWS + 1:
+        return 0
+    src = ix[nr + 2 * N_ROWS:nr + 3 * N_ROWS]   # the operands: a, b, c, d, e, then y's (the store's)
+    for j in range(N_ROWS - 1):
+        src[j] = fz[pc, 2 + j]
+    src[N_ROWS - 1] = instrs[pc + n - 1, 2]
+    for j in range(N_ROWS):   # f32 operands, one unit-stride column dim, row-major tiles (any row strides)
+        if not row_addrs(ix[-1:], src[j], optab, dims, meta, addrs, r0, c0, 1):
+            return 0
+    r_swap, y_swap = (fz[pc, 7] & ROT_R_SWAP) != 0, (fz[pc, 7] & ROT_Y_SWAP) != 0
+    sc = ix[:nr + 2 * N_ROWS]
+    _start(src, optab, dims, addrs, nr, r0, c0, sc)
+    for i in range(nrows):
+        if i > 0:
+            _next(src, optab, dims, nr, sc)
+        _row(sc, nr, ncv, r_swap, y_swap)
+    for q in range(pc, pc + n - 1):   # the registers it wrote are dead after it: any consistent state
+        fp[instrs[q, 1]] = 0
+        st[0, instrs[q, 1]] = RS_FULL
+    return n
