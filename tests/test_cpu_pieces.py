@@ -39,6 +39,30 @@ def test_a_piece_is_keyed_by_the_modules_it_is_built_from():
     assert len(set(stamps.values())) == len(stamps)   # pieces of one module differ by name
 
 
+def _function_id(dispatcher) -> int:
+    """The process counter numba named the dispatcher's one compiled function with ([abi:vN])."""
+    (cres,) = dispatcher.overloads.values()
+    return int(cres.fndesc.unique_name.rsplit("$", 1)[1])
+
+
+def test_each_piece_names_the_functions_it_compiles_from_its_own_counter_range():
+    """A piece's new functions take numba's counter from the piece's own base, so pieces compiled
+    by different processes never define one name for two functions (the JIT resolved a piece's
+    call by name to another piece's function of that name); the process's counter is restored."""
+    bases = set()
+    for piece in (pieces.BY_NAME["fused_rows"], pieces.BY_NAME["core"]):
+        made = numba.njit(lambda x: x + 1)
+        with pieces._own_function_ids(piece):
+            made(1)
+        base = (pieces.PIECES.index(piece) + 1) * pieces._ID_STRIDE
+        assert base <= _function_id(made) < base + pieces._ID_STRIDE
+        bases.add(base)
+        after = numba.njit(lambda x: x + 2)
+        after(1)
+        assert _function_id(after) < pieces._ID_STRIDE
+    assert len(bases) == 2
+
+
 _MODULE = textwrap.dedent("""
     from numba import njit
 

@@ -16,8 +16,10 @@ address, either gives the same results).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import itertools
 import os
 import re
 import sys
@@ -27,6 +29,7 @@ from functools import lru_cache
 import numba
 import numpy as np
 from numba.core import sigutils
+from numba.core.bytecode import FunctionIdentity
 from numba.core.ccallback import CFunc
 from numba.core.compiler_lock import global_compiler_lock
 
@@ -134,10 +137,33 @@ def _closure(module: str) -> tuple[str, ...]:
 def source_hash(piece: Piece) -> str:
     """A hash of the sources of every module the piece's module imports, transitively, and of the
     piece's name and function: its disk-cache stamp."""
-    h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}".encode())
+    h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}:"
+                       f"ids {ID_SCHEME}".encode())
     for m in _closure(piece.module):
         h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]
+
+
+# Numba names a compiled function by its qualified name, its argument types and a counter of the
+# process that compiled it ([abi:vN]). A piece's machine code defines those names globally, and
+# the JIT resolves a piece's calls to its own functions by name, across every piece loaded. Pieces
+# compiled by different processes could give the same name to two different functions (the
+# closures one factory makes share a qualified name and argument types), and a call in one piece
+# then ran the other's: wrong results only after a load from the disk cache. So each piece
+# compiles with the counter starting at its own base: no two pieces' new functions share a name.
+ID_SCHEME = 1            # (in the cache stamp: code named under an older scheme is not loaded)
+_ID_STRIDE = 1 << 40     # far above any process's own count
+
+
+@contextlib.contextmanager
+def _own_function_ids(piece: Piece):
+    """Numba's function counter at piece's base while it compiles (restored after)."""
+    saved = FunctionIdentity._unique_ids
+    FunctionIdentity._unique_ids = itertools.count((PIECES.index(piece) + 1) * _ID_STRIDE)
+    try:
+        yield
+    finally:
+        FunctionIdentity._unique_ids = saved
 
 
 # --- one piece's compiled form ----------------------------------------------------------------------
@@ -192,10 +218,12 @@ class _Loaded:
             if self._try_load():
                 return
             if self.piece.py_sig:
-                self.obj.compile(self.sig)
+                with _own_function_ids(self.piece):
+                    self.obj.compile(self.sig)
                 self.entry = self.obj.overloads[tuple(self.sig)].entry_point
             else:
-                cres = self.obj._compile_uncached()
+                with _own_function_ids(self.piece):
+                    cres = self.obj._compile_uncached()
                 if self.cache is not None:
                     self.cache.save_overload(self.sig, cres)
                 self._bind(cres)
