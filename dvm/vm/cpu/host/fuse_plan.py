@@ -16,66 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from ....codegen import isa
-from ....graph.dtypes import Bank
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
-                   FK_LOADRED, FK_NONE, FK_ROTARY, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH,
-                   FUSED_BIN, FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, ROT_R_SWAP, ROT_Y_SWAP,
-                   UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP)
+                   FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
+                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP)
+from .fuse_flow import Flow, is_op, self_contained, writes_in
+from .fuse_rotary import rotary
 
 SCALAR_CHAIN_OPS = {EW_NAMES[op] for op in CHAIN_OPS}   # the row forms replay them on a row's scalars
 
 
-def f32_regs(spec: isa.InstrSpec, row, roles: str) -> set[int]:
-    return {int(row[1 + i]) for i, f in enumerate(spec.fields) if f.role in roles and f.bank == Bank.F32}
-
-
-class Flow:
-    """Per instruction: the f32 registers it reads ('s' and 'm' fields) and overwrites ('d');
-    `constants`: the registers only the prologue writes (a constant, uniform or compact, in every
-    sweep)."""
-
-    def __init__(self, instrs: np.ndarray, specs: list, sections: list[tuple[int, int]]):
-        self.reads = [f32_regs(sp, r, "sm") for sp, r in zip(specs, instrs)]
-        self.writes = [f32_regs(sp, r, "d") for sp, r in zip(specs, instrs)]
-        self.sections = sections
-        later = set().union(*(self.writes[q] for s, e in sections[1:] for q in range(s, e)))
-        self.constants = set().union(*self.writes[slice(*sections[0])]) - later
-
-    def _first_access(self, reg: int, lo: int, hi: int) -> str:
-        for q in range(lo, hi):
-            if reg in self.reads[q]:
-                return "read"
-            if reg in self.writes[q]:
-                return "write"
-        return ""
-
-    def dead_after(self, reg: int, start: int, end: int, sec: tuple[int, int]) -> bool:
-        """No instruction reads reg's value as left at `end` (the run is [start, end) in section
-        sec). After the rest of sec, a section may run again (a sweep body, per tile: its prefix)
-        or the sections after it run, in order: the rest of the row block's sweeps, then the next
-        row block's (the prologue runs once, before them all). Dead if no path reads it before
-        writing it."""
-        rest = self._first_access(reg, end, sec[1])
-        if rest:
-            return rest == "write"
-        if self._first_access(reg, sec[0], start) == "read":
-            return False
-        i = self.sections.index(sec)
-        for s, e in self.sections[i + 1:] + self.sections[1:i]:
-            first = self._first_access(reg, s, e)
-            if first:
-                return first == "write"
-        return True
-
-
-def _is(spec, group: str, op: str | None = None) -> bool:
-    return (spec is not None and spec.group == group and spec.bank == Bank.F32
-            and (op is None or spec.op == op))
-
-
 def _sqsum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """mul t, x, x ; rowred.sum r, t  ->  (FK_SQSUM, 2, x, r)"""
-    if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "mul") and _is(specs[pc + 1], "rowred", "sum")):
+    if pc + 2 > sec[1] or not (is_op(specs[pc], "ew", "mul") and is_op(specs[pc + 1], "rowred", "sum")):
         return None
     t, x, x2 = (int(v) for v in instrs[pc, 1:4])
     r, t2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
@@ -89,18 +41,18 @@ def _sub_then_sum(instrs, specs, flow: Flow, pc: int, sec, row_form: bool = Fals
        sub t, x, m ; exp e, t ; rowred.sum r, e     ->  (FK_EXPSUM, 3, x, m, e, t, r)
     row_form: inside a row form (_row_norm), which reads x's rows from memory: r may reuse x's
     register (dead after the sub)."""
-    if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 2], "rowred", "sum")):
+    if pc + 3 > sec[1] or not (is_op(specs[pc], "ew", "sub") and is_op(specs[pc + 2], "rowred", "sum")):
         return None
     d, x, m = (int(v) for v in instrs[pc, 1:4])
     t, d1, d2 = (int(v) for v in instrs[pc + 1, 1:4])
     r, t2 = int(instrs[pc + 2, 1]), int(instrs[pc + 2, 2])
     if t2 != t or (r == x and not row_form):
         return None
-    if _is(specs[pc + 1], "ew", "mul"):   # the centered sum of squares; d is kept, t is dead
+    if is_op(specs[pc + 1], "ew", "mul"):   # the centered sum of squares; d is kept, t is dead
         if (d1, d2) != (d, d) or d in (x, m, t) or r in (d, t) or not flow.dead_after(t, pc, pc + 3, sec):
             return None
         return [FK_CSQSUM, 3, x, m, d, t, r]
-    if _is(specs[pc + 1], "ew", "exp"):   # exp(x - m) and its sum; e (here t) is kept, d is dead
+    if is_op(specs[pc + 1], "ew", "exp"):   # exp(x - m) and its sum; e (here t) is kept, d is dead
         if d1 != d or d in (x, m) or t in (m, r) or not flow.dead_after(d, pc, pc + 3, sec):
             return None
         return [FK_EXPSUM, 3, x, m, t, d, r]
@@ -110,7 +62,7 @@ def _sub_then_sum(instrs, specs, flow: Flow, pc: int, sec, row_form: bool = Fals
 def _add_then_sum(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """add h, a, b ; rowred.sum s, h  ->  (FK_ADDSUM, 2, a, b, h, s): each row of h summed while
     it is in cache (a residual sum a norm reads; h stays live)"""
-    if pc + 2 > sec[1] or not (_is(specs[pc], "ew", "add") and _is(specs[pc + 1], "rowred", "sum")):
+    if pc + 2 > sec[1] or not (is_op(specs[pc], "ew", "add") and is_op(specs[pc + 1], "rowred", "sum")):
         return None
     h, a, b = (int(v) for v in instrs[pc, 1:4])
     s, h2 = int(instrs[pc + 1, 1]), int(instrs[pc + 1, 2])
@@ -124,9 +76,9 @@ def _load_then_reduce(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | No
        load x, o ; acc.op +r, x     ->  (FK_LOADACC, 2, o, x, r, op)
     for sum/prod/max/min when x is dead after: the tile is never made, the reduction reads the
     operand's rows (or a column-major tile's columns) where they are."""
-    if pc + 2 > sec[1] or not _is(specs[pc], "load"):
+    if pc + 2 > sec[1] or not is_op(specs[pc], "load"):
         return None
-    kind = FK_LOADRED if _is(specs[pc + 1], "rowred") else FK_LOADACC if _is(specs[pc + 1], "acc") else None
+    kind = FK_LOADRED if is_op(specs[pc + 1], "rowred") else FK_LOADACC if is_op(specs[pc + 1], "acc") else None
     if kind is None:
         return None
     op = RED_NAMES.index(specs[pc + 1].op)
@@ -140,8 +92,8 @@ def _load_then_reduce(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | No
 def _centered_squares_acc(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """sub d, x, m ; mul t, d, d ; acc.sum +a, t  ->  (FK_CSQACC, 3, x, m, a, d, t) when d and t
     are dead after (a LayerNorm's variance over the sweeps of long rows)."""
-    if pc + 3 > sec[1] or not (_is(specs[pc], "ew", "sub") and _is(specs[pc + 1], "ew", "mul")
-                               and _is(specs[pc + 2], "acc", "sum")):
+    if pc + 3 > sec[1] or not (is_op(specs[pc], "ew", "sub") and is_op(specs[pc + 1], "ew", "mul")
+                               and is_op(specs[pc + 2], "acc", "sum")):
         return None
     d, x, m = (int(v) for v in instrs[pc, 1:4])
     t, d1, d2 = (int(v) for v in instrs[pc + 1, 1:4])
@@ -157,7 +109,7 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """mul y, a, b ; [load w] ; mul y, y, w ; [load c] ; [add y, y, c]  (either operand order)
     -> (FK_APPLY, n, a, b, w source, c source or NO_SRC, y): one of a, b is compact at run time.
     A source is an operand index (>= 0, loaded by the run) or -2 - register (a row vector then)."""
-    if not _is(specs[pc], "ew", "mul"):
+    if not is_op(specs[pc], "ew", "mul"):
         return None
     y, a, b = (int(v) for v in instrs[pc, 1:4])
     if a in flow.constants or b in flow.constants:   # a constant, not a row's scale
@@ -169,12 +121,12 @@ def _apply(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     end = pc + 1
     for op in ("mul", "add"):
         k, load = end, None
-        if k < sec[1] and _is(specs[k], "load"):   # a row vector? checked at run time
+        if k < sec[1] and is_op(specs[k], "load"):   # a row vector? checked at run time
             load = (int(instrs[k, 1]), int(instrs[k, 2]))
             if load[0] == y:   # the load overwrites the run's value: not this pattern
                 break
             k += 1
-        if k >= sec[1] or not _is(specs[k], "ew", op):
+        if k >= sec[1] or not is_op(specs[k], "ew", op):
             break
         d, u, v = (int(w) for w in instrs[k, 1:4])
         if (u == y) == (v == y):
@@ -224,7 +176,7 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin). A binary U
     leaves B to a run that starts at B (B and a sum after it, say)."""
     spec = specs[pc]
-    if not (_is(spec, "ew") and spec.op in FUSED_UN + FUSED_BIN):
+    if not (is_op(spec, "ew") and spec.op in FUSED_UN + FUSED_BIN):
         return None
     t, x = int(instrs[pc, 1]), int(instrs[pc, 2])
     c, uswap = -1, 0
@@ -235,10 +187,10 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         if c not in flow.constants or x in flow.constants or _row_level(specs, flow, x, pc, sec):
             return None
     k, load = pc + 1, None
-    if k < sec[1] and _is(specs[k], "load"):
+    if k < sec[1] and is_op(specs[k], "load"):
         load = (int(instrs[k, 1]), int(instrs[k, 2]))
         k += 1
-    if k >= sec[1] or not (_is(specs[k], "ew") and specs[k].op in FUSED_BIN):
+    if k >= sec[1] or not (is_op(specs[k], "ew") and specs[k].op in FUSED_BIN):
         return None
     y, a, b = (int(v) for v in instrs[k, 1:4])
     if (a == t) == (b == t) or y == t:
@@ -257,21 +209,17 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
 def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:
     """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
     writes none of them (a norm's chain of compact ops between its sums and its scale)."""
-    while (q < sec[1] and _is(specs[q], "ew") and specs[q].op in SCALAR_CHAIN_OPS
+    while (q < sec[1] and is_op(specs[q], "ew") and specs[q].op in SCALAR_CHAIN_OPS
            and not (flow.reads[q] | flow.writes[q]) & full):
         q += 1
     return q
 
 
-def _writes(flow: Flow, lo: int, hi: int) -> set[int]:
-    return set().union(*flow.writes[lo:hi])
-
-
 def _residual(instrs, specs, flow: Flow, pc: int, sec) -> int | None:
     """load a, oa ; load b, ob ; add x, a, b (either order), a and b read by nothing after the
     add -> x (a residual sum, the row a norm then takes)."""
-    if pc + 3 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "load")
-                               and _is(specs[pc + 2], "ew", "add")):
+    if pc + 3 > sec[1] or not (is_op(specs[pc], "load") and is_op(specs[pc + 1], "load")
+                               and is_op(specs[pc + 2], "ew", "add")):
         return None
     a, b = int(instrs[pc, 1]), int(instrs[pc + 1, 1])
     x, u, v = (int(w) for w in instrs[pc + 2, 1:4])
@@ -290,19 +238,19 @@ def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     A residual sum (_residual: two loads and an add) may stand for `load x, o`, its row stored or
     not by `store x` right after `store y`: then the field o is -1 - the offset of that store in
     the run (0: not stored)."""
-    if not _is(specs[pc], "load"):
+    if not is_op(specs[pc], "load"):
         return None
     x, q = int(instrs[pc, 1]), pc + 1
     res = _residual(instrs, specs, flow, pc, sec)
     if res is not None:
         x, q = res, pc + 3
-    if q < sec[1] and _is(specs[q], "rowred", "sum") and int(instrs[q, 2]) == x and int(instrs[q, 1]) != x:
+    if q < sec[1] and is_op(specs[q], "rowred", "sum") and int(instrs[q, 2]) == x and int(instrs[q, 1]) != x:
         cpc = _scalar_chain(instrs, specs, flow, q + 1, sec, {x})
         run = _sub_then_sum(instrs, specs, flow, cpc, sec, row_form=True)
         if run is None or run[0] != FK_CSQSUM or run[2] != x:
             return None
         m, src, s2 = run[3], run[4], run[6]
-        if m not in _writes(flow, q, cpc):
+        if m not in writes_in(flow, q, cpc):
             return None
         q = cpc + 3
     else:
@@ -317,30 +265,18 @@ def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         return None
     rs = app[3] if app[2] == src else app[2]
     end = apc + app[1]
-    if rs != s2 and rs not in _writes(flow, q, apc):
+    if rs != s2 and rs not in writes_in(flow, q, apc):
         return None
-    if end >= sec[1] or not _is(specs[end], "store") or int(instrs[end, 1]) != app[6]:
+    if end >= sec[1] or not is_op(specs[end], "store") or int(instrs[end, 1]) != app[6]:
         return None
     o = int(instrs[pc, 2])
     if res is not None:
-        stored = end + 1 < sec[1] and _is(specs[end + 1], "store") and int(instrs[end + 1, 1]) == x
+        stored = end + 1 < sec[1] and is_op(specs[end + 1], "store") and int(instrs[end + 1, 1]) == x
         o = -1 - (end + 1 - pc) if stored else -1
         end += stored
-    if not _self_contained(flow, pc, end, sec):
+    if not self_contained(flow, pc, end, sec):
         return None
     return [FK_ROWNORM, end + 1 - pc, o, cpc, apc, rs, app[4], app[5]]
-
-
-def _self_contained(flow: Flow, pc: int, end: int, sec) -> bool:
-    """Run [pc, end] (its store at end): every register it writes is dead after it, and none it
-    reads before writing (a constant, a weight's row vector) is written by it."""
-    every = _writes(flow, pc, end + 1)
-    written: set[int] = set()
-    for k in range(pc, end + 1):
-        if (flow.reads[k] - written) & every:
-            return False
-        written |= flow.writes[k]
-    return all(flow.dead_after(r, pc, end + 1, sec) for r in written)
 
 
 def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
@@ -348,7 +284,7 @@ def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     mul y, e, r (either order) or div y, e, r ; store y
     -> (FK_ROWSOFTMAX, n, o, pc of the mul or div, r) when r is the chain's result or s, and the
     run is self-contained (_self_contained)."""
-    if pc + 6 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "rowred", "max")):
+    if pc + 6 > sec[1] or not (is_op(specs[pc], "load") and is_op(specs[pc + 1], "rowred", "max")):
         return None
     x, m = int(instrs[pc, 1]), int(instrs[pc + 1, 1])
     run = _sub_then_sum(instrs, specs, flow, pc + 2, sec)
@@ -356,70 +292,17 @@ def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         return None
     e, s = run[4], run[6]
     fpc = _scalar_chain(instrs, specs, flow, pc + 5, sec, {e})
-    if fpc + 1 >= sec[1] or not (_is(specs[fpc], "ew", "mul") or _is(specs[fpc], "ew", "div")):
+    if fpc + 1 >= sec[1] or not (is_op(specs[fpc], "ew", "mul") or is_op(specs[fpc], "ew", "div")):
         return None
     y, a, b = (int(v) for v in instrs[fpc, 1:4])
     r = b if a == e else (a if b == e and specs[fpc].op == "mul" else -1)
-    if r in (-1, e) or (r != s and r not in _writes(flow, pc + 5, fpc)):
+    if r in (-1, e) or (r != s and r not in writes_in(flow, pc + 5, fpc)):
         return None
-    if not _is(specs[fpc + 1], "store") or int(instrs[fpc + 1, 1]) != y or not _self_contained(flow, pc, fpc + 1, sec):
+    if not is_op(specs[fpc + 1], "store") or int(instrs[fpc + 1, 1]) != y or not self_contained(flow, pc, fpc + 1, sec):
         return None
     return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
 
 
-def _product_of_loads(instrs, specs, pc: int, sec) -> tuple[int, list[int]] | None:
-    """load a, oa ; load b, ob ; mul p, a, b (either order, kept)  ->  (p, [the first factor's
-    operand, the second's]) for two distinct registers a and b."""
-    if pc + 3 > sec[1] or not (_is(specs[pc], "load") and _is(specs[pc + 1], "load")
-                               and _is(specs[pc + 2], "ew", "mul")):
-        return None
-    loaded = {int(instrs[pc, 1]): int(instrs[pc, 2]), int(instrs[pc + 1, 1]): int(instrs[pc + 1, 2])}
-    p, u, v = (int(w) for w in instrs[pc + 2, 1:4])
-    if len(loaded) != 2 or {u, v} != set(loaded):
-        return None
-    return p, [loaded[u], loaded[v]]
-
-
-def _scaled_product(instrs, specs, pc: int, sec) -> tuple[int, list[int], int, int] | None:
-    """load c ; load d ; mul q, c, d ; load e ; mul r, q, e (either order, kept)  ->  (r, [c's, d's
-    operands], e's operand, ROT_R_SWAP where r = e * q)."""
-    first = _product_of_loads(instrs, specs, pc, sec)
-    if first is None or pc + 5 > sec[1] or not (_is(specs[pc + 3], "load") and _is(specs[pc + 4], "ew", "mul")):
-        return None
-    q, cd = first
-    e, oe = int(instrs[pc + 3, 1]), int(instrs[pc + 3, 2])
-    r, u, v = (int(w) for w in instrs[pc + 4, 1:4])
-    if q == e or {u, v} != {q, e}:
-        return None
-    return r, cd, oe, ROT_R_SWAP if u == e else 0
-
-
-def _rotary(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
-    """A product of two loads p = a * b and a scaled product r = (c * d) * e (_scaled_product), in
-    either order, then add y, p, r ; store y   (every product's and the sum's operands in either
-    order, kept)  ->  (FK_ROTARY, 10, a's, b's, c's, d's and e's operands in their products' order,
-    ROT_R_SWAP | ROT_Y_SWAP): y = x * cos + (x_swapped * sign) * sin, a rotary embedding with its
-    halves swapped by a view (frontend fx_rotate_pairs / fx_rolled_blocks), as the CPU VM's row
-    form (jit/fused/rotary) computes it from the operands' rows; every register it writes is dead
-    after it."""
-    end = pc + 9
-    if end >= sec[1] or not (_is(specs[pc + 8], "ew", "add") and _is(specs[end], "store")):
-        return None
-    first, scaled = _product_of_loads(instrs, specs, pc, sec), _scaled_product(instrs, specs, pc + 3, sec)
-    if first is None or scaled is None:   # the scaled product first, then the product of loads
-        scaled, first = _scaled_product(instrs, specs, pc, sec), _product_of_loads(instrs, specs, pc + 5, sec)
-        if first is None or scaled is None or scaled[0] in _writes(flow, pc + 5, pc + 8):
-            return None
-    elif first[0] in _writes(flow, pc + 3, pc + 8):
-        return None
-    (p, ab), (r, cd, oe, r_swap) = first, scaled
-    y, s, t = (int(w) for w in instrs[pc + 8, 1:4])
-    if p == r or {s, t} != {p, r} or int(instrs[end, 1]) != y or not _self_contained(flow, pc, end, sec):
-        return None
-    return [FK_ROTARY, end + 1 - pc, *ab, *cd, oe, r_swap | (ROT_Y_SWAP if s == r else 0)]
-
-
-# the runs tried at each pc, in this order (the first that matches is planned)
 _TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _un_then_bin, _add_then_sum)
 
 
@@ -434,7 +317,7 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
         pc = sec[0]
         while pc < sec[1]:
             norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec) or \
-                _rotary(instrs, specs, flow, pc, sec)
+                rotary(instrs, specs, flow, pc, sec)
             if norm:   # the runs inside it are planned as well, for tiles it cannot take
                 plan[pc, :len(norm)] = norm
                 pc += 1

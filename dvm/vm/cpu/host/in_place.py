@@ -9,7 +9,7 @@ from ....codegen import isa
 from ....graph.dtypes import Bank, DType
 from ..abi import PEEP_LATER, WRITES_F_DEST
 from .decode import writes_f
-from .fuse_plan import f32_regs, Flow
+from .fuse_flow import f32_regs, Flow
 
 
 def in_place_plan(instrs: np.ndarray, opnd_dtype: np.ndarray, opnd_arg: np.ndarray,

@@ -1,5 +1,5 @@
 """A rotary embedding one row at a time, from its operands' rows: the PC_FUSED_ROTARY piece
-(FK_ROTARY, planned by host/fuse_plan._rotary).
+(FK_ROTARY, planned by host/fuse_rotary).
 
     load a ; load b ; mul p, a, b ; load c ; load d ; mul q, c, d ; load e ; mul r, q, e ;
     add y, p, r ; store y                  (y = x * cos + (x_swapped * sign) * sin)
@@ -24,6 +24,7 @@ from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs
 from ..bits import OPTS, ptr_f32
+from .states import bracket
 
 N_ROWS = 6   # the rows a lane reads and writes: a, b, c, d, e's and y's
 _S = OPTAB_FIXED
@@ -105,7 +106,5 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
         if i > 0:
             _next(src, optab, dims, nr, sc)
         _row(sc, nr, ncv, r_swap, y_swap)
-    for q in range(pc, pc + n - 1):   # the registers it wrote are dead after it: any consistent state
-        fp[instrs[q, 1]] = 0
-        st[0, instrs[q, 1]] = RS_FULL
+    bracket(fp, st, instrs, pc, n, RS_FULL)
     return n

@@ -49,6 +49,7 @@ from ..reduce import is_pow2
 from ..rowtree import tree_p2
 from .common import apply_row, cached_row
 from .rowpart import levels_csqsum, levels_max, levels_sum
+from .states import bracket
 
 
 @njit(inline='always', **OPTS)
@@ -221,16 +222,6 @@ def _rows_fit(meta, aok):
     return aok and cols <= bn < 2 * cols and bn >= ROW_FORM_MIN_BN and is_pow2(bn)
 
 
-@njit(inline='always', **OPTS)
-def _bracket(fp, st, instrs, pc, n, state):
-    """Every f32 register the run writes (the instructions before its store): dead after the run
-    (the plan checked), so they only need consistent states: compact while the run keeps row r's
-    scalars in lane r, a full tile after it."""
-    for q in range(pc, pc + n - 1):
-        fp[instrs[q, 1]] = 0
-        st[0, instrs[q, 1]] = state
-
-
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
     """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
@@ -285,10 +276,10 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
                 return 0
         else:         # one scratch row (the softmax form's e row), reused by every row
             rx[:nrows] = sf[4 * bn + bm:5 * bn + bm].ctypes.data
-    _bracket(fp, st, instrs, pc, n, RS_COMPACT)
+    bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
                qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb)
-    _bracket(fp, st, instrs, pc, n, RS_FULL)
+    bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
 
@@ -308,11 +299,11 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
     if not (row_addrs(rx, fz[pc, 2], optab, dims, meta, addrs, r0, 0, nrows)
             and row_addrs(ry, instrs[pc + n - 1, 2], optab, dims, meta, addrs, r0, 0, nrows)):
         return 0
-    _bracket(fp, st, instrs, pc, n, RS_COMPACT)
+    bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
                   dec[instrs[fpc, 0], DEC_OP] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
                   sf[4 * bn + bm:5 * bn + bm])
-    _bracket(fp, st, instrs, pc, n, RS_FULL)
+    bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
 
