@@ -4,6 +4,8 @@ path after it (as_strided, or a reinterpretation where only pure readers read it
 copy, inputs that require grad, many sizes, offsets and dtypes stay right. The attention case
 against eager."""
 
+import operator
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -264,3 +266,82 @@ def test_an_argument_that_cannot_be_a_key_runs_the_chain():
     for _ in range(2):
         got = folded(x, [6, 4])   # a list value: not hashable
         _same_view(got, x.transpose(0, 1).view([6, 4]))
+
+
+def _split_heads(split, args, pieces):
+    """build(g, x, n): `split(x, *args)`'s pieces, each viewed [1, n, -1, 2] and heads first (HF's
+    q / k / v after a fused product), as the graph's outputs."""
+    def build(g, x, n):
+        s = g.call_function(split, (x, *args))
+        outs = []
+        for i in range(pieces):
+            p = g.call_function(operator.getitem, (s, i))
+            v = g.call_function(_view_or_reshape, (p, [1, n, -1, 2]))
+            outs.append(g.call_function(torch.Tensor.transpose, (v, 1, 2)))
+        return tuple(outs)
+    return build
+
+
+@pytest.mark.parametrize("split, args, width, pieces", [
+    (torch.ops.aten.split.Tensor, (8, 2), 24, 3),
+    (torch.ops.aten.split.Tensor, (8, -1), 20, 3),               # a shorter last piece
+    (torch.ops.aten.split.Tensor, (4,), 12, 3),                  # dim 0 by default
+    (torch.Tensor.split_with_sizes, ([4, 12, 8], 2), 24, 3),
+    (torch.ops.aten.split_with_sizes.default, ([6, 2], -1), 8, 2),
+])
+def test_a_splits_pieces_head_their_chains(split, args, width, pieces):
+    """The split call goes; each piece is the split's own view, first call and remembered."""
+    plain, folded, removed = _folded(_split_heads(split, args, pieces))
+    assert removed == 1 + 2 * pieces
+    targets = [n.target for n in folded.graph.nodes if n.op == "call_function"]
+    assert split not in targets and operator.getitem not in targets and len(targets) == pieces
+    for length in (2, 4, 2, 2, 6):
+        dim0 = width if args == (4,) else 1   # (the dim-0 case splits the first axis)
+        x = torch.randn(width, length, 1).transpose(0, 2).contiguous().transpose(0, 2) if dim0 > 1 else \
+            torch.randn(1, length, width)   # (strided along the split axis)
+        try:
+            want = plain(x, length)
+        except RuntimeError as e:
+            with pytest.raises(type(e)):
+                folded(x, length)
+            continue
+        for got, w in zip(folded(x, length), want):
+            if w.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+                _same_view(got, w)
+            else:   # (a reshape that copied)
+                assert torch.equal(got, w)
+
+
+def test_unbinds_pieces_head_their_chains():
+    def build(g, x, n):
+        s = g.call_function(torch.ops.aten.unbind.int, (x, 1))
+        return tuple(g.call_function(torch.Tensor.transpose, (g.call_function(operator.getitem, (s, i)), 0, 1))
+                     for i in range(3))
+    plain, folded, removed = _folded(build)
+    assert removed == 1 + 3   # the unbind; each piece's getitem and transpose as one call
+    x = torch.randn(5, 3, 4, 2)
+    for _ in range(3):
+        for got, want in zip(folded(x, 0), plain(x, 0)):
+            _same_view(got, want)
+
+
+def test_a_split_with_a_piece_read_otherwise_stays():
+    def build(g, x, n):
+        s = g.call_function(torch.ops.aten.split.Tensor, (x, 8, 2))
+        a, b = (g.call_function(operator.getitem, (s, i)) for i in range(2))
+        return g.call_function(torch.Tensor.transpose, (a, 1, 2)), g.call_function(torch.neg, (b,))
+    plain, folded, removed = _folded(build)
+    assert removed == 0
+    assert torch.ops.aten.split.Tensor in [n.target for n in folded.graph.nodes]
+    x = torch.randn(1, 3, 16)
+    for got, want in zip(folded(x, 3), plain(x, 3)):
+        assert torch.equal(got, want)
+
+
+def test_a_split_that_does_not_add_up_raises_as_split_does():
+    plain, folded, _ = _folded(_split_heads(torch.Tensor.split_with_sizes, ([4, 4], 2), 2))
+    x = torch.randn(1, 2, 12)
+    with pytest.raises(RuntimeError):
+        plain(x, 2)
+    with pytest.raises(RuntimeError):
+        folded(x, 2)

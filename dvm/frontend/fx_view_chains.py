@@ -18,9 +18,15 @@ segment that updates no input: PURE_READERS), the view is taken by reinterpretat
 `_reinterpret_tensor`, ~1 us less than as_strided): a tensor on the same storage that is no
 autograd view of its input and has its own version counter, which no such reader looks at.
 Elsewhere (a graph output, an in-place update, any other call) it is an as_strided view.
+
+A split's pieces (`split`, `split_with_sizes`, `unbind`: GPT-2's and GPT-NeoX's q / k / v, an
+MoE's gate and up halves) are narrows or selects of its input, the same views split takes: where
+each piece goes on into a chain of views, the split and its getitems become one view call per
+piece (`_split_piece`) at the head of that piece's chain, and the split call goes.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -39,10 +45,32 @@ try:   # Inductor's view without autograd bookkeeping (see the module docstring)
 except ImportError:  # pragma: no cover - a PyTorch without it
     _reinterpret_tensor = None
 
+
+def _split_piece(x: torch.Tensor, size: int, dim: int, i: int) -> torch.Tensor:
+    """Piece i of `x.split(size, dim)`: the same view (split narrows x so)."""
+    if size > 0:
+        start = i * size
+        return x.narrow(dim, start, min(size, x.shape[dim] - start))
+    return x.split(size, dim)[i]
+
+
+def _sizes_piece(x: torch.Tensor, sizes: list, dim: int, i: int) -> torch.Tensor:
+    """Piece i of `x.split_with_sizes(sizes, dim)`: the same view; sizes that do not add up to
+    x's extent raise as split_with_sizes does."""
+    if sum(sizes) != x.shape[dim]:
+        return x.split_with_sizes(sizes, dim)[i]
+    return x.narrow(dim, sum(sizes[:i]), sizes[i])
+
+
+def _unbind_piece(x: torch.Tensor, dim: int, i: int) -> torch.Tensor:
+    """Piece i of `x.unbind(dim)`: the same view."""
+    return x.select(dim, i)
+
+
 # Run-graph callables whose result is a view of their first argument (_view_or_reshape: or a copy).
 VIEW_CALLS = frozenset({torch.Tensor.view, _view_or_reshape, _slice, torch.Tensor.t, torch.Tensor.unsqueeze,
                         torch.Tensor.squeeze, torch.Tensor.transpose, torch.Tensor.permute, torch.Tensor.expand,
-                        torch.Tensor.select})
+                        torch.Tensor.select, _split_piece, _sizes_piece, _unbind_piece})
 ENABLED = True   # off: one call per view (the tests and the A/B compare the two)
 REINTERPRET = True   # off: every remembered view is an as_strided (the tests compare the two)
 _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
@@ -50,6 +78,13 @@ _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
 # them nor return them (nor a view of them), and keep no reference to them.
 PURE_READERS = frozenset({torch.nn.functional.linear, linear_kxm, linear_activation, torch.addmm, torch.mm, torch.bmm,
                           torch.matmul, addmm_activation, gelu, SDPA, SDPA_CALL, sdpa_keep_mask})
+
+
+# run-graph split calls -> (the piece function, the split's default arguments after the tensor)
+_SPLITS = {torch.ops.aten.split.Tensor: (_split_piece, (None, 0)),
+           torch.Tensor.split_with_sizes: (_sizes_piece, (None, 0)),
+           torch.ops.aten.split_with_sizes.default: (_sizes_piece, (None, 0)),
+           torch.ops.aten.unbind.int: (_unbind_piece, (0,))}
 
 
 class _Slot(int):
@@ -123,12 +158,54 @@ def _is_view(n) -> bool:
         and bool(n.args) and isinstance(n.args[0], fx.Node)
 
 
+def _split_args(n: fx.Node) -> tuple | None:
+    """(piece function, the split's arguments after its tensor) of a split call, else None."""
+    if n.op != "call_function" or n.kwargs or n.target not in _SPLITS or not n.args or \
+            not isinstance(n.args[0], fx.Node):
+        return None
+    piece, defaults = _SPLITS[n.target]
+    given = tuple(n.args[1:])
+    if len(given) > len(defaults) or any(d is None for d in defaults[len(given):]):
+        return None
+    return piece, given + defaults[len(given):]
+
+
+def _heads_chain(n: fx.Node) -> bool:
+    """n's one reader is a view call of n."""
+    reader = next(iter(n.users))
+    return _is_view(reader) and reader.args[0] is n
+
+
+def _pieces_of_splits(g: fx.Graph) -> int:
+    """Replace each split whose every reader is a getitem of a constant index read only by a view
+    call (the head of a chain) by one piece call per getitem. Returns the calls removed."""
+    removed = 0
+    for n in list(g.nodes):
+        got = _split_args(n)
+        if got is None or not n.users:
+            continue
+        readers = list(n.users)
+        if not all(u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2 and
+                   isinstance(u.args[1], int) and len(u.users) == 1 and _heads_chain(u) for u in readers):
+            continue
+        piece, args = got
+        for u in readers:
+            with g.inserting_before(u):
+                call = g.call_function(piece, (n.args[0], *args, u.args[1]))
+            u.replace_all_uses_with(call)
+            g.erase_node(u)
+        g.erase_node(n)
+        removed += 1
+    return removed
+
+
 def fold(g: fx.Graph) -> tuple[int, int]:
     """Replace each chain of two or more view calls (each one's value read only by the next) by
-    one view_chain call. Returns (chains, calls removed)."""
+    one view_chain call, a split's pieces heading their chains (_pieces_of_splits). Returns
+    (chains, calls removed)."""
     if not ENABLED:
         return 0, 0
-    chains, removed, gone = 0, 0, set()
+    chains, removed, gone = 0, _pieces_of_splits(g), set()
     for n in reversed(list(g.nodes)):
         if n in gone or not _is_view(n):
             continue
