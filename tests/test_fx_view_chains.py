@@ -345,3 +345,22 @@ def test_a_split_that_does_not_add_up_raises_as_split_does():
         plain(x, 2)
     with pytest.raises(RuntimeError):
         folded(x, 2)
+
+
+def test_a_split_with_one_piece_read_is_that_piece():
+    """One piece read (GPT-NeoX's v, after q and k went to a segment): a narrow, not a split; it
+    ends the chain of views before the split."""
+    def build(g, x, n):
+        t = g.call_function(torch.Tensor.transpose, (x, 0, 1))
+        s = g.call_function(torch.ops.aten.split.Tensor, (t, 8, 2))
+        v = g.call_function(operator.getitem, (s, 2))
+        return g.call_function(torch.neg, (v,)), v
+    plain, folded, removed = _folded(build)
+    targets = [n.target for n in folded.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.split.Tensor not in targets and operator.getitem not in targets
+    assert removed == 2   # the split; the transpose and the piece as one call
+    for length in (3, 5, 3):
+        x = torch.randn(length, 2, 20)   # pieces of 8, 8 and 4
+        got, want = folded(x, length), plain(x, length)
+        assert torch.equal(got[0], want[0])
+        _same_view(got[1], want[1])

@@ -9,11 +9,13 @@ A lowering that fails leaves the segment, its inputs and its checks as they were
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
+from ..graph import build
 from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
 from ..graph.symbolic import decide_eq
@@ -205,6 +207,8 @@ class SegmentLowering:
         for known in (seg.views, self._new_views):
             if a in known:
                 return known[a]
+        if a.target is operator.getitem:
+            return self._replay_piece(seg, a, new_inputs)
         src = a.args[0] if a.args else None
         handler = T.LOWERINGS.get(a.target)
         if a not in self.torch_views or handler is None or not isinstance(src, fx.Node) \
@@ -216,6 +220,34 @@ class SegmentLowering:
             kwargs = {k: self.dvm_arg(seg, v, new_inputs) for k, v in a.kwargs.items()}
             node = self.check(seg, handler(_Lower(seg.ctx, fake(a), self.syms), *args, **kwargs), fake(a))
         except Exception:  # noqa: BLE001 - any failure: the view stays a PyTorch input
+            del new_inputs[n_inputs:]
+            del seg.ctx.checks[n_checks:]
+            self._new_views = views
+            return None
+        self._new_views[a] = node
+        return node
+
+    def _replay_piece(self, seg: Segment, a: fx.Node, new_inputs: list) -> Node | None:
+        """a = getitem(split, i) of a split PyTorch takes of a PyTorch value (split, chunk,
+        split_with_sizes or unbind along a constant dim: GPT-NeoX's q / k / v, an MoE's gate and
+        up halves) as the DVM slice (select) of the split's input that the piece is: the run graph
+        then drops the split where nothing else reads its pieces. None where it is not such a piece."""
+        split, i = a.args if len(a.args) == 2 else (None, None)
+        piece = _piece_of(split, i) if split in self.torch_views else None
+        if piece is None:
+            return None
+        src, dim, i, sizes = piece
+        n_inputs, n_checks, views = len(new_inputs), len(seg.ctx.checks), dict(self._new_views)
+        try:
+            x = self.dvm_arg(seg, src, new_inputs)
+            dim %= max(x.ndim, 1)
+            if sizes is None:   # unbind
+                node = build.slice_view(seg.ctx, x, dim, i, 1, keep=False)
+            else:
+                start = sum(sizes[:i]) if isinstance(sizes, list) else i * self.dvm_arg(seg, sizes, new_inputs)
+                node = build.slice_view(seg.ctx, x, dim, start, self.syms.shape(fake(a))[dim], 1)
+            node = self.check(seg, node, fake(a))
+        except Exception:  # noqa: BLE001 - any failure: the piece stays a PyTorch input
             del new_inputs[n_inputs:]
             del seg.ctx.checks[n_checks:]
             self._new_views = views
@@ -262,3 +294,28 @@ class _Lower:
     def element(self, i: int) -> "_Lower":
         """What a handler sees for result i of a list-returning op (a _foreach_ op)."""
         return _Lower(self.ctx, self.out[i], self.syms)
+
+
+def _piece_of(split, i) -> tuple | None:
+    """(the split's input, dim, i, sizes) of an FX split, split_with_sizes or unbind node with a
+    constant dim and index (sizes: split's size, an int or a SymInt node; split_with_sizes' int
+    list; None for unbind), else None."""
+    if not isinstance(split, fx.Node) or not isinstance(i, int) or split.kwargs or i < 0:
+        return None
+    args = split.args
+    if not args or not isinstance(args[0], fx.Node):
+        return None
+    if split.target is T.aten.unbind.int:
+        dim = args[1] if len(args) > 1 else 0
+        return (args[0], dim, i, None) if isinstance(dim, int) else None
+    if split.target not in (T.aten.split.Tensor, T.aten.split_with_sizes.default) or len(args) < 2:
+        return None
+    sizes, dim = args[1], args[2] if len(args) > 2 else 0
+    if not isinstance(dim, int):
+        return None
+    if split.target is T.aten.split.Tensor:
+        return (args[0], dim, i, sizes) if isinstance(sizes, fx.Node) or isinstance(sizes, int) and sizes > 0 \
+            else None
+    if isinstance(sizes, (list, tuple)) and all(isinstance(k, int) for k in sizes) and i < len(sizes):
+        return args[0], dim, i, list(sizes)
+    return None

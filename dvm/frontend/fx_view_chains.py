@@ -19,10 +19,11 @@ segment that updates no input: PURE_READERS), the view is taken by reinterpretat
 autograd view of its input and has its own version counter, which no such reader looks at.
 Elsewhere (a graph output, an in-place update, any other call) it is an as_strided view.
 
-A split's pieces (`split`, `split_with_sizes`, `unbind`: GPT-2's and GPT-NeoX's q / k / v, an
-MoE's gate and up halves) are narrows or selects of its input, the same views split takes: where
-each piece goes on into a chain of views, the split and its getitems become one view call per
-piece (`_split_piece`) at the head of that piece's chain, and the split call goes.
+A split's pieces (`split`, `split_with_sizes`, `unbind`: GPT-2's q / k / v) are narrows or
+selects of its input, the same views split takes: where each piece goes on into a chain of
+views, or only one piece is read, the split and its getitems become one view call per piece
+(`_split_piece`, heading or ending a chain where there is one), and the split call goes. (Pieces
+a segment reads are replayed in the segment: fx_segment_lower.)
 """
 from __future__ import annotations
 
@@ -178,7 +179,9 @@ def _heads_chain(n: fx.Node) -> bool:
 
 def _pieces_of_splits(g: fx.Graph) -> int:
     """Replace each split whose every reader is a getitem of a constant index read only by a view
-    call (the head of a chain) by one piece call per getitem. Returns the calls removed."""
+    call (the head of a chain), or whose one reader is such a getitem (a narrow costs less than a
+    split; the piece may also end a chain of views before it), by one piece call per getitem.
+    Returns the calls removed."""
     removed = 0
     for n in list(g.nodes):
         got = _split_args(n)
@@ -186,7 +189,9 @@ def _pieces_of_splits(g: fx.Graph) -> int:
             continue
         readers = list(n.users)
         if not all(u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2 and
-                   isinstance(u.args[1], int) and len(u.users) == 1 and _heads_chain(u) for u in readers):
+                   isinstance(u.args[1], int) for u in readers):
+            continue
+        if len(readers) > 1 and not all(len(u.users) == 1 and _heads_chain(u) for u in readers):
             continue
         piece, args = got
         for u in readers:
