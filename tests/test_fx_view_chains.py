@@ -364,3 +364,14 @@ def test_a_split_with_one_piece_read_is_that_piece():
         got, want = folded(x, length), plain(x, length)
         assert torch.equal(got[0], want[0])
         _same_view(got[1], want[1])
+
+
+def test_a_piece_taken_by_a_negative_index_keeps_the_split():
+    def build(g, x, n):
+        s = g.call_function(torch.ops.aten.split.Tensor, (x, 8, 2))
+        return g.call_function(torch.Tensor.transpose, (g.call_function(operator.getitem, (s, -1)), 1, 2))
+    plain, folded, removed = _folded(build)
+    assert torch.ops.aten.split.Tensor in [n.target for n in folded.graph.nodes]
+    x = torch.randn(1, 3, 20)
+    for _ in range(2):
+        _same_view(folded(x, 3), plain(x, 3))

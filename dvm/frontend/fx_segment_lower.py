@@ -214,18 +214,12 @@ class SegmentLowering:
         if a not in self.torch_views or handler is None or not isinstance(src, fx.Node) \
                 or (src.target in T.CUBE_OPS and a.target in T.RESHAPE_OPS) or not is_tensor(fake(a)):
             return None
-        n_inputs, n_checks, views = len(new_inputs), len(seg.ctx.checks), dict(self._new_views)
-        try:
+
+        def view() -> Node:
             args = self.dvm_arg(seg, a.args, new_inputs)
             kwargs = {k: self.dvm_arg(seg, v, new_inputs) for k, v in a.kwargs.items()}
-            node = self.check(seg, handler(_Lower(seg.ctx, fake(a), self.syms), *args, **kwargs), fake(a))
-        except Exception:  # noqa: BLE001 - any failure: the view stays a PyTorch input
-            del new_inputs[n_inputs:]
-            del seg.ctx.checks[n_checks:]
-            self._new_views = views
-            return None
-        self._new_views[a] = node
-        return node
+            return handler(_Lower(seg.ctx, fake(a), self.syms), *args, **kwargs)
+        return self._replayed(seg, a, new_inputs, view)
 
     def _replay_piece(self, seg: Segment, a: fx.Node, new_inputs: list) -> Node | None:
         """a = getitem(split, i) of a split PyTorch takes of a PyTorch value (split, chunk,
@@ -237,17 +231,24 @@ class SegmentLowering:
         if piece is None:
             return None
         src, dim, i, sizes = piece
+
+        def view() -> Node:
+            x = self.dvm_arg(seg, src, new_inputs)
+            axis = dim % max(x.ndim, 1)
+            if sizes is None:   # unbind
+                return build.slice_view(seg.ctx, x, axis, i, 1, keep=False)
+            start = sum(sizes[:i]) if isinstance(sizes, list) else i * self.dvm_arg(seg, sizes, new_inputs)
+            return build.slice_view(seg.ctx, x, axis, start, self.syms.shape(fake(a))[axis], 1)
+        return self._replayed(seg, a, new_inputs, view)
+
+    def _replayed(self, seg: Segment, a: fx.Node, new_inputs: list, view) -> Node | None:
+        """view() checked against a's PyTorch value and remembered as a's replayed view; where
+        anything fails, new_inputs, the checks and the replayed views are left as they were (a
+        stays a PyTorch input): None."""
         n_inputs, n_checks, views = len(new_inputs), len(seg.ctx.checks), dict(self._new_views)
         try:
-            x = self.dvm_arg(seg, src, new_inputs)
-            dim %= max(x.ndim, 1)
-            if sizes is None:   # unbind
-                node = build.slice_view(seg.ctx, x, dim, i, 1, keep=False)
-            else:
-                start = sum(sizes[:i]) if isinstance(sizes, list) else i * self.dvm_arg(seg, sizes, new_inputs)
-                node = build.slice_view(seg.ctx, x, dim, start, self.syms.shape(fake(a))[dim], 1)
-            node = self.check(seg, node, fake(a))
-        except Exception:  # noqa: BLE001 - any failure: the piece stays a PyTorch input
+            node = self.check(seg, view(), fake(a))
+        except Exception:  # noqa: BLE001 - any failure: a stays a PyTorch input
             del new_inputs[n_inputs:]
             del seg.ctx.checks[n_checks:]
             self._new_views = views

@@ -178,7 +178,7 @@ def _heads_chain(n: fx.Node) -> bool:
 
 
 def _pieces_of_splits(g: fx.Graph) -> int:
-    """Replace each split whose every reader is a getitem of a constant index read only by a view
+    """Replace each split whose every reader is a getitem of a constant index >= 0 read only by a view
     call (the head of a chain), or whose one reader is such a getitem (a narrow costs less than a
     split; the piece may also end a chain of views before it), by one piece call per getitem.
     Returns the calls removed."""
@@ -189,7 +189,7 @@ def _pieces_of_splits(g: fx.Graph) -> int:
             continue
         readers = list(n.users)
         if not all(u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2 and
-                   isinstance(u.args[1], int) for u in readers):
+                   isinstance(u.args[1], int) and u.args[1] >= 0 for u in readers):
             continue
         if len(readers) > 1 and not all(len(u.users) == 1 and _heads_chain(u) for u in readers):
             continue
@@ -206,7 +206,7 @@ def _pieces_of_splits(g: fx.Graph) -> int:
 
 def fold(g: fx.Graph) -> tuple[int, int]:
     """Replace each chain of two or more view calls (each one's value read only by the next) by
-    one view_chain call, a split's pieces heading their chains (_pieces_of_splits). Returns
+    one view_chain call, a split's pieces taken as steps of chains (_pieces_of_splits). Returns
     (chains, calls removed)."""
     if not ENABLED:
         return 0, 0
