@@ -159,6 +159,31 @@ def test_permuted_and_in_out_weights_fold_into_one_call(shape):
     assert "linear_kxm" in code and "torch_Tensor_t" not in code, code   # the (in, out) weight: one call
 
 
+
+class _Router(torch.nn.Module):
+    """An MoE router's form: the flattened tokens feed the router's linear and the experts."""
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.gate = torch.nn.Linear(16, 4, bias=bias)
+        self.up = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        flat = x.view(-1, x.shape[-1])
+        return torch.softmax(self.gate(flat), -1).amax(-1, keepdim=True) * (torch.tanh(flat) @ self.up)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(3, 5, 16), (7, 16)])
+def test_a_2d_products_transposed_weight_folds_into_f_linear(bias, shape):
+    """mm(x, t(w)) / addmm(b, x, t(w)) of a 2-D x read elsewhere too (no views around the
+    product) is one F.linear: no t() call; results match eager, gradients in training too."""
+    from dvm.frontend.torch_runtime import COMPILED
+    torch.manual_seed(0)
+    assert _folds_in_inference(_Router(bias), torch.randn(*shape)) >= 1
+    inference = next(c for c in reversed(COMPILED) if c.kind == "inference")
+    code = inference.runner.code
+    assert "torch_Tensor_t(" not in code and "torch._C._nn.linear(" in code, code
+
 def _same_shape_views(x, w):
     y = torch.relu(x)
     z = y.view(y.shape).expand(y.shape)   # both to y's own shape: y itself

@@ -178,22 +178,48 @@ def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
     return LinearFold(flat.args[0], w, bias, stored_kxm, activation), inner
 
 
+def _fold_flat(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
+    """The fold of `mm(x, t(w))` / `addmm(b, x, t(w))` node n of a 2-D x with no views around it
+    (an MoE router: its flattened x has other readers) and the transposition it skips, or None:
+    F.linear of a 2-D x is that same mm / addmm of w.t()."""
+    bias = n.args[0] if n.target is aten.addmm.default else None
+    x, tw = n.args[-2:]
+    if not all(isinstance(v, torch.fx.Node) for v in (x, tw)) or tw.op != "call_function" or len(tw.users) != 1:
+        return None
+    w = _transposed_weight(tw)
+    if w is None or not {n, tw} <= in_torch or (bias is not None and not isinstance(bias, torch.fx.Node)):
+        return None
+    xv, wv, bv = val(x), val(w), val(bias) if bias is not None else None
+    if not all(isinstance(v, torch.Tensor) for v in (xv, wv)) or xv.ndim != 2 or wv.ndim != 2:
+        return None
+    if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
+                                 and statically_known_true(bv.shape[0] == wv.shape[0])):
+        return None
+    return LinearFold(x, w, bias, False), {tw}
+
+
 def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     """{node of the view back: LinearFold} for each `view(mm(view(x, [n, k]), t(w)),
     x.shape[:-1] + [m])` (or `addmm(b, ...)` with a 1-D bias b; or an untransposed (k, m) w)
     whose ops are all in `in_torch` and whose inner values have no other reader, and the set of
-    inner nodes (the transposition, the flattening view, mm) the run graph then skips. val: FX
+    inner nodes (the transposition, the flattening view, mm) the run graph then skips; where
+    there are no views, {mm node: LinearFold} of a 2-D x's `mm(x, t(w))` (_fold_flat). val: FX
     node -> its fake value (symbolic sizes)."""
     folds, skip = {}, set()
     for n in nodes:
         product = n.target in (aten.mm.default, aten.addmm.default) and not n.kwargs
         activated = n.target is aten._addmm_activation.default and set(n.kwargs) <= ACTIVATION_KWARGS
-        if len(n.users) != 1 or not (product or activated):
+        if not (product or activated):
             continue
-        got = _fold(n, in_torch, val)
+        got = _fold(n, in_torch, val) if len(n.users) == 1 else None
         if got is not None:
             (back,) = n.users
             folds[back], inner = got
+            skip |= inner
+            continue
+        got = _fold_flat(n, in_torch, val) if product else None
+        if got is not None:
+            folds[n], inner = got
             skip |= inner
     return folds, skip
 
