@@ -57,6 +57,37 @@ def test_fast_call_matches_overload(i):
     _same(fn(*args), op(*args))
 
 
+ROUTING = [   # (op, args, kwargs): an MoE's routing ops, tuples of results or keyword arguments
+    (aten.sort.default, (torch.tensor([3, 1, 2, 1, 0]),), {}),
+    (aten.sort.default, (X.transpose(0, 2), 1, True), {}),
+    (aten.topk.default, (X, 2), {}),
+    (aten.topk.default, (X, 1, 0, False), {}),
+    (aten.histc.default, (torch.tensor([0.0, 3.0, 3.0, 7.0]), 8, 0, 7), {}),
+    (aten.index_put.default, (M, [torch.tensor([2, 0])], torch.tensor(9.0)), {}),
+    (aten.index_put.default, (M, [torch.tensor([1, 1])], torch.ones(4), True), {}),
+    (aten.floor_divide.default, (torch.arange(-4, 4), 3), {}),
+    (aten.cumsum.default, (torch.tensor([2, 0, 1]), 0), {"dtype": torch.int32}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(ROUTING)))
+def test_routing_calls_match_overload(i):
+    op, args, kwargs = ROUTING[i]
+    fn = fast_call(op, len(args), bool(kwargs))
+    assert fn is not op
+    got, want = fn(*args, **kwargs), op(*args, **kwargs)
+    for a, b in zip(*((g,) if isinstance(g, torch.Tensor) else tuple(g) for g in (got, want))):
+        _same(a, b)
+
+
+def test_empty_like_keeps_the_overloads_keywords():
+    fn = fast_call(aten.empty_like.default, 1, True)
+    assert fn is not aten.empty_like.default
+    for kwargs in ({"pin_memory": False}, {"dtype": torch.int32}, {"memory_format": torch.contiguous_format}):
+        a, b = fn(X.transpose(0, 2), **kwargs), aten.empty_like.default(X.transpose(0, 2), **kwargs)
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+
+
 @pytest.mark.parametrize("args", [(X, [1, 3], 2), (X, [2], 0), (X, [0, 3], 1)])
 def test_fast_split_matches_overload(args):
     op = aten.split_with_sizes.default
