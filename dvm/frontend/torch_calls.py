@@ -152,6 +152,11 @@ def _transposed_weight(tw) -> torch.fx.Node | None:
     return None
 
 
+def _bias_fits(bv, m) -> bool:
+    """bv (a bias's fake value) is 1-D of the product's m columns: F.linear's bias."""
+    return isinstance(bv, torch.Tensor) and bv.ndim == 1 and statically_known_true(bv.shape[0] == m)
+
+
 def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
     """The fold of mm / addmm / _addmm_activation node n and the inner nodes it skips, or None."""
     activation = dict(n.kwargs) if n.target is aten._addmm_activation.default else None
@@ -176,8 +181,7 @@ def _fold(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None:
     k, m = (wv.shape[0], wv.shape[1]) if stored_kxm else (wv.shape[1], wv.shape[0])
     bv = val(bias) if bias is not None else None
     ignored = activation is not None and activation.get("beta", 1) == 0   # (a zero the op ignores)
-    if bias is not None and not ignored and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
-                                                 and statically_known_true(bv.shape[0] == m)):
+    if bias is not None and not ignored and not _bias_fits(bv, m):
         return None
     want = tuple(xv.shape[:-1]) + (m,)
     same = [statically_known_true(a == b) for a, b in zip(want, out.shape)]
@@ -200,8 +204,7 @@ def _fold_flat(n, in_torch: set, val: Callable) -> tuple[LinearFold, set] | None
     xv, wv, bv = val(x), val(w), val(bias) if bias is not None else None
     if not all(isinstance(v, torch.Tensor) for v in (xv, wv)) or xv.ndim != 2 or wv.ndim != 2:
         return None
-    if bias is not None and not (isinstance(bv, torch.Tensor) and bv.ndim == 1
-                                 and statically_known_true(bv.shape[0] == wv.shape[0])):
+    if bias is not None and not _bias_fits(bv, wv.shape[0]):
         return None
     return LinearFold(x, w, bias, False), {tw}
 

@@ -303,6 +303,7 @@ def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     return [FK_ROWSOFTMAX, fpc + 2 - pc, int(instrs[pc, 2]), fpc, r]
 
 
+# the runs tried at each pc, in this order (the first that matches is planned)
 _TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _un_then_bin, _add_then_sum)
 
 

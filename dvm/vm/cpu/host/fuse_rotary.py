@@ -58,5 +58,3 @@ def rotary(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         return None
     return [FK_ROTARY, end + 1 - pc, *ab, *cd, oe, r_swap | (ROT_Y_SWAP if s == r else 0)]
 
-
-# the runs tried at each pc, in this order (the first that matches is planned)
