@@ -287,7 +287,7 @@ def _split_heads(split, args, pieces):
     (torch.ops.aten.split.Tensor, (8, -1), 20, 3),               # a shorter last piece
     (torch.ops.aten.split.Tensor, (4,), 12, 3),                  # dim 0 by default
     (torch.Tensor.split_with_sizes, ([4, 12, 8], 2), 24, 3),
-    (torch.ops.aten.split_with_sizes.default, ([6, 2], -1), 8, 2),
+    (torch.Tensor.split_with_sizes, ([6, 2], -1), 8, 2),   # a negative dim
 ])
 def test_a_splits_pieces_head_their_chains(split, args, width, pieces):
     """The split call goes; each piece is the split's own view, first call and remembered."""

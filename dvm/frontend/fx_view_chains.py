@@ -81,10 +81,10 @@ PURE_READERS = frozenset({torch.nn.functional.linear, linear_kxm, linear_activat
                           torch.matmul, addmm_activation, gelu, SDPA, SDPA_CALL, sdpa_keep_mask})
 
 
-# run-graph split calls -> (the piece function, the split's default arguments after the tensor)
+# run-graph split calls -> (the piece function, the split's default arguments after the tensor);
+# (the run graph calls split_with_sizes as its Tensor method: torch_calls._SAME_OP)
 _SPLITS = {torch.ops.aten.split.Tensor: (_split_piece, (None, 0)),
            torch.Tensor.split_with_sizes: (_sizes_piece, (None, 0)),
-           torch.ops.aten.split_with_sizes.default: (_sizes_piece, (None, 0)),
            torch.ops.aten.unbind.int: (_unbind_piece, (0,))}
 
 
