@@ -121,3 +121,15 @@ def test_torch_compile_backend_on_the_gpu_vm(monkeypatch):
                 torch.testing.assert_close(got, want)
     assert counters.snapshot()["torch_segment_launches"] > before
     assert runs, "the segments did not run on the GPU VM"
+
+
+def test_host_scalars_are_copied_to_a_device_once_per_value():
+    meta = torch.device("meta")   # (a device without a GPU: the copies' identity is what is checked)
+    one = gpu_arrays._scalar_on(torch.tensor(1e-6, dtype=torch.float64), meta)
+    assert one.device == meta and one.dtype == torch.float64 and one.dim() == 0
+    assert gpu_arrays._scalar_on(torch.tensor(1e-6, dtype=torch.float64), meta) is one
+    assert gpu_arrays._scalar_on(torch.tensor(1e-6, dtype=torch.float32), meta) is not one
+    zero, negative_zero = (gpu_arrays._scalar_on(torch.tensor(v), meta) for v in (0.0, -0.0))
+    assert zero is not negative_zero
+    nan = gpu_arrays._scalar_on(torch.tensor(float("nan")), meta)
+    assert gpu_arrays._scalar_on(torch.tensor(float("nan")), meta) is nan

@@ -120,11 +120,15 @@ class GraphLauncher:
         self._launches: dict = {}
         self._lock = threading.Lock()
 
-    def __call__(self, env: dict, tensors: Sequence[torch.Tensor], vm: str) -> list[torch.Tensor]:
-        tensors = self._one_device(list(tensors))
-        device = tensors[0].device if tensors else \
-            torch.device("cuda" if vm == GPU_VM and not registry.get(vm).host_buffers else "cpu")
-        key = (*env.values(), vm, *[(t.dtype, t.device, tuple(t.shape), t.stride()) for t in tensors])
+    def __call__(self, env: dict, tensors: Sequence[torch.Tensor], vm: str,
+                 device: torch.device | None = None) -> list[torch.Tensor]:
+        """device: the outputs' device where the caller knows it (a torch segment's, from tracing);
+        else the tensors', or the VM's default without tensors."""
+        tensors = self._one_device(list(tensors), device)
+        if device is None:
+            device = tensors[0].device if tensors else \
+                torch.device("cuda" if vm == GPU_VM and not registry.get(vm).host_buffers else "cpu")
+        key = (*env.values(), vm, device, *[(t.dtype, t.device, tuple(t.shape), t.stride()) for t in tensors])
         launch = self._launches.get(key)
         hit = launch is not None
         if not hit:
@@ -148,19 +152,39 @@ class GraphLauncher:
         return launch([t.data_ptr() for t in tensors], allocate, hit)
 
     @staticmethod
-    def _one_device(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """0-d CPU tensors beside device tensors (as PyTorch allows) move to the device; any other
-        mix of devices is an error."""
-        devices = {t.device for t in tensors if t.dim() or not t.is_cpu}
+    def _one_device(tensors: list[torch.Tensor], device: torch.device | None = None) -> list[torch.Tensor]:
+        """0-d CPU tensors beside device tensors (as PyTorch allows) move to the device (`device`
+        where given); any other mix of devices is an error."""
+        devices = {t.device for t in tensors if t.dim() or not t.is_cpu} | ({device} if device is not None else set())
         if len(devices) > 1:
             raise DeviceError(f"a DVM kernel's tensors are on several devices: {sorted(map(str, devices))}")
         if devices:
             (device,) = devices
             for i, t in enumerate(tensors):
                 if t.device != device:
-                    tensors[i] = t.to(device)
-                    counters.bump("gpu_scalar_copies")
+                    tensors[i] = _scalar_on(t, device)
         return tensors
+
+
+# device copies of 0-d host scalars that kernels read (a model's float constants: Dynamo passes
+# them as 0-d float64 host tensors at every call): one copy per value, dtype and device. Invariant:
+# read only (a launch never writes its inputs; a segment returns an input it passes through as a
+# copy).
+_SCALARS: dict = {}
+MAX_SCALARS = 256
+
+
+def _scalar_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    key = (t.dtype, repr(t.item()), device)   # (repr: -0.0 and 0.0 apart, NaN equal to itself)
+    got = _SCALARS.get(key)
+    if got is None:
+        counters.bump("gpu_scalar_copies")
+        got = t.to(device)
+        with _LOCK:
+            if len(_SCALARS) >= MAX_SCALARS:
+                _SCALARS.clear()
+            _SCALARS[key] = got
+    return got
 
 
 def graph_launcher(graph) -> GraphLauncher:

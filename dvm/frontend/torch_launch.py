@@ -33,7 +33,7 @@ from ..runtime import counters, hugepages
 from ..graph.views import contiguous_strides
 from ..runtime.compiled import CompiledGraph, Launch, launch_bytes, launch_cache, remember
 from .aten_common import TORCH_TO_DVM
-from .gpu_arrays import graph_launcher, vm_for
+from .gpu_arrays import GPU_VM, graph_launcher, vm_for
 
 try:   # Inductor's allocator for its CPU outputs: one C++ call, ~3x cheaper than torch.empty
     from torch._C._dynamo.guards import _empty_strided_cpu
@@ -271,9 +271,14 @@ class TensorLauncher:
             counters.bump_cached_launch()
         return call
 
-    def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None) -> list[torch.Tensor]:
+    def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None,
+                 device: torch.device | None = None) -> list[torch.Tensor]:
         """into: optional tensors to write the outputs into (see _TensorLaunch; lazy mode's
-        placeholders)."""
+        placeholders). device: where the outputs belong when that is not the host and the
+        tensors may not say so (no inputs, or 0-d host scalars only): the device VM runs there."""
+        if device is not None:
+            outs = graph_launcher(self.graph)(env, tensors, GPU_VM, device)
+            return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
         last = self._last
         if last is not None and last[2].same(*tensors) and last[0] == tuple(env.values()) and \
                 last[1] == config().vm:

@@ -64,6 +64,15 @@ def _stride_order(v) -> tuple | None:
     return perm
 
 
+def _device(outputs) -> torch.device | None:
+    """The device of a segment's outputs (FX nodes) where it is not the host; None on the host."""
+    for fxn in outputs:
+        v = fake(fxn)
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            return v.device
+    return None
+
+
 def _stored(seg) -> list[tuple]:
     """(DVM node stored, permutation that views it back or None) per output of seg (TORCH_ORDER)."""
     plain = [seg.value[fxn] for fxn in seg.outputs]
@@ -162,13 +171,16 @@ class SegmentRunner:
             # guarded: CompiledFx runs behind Dynamo's guards (see torch_launch.guarded_signature)
             launchers[self.graph] = TensorLauncher(self.graph, guarded=True)
         self.launch = launchers.get(self.graph)
+        # the outputs' device where it is not the host: the launch runs there whatever the inputs
+        # say (none, or 0-d host scalars); the quick paths below are the host VM's
+        self.device = _device(self.outputs)
         # run()'s quick path: (graph sizes, tensor check, VM, direct call) of the last launch
         self._quick: tuple | None = None
         self._last_key: tuple | None = None
-        self._quick_ok = self.launch is not None and not self.writes and self._direct
+        self._quick_ok = self.launch is not None and not self.writes and self._direct and self.device is None
         # or, for a segment updating inputs, where every output is written into one (_remember_writes)
         self._quick_writes = self.launch is not None and bool(self.writes) and self._direct and \
-            self._perms is None and not self._copies
+            self._perms is None and not self._copies and self.device is None
         self._no_quick: tuple | None = None   # (sizes, _into decision) for which it was not possible
         self.n_kernels = len(self.graph.templates) if self.graph else 0
         if VERIFY is None and config().verify:
@@ -266,7 +278,7 @@ class SegmentRunner:
             self.check(env)
         counters.bump_segment()
         into = self._into(tensors, dsts) if dsts and VERIFY is None else None
-        outs = self.launch(env, tensors, into) if self.launch is not None else ()
+        outs = self.launch(env, tensors, into, self.device) if self.launch is not None else ()
         if VERIFY is not None:
             VERIFY(self, env, tensors, outs)
         results = (outs if self._perms is None else _viewed(outs, self._perms)) if self._direct else tuple(
