@@ -13,6 +13,7 @@ from ...graph.ops import BINARY, TERNARY, UNARY, VM_REDUCTIONS
 # --- the compiled VM ---------------------------------------------------------------------------
 TILE = 1024          # lanes of one tile register (a Program's BM * BN may not exceed it)
 NUM_WARPS = 8        # 4 lanes per thread and register at TILE = 1024
+OPTIONS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}   # every launch's and compile's options
 N_SLOTS = 16         # buffer addresses passed as kernel arguments; more go through a table
 # the kernels' arguments, every one an int64 address: the device image's kernel block, the slots,
 # the table of further addresses, scratch (interp.vm_kernel and the specialised kernels)

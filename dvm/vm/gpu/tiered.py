@@ -205,4 +205,4 @@ def bitwise_check(run_interpreted, run_specialised, addrs: list[int], written: l
 def compile_args() -> tuple[list[int], dict]:
     """Arguments of a warm-up compile: every argument an int64 address (any value: they are
     annotated i64 and never specialised), and the launch options of vm.py."""
-    return [1 << 40] * len(abi.ARG_NAMES), {"TILE": abi.TILE, "num_warps": abi.NUM_WARPS, "enable_fp_fusion": False}
+    return [1 << 40] * len(abi.ARG_NAMES), {"TILE": abi.TILE, **abi.OPTIONS}

@@ -21,6 +21,7 @@ from ...runtime import counters
 from ..contract import VM
 from . import abi, memory, specialize, tiered
 from .image import program_image
+from .launcher import launcher
 
 TARGET = Target("gpu", max_tile=abi.TILE)
 SPILL_GRID_PER_SM = 4        # program instances per multiprocessor when registers spill
@@ -70,8 +71,7 @@ class _Kernels:
             with self.lock:
                 self.tracked += 1
                 self.signatures.add(tuple(type(a).__name__ for a in args) + (abi.TILE, hot_d, hot_i, abi.NUM_WARPS))
-        self.kernel[(grid,)](*args, TILE=abi.TILE, HOT_D=hot_d, HOT_I=hot_i, num_warps=abi.NUM_WARPS,
-                             enable_fp_fusion=False)
+        launcher(self.kernel, {"TILE": abi.TILE, "HOT_D": hot_d, "HOT_I": hot_i}, abi.OPTIONS)(grid, args)
 
 
 _KERNELS: _Kernels | None = None
@@ -148,8 +148,7 @@ class BoundProgram:
         return [*addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
 
     def _specialised(self, plan: "_Plan", slots: list[int]) -> None:
-        plan.tier.kernel[(plan.grid,)](plan.block, *slots, TILE=abi.TILE, num_warps=abi.NUM_WARPS,
-                                       enable_fp_fusion=False)
+        launcher(plan.tier.kernel, {"TILE": abi.TILE}, abi.OPTIONS)(plan.grid, [plan.block, *slots])
 
     def __call__(self, addrs: Sequence[int]) -> None:
         if 0 in addrs:   # (an empty buffer may have no storage: every argument stays a large int64)
