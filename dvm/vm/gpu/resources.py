@@ -39,7 +39,7 @@ def compile_kernel(arch: int = 90, variant: str = "full", fn=None):
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     t0 = time.perf_counter()
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": abi.NUM_WARPS, "enable_fp_fusion": False})
+                              options=abi.OPTIONS)
     return compiled, time.perf_counter() - t0
 
 
@@ -69,6 +69,27 @@ def report(arch: int = 90, variant: str = "full") -> dict:
             "compile_s": round(seconds, 2), "tile": abi.TILE, "num_warps": abi.NUM_WARPS,
             "hot_registers": list(abi.VARIANTS[variant]), "ptx_lines": compiled.asm["ptx"].count("\n"),
             **usage}
+
+
+def specialised_usage(layout, arch: int = 90) -> list[dict]:
+    """Each kernel of a verified layout as its structure's specialised kernel (specialize.py),
+    compiled for sm_<arch> as the tier manager would: its resources and compile seconds. A kernel
+    Triton cannot compile raises (its CompilationError)."""
+    import importlib.util
+
+    from . import specialize
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, kl in enumerate(layout.kernels):
+            path = os.path.join(tmp, f"dvm_specialised_{i}.py")
+            with open(path, "w") as f:
+                f.write(specialize.source(kl))
+            spec = importlib.util.spec_from_file_location(f"dvm_specialised_{i}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            compiled, seconds = compile_kernel(arch, fn=getattr(module, specialize.KERNEL_NAME))
+            out.append({"kernel": i, "compile_s": round(seconds, 2), **resource_usage(compiled.asm["cubin"])})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

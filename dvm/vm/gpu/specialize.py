@@ -82,9 +82,10 @@ class _Source:
             self.emit(depth, f"q = q // n{d}")
         self.emit(depth, f"{prefix}{first} = q")
 
-    def part_address(self, depth: int, first: int, n: int, prefix: str, name: str) -> None:
+    def part_address(self, depth: int, first: int, n: int, prefix: str, name: str, empty: str) -> None:
+        """name{j} = operand j's address term over dims [first, first + n); `empty` without dims."""
         for j in range(len(self.kl.opnd_kind)):
-            terms = " + ".join(f"{prefix}{d} * s{j}_{d}" for d in range(first, first + n)) or "0"
+            terms = " + ".join(f"{prefix}{d} * s{j}_{d}" for d in range(first, first + n)) or empty
             self.emit(depth, f"{name}{j} = {terms}")
 
     # -- instructions --------------------------------------------------------------------------
@@ -214,14 +215,15 @@ class _Source:
         e(2, "row = rb * bm + li")
         e(2, "rvalid = (li < bm) & (row < rows)")
         self.digits(2, "row", 0, self.nr, "rd")
-        self.part_address(2, 0, self.nr, "rd", "ra")
+        self.part_address(2, 0, self.nr, "rd", "ra", "0")
         for sw in kl.sweeps:
             self.section(2, sw.init, "I")
             e(2, "for ct in range(lo, hi):")
             e(3, "col = (lo * 0 + ct) * bn + lj   # (int64 in both modes: the interpreter's range yields ints)")
             e(3, "cvalid = col < cols")
             self.digits(3, "col", self.nr, self.nc, "cd")
-            self.part_address(3, self.nr, self.nc, "cd", "ca")
+            # (a tile of lanes even where no operand has a dim: a 0-d load or store is one per lane)
+            self.part_address(3, self.nr, self.nc, "cd", "ca", "lj * 0")
             self.section(3, sw.body, "B")
             e(3, "pass")
             e(2, "col = tl.full([TILE], 0, tl.int64)")
