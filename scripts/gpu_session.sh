@@ -1,40 +1,50 @@
 #!/usr/bin/env bash
-# The GPU VM's checks and measurements on a CUDA GPU, in one go (about 6-8 minutes on an H100/H200):
-# the compiled VM's resources, the real-GPU tests, `dvm bench ops --device cuda` and
-# `dvm bench models --device cuda`. Run from the repository root:
+# The GPU VM's checks and measurements on a CUDA GPU, in one go (about 3 minutes on an H200): the
+# real-GPU tests, `dvm bench ops --device cuda` and `dvm bench models --device cuda` (20 lengths).
+# Run from the repository root:
 #
-#     bash scripts/gpu_session.sh [--full]       # --full: all sizes and 20 lengths (longer)
+#     bash scripts/gpu_session.sh [--full]       # --full: all sizes of the ops benchmark (longer)
 #
 # It runs the project from the checkout (PYTHONPATH) on the machine's Python, whose PyTorch, Triton,
-# transformers, ml_dtypes, numba and pytest it uses (PYTHON=... to pick another interpreter), and
-# writes logs, JSON and markdown to $OUT (the device tool's output folder) or
-# bench-results/gpu-session. The figures go to BENCHMARKS.md ("GPU VM" section).
+# transformers, ml_dtypes and pytest it uses (PYTHON=... to pick another interpreter; the GPU path
+# needs neither numba nor numexpr), and writes eight files (logs, JSON, markdown) to $OUT (the
+# device tool's output folder) or bench-results/gpu-session. Each step runs under a time limit
+# (T_TESTS, T_OPS, T_MODELS seconds) so that one stuck step cannot spend a short GPU lease. The
+# compiled VM's registers and spills: `python -m dvm.vm.gpu.resources --arch 90` (no GPU needed).
+# The figures go to BENCHMARKS.md ("GPU VM" section).
 set -uo pipefail
 OUT="${OUT:-bench-results/gpu-session}"
 mkdir -p "$OUT"
 QUICK="--quick"
 [ "${1:-}" = "--full" ] && QUICK=""
 PY="${PYTHON:-python3}"
+T_TESTS="${T_TESTS:-150}" T_OPS="${T_OPS:-220}" T_MODELS="${T_MODELS:-180}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
 step environment
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/env.txt"
-$PY -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT/env.txt"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  $PY -c "import sys, numpy, torch, triton, transformers; print('python', sys.version.split()[0], 'numpy', numpy.__version__,
+'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+  nproc; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
 
-step "compiled VM: registers, stack, spills (sm_90)"
-$PY -m dvm.vm.gpu.resources --arch 90 2>&1 | tee "$OUT/resources.jsonl" || status=1
+step "real-GPU tests (limit ${T_TESTS} s)"
+timeout "$T_TESTS" $PY -m pytest -p no:xdist -p no:cacheprovider -rs --durations=5 tests/test_gpu_device.py \
+    > "$OUT/device_tests.log" 2>&1 || status=1
+tail -15 "$OUT/device_tests.log"
 
-step "real-GPU tests"
-$PY -m pytest -p no:xdist -p no:cacheprovider -rs tests/test_gpu_device.py 2>&1 | tee "$OUT/device_tests.log" | tail -15 || status=1
+step "dvm bench ops --device cuda $QUICK (limit ${T_OPS} s)"
+timeout "$T_OPS" $PY -m dvm bench ops --device cuda $QUICK --json "$OUT/gpu_ops.json" --md "$OUT/gpu_ops.md" \
+    > "$OUT/gpu_ops.log" 2>&1 || status=1
+tail -30 "$OUT/gpu_ops.log"
 
-step "dvm bench ops --device cuda $QUICK"
-$PY -m dvm bench ops --device cuda $QUICK --json "$OUT/gpu_ops.json" --md "$OUT/gpu_ops.md" 2>&1 | tee "$OUT/gpu_ops.log" | tail -40 || status=1
-
-step "dvm bench models --device cuda $QUICK"
-$PY -m dvm bench models --device cuda $QUICK --json "$OUT/gpu_models.json" --md "$OUT/gpu_models.md" 2>&1 | tee "$OUT/gpu_models.log" | tail -20 || status=1
+step "dvm bench models --device cuda, 20 lengths (limit ${T_MODELS} s)"
+timeout "$T_MODELS" $PY -m dvm bench models --device cuda --json "$OUT/gpu_models.json" --md "$OUT/gpu_models.md" \
+    > "$OUT/gpu_models.log" 2>&1 || status=1
+tail -12 "$OUT/gpu_models.log"
 
 step "done (status $status)"
 exit $status

@@ -47,15 +47,36 @@ def _cuda(a: np.ndarray) -> torch.Tensor:
     return to_torch(a).cuda()
 
 
+# float sums whose order on the device (warp shuffles) is not the reference VM's: kernel -> {output: reduced axis
+# of its first input}
+REORDERED_SUMS = {"reductions": {1: 0}}
+
+
+def _assert_sum_within_bound(got: torch.Tensor, want: np.ndarray, x: np.ndarray, axis: int) -> None:
+    """A float32 sum in another order than the reference's: within n·u·Σ|x| of the exact sum (the
+    classical bound for any order), and non-finite where the reference is, with its value."""
+    exact = x.astype(np.float64).sum(axis)
+    bound = x.shape[axis] * np.finfo(np.float32).eps * np.abs(x.astype(np.float64)).sum(axis)
+    g = got.cpu().double().numpy()
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(g[~finite], want[~finite].astype(np.float64))
+    assert (np.abs(g - exact) <= bound)[finite].all()
+
+
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernels_on_cuda_match_the_reference(name):
     kfn, make = KERNELS[name]
     for args in make(RNG):
         want = kfn(*args, vm="reference")
         got = kfn(*[_cuda(a) for a in args])
-        for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        pairs = zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,))
+        for k, (w, g) in enumerate(pairs):
             assert g.is_cuda
-            torch.testing.assert_close(g.cpu(), to_torch(w), equal_nan=True)
+            axis = REORDERED_SUMS.get(name, {}).get(k)
+            if axis is not None:
+                _assert_sum_within_bound(g, w, args[0], axis)
+            else:
+                torch.testing.assert_close(g.cpu(), to_torch(w), equal_nan=True)
 
 
 def test_one_compiled_kernel_per_variant_for_every_shape():

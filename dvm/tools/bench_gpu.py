@@ -25,6 +25,7 @@ DEFAULT_MD = "bench-results/gpu_ops.md"
 CHAIN_SIZES = {"quick": (1 << 20, 1 << 24), "full": (1 << 16, 1 << 20, 1 << 24, 1 << 26)}
 NORM_SHAPES = {"quick": ((4096, 4096),), "full": ((1024, 1024), (4096, 4096), (256, 16384))}
 NEW_SHAPES = 20
+HOST_ELEMENTS, HOST_CALLS = 4096, 2000   # chain8's host time per call: tiny inputs, back-to-back calls
 COPY_BYTES = 1 << 30
 
 
@@ -152,6 +153,22 @@ def _new_shapes(kfn, inductor_fn, rng) -> dict:
             "vm_binaries_before": before, "vm_binaries_after": gpu.compiled_variants()}
 
 
+def _host_per_call(fns: dict, args, calls: int = HOST_CALLS) -> dict:
+    """Wall time per call of each fn over `calls` back-to-back calls on tiny inputs (the device
+    work is a few microseconds: the host's launch path sets the pace), synchronized at the end."""
+    import torch
+    out = {}
+    for name, fn in fns.items():
+        fn(*args)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t0) / calls
+    return out
+
+
 def _registers() -> list[dict]:
     """Registers and spills of the VM's binaries as loaded on the device."""
     from ..vm.gpu import interp
@@ -201,6 +218,8 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True) -> dict:
         from .bench_gpu_cases import chain8, torch_chain8
         fn, _, _ = _inductor(torch_chain8, (torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")))
         extra["new_shapes"] = _new_shapes(chain8, fn, rng)
+        tiny = (torch.randn(HOST_ELEMENTS, device="cuda"), torch.randn(HOST_ELEMENTS, device="cuda"))
+        extra["host_per_call"] = _host_per_call({"eager": torch_chain8, "inductor": fn, "dvm": chain8}, tiny)
     from ..runtime import counters
     return {"benchmark": "gpu_ops", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "copy_bytes_per_s": bw, "loadavg": loadavg(),
@@ -227,6 +246,10 @@ def markdown(report: dict) -> str:
         lines += ["", f"New shapes ({ns['sizes']} sizes of chain8 f32): first-call host time DVM "
                       f"{fmt_time(ns['dvm_host_s_median'])}, Inductor dynamic {fmt_time(ns['inductor_host_s_median'])}; "
                       f"VM binaries {ns['vm_binaries_before']} -> {ns['vm_binaries_after']}."]
+    host = report.get("host_per_call")
+    if host:
+        lines += ["", f"Host time per call (chain8 f32, {HOST_ELEMENTS} elements, {HOST_CALLS} calls back to back): "
+                      + ", ".join(f"{k} {fmt_time(v)}" for k, v in host.items()) + "."]
     lines += ["", f"VM binaries as loaded: {report['registers']}", f"GPU VM counters: {report['counters']}"]
     return "\n".join(lines)
 
