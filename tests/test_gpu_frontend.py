@@ -63,6 +63,25 @@ def test_builder_on_tensors(dtype):
     assert counters.snapshot()["launches"] - before == 3
 
 
+def test_a_repeated_call_reuses_its_launch_and_a_changed_one_does_not():
+    @dvm.kernel
+    def scaled_silu(k, x, w):   # (a kernel of its own: its launches and encodes start at zero)
+        return k.store(k.mul(k.silu(k.load(x)), k.mul(k.load(w), 1.375)))
+
+    torch.manual_seed(1)
+    x, w = torch.randn(6, 40), torch.rand(40) + 0.5
+    calls = [(x, w), (x, w), (x.t().contiguous().t(), w), (x, w), (x[:, :33], w[:33]),
+             (x[:, :33].contiguous(), w[:33]), (x.bfloat16(), w.bfloat16()), (x, w)]
+    before = counters.snapshot()
+    for a, b in calls:   # (each call after the first checks its tensors against the last call's)
+        torch.testing.assert_close(scaled_silu(a, b), torch.nn.functional.silu(a) * (b * 1.375))
+    after = counters.snapshot()
+    assert after["launches"] - before.get("launches", 0) == len(calls)
+    # new signatures: the first call, the transposed input, the narrower view (row stride 40), its
+    # copy (row stride 33), bf16; the other three repeat the call before them or an earlier one
+    assert after["encodes"] - before.get("encodes", 0) == 5
+
+
 def test_builder_copies_what_a_view_chain_cannot_express():
     @dvm.kernel
     def f(k, x):
