@@ -178,7 +178,9 @@ class GraphLauncher:
     def _one_device(tensors: list[torch.Tensor], device: torch.device | None = None) -> list[torch.Tensor]:
         """0-d CPU tensors beside device tensors (as PyTorch allows) move to the device (`device`
         where given); any other mix of devices is an error."""
-        devices = {t.device for t in tensors if t.dim() or not t.is_cpu} | ({device} if device is not None else set())
+        devices = {t.device for t in tensors if t.dim() or not t.is_cpu}
+        if device is not None:
+            devices.add(device)
         if len(devices) > 1:
             raise DeviceError(f"a DVM kernel's tensors are on several devices: {sorted(map(str, devices))}")
         if devices:

@@ -41,8 +41,9 @@ class Launcher:
                 hooks = triton.knobs.runtime
                 stream = driver.get_current_stream(device)
                 try:
-                    run(grid, 1, 1, stream, function, metadata, compiled.launch_metadata((grid, 1, 1), stream, *args, *self.tail),
-                        hooks.launch_enter_hook, hooks.launch_exit_hook, *args, *self.tail)
+                    launch_metadata = compiled.launch_metadata((grid, 1, 1), stream, *args, *self.tail)
+                    run(grid, 1, 1, stream, function, metadata, launch_metadata, hooks.launch_enter_hook,
+                        hooks.launch_exit_hook, *args, *self.tail)
                     return
                 except Exception:
                     self.direct = False
