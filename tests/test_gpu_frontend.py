@@ -152,3 +152,32 @@ def test_host_scalars_are_copied_to_a_device_once_per_value():
     assert zero is not negative_zero
     nan = gpu_arrays._scalar_on(torch.tensor(float("nan")), meta)
     assert gpu_arrays._scalar_on(torch.tensor(float("nan")), meta) is nan
+
+
+def test_a_segment_on_a_device_launches_there_whatever_its_inputs(monkeypatch):
+    """A segment's device is its outputs' (from tracing): one with no input, or only 0-d host
+    scalars, on a CUDA graph must not run on the host VM (FakeTensorMode makes CUDA values
+    without a GPU; the device launch itself is replaced by a spy)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dvm.frontend import torch_launch, torch_segment
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder(name) for name in ("on_cpu", "on_cuda")]
+    with FakeTensorMode():
+        nodes[0].meta["val"] = torch.empty(3)
+        nodes[1].meta["val"] = torch.empty(3, device="cuda")
+    assert torch_segment._device(nodes[:1]) is None
+    assert torch_segment._device(nodes) == torch.device("cuda", 0)
+
+    seen = []
+
+    class Spy:
+        def __call__(self, env, tensors, vm, device=None):
+            seen.append((vm, device, len(tensors)))
+            return ["ran on the device VM"]
+    monkeypatch.setattr(torch_launch, "graph_launcher", lambda graph: Spy())
+    launcher = torch_launch.TensorLauncher.__new__(torch_launch.TensorLauncher)
+    launcher.graph = None
+    assert launcher({}, [torch.tensor(1e-6, dtype=torch.float64)], None, torch.device("cuda", 0)) == \
+        ["ran on the device VM"]
+    assert seen == [("gpu", torch.device("cuda", 0), 1)]
