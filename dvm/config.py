@@ -55,6 +55,7 @@ class Config:
     stack: bool = True
     gpu_specialize: int = 2
     gpu_cache: str = ""
+    gpu_vector: bool = False
     sibling_mb: int = 256
     threads_set: bool = False   # DVM_NUM_THREADS is set (else `threads` is the CPU count)
 
@@ -86,6 +87,7 @@ def config() -> Config:
                   verify=bool(_int("DVM_VERIFY", 0, 0, 1)), lazy=bool(_int("DVM_LAZY", 1, 0, 1)),
                   openmp=bool(_int("DVM_OPENMP", 1, 0, 1)), stack=bool(_int("DVM_STACK", 1, 0, 1)),
                   gpu_specialize=_int("DVM_GPU_SPECIALIZE", 2, 0, 1 << 30),
+                  gpu_vector=bool(_int("DVM_GPU_VECTOR", 0, 0, 1)),
                   gpu_cache=os.environ.get("DVM_GPU_CACHE") or
                   os.path.join(os.path.expanduser("~"), ".cache", "dvm", "gpu"),
                   cache_mb=_int("DVM_CACHE_MB", 256, 1, 1 << 20),

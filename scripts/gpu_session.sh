@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The GPU VM's checks and measurements on a CUDA GPU, in one go (about 3 minutes on an H200): the
-# real-GPU tests, `dvm bench ops --device cuda` and `dvm bench models --device cuda` (20 lengths).
-# Run from the repository root:
+# The GPU VM's checks and measurements on a CUDA GPU, in one go: the
+# real-GPU tests, `dvm bench ops --device cuda` and `dvm bench models --device cuda` (20 lengths),
+# the two benchmarks again with DVM_GPU_VECTOR=1.
+# Run from the repository root (about 5 minutes on an H200):
 #
 #     bash scripts/gpu_session.sh [--full]       # --full: all sizes of the ops benchmark (longer)
 #
 # It runs the project from the checkout (PYTHONPATH) on the machine's Python, whose PyTorch, Triton,
 # transformers, ml_dtypes and pytest it uses (PYTHON=... to pick another interpreter; the GPU path
-# needs neither numba nor numexpr), and writes eight files (logs, JSON, markdown) to $OUT (the
+# needs neither numba nor numexpr), and writes eight files (logs, JSON) to $OUT (the
 # device tool's output folder) or bench-results/gpu-session. Each step runs under a time limit
 # (T_TESTS, T_OPS, T_MODELS seconds) so that one stuck step cannot spend a short GPU lease. The
 # compiled VM's registers and spills: `python -m dvm.vm.gpu.resources --arch 90` (no GPU needed).
@@ -37,14 +38,23 @@ timeout "$T_TESTS" $PY -m pytest -p no:xdist -p no:cacheprovider -rs --durations
 tail -15 "$OUT/device_tests.log"
 
 step "dvm bench ops --device cuda $QUICK (limit ${T_OPS} s)"
-timeout "$T_OPS" $PY -m dvm bench ops --device cuda $QUICK --json "$OUT/gpu_ops.json" --md "$OUT/gpu_ops.md" \
+timeout "$T_OPS" $PY -m dvm bench ops --device cuda $QUICK --json "$OUT/gpu_ops.json" --md - \
     > "$OUT/gpu_ops.log" 2>&1 || status=1
 tail -30 "$OUT/gpu_ops.log"
 
 step "dvm bench models --device cuda, 20 lengths (limit ${T_MODELS} s)"
-timeout "$T_MODELS" $PY -m dvm bench models --device cuda --json "$OUT/gpu_models.json" --md "$OUT/gpu_models.md" \
+timeout "$T_MODELS" $PY -m dvm bench models --device cuda --json "$OUT/gpu_models.json" --md - \
     > "$OUT/gpu_models.log" 2>&1 || status=1
 tail -12 "$OUT/gpu_models.log"
+
+# the same two with DVM_GPU_VECTOR=1 (specialised kernels' 4-lane fast path), against the runs above
+for bench in ops models; do
+    limit=$T_OPS; [ $bench = models ] && limit=$T_MODELS
+    step "DVM_GPU_VECTOR=1 dvm bench $bench --device cuda (limit ${limit} s)"
+    args="--device cuda"; [ $bench = ops ] && args="$args $QUICK"
+    DVM_GPU_VECTOR=1 timeout "$limit" $PY -m dvm bench $bench $args --json "$OUT/gpu_${bench}_vector.json" \
+        --md - 2>&1 | grep -v "^DEBUG" | tail -25 || status=1
+done
 
 step "done (status $status)"
 exit $status

@@ -4,6 +4,7 @@ by its stream and never by its sizes, background specialisation switches in only
 check, and a kernel whose bits differ is rejected (its structure keeps the interpreter)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -48,6 +49,26 @@ def mixed(k, x, m):
     return k.store(i), k.store(y), k.store(k.argmax(x, axis=-1)), k.store(k.sum(y, axis=-1, keepdims=True))
 
 
+@dvm.kernel
+def scaled_sum(k, x, y):
+    return k.store(k.add(k.mul(k.load(x), 1.5), k.load(y)))
+
+
+def _rows(shape, dtype="float32"):
+    return RNG.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+
+
+# DVM_GPU_VECTOR's fast path: tiles of one row inside the columns (a shorter last tile), bf16, an
+# unaligned view (the general form), a broadcast row, a multi-sweep softmax, LayerNorm
+VECTOR_CASES = [
+    (scaled_sum, lambda: (_rows((3, 2100)), _rows((3, 2100)))),
+    (scaled_sum, lambda: (_rows((3, 2100), "bfloat16"), _rows((3, 2100), "bfloat16"))),
+    (scaled_sum, lambda: (_rows((3, 2101))[:, 1:], _rows((3, 2100)))),
+    (scaled_sum, lambda: (_rows((3, 2048)), _rows((2048,)))),
+    (dvm.kernel(softmax), lambda: (_rows((3, 2100)),)),
+    (dvm.kernel(layer_norm), lambda: (_rows((2, 3000)), np.ones(3000, np.float32), np.zeros(3000, np.float32))),
+]
+
 CASES = [
     (dvm.kernel(softmax), lambda: (RNG.standard_normal((3, 1300)).astype(np.float32),)),
     (dvm.kernel(layer_norm), lambda: (RNG.standard_normal((4, 40)).astype(np.float32),
@@ -59,7 +80,17 @@ CASES = [
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_specialised_kernels_compute_the_reference(case):
-    kfn, make = CASES[case]
+    _specialised_compute_the_reference(*CASES[case])
+
+
+@pytest.mark.parametrize("case", range(len(VECTOR_CASES)))
+def test_the_vector_fast_path_computes_the_reference(case, monkeypatch):
+    monkeypatch.setenv("DVM_GPU_VECTOR", "1")
+    dvm_config.reload()
+    _specialised_compute_the_reference(*VECTOR_CASES[case])
+
+
+def _specialised_compute_the_reference(kfn, make):
     args = make()
     layout, tiers = _tiers(kfn, *args)
     assert GPU.specialise_now(layout) == ["ready"] * len(tiers)
@@ -68,6 +99,21 @@ def test_specialised_kernels_compute_the_reference(case):
     launches = counters.snapshot().get("gpu_specialised_launches", 0)
     compare(kfn, *args)                                   # the specialised kernels alone
     assert counters.snapshot()["gpu_specialised_launches"] - launches == len(tiers)
+
+
+def test_contiguous_tiles_have_a_fast_path_in_the_source_under_dvm_gpu_vector(monkeypatch):
+    kl = dvm.verify(scaled_sum.program(_rows((3, 2100)), _rows((3, 2100)), vm="gpu")).kernels[0]
+    off = specialize.structure_key(kl)
+    assert "if vec" not in specialize.source(kl)
+    monkeypatch.setenv("DVM_GPU_VECTOR", "1")
+    dvm_config.reload()
+    assert specialize.structure_key(kl) != off   # another structure: its own tier
+    src = specialize.source(kl)
+    assert "if vec & ((ct + 1) * bn <= cols):" in src and src.count("va.load_f32_aligned(") == 2
+    assert src.count("va.store_f32_aligned(") == 1
+    # a reduction's rows: its loads too (a softmax sweeps the row three times)
+    assert "va.load_f32_aligned(" in specialize.source(
+        dvm.verify(dvm.kernel(softmax).program(_rows((3, 2100)), vm="gpu")).kernels[0])
 
 
 def test_structure_is_the_stream_never_the_size():

@@ -221,7 +221,9 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True) -> dict:
         tiny = (torch.randn(HOST_ELEMENTS, device="cuda"), torch.randn(HOST_ELEMENTS, device="cuda"))
         extra["host_per_call"] = _host_per_call({"eager": torch_chain8, "inductor": fn, "dvm": chain8}, tiny)
     from ..runtime import counters
+    from ..config import config
     return {"benchmark": "gpu_ops", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "gpu_vector": config().gpu_vector,
             "triton": __import__("triton").__version__, "copy_bytes_per_s": bw, "loadavg": loadavg(),
             "rows": rows, "registers": _registers(), "counters": {k: v for k, v in counters.snapshot().items()
                                                                    if k.startswith("gpu_")},
@@ -229,7 +231,8 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"GPU ops on {report['device']} (torch {report['torch']}, Triton {report['triton']}); copy "
+    lines = [f"GPU ops on {report['device']} (torch {report['torch']}, Triton {report['triton']}"
+             f"{', DVM_GPU_VECTOR=1' if report.get('gpu_vector') else ''}); copy "
              f"roofline {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (bytes read + written). Shares of the "
              "copy bandwidth; times are do_bench medians.", "",
              "| case | eager | native | Inductor | DVM interpreter | DVM specialised | Inductor compile cold / warm |",

@@ -83,7 +83,9 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True, dtype_name: s
     with torch.no_grad():
         ref = {L: reference(ids_of(L)).logits.float() for L in lens}
     del reference
+    from ..config import config
     report = {"benchmark": "gpu_models", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "gpu_vector": config().gpu_vector,
               "dtype": dtype_name, "lengths": lens, "loadavg": loadavg(), "systems": {}, "failures": []}
     report["systems"]["eager"] = _system("eager", model, ids_of, lens, ref)
     if inductor:
@@ -115,7 +117,8 @@ def run(quick: bool = False, seed: int = 0, inductor: bool = True, dtype_name: s
 
 
 def markdown(r: dict) -> str:
-    lines = [f"Tiny Llama (hidden 512, 4 layers) in {r['dtype']} on {r['device']} (torch {r['torch']}), "
+    lines = [f"Tiny Llama (hidden 512, 4 layers) in {r['dtype']} on {r['device']} (torch {r['torch']}"
+             f"{', DVM_GPU_VECTOR=1' if r.get('gpu_vector') else ''}), "
              f"{len(r['lengths'])} lengths {min(r['lengths'])}..{max(r['lengths'])}.", "",
              "| system | first call of a new length (median / max) | steady state (median) | geomean vs eager | "
              "max abs error vs f32 |", "| --- | --- | --- | --- | --- |"]

@@ -73,8 +73,9 @@ def report(arch: int = 90, variant: str = "full") -> dict:
 
 def specialised_usage(layout, arch: int = 90) -> list[dict]:
     """Each kernel of a verified layout as its structure's specialised kernel (specialize.py),
-    compiled for sm_<arch> as the tier manager would: its resources and compile seconds. A kernel
-    Triton cannot compile raises (its CompilationError)."""
+    compiled for sm_<arch> as the tier manager would: its resources, compile seconds and the
+    vector (2- or 4-lane) global loads and stores in its PTX. A kernel Triton cannot compile
+    raises (its CompilationError)."""
     import importlib.util
 
     from . import specialize
@@ -88,7 +89,10 @@ def specialised_usage(layout, arch: int = 90) -> list[dict]:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             compiled, seconds = compile_kernel(arch, fn=getattr(module, specialize.KERNEL_NAME))
-            out.append({"kernel": i, "compile_s": round(seconds, 2), **resource_usage(compiled.asm["cubin"])})
+            ptx = compiled.asm["ptx"]
+            out.append({"kernel": i, "compile_s": round(seconds, 2), **resource_usage(compiled.asm["cubin"]),
+                        "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", ptx)),
+                        "vector_stores": len(re.findall(r"st\.global(?:\.\w+)*\.v[24]\.", ptx))})
     return out
 
 

@@ -18,12 +18,13 @@ import numpy as np
 
 from ...codegen import isa
 from ...codegen.program import KernelLayout
+from ...config import config
 from ...graph.dtypes import Bank
 from ...graph.ops import OP_TABLE
 from . import abi
 from .image import decode_stream
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 REG = {Bank.F32: "f", Bank.F64: "d", Bank.I64: "i", Bank.B8: "b"}
 ZERO = {Bank.F32: "tl.full([TILE], 0, tl.float32)", Bank.F64: "tl.full([TILE], 0, tl.float64)",
         Bank.I64: "tl.full([TILE], 0, tl.int64)", Bank.B8: "lanes < 0"}
@@ -31,17 +32,33 @@ LOAD = {Bank.F32: "t.load_f32(p{j}, {dt}, {idx}, {mask})", Bank.F64: "t.load_f64
         Bank.I64: "t.load_i64(p{j}, {dt}, {idx}, {mask})", Bank.B8: "t.load_b8(p{j}, {idx}, {mask})"}
 STORE = {Bank.F32: "t.store_f32(p{j}, {dt}, {idx}, {v}, {mask})", Bank.F64: "t.store_f64(p{j}, {idx}, {v}, {mask})",
          Bank.I64: "t.store_i64(p{j}, {dt}, {idx}, {v}, {mask})", Bank.B8: "t.store_b8(p{j}, {idx}, {v}, {mask})"}
+# a contiguous tile of one row (the fast path): an aligned base plus the lanes
+LOAD_ALIGNED = {Bank.F32: "va.load_f32_aligned(p{j}, {dt}, {idx}, {mask})",
+                Bank.F64: "va.load_f64_aligned(p{j}, {idx}, {mask})",
+                Bank.I64: "va.load_i64_aligned(p{j}, {dt}, {idx}, {mask})",
+                Bank.B8: "va.load_b8_aligned(p{j}, {idx}, {mask})"}
+STORE_ALIGNED = {Bank.F32: "va.store_f32_aligned(p{j}, {dt}, {idx}, {v}, {mask})",
+                 Bank.F64: "va.store_f64_aligned(p{j}, {idx}, {v}, {mask})",
+                 Bank.I64: "va.store_i64_aligned(p{j}, {dt}, {idx}, {v}, {mask})",
+                 Bank.B8: "va.store_b8_aligned(p{j}, {idx}, {v}, {mask})"}
+VEC = 4   # lanes per thread at TILE = 1024 and 8 warps: the fast path's element alignment
 
 
 def structure_key(kl: KernelLayout) -> str:
-    """The structure of a kernel block: everything the generated source depends on, never a size."""
+    """The structure of a kernel block: everything the generated source depends on (DVM_GPU_VECTOR
+    among it), never a size."""
     h = hashlib.sha256()
     for part in (kl.instrs, np.array(kl.prologue), np.array([w for sw in kl.sweeps for p in sw for w in p]),
                  kl.opnd_kind, kl.opnd_arg, kl.opnd_dtype, kl.const_bank, np.array(kl.nregs),
-                 np.array([len(kl.row_sizes), len(kl.col_sizes), abi.TILE, GENERATOR_VERSION])):
+                 np.array([len(kl.row_sizes), len(kl.col_sizes), abi.TILE, GENERATOR_VERSION, config().gpu_vector])):
         h.update(np.ascontiguousarray(part, np.int64).tobytes())
         h.update(b"|")
     return h.hexdigest()[:20]
+
+
+def _full_index(j: int) -> str:
+    """Operand j's element index over a contiguous tile of one row (body()'s fast path)."""
+    return f"tl.multiple_of(off{j} + ras{j} + ct * bnv, {VEC}) + lanes"
 
 
 def _r(bank: Bank, r: int) -> str:
@@ -72,15 +89,16 @@ class _Source:
             for d in range(self.nr + self.nc):
                 e(1, f"s{j}_{d} = tl.load(o{j} + O_STRIDES + {d})")
 
-    def digits(self, depth: int, var: str, first: int, n: int, prefix: str) -> None:
-        """prefix{d} = digit d of the flat index `var` over dims [first, first + n)."""
+    def digits(self, depth: int, var: str, first: int, n: int, prefix: str, q: str = "q") -> None:
+        """prefix{d} = digit d of the flat index `var` over dims [first, first + n) (`q`: the
+        temporary, one per type: a variable keeps its type across a loop)."""
         if n == 0:
             return
-        self.emit(depth, f"q = {var}")
+        self.emit(depth, f"{q} = {var}")
         for d in range(first + n - 1, first, -1):
-            self.emit(depth, f"{prefix}{d} = q % n{d}")
-            self.emit(depth, f"q = q // n{d}")
-        self.emit(depth, f"{prefix}{first} = q")
+            self.emit(depth, f"{prefix}{d} = {q} % n{d}")
+            self.emit(depth, f"{q} = {q} // n{d}")
+        self.emit(depth, f"{prefix}{first} = {q}")
 
     def part_address(self, depth: int, first: int, n: int, prefix: str, name: str, empty: str) -> None:
         """name{j} = operand j's address term over dims [first, first + n); `empty` without dims."""
@@ -95,7 +113,8 @@ class _Source:
         f = [int(v) for v in kl.instrs[i, 1:]]
         regs = [_r(fld.bank, v) for v, fld in zip(f, spec.fields) if fld.is_reg]
         g, bank = spec.group, spec.bank
-        body = section == "B"
+        full = section == "V"   # the body over a contiguous tile of one row (body(): the fast path)
+        body = section == "B" or full
         mask = "rvalid & cvalid" if body else "rvalid"
         if g == "const":
             e(depth, f"{regs[0]} = {self.const(bank, i)}")
@@ -104,8 +123,15 @@ class _Source:
             idx = f"off{j} + ra{j} + ca{j}" if body else f"off{j} + ra{j}"
             if g == "index":
                 e(depth, f"{regs[0]} = {idx}")
+            elif full:
+                e(depth, f"{regs[0]} = " + LOAD_ALIGNED[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j),
+                                                                       mask="vmask"))
             else:
                 e(depth, f"{regs[0]} = " + LOAD[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=idx, mask=mask))
+        elif g == "store" and full:
+            j = f[1]
+            e(depth, STORE_ALIGNED[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j), v=regs[0],
+                                                mask="vmask"))
         elif g in ("store", "storerow"):
             j = f[1]
             idx, m = (f"off{j} + ra{j} + ca{j}", "rvalid & cvalid") if g == "store" and body else \
@@ -190,6 +216,34 @@ class _Source:
         for i in range(*rng):
             self.instr(depth, i, section)
 
+    def full_operands(self) -> list[int]:
+        """The operands a body loads or stores tile by tile, where body()'s fast path can serve
+        them (one column dim); [] where it cannot."""
+        kl, out = self.kl, set()
+        if self.nc != 1 or not config().gpu_vector:
+            return []
+        for sw in kl.sweeps:
+            for i in range(*sw.body):
+                if isa.BY_CODE[int(kl.instrs[i, 0])].group in ("load", "store"):
+                    out.add(int(kl.instrs[i, 2]))
+        return sorted(j for j in out if int(kl.opnd_kind[j]) == 0)
+
+    def body(self, depth: int, rng: tuple[int, int], full: list[int]) -> None:
+        """A sweep's body. With `full` operands, a tile of one row inside the columns whose
+        operands are all contiguous along the columns and aligned (a 16-byte base, offsets and
+        the tile width multiples of VEC: checked per kernel and item, `vec`) loads and stores
+        them with those facts as compiler hints (VEC lanes per thread at once); other tiles take
+        the general form. The same instructions either way: the same bits."""
+        if not full:
+            self.section(depth, rng, "B")
+            return
+        self.emit(depth, "if vec & ((ct + 1) * bn <= cols):")
+        self.emit(depth + 1, f"bnv = tl.multiple_of(bn, {VEC})")
+        self.emit(depth + 1, "vmask = lanes < bnv")
+        self.section(depth + 1, rng, "V")
+        self.emit(depth, "else:")
+        self.section(depth + 1, rng, "B")
+
     # -- the kernel ----------------------------------------------------------------------------
     def kernel(self, name: str) -> str:
         kl, e = self.kl, self.emit
@@ -209,6 +263,10 @@ class _Source:
         e(1, "pid = tl.program_id(0).to(tl.int64)")
         e(1, "grid = tl.num_programs(0).to(tl.int64)")
         self.section(1, kl.prologue, "P")
+        full = self.full_operands()
+        if full:   # body()'s fast path: what holds for every item
+            e(1, f"vecp = (bm == 1) & (bn % {VEC} == 0)" + "".join(
+                f" & (s{j}_{self.nr} == 1) & (off{j} % {VEC} == 0) & (p{j} % 16 == 0)" for j in full))
         e(1, "item = pid")
         e(1, "while item < items:")
         e(2, f"rb, lo, hi = interp._item(item, nct, {int(self.dec.tile_parallel)})")
@@ -216,6 +274,10 @@ class _Source:
         e(2, "rvalid = (li < bm) & (row < rows)")
         self.digits(2, "row", 0, self.nr, "rd")
         self.part_address(2, 0, self.nr, "rd", "ra", "0")
+        if full:   # (a tile of one row: its row addresses as scalars)
+            self.digits(2, "rb", 0, self.nr, "rs", "qs")
+            self.part_address(2, 0, self.nr, "rs", "ras", "0")
+            e(2, "vec = vecp" + "".join(f" & (ras{j} % {VEC} == 0)" for j in full))
         for sw in kl.sweeps:
             self.section(2, sw.init, "I")
             e(2, "for ct in range(lo, hi):")
@@ -224,7 +286,7 @@ class _Source:
             self.digits(3, "col", self.nr, self.nc, "cd")
             # (a tile of lanes even where no operand has a dim: a 0-d load or store is one per lane)
             self.part_address(3, self.nr, self.nc, "cd", "ca", "lj * 0")
-            self.section(3, sw.body, "B")
+            self.body(3, sw.body, full)
             e(3, "pass")
             e(2, "col = tl.full([TILE], 0, tl.int64)")
             e(2, "cvalid = lanes >= 0")
@@ -239,6 +301,7 @@ import triton
 import triton.language as tl
 
 from dvm.vm.gpu import interp, ops
+from dvm.vm.gpu import aligned as va
 from dvm.vm.gpu import tiles as t
 from dvm.vm.gpu.kabi import *  # noqa: F401,F403
 

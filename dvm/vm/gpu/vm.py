@@ -191,10 +191,10 @@ class BoundProgram:
 
 def _structure(kl) -> str:
     """The structure key of kl's stream (cached on the verifier's Stream)."""
-    derived = kl.stream.derived
-    key = derived.get("gpu_structure")
+    derived, name = kl.stream.derived, ("gpu_structure", config().gpu_vector)
+    key = derived.get(name)
     if key is None:
-        key = derived["gpu_structure"] = specialize.structure_key(kl)
+        key = derived[name] = specialize.structure_key(kl)
     return key
 
 
