@@ -6,7 +6,8 @@ VM's kernels take the same types at every launch (int64 arguments under do_not_s
 constexprs and options), so each resolves to one binary per device: after the first launch through
 the JIT function, that binary is launched with the call run() itself ends with
 (`CompiledKernel.run(grid, stream, function, metadata, launch metadata, hooks, *arguments)`,
-Triton 3.6-3.9; the launch hooks, a profiler's, are passed as run() passes them). The JIT
+Triton 3.6-3.9; the launch hooks, a profiler's, are passed as run() passes them, and left out
+with their launch metadata where none is registered). The JIT
 function launches instead in Triton's interpreter mode, and for good once a direct launch raised
 (counted: gpu_direct_launch_failed).
 """
@@ -39,11 +40,14 @@ class Launcher:
             if binary is not None:
                 compiled, run, function, metadata = binary
                 hooks = triton.knobs.runtime
+                enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
                 stream = driver.get_current_stream(device)
                 try:
-                    launch_metadata = compiled.launch_metadata((grid, 1, 1), stream, *args, *self.tail)
-                    run(grid, 1, 1, stream, function, metadata, launch_metadata, hooks.launch_enter_hook,
-                        hooks.launch_exit_hook, *args, *self.tail)
+                    if _unhooked(enter) and _unhooked(leave):   # (the launcher calls neither)
+                        run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *self.tail)
+                    else:
+                        launch_metadata = compiled.launch_metadata((grid, 1, 1), stream, *args, *self.tail)
+                        run(grid, 1, 1, stream, function, metadata, launch_metadata, enter, leave, *args, *self.tail)
                     return
                 except Exception:
                     self.direct = False
@@ -54,6 +58,11 @@ class Launcher:
                 self.binaries[device] = (compiled, compiled.run, compiled.function, compiled.packed_metadata)
             return
         self.fn[(grid,)](*args, **self.constexprs, **self.options)
+
+
+def _unhooked(hook) -> bool:
+    """No launch hook to call: None, or an empty HookChain (Triton 3.6-3.9's default)."""
+    return hook is None or getattr(hook, "calls", None) == []
 
 
 def launcher(fn, constexprs: dict, options: dict) -> Launcher:
