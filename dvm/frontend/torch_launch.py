@@ -271,14 +271,17 @@ class TensorLauncher:
             counters.bump_cached_launch()
         return call
 
+    def _on_device(self, env: dict, tensors, into, vm: str, device: torch.device | None = None) -> list:
+        outs = graph_launcher(self.graph)(env, tensors, vm, device)
+        return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
+
     def __call__(self, env: dict, tensors: Sequence[torch.Tensor], into=None,
                  device: torch.device | None = None) -> list[torch.Tensor]:
         """into: optional tensors to write the outputs into (see _TensorLaunch; lazy mode's
         placeholders). device: where the outputs belong when that is not the host and the
         tensors may not say so (no inputs, or 0-d host scalars only): the device VM runs there."""
         if device is not None:
-            outs = graph_launcher(self.graph)(env, tensors, GPU_VM, device)
-            return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
+            return self._on_device(env, tensors, into, GPU_VM, device)
         last = self._last
         if last is not None and last[2].same(*tensors) and last[0] == tuple(env.values()) and \
                 last[1] == config().vm:
@@ -291,8 +294,7 @@ class TensorLauncher:
             return fast(tensors, True, into)
         device_vm = vm_for(tensors)
         if device_vm is not None:   # CUDA tensors (or a device VM selected): frontend/gpu_arrays
-            outs = graph_launcher(self.graph)(env, tensors, device_vm)
-            return outs if into is None else [o if t is None else t.copy_(o) for t, o in zip(into, outs)]
+            return self._on_device(env, tensors, into, device_vm)
         flagged = neg_or_conj(tensors)
         plain = resolved(tensors, flagged) if flagged else tensors
         arrays = [c(t) for c, t in zip(self.convert, plain)]

@@ -76,8 +76,6 @@ def specialised_usage(layout, arch: int = 90) -> list[dict]:
     compiled for sm_<arch> as the tier manager would: its resources, compile seconds and the
     vector (2- or 4-lane) global loads and stores in its PTX. A kernel Triton cannot compile
     raises (its CompilationError)."""
-    import importlib.util
-
     from . import specialize
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,10 +83,7 @@ def specialised_usage(layout, arch: int = 90) -> list[dict]:
             path = os.path.join(tmp, f"dvm_specialised_{i}.py")
             with open(path, "w") as f:
                 f.write(specialize.source(kl))
-            spec = importlib.util.spec_from_file_location(f"dvm_specialised_{i}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            compiled, seconds = compile_kernel(arch, fn=getattr(module, specialize.KERNEL_NAME))
+            compiled, seconds = compile_kernel(arch, fn=specialize.kernel_from(path))
             ptx = compiled.asm["ptx"]
             out.append({"kernel": i, "compile_s": round(seconds, 2), **resource_usage(compiled.asm["cubin"]),
                         "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", ptx)),

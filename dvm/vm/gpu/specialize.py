@@ -13,6 +13,8 @@ tile).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
 
 import numpy as np
 
@@ -28,19 +30,12 @@ GENERATOR_VERSION = 2
 REG = {Bank.F32: "f", Bank.F64: "d", Bank.I64: "i", Bank.B8: "b"}
 ZERO = {Bank.F32: "tl.full([TILE], 0, tl.float32)", Bank.F64: "tl.full([TILE], 0, tl.float64)",
         Bank.I64: "tl.full([TILE], 0, tl.int64)", Bank.B8: "lanes < 0"}
-LOAD = {Bank.F32: "t.load_f32(p{j}, {dt}, {idx}, {mask})", Bank.F64: "t.load_f64(p{j}, {idx}, {mask})",
-        Bank.I64: "t.load_i64(p{j}, {dt}, {idx}, {mask})", Bank.B8: "t.load_b8(p{j}, {idx}, {mask})"}
-STORE = {Bank.F32: "t.store_f32(p{j}, {dt}, {idx}, {v}, {mask})", Bank.F64: "t.store_f64(p{j}, {idx}, {v}, {mask})",
-         Bank.I64: "t.store_i64(p{j}, {dt}, {idx}, {v}, {mask})", Bank.B8: "t.store_b8(p{j}, {idx}, {v}, {mask})"}
-# a contiguous tile of one row (the fast path): an aligned base plus the lanes
-LOAD_ALIGNED = {Bank.F32: "va.load_f32_aligned(p{j}, {dt}, {idx}, {mask})",
-                Bank.F64: "va.load_f64_aligned(p{j}, {idx}, {mask})",
-                Bank.I64: "va.load_i64_aligned(p{j}, {dt}, {idx}, {mask})",
-                Bank.B8: "va.load_b8_aligned(p{j}, {idx}, {mask})"}
-STORE_ALIGNED = {Bank.F32: "va.store_f32_aligned(p{j}, {dt}, {idx}, {v}, {mask})",
-                 Bank.F64: "va.store_f64_aligned(p{j}, {idx}, {v}, {mask})",
-                 Bank.I64: "va.store_i64_aligned(p{j}, {dt}, {idx}, {v}, {mask})",
-                 Bank.B8: "va.store_b8_aligned(p{j}, {idx}, {v}, {mask})"}
+LOAD = {Bank.F32: "t.load_f32(p{j}, {dt}, {idx}, {mask}{a})", Bank.F64: "t.load_f64(p{j}, {idx}, {mask}{a})",
+        Bank.I64: "t.load_i64(p{j}, {dt}, {idx}, {mask}{a})", Bank.B8: "t.load_b8(p{j}, {idx}, {mask}{a})"}
+STORE = {Bank.F32: "t.store_f32(p{j}, {dt}, {idx}, {v}, {mask}{a})",
+         Bank.F64: "t.store_f64(p{j}, {idx}, {v}, {mask}{a})",
+         Bank.I64: "t.store_i64(p{j}, {dt}, {idx}, {v}, {mask}{a})", Bank.B8: "t.store_b8(p{j}, {idx}, {v}, {mask}{a})"}
+ALIGNED = ", True"   # {a} on the fast path (tiles.py's ALIGNED); "" elsewhere
 VEC = 4   # lanes per thread at TILE = 1024 and 8 warps: the fast path's element alignment
 
 
@@ -124,19 +119,19 @@ class _Source:
             if g == "index":
                 e(depth, f"{regs[0]} = {idx}")
             elif full:
-                e(depth, f"{regs[0]} = " + LOAD_ALIGNED[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j),
-                                                                       mask="vmask"))
+                e(depth, f"{regs[0]} = " + LOAD[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j),
+                                                               mask="vmask", a=ALIGNED))
             else:
-                e(depth, f"{regs[0]} = " + LOAD[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=idx, mask=mask))
+                e(depth, f"{regs[0]} = " + LOAD[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=idx, mask=mask, a=""))
         elif g == "store" and full:
             j = f[1]
-            e(depth, STORE_ALIGNED[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j), v=regs[0],
-                                                mask="vmask"))
+            e(depth, STORE[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=_full_index(j), v=regs[0], mask="vmask",
+                                        a=ALIGNED))
         elif g in ("store", "storerow"):
             j = f[1]
             idx, m = (f"off{j} + ra{j} + ca{j}", "rvalid & cvalid") if g == "store" and body else \
                 (f"off{j} + ra{j}", "rvalid & cvalid & (lj == 0)")
-            e(depth, STORE[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=idx, v=regs[0], mask=m))
+            e(depth, STORE[bank].format(j=j, dt=int(kl.opnd_dtype[j]), idx=idx, v=regs[0], mask=m, a=""))
         elif g == "cast":
             e(depth, f"{regs[0]} = {self.cast(spec, regs[1], f[2])}")
         elif g == "ew":
@@ -301,12 +296,19 @@ import triton
 import triton.language as tl
 
 from dvm.vm.gpu import interp, ops
-from dvm.vm.gpu import aligned as va
 from dvm.vm.gpu import tiles as t
 from dvm.vm.gpu.kabi import *  # noqa: F401,F403
 
 
 '''
+
+
+def kernel_from(path: str):
+    """The specialised kernel of a generated source file, imported as a module of its own name."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, KERNEL_NAME)
 
 
 def source(kl: KernelLayout) -> str:

@@ -9,7 +9,6 @@ States: new -> queued -> ready -> trusted | rejected; a generation or compile er
 step is counted (gpu_tier_* in dvm.counters()); `report()` lists the structures.
 """
 import hashlib
-import importlib.util
 import os
 import queue
 import threading
@@ -20,6 +19,7 @@ import numpy as np
 from ...config import config
 from ...runtime import counters
 from . import abi, specialize
+from .launcher import launcher
 
 NEW, QUEUED, READY, TRUSTED, REJECTED, FAILED = "new", "queued", "ready", "trusted", "rejected", "failed"
 BYTES_BLOCK = 1024
@@ -31,6 +31,7 @@ class Tier:
     launches: int = 0
     state: str = NEW
     kernel: object = None          # the specialised JIT function, once ready
+    launch: object = None          # its launcher.Launcher
     error: str = ""
     path: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -123,13 +124,10 @@ class TierManager:
             with open(tmp, "w") as f:
                 f.write(src)
             os.replace(tmp, path)
-        name = f"dvm_gpu_{tier.key}_{hashlib.sha256(src.encode()).hexdigest()[:8]}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
         tier.path = path
-        kernel = getattr(module, specialize.KERNEL_NAME)
+        kernel = specialize.kernel_from(path)
         args, options = compile_args
+        tier.launch = launcher(kernel, {"TILE": abi.TILE}, abi.OPTIONS)
         warmup = getattr(kernel, "warmup", None)
         if warmup is not None:
             warmup(*args, grid=(1,), **options)

@@ -100,62 +100,74 @@ def operand(blk, j):
 
 
 # --- typed memory ---------------------------------------------------------------------------------
+# ALIGNED (specialised kernels' fast path under DVM_GPU_VECTOR, specialize.body()): the caller
+# checked at run time that addr is 16-byte aligned, idx is a multiple of 4 plus tl.arange and the
+# mask is lanes < a multiple of 4; given as compiler hints, they let it move 4 lanes per thread at
+# once (16-byte accesses for f32, 8-byte for bf16).
 @triton.jit
-def load_f32(addr, dt, idx, mask):
+def _ptr(addr, ty: tl.constexpr, ALIGNED: tl.constexpr):
+    p = addr.to(tl.pointer_type(ty))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit
+def load_f32(addr, dt, idx, mask, ALIGNED: tl.constexpr = False):
     if dt == DT_F32:
-        v = tl.load(addr.to(tl.pointer_type(tl.float32)) + idx, mask=mask, other=0.0)
+        v = tl.load(_ptr(addr, tl.float32, ALIGNED) + idx, mask=mask, other=0.0)
     elif dt == DT_BF16:
-        v = ops.bf16_value(tl.load(addr.to(tl.pointer_type(tl.int16)) + idx, mask=mask, other=0))
+        v = ops.bf16_value(tl.load(_ptr(addr, tl.int16, ALIGNED) + idx, mask=mask, other=0))
     else:
-        v = tl.load(addr.to(tl.pointer_type(tl.float16)) + idx, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(_ptr(addr, tl.float16, ALIGNED) + idx, mask=mask, other=0.0).to(tl.float32)
     return v
 
 
 @triton.jit
-def store_f32(addr, dt, idx, v, mask):
+def store_f32(addr, dt, idx, v, mask, ALIGNED: tl.constexpr = False):
     if dt == DT_F32:
-        tl.store(addr.to(tl.pointer_type(tl.float32)) + idx, v, mask=mask)
+        tl.store(_ptr(addr, tl.float32, ALIGNED) + idx, v, mask=mask)
     elif dt == DT_BF16:
-        tl.store(addr.to(tl.pointer_type(tl.int16)) + idx, ops.bf16_bits(v), mask=mask)
+        tl.store(_ptr(addr, tl.int16, ALIGNED) + idx, ops.bf16_bits(v), mask=mask)
     else:
-        tl.store(addr.to(tl.pointer_type(tl.float16)) + idx, ops.to_f16(v), mask=mask)
+        tl.store(_ptr(addr, tl.float16, ALIGNED) + idx, ops.to_f16(v), mask=mask)
 
 
 @triton.jit
-def load_f64(addr, idx, mask):
-    return tl.load(addr.to(tl.pointer_type(tl.float64)) + idx, mask=mask, other=0.0)
+def load_f64(addr, idx, mask, ALIGNED: tl.constexpr = False):
+    return tl.load(_ptr(addr, tl.float64, ALIGNED) + idx, mask=mask, other=0.0)
 
 
 @triton.jit
-def store_f64(addr, idx, v, mask):
-    tl.store(addr.to(tl.pointer_type(tl.float64)) + idx, v, mask=mask)
+def store_f64(addr, idx, v, mask, ALIGNED: tl.constexpr = False):
+    tl.store(_ptr(addr, tl.float64, ALIGNED) + idx, v, mask=mask)
 
 
 @triton.jit
-def load_i64(addr, dt, idx, mask):
+def load_i64(addr, dt, idx, mask, ALIGNED: tl.constexpr = False):
     if dt == DT_I32:
-        v = tl.load(addr.to(tl.pointer_type(tl.int32)) + idx, mask=mask, other=0).to(tl.int64)
+        v = tl.load(_ptr(addr, tl.int32, ALIGNED) + idx, mask=mask, other=0).to(tl.int64)
     else:
-        v = tl.load(addr.to(tl.pointer_type(tl.int64)) + idx, mask=mask, other=0)
+        v = tl.load(_ptr(addr, tl.int64, ALIGNED) + idx, mask=mask, other=0)
     return v
 
 
 @triton.jit
-def store_i64(addr, dt, idx, v, mask):
+def store_i64(addr, dt, idx, v, mask, ALIGNED: tl.constexpr = False):
     if dt == DT_I32:
-        tl.store(addr.to(tl.pointer_type(tl.int32)) + idx, v.to(tl.int32), mask=mask)
+        tl.store(_ptr(addr, tl.int32, ALIGNED) + idx, v.to(tl.int32), mask=mask)
     else:
-        tl.store(addr.to(tl.pointer_type(tl.int64)) + idx, v, mask=mask)
+        tl.store(_ptr(addr, tl.int64, ALIGNED) + idx, v, mask=mask)
 
 
 @triton.jit
-def load_b8(addr, idx, mask):
-    return tl.load(addr.to(tl.pointer_type(tl.int8)) + idx, mask=mask, other=0) != 0
+def load_b8(addr, idx, mask, ALIGNED: tl.constexpr = False):
+    return tl.load(_ptr(addr, tl.int8, ALIGNED) + idx, mask=mask, other=0) != 0
 
 
 @triton.jit
-def store_b8(addr, idx, v, mask):
-    tl.store(addr.to(tl.pointer_type(tl.int8)) + idx, v.to(tl.int8), mask=mask)
+def store_b8(addr, idx, v, mask, ALIGNED: tl.constexpr = False):
+    tl.store(_ptr(addr, tl.int8, ALIGNED) + idx, v.to(tl.int8), mask=mask)
 
 
 # --- reductions over a tile's columns ---------------------------------------------------------------

@@ -46,6 +46,8 @@ class _Kernels:
         self.tracked = 0
         self.lock = threading.Lock()
         self._spill_grid: int | None = None
+        self.launchers = {name: launcher(self.kernel, {"TILE": abi.TILE, "HOT_D": hot_d, "HOT_I": hot_i}, abi.OPTIONS)
+                          for name, (_, hot_d, hot_i, _) in abi.VARIANTS.items()}
 
     def spill_grid(self) -> int:
         if self._spill_grid is None:
@@ -71,7 +73,7 @@ class _Kernels:
             with self.lock:
                 self.tracked += 1
                 self.signatures.add(tuple(type(a).__name__ for a in args) + (abi.TILE, hot_d, hot_i, abi.NUM_WARPS))
-        launcher(self.kernel, {"TILE": abi.TILE, "HOT_D": hot_d, "HOT_I": hot_i}, abi.OPTIONS)(grid, args)
+        self.launchers[variant](grid, args)
 
 
 _KERNELS: _Kernels | None = None
@@ -148,7 +150,7 @@ class BoundProgram:
         return [*addrs, *[self.scratch_addr] * (abi.N_SLOTS - n), self.scratch_addr, self.scratch_addr], None
 
     def _specialised(self, plan: "_Plan", slots: list[int]) -> None:
-        launcher(plan.tier.kernel, {"TILE": abi.TILE}, abi.OPTIONS)(plan.grid, [plan.block, *slots])
+        plan.tier.launch(plan.grid, [plan.block, *slots])
 
     def __call__(self, addrs: Sequence[int]) -> None:
         if 0 in addrs:   # (an empty buffer may have no storage: every argument stays a large int64)
