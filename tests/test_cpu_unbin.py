@@ -4,10 +4,12 @@ the first result on either side, the constant on either side) and refuses those 
 result is read again, whose other operand is not a full tile (a row vector, a row's statistic, a
 constant) or whose B a run of its own takes; the fused runs give bitwise what the instructions
 give one by one, on 1 and 2 threads, with NaN, infinities, -0.0 and values outside exp's one-step
-range (the out-of-range re-runs) in the data, partial tiles, operands that are views (the load
-then copies: no fusion) and results that reuse their first op's source register (a math op's
-refused at run time unless written straight into the output; a constant's computed over that
-tile). Written over an input (runtime/in_place's updates): tests/test_in_place."""
+range (the out-of-range re-runs) in the data, partial tiles, operands that are views (rows not
+back to back: z read row by row where it is dead after the run and the tile holds whole rows, as
+the two halves of a gate-and-up product's rows; else the load copies and nothing fuses) and
+results that reuse their first op's source register (a math op's refused at run time unless
+written straight into the output; a constant's computed over that tile). Written over an input
+(runtime/in_place's updates): tests/test_in_place."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +19,8 @@ import dvm
 from dvm.codegen.verifier import verify
 from dvm.vm import reference
 from dvm.vm.cpu.host import desc as cpu_desc
-from dvm.vm.cpu.abi import FK_ADDSUM, FK_UNBIN, FUSED_BIN, FUSED_UN, NO_LOAD, UNBIN_C_SHIFT, UNBIN_SWAP
+from dvm.vm.cpu.abi import (FK_ADDSUM, FK_UNBIN, FUSED_BIN, FUSED_UN, NO_LOAD, UNBIN_C_SHIFT, UNBIN_SWAP,
+                            UNBIN_ZDEAD)
 
 from test_cpu_fused import _kinds, _same, _threads, _unfused
 from test_cpu_vm import run_on
@@ -145,9 +148,9 @@ def _data(shape):
 def test_plan_finds_the_runs():
     a = np.ones((8, 64), np.float32)
     (run,) = _plans(_pair("silu", "mul", True), a, a)
-    assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == 0   # load between, t first
+    assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == UNBIN_ZDEAD   # load between, t first
     (run,) = _plans(_pair("exp", "sub", False), a, a)
-    assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == 1   # z - exp(x): swapped
+    assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == UNBIN_SWAP | UNBIN_ZDEAD   # z - exp(x)
     (run,) = _plans(_reuse("tanh", "add"), a, a)
     assert run[2] == run[5]   # y is x's register
     assert _plans(math_live, a, a) == [] and _plans(square, a) == []
@@ -181,6 +184,39 @@ def test_fused_pairs_match_unfused(shape):
                 assert _same(run_on(_threads(n), kfn, a, b)[0], want), (kfn, shape, a.strides, n)
             ref = run_on(reference.run, kfn, a, b)[0]
             np.testing.assert_allclose(want, ref, rtol=2e-6, atol=1e-6, equal_nan=True, err_msg=str(kfn))
+
+
+@dvm.kernel
+def z_live(k, x, z):
+    """exp(x) * z, and z read again after the run: z's load stays a load (no UNBIN_ZDEAD)."""
+    zv = k.load(z)
+    y = k.mul(k.exp(k.load(x)), zv)
+    return k.store(k.add(y, zv))
+
+
+def test_plan_marks_a_dead_z():
+    a = np.ones((8, 64), np.float32)
+    for kfn in PAIRS + [k for k in SCALED if k is not scaled_reuse]:
+        (run,) = _plans(kfn, a, a)
+        assert run[6] == NO_LOAD or run[7] & UNBIN_ZDEAD, kfn
+    (run,) = _plans(z_live, a, a)
+    assert not run[7] & UNBIN_ZDEAD
+
+
+@pytest.mark.parametrize("rows,half", [(64, 256), (67, 256), (3, 1024), ((2, 5), 128), (1, 4096)])
+def test_row_strided_z_matches_unfused(rows, half):
+    """x and z the two halves of each row of one array (a gate-and-up product's SiLU(g) * u): z's
+    rows are read where they lie; rows past the last row block's end clamp to the last row."""
+    shape = (*rows, 2 * half) if isinstance(rows, tuple) else (rows, 2 * half)
+    both, _ = _data(shape)
+    x, z = both[..., :half], both[..., half:]
+    for kfn in PAIRS + SCALED + [z_live]:
+        with _unfused(kfn, x, z):
+            want = run_on(_threads(1), kfn, x, z)[0]
+        for n in (1, 2):
+            assert _same(run_on(_threads(n), kfn, x, z)[0], want), (kfn, shape, n)
+        ref = run_on(reference.run, kfn, x, z)[0]
+        np.testing.assert_allclose(want, ref, rtol=2e-6, atol=1e-6, equal_nan=True, err_msg=str(kfn))
 
 
 def test_bench_chains_fuse_and_match_unfused():

@@ -104,11 +104,12 @@ PEEP_LATER = -2   # peep[pc] <= PEEP_LATER: operand PEEP_LATER - peep[pc] stores
 FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops a run may start with
 FUSED_BIN = ("add", "sub", "mul")                       # and the op that consumes it
 # FK_UNBIN's last field: UNBIN_SWAP (B's operands swapped) | UNBIN_USWAP (U's: c U x) |
-# (c + 1) << UNBIN_C_SHIFT, c the register of the prologue's value (a constant) that a U in
-# FUSED_BIN takes besides x; c + 1 = 0 for a math op U
+# UNBIN_ZDEAD (the loaded z is dead after the run) | (c + 1) << UNBIN_C_SHIFT, c the register of
+# the prologue's value (a constant) that a U in FUSED_BIN takes besides x; c + 1 = 0 for a math op U
 UNBIN_SWAP = 1
 UNBIN_USWAP = 2
-UNBIN_C_SHIFT = 2
+UNBIN_ZDEAD = 4
+UNBIN_C_SHIFT = 3
 # FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r)
 ROT_R_SWAP = 1
 ROT_Y_SWAP = 2

@@ -18,7 +18,8 @@ import numpy as np
 from ....codegen import isa
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
                    FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
-                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP)
+                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP,
+                   UNBIN_ZDEAD)
 from .fuse_flow import Flow, is_op, self_contained, writes_in
 from .fuse_rotary import rotary
 
@@ -170,8 +171,8 @@ def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> boo
 
 def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
-    NO_LOAD, swap | uswap | (c + 1) << UNBIN_C_SHIFT) for U in FUSED_UN (c = -1) or U = `op t, x, c`
-    (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant: a scaling
+    NO_LOAD, swap | uswap | zdead | (c + 1) << UNBIN_C_SHIFT) for U in FUSED_UN (c = -1) or U =
+    `op t, x, c` (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant: a scaling
     before a sum, an optimizer's `b * 0.9 + g`) and x not row-level, B in FUSED_BIN, when t is dead
     after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin). A binary U
     leaves B to a run that starts at B (B and a sum after it, say)."""
@@ -202,8 +203,9 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
         return None
     if c >= 0 and any(find(instrs, specs, flow, k, sec) for find in _TILE_RUNS if find is not _un_then_bin):
         return None
+    zdead = load is not None and (z == y or flow.dead_after(z, pc, k + 1, sec))
     return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD,
-            (UNBIN_SWAP if a != t else 0) | uswap | (c + 1) << UNBIN_C_SHIFT]
+            (UNBIN_SWAP if a != t else 0) | uswap | (UNBIN_ZDEAD if zdead else 0) | (c + 1) << UNBIN_C_SHIFT]
 
 
 def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:

@@ -7,7 +7,10 @@ constant, and the add, sub or mul that consumes it, in one pass of the CPU VM.
 U is exp, sigmoid, SiLU, tanh or GELU, or add, sub or mul of a full tile and a register only the
 prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled residual); t is dead after
 the run (the plan checked), so it is never written, and z is a full tile: a register, or the
-operand the run's load would read in place (a contiguous f32 tile). One loop reads x and z and
+operand the run's load would read in place: a contiguous f32 tile, or, when z is dead after the
+run and no output of the launch overlaps an input, the tile's rows wherever they lie (whole rows
+of the tile at any row stride, as the halves of a gate-and-up product's rows; rows past the
+domain read its last row, as the load's clamped lanes do). One loop reads x and z and
 writes y: where the two instructions made two passes over a tile (the math one compute-bound,
 the other memory-bound with the tile of t in L2), every element now goes through both in
 registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
@@ -27,12 +30,12 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DEC_OP, M_BM, M_BN, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH,
-                    PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL, UNBIN_C_SHIFT, UNBIN_SWAP,
-                    UNBIN_USWAP)
+from ...abi import (DEC_OP, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL,
+                    OP_SIGMOID, OP_SILU, OP_TANH, PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL,
+                    UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_ZDEAD)
 from .. import frame as fm
 from .. import ops
-from ..addr import direct_addr, freg
+from ..addr import direct_addr, freg, row_addrs
 from ..bits import OPTS, ptr_f32
 from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, sigmoid_given, sigmoidf, tanhf
 from ..mathf_ext import geluf
@@ -111,12 +114,42 @@ def _scaled_bin(uop, uswap, c, bop, swap, o, x, z, at):
             o[k] = _bin3(bop, swap, _bin3(uop, uswap, x[k], c), z[k])
 
 
+@njit(**OPTS)
+def _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0):
+    """ix[:BM] = the addresses of lane c0 of the tile's rows in operand j, rows past the domain
+    the last row's (the load's clamping), when the tile holds whole rows of BN valid lanes and j's
+    rows can be addressed (addr.row_addrs); else False."""
+    bm, bn = meta[M_BM], meta[M_BN]
+    nrows = min(bm, meta[M_ROWS] - r0)
+    if meta[M_COLS] - c0 < bn or nrows <= 0 or ix.shape[0] < bm:
+        return False
+    if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
+        return False
+    for r in range(nrows, bm):
+        ix[r] = ix[nrows - 1]
+    return True
+
+
+@njit(**OPTS)
+def _rows_bin(uop, uswap, cv, bop, swap, y, x, ix, bm, bn, scaled, at):
+    """The run over a tile whose z rows (BN lanes each) lie at the addresses ix[:bm]: _scaled_bin
+    (scaled) or _un_bin, row by row."""
+    for r in range(bm):
+        z = carray(ptr_f32(ix[r]), bn)
+        lo, hi = r * bn, (r + 1) * bn
+        if scaled:
+            _scaled_bin(uop, uswap, cv, bop, swap, y[lo:hi], x[lo:hi], z, at)
+        else:
+            _un_bin(uop, bop, swap, y[lo:hi], x[lo:hi], z)
+
+
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap | uswap | (c + 1) << UNBIN_C_SHIFT), o: the load's
     operand or NO_LOAD, c: U's constant operand (the prologue's) or -1 (a math op U). Returns the
     instructions done (the store after the run too when y is written straight into its tile), 0
-    when x or z is not a full tile here, the load's tile is not one contiguous run, or a math op's
+    when x or z is not a full tile here, the load's tile can be read in place neither as one
+    contiguous run nor row by row (_clamped_rows: z dead after the run, no overlaps), or a math op's
     y would be written over x or z (a loop whose output may alias an input does not vectorize: the
     two instructions are faster then)."""
     peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
@@ -127,10 +160,12 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
         return 0
     if c >= 0 and st[0, c] != RS_UNIFORM and st[0, c] != RS_UNIFORM_ALL and st[0, c] != RS_COMPACT:
         return 0   # (the prologue's value: the same in every lane it holds, whatever its state)
-    pz = 0
+    pz, zrows, ix = 0, False, fm.ix(fr)
     if j != NO_LOAD:
         pz = direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok else 0
-        if pz == 0:
+        zrows = pz == 0 and fr[FR_AOK] == 1 and (fz[pc, 7] & UNBIN_ZDEAD) != 0 and \
+            _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0)
+        if pz == 0 and not zrows:
             return 0
     last = pc + n - 1
     js = peep[last]   # as B's own dispatch (jit/interp): y written into the tile of the store after
@@ -141,19 +176,21 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     xv = freg(F, fp, x)
     zv = carray(ptr_f32(pz), lanes) if pz != 0 else freg(F, fp, z)
     out = po if po != 0 else F[y].ctypes.data
-    at = AT_X if out == xv.ctypes.data else (AT_Z if out == zv.ctypes.data else AT_NEW)
+    at = AT_X if out == xv.ctypes.data else (AT_Z if out == zv.ctypes.data and not zrows else AT_NEW)
     if at != AT_NEW and c < 0:
         return 0
     cv = freg(F, fp, c)[0] if c >= 0 else np.float32(0)
     fp[t] = 0   # t is dead after the run: left as a full tile, never written
     st[0, t] = RS_FULL
-    if pz != 0:   # z as the load leaves it (y below, if it is z's register)
+    if pz != 0 or zrows:   # z as the load leaves it, or dead (y below, if it is z's register)
         fp[z] = pz
         st[0, z] = RS_FULL
     fp[y] = po
     st[0, y] = RS_FULL
     uop, bop, yv = dec[instrs[pc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], freg(F, fp, y)[:lanes]
-    if c >= 0:
+    if zrows:
+        _rows_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], ix, meta[M_BM], meta[M_BN], c >= 0, at)
+    elif c >= 0:
         _scaled_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], zv[:lanes], at)
     else:
         _un_bin(uop, bop, swap, yv, xv[:lanes], zv[:lanes])
