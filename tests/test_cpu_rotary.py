@@ -1,8 +1,10 @@
-"""The CPU VM's rotary row form (FK_ROTARY: host/fuse_plan._rotary, jit/fused/rotary): planned for
+"""The CPU VM's rotary row form (FK_ROTARY: host/fuse_rotary, jit/fused/rotary): planned for
 y = x * cos + (x_swapped * sign) * sin as the torch frontend writes RoPE (halves swapped by a view
-of negative stride), in either operand order; bitwise the reference VM's on 1 and 2 threads,
-with special values, partial tiles and operands the form refuses at run time (the instructions
-then run)."""
+of negative stride), in either operand order, and for q's and k's rotations in one kernel that
+share the loads of cos, the signs and sin (the second reads their rows itself: ROT_THEN on the
+first); bitwise the reference VM's on 1 and 2 threads, with special values, partial tiles and
+operands the form refuses at run time (the instructions then run; for a ROT_THEN pair, both
+runs' instructions where the second's operands are refused)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +12,8 @@ import pytest
 
 import dvm
 from dvm.codegen.verifier import verify
-from dvm.vm.cpu.abi import FK_ROTARY, ROT_R_SWAP, ROT_Y_SWAP
+from dvm.graph import build
+from dvm.vm.cpu.abi import FK_ROTARY, ROT_R_SWAP, ROT_THEN, ROT_Y_SWAP
 from dvm.vm.cpu.host import desc as cpu_desc
 
 from test_cpu_layouts import RNG, _bitwise_as_reference
@@ -82,3 +85,54 @@ def test_rope_operands_the_row_form_refuses_run_the_instructions():
     wide = RNG.standard_normal((2, 48, 4, 2, 32)).astype(np.float32)[..., ::2]
     _bitwise_as_reference(rope, wide, wide[:, :, :, ::-1, :], cos, sgn, sin, why=("strided lanes",))
     assert _rotary_plans(rope, wide, wide[:, :, :, ::-1, :], cos, sgn, sin) == [(FK_ROTARY, 0)]
+
+
+QK_HEADS, QK_HEAD = 4, 16
+
+
+def _heads(k, x, which: int, step: int = 1):
+    """Head block `which` of a projection's rows (every `step`-th column) as [b, n, heads, 2,
+    d/2], and the same with its halves swapped (a view of negative stride)."""
+    b, n = x.node.shape[0], x.node.shape[1]
+    v = build.slice_view(k.ctx, x.node, 2, which * QK_HEADS * QK_HEAD * step, QK_HEADS * QK_HEAD, step)
+    v = build.reshape(k.ctx, v, (b, n, QK_HEADS, 2, QK_HEAD // 2))
+    return k._wrap(v), k._wrap(build.slice_view(k.ctx, v, 3, 1, 2, -1))
+
+
+def _rope_qk(k_step: int):
+    """q's and k's rotations from one projection, sharing the loads of cos, the signs and sin (as
+    the torch frontend lowers them for equal head counts: one kernel); k's columns every k_step-th
+    (2: its rows have no unit column stride, so the row form refuses k's run)."""
+    def kern(k, qkv, cos, sgn, sin):
+        x = k.load(qkv)
+        c, g, s = k.load(cos), k.load(sgn), k.load(sin)
+        (q, qs), (kk, ks) = _heads(k, x, 0), _heads(k, x, 1, k_step)
+        return k.store(q * c + (qs * g) * s), k.store(kk * c + (ks * g) * s)
+    kern.__name__ = f"rope_qk_{k_step}"
+    return dvm.kernel(kern)
+
+
+ROPE_QK, ROPE_QK_STRIDED_K = _rope_qk(1), _rope_qk(2)
+
+
+def _qk_args(b, length):
+    qkv = RNG.standard_normal((b, length, 5 * QK_HEADS * QK_HEAD + 8)).astype(np.float32)
+    _, _, cos, sgn, sin = _rope_args(b, length, QK_HEADS, QK_HEAD)
+    return qkv, cos, sgn, sin
+
+
+def test_rotations_sharing_loads_are_planned_as_a_pair():
+    args = _qk_args(2, 64)
+    assert _rotary_plans(ROPE_QK, *args) == [(FK_ROTARY, ROT_THEN), (FK_ROTARY, 0)]
+    assert _rotary_plans(ROPE_QK_STRIDED_K, *args) == [(FK_ROTARY, ROT_THEN), (FK_ROTARY, 0)]
+
+
+@pytest.mark.parametrize("b, length", [(2, 64), (4, 1024), (1, 37), (3, 5), (1, 1)])
+@pytest.mark.parametrize("kfn", [ROPE_QK, ROPE_QK_STRIDED_K])
+def test_rotations_sharing_loads_bitwise_as_reference(kfn, b, length):
+    """The pair (both runs fused) and, where k's rows are strided, neither (k's operands refused:
+    q's run must not leave cos, the signs and sin unloaded for k's instructions)."""
+    qkv, cos, sgn, sin = _qk_args(b, length)
+    qkv[0, 0, 0], qkv[-1, -1, QK_HEADS * QK_HEAD + 3] = np.nan, -np.inf
+    cos[0, 0, 0, 1, 0], sin[0, -1, 0, 0, -1] = np.inf, np.nan
+    _bitwise_as_reference(kfn, qkv, cos, sgn, sin, why=(b, length))

@@ -110,9 +110,11 @@ UNBIN_SWAP = 1
 UNBIN_USWAP = 2
 UNBIN_ZDEAD = 4
 UNBIN_C_SHIFT = 3
-# FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r)
+# FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r) |
+# ROT_THEN (the rotary run right after this one reads registers this one leaves unloaded: both or neither)
 ROT_R_SWAP = 1
 ROT_Y_SWAP = 2
+ROT_THEN = 4
 CHAIN_OPS = (OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SQRT, OP_RSQRT, OP_RECIP)   # replayed per row (rownorm)
 
 # --- scratch -----------------------------------------------------------------------------------------

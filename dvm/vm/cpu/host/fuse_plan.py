@@ -319,11 +319,15 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
     for sec in sections:
         pc = sec[0]
         while pc < sec[1]:
-            norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec) or \
-                rotary(instrs, specs, flow, pc, sec)
+            norm = _row_norm(instrs, specs, flow, pc, sec) or _row_softmax(instrs, specs, flow, pc, sec)
             if norm:   # the runs inside it are planned as well, for tiles it cannot take
                 plan[pc, :len(norm)] = norm
                 pc += 1
+                continue
+            rot = rotary(instrs, specs, flow, pc, sec)
+            if rot:    # (no tile run inside it would take a tile: its products' operands are full)
+                plan[pc, :len(rot)] = rot
+                pc += rot[1]
                 continue
             found = next(filter(None, (find(instrs, specs, flow, pc, sec) for find in _TILE_RUNS)), None)
             if found:

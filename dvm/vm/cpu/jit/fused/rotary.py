@@ -11,15 +11,18 @@ form reads each operand's row where it is and writes y's row into the store's bu
 register is filled. Each lane takes the same f32 operations in the same order as the
 instructions (each product's and the sum's operands as they were written), so the results are
 bitwise the tile form's. It takes a tile only when no output overlaps any other argument (aok
-without in-place updates) and every operand's rows can be addressed (f32, unit column stride:
-addr.row_addrs); otherwise it returns 0 and the instructions run.
+without in-place updates), its rows hold at least MIN_LANES lanes and every operand's rows can be
+addressed (f32, unit column stride: addr.row_addrs); otherwise it returns 0 and the instructions
+run. A run planned with ROT_THEN
+(its loads are factors of the rotary run right after it, which reads their rows itself) takes a
+tile only where the runs after it can take it too: their registers are never read unloaded.
 """
 from __future__ import annotations
 
 from numba import carray, njit
 
-from ...abi import (FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NR, M_ROWS, OPTAB_FIXED, ROT_R_SWAP, ROT_Y_SWAP,
-                    RS_FULL)
+from ...abi import (FK_ROTARY, FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NR, M_ROWS, OPTAB_FIXED, ROT_R_SWAP,
+                    ROT_THEN, ROT_Y_SWAP, RS_FULL)
 from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs
@@ -27,6 +30,10 @@ from ..bits import OPTS, ptr_f32
 from .states import bracket
 
 N_ROWS = 6   # the rows a lane reads and writes: a, b, c, d, e's and y's
+# Rows shorter than this stay in the tile form: a row's fixed cost (six row addresses, the odometer)
+# outweighs what it saves (GPT-NeoX's partial rotary, 4-lane rows of q and k sharing cos and sin:
+# 2x the tile form's time in a forward at 4x1024 tokens)
+MIN_LANES = 8
 _S = OPTAB_FIXED
 
 
@@ -78,6 +85,23 @@ def _row(sc, nr, ncv, r_swap, y_swap):
         y[k] = ops.add(r, p) if y_swap else ops.add(p, r)
 
 
+@njit(**OPTS)
+def _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix):
+    """Every operand of the run at pc (a, b, c, d, e and the store's) has rows addressable at the
+    tile (addr.row_addrs; ix[-1:] as scratch), and so have the runs after it while ROT_THEN."""
+    while True:
+        if fz[pc, 0] != FK_ROTARY:
+            return False
+        n = fz[pc, 1]
+        for j in range(N_ROWS):
+            o = fz[pc, 2 + j] if j < N_ROWS - 1 else instrs[pc + n - 1, 2]
+            if not row_addrs(ix[-1:], o, optab, dims, meta, addrs, r0, c0, 1):
+                return False
+        if (fz[pc, 7] & ROT_THEN) == 0:
+            return True
+        pc += n
+
+
 def fused_rotary_piece(fra, pc, unused_a, unused_b):
     """PC_FUSED_ROTARY: the FK_ROTARY run at pc = (kind, n, a's, b's, c's, d's, e's operands,
     ROT_R_SWAP | ROT_Y_SWAP) over the frame's tile at (r0, c0); returns n, or 0 when it cannot
@@ -90,15 +114,15 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
         return 0
     n, nr = fz[pc, 1], meta[M_NR]
     nrows, ncv = min(meta[M_BM], meta[M_ROWS] - r0), min(meta[M_BN], meta[M_COLS] - c0)
-    if nrows < 1 or ncv < 1 or ix.shape[0] < nr + 3 * N_ROWS + 1:
+    if nrows < 1 or ncv < MIN_LANES or ix.shape[0] < nr + 3 * N_ROWS + 1:
+        return 0
+    # f32 operands, one unit-stride column dim, row-major tiles (any row strides)
+    if not _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix):
         return 0
     src = ix[nr + 2 * N_ROWS:nr + 3 * N_ROWS]   # the operands: a, b, c, d, e, then y's (the store's)
     for j in range(N_ROWS - 1):
         src[j] = fz[pc, 2 + j]
     src[N_ROWS - 1] = instrs[pc + n - 1, 2]
-    for j in range(N_ROWS):   # f32 operands, one unit-stride column dim, row-major tiles (any row strides)
-        if not row_addrs(ix[-1:], src[j], optab, dims, meta, addrs, r0, c0, 1):
-            return 0
     r_swap, y_swap = (fz[pc, 7] & ROT_R_SWAP) != 0, (fz[pc, 7] & ROT_Y_SWAP) != 0
     sc = ix[:nr + 2 * N_ROWS]
     _start(src, optab, dims, addrs, nr, r0, c0, sc)
