@@ -15,6 +15,7 @@ from dvm.codegen.verifier import verify
 from dvm.graph import build
 from dvm.vm.cpu.abi import FK_ROTARY, ROT_R_SWAP, ROT_THEN, ROT_Y_SWAP
 from dvm.vm.cpu.host import desc as cpu_desc
+from dvm.vm.cpu.host.fuse_plan import fuse_plan
 
 from test_cpu_layouts import RNG, _bitwise_as_reference
 
@@ -125,6 +126,29 @@ def test_rotations_sharing_loads_are_planned_as_a_pair():
     args = _qk_args(2, 64)
     assert _rotary_plans(ROPE_QK, *args) == [(FK_ROTARY, ROT_THEN), (FK_ROTARY, 0)]
     assert _rotary_plans(ROPE_QK_STRIDED_K, *args) == [(FK_ROTARY, ROT_THEN), (FK_ROTARY, 0)]
+
+
+def _body_plan(instrs, kl):
+    sections = [kl.prologue] + [sec for sw in kl.sweeps for sec in (sw.init, sw.body, sw.fin)]
+    return fuse_plan(instrs, sections)
+
+
+def test_a_shared_load_read_after_the_pair_keeps_it_unpaired():
+    """A register the first rotation loaded and the second does not overwrite, read again after
+    the second (here: a copy of the second's last product squaring it, and a store) must be
+    loaded: the first run is not planned (ROT_THEN would leave it unloaded)."""
+    (kl,) = verify(ROPE_QK.program(*_qk_args(2, 64))).kernels
+    body = kl.sweeps[0].body
+    instrs = kl.instrs[body[0]:body[1]]
+    sign = int(instrs[13, 3])   # mul q2, c2, sign: the sign register the first run loaded
+    assert sign not in {int(instrs[q, 1]) for q in range(10, 17)}   # (the second does not write it)
+    reuse, store = instrs[13].copy(), instrs[16].copy()
+    reuse[2] = reuse[3] = sign
+    store[1] = reuse[1]
+    more = np.concatenate([kl.instrs[:body[1]], [reuse, store], kl.instrs[body[1]:]]).astype(kl.instrs.dtype)
+    plan = fuse_plan(more, [kl.prologue, (body[0], body[1] + 2)])
+    assert plan[body[0], 0] != FK_ROTARY and plan[body[0] + 10, 0] == FK_ROTARY
+    assert _body_plan(kl.instrs, kl)[body[0], 7] == ROT_THEN
 
 
 @pytest.mark.parametrize("b, length", [(2, 64), (4, 1024), (1, 37), (3, 5), (1, 1)])

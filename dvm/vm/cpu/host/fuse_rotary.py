@@ -34,7 +34,7 @@ def _window(instrs, specs, flow: Flow, pc: int, sec):
         spec = specs[q]
         if is_op(spec, "store"):
             y = int(instrs[q, 1])
-            return (q, val[y], resolved, set(val)) if y in val else None
+            return (q, val[y], resolved, set().union(*flow.writes[pc:q])) if y in val else None
         if is_op(spec, "load"):
             val[int(instrs[q, 1])] = ("o", int(instrs[q, 2]))
             continue
