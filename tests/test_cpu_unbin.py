@@ -203,10 +203,12 @@ def test_plan_marks_a_dead_z():
     assert not run[7] & UNBIN_ZDEAD
 
 
-@pytest.mark.parametrize("rows,half", [(64, 256), (67, 256), (3, 1024), ((2, 5), 128), (1, 4096)])
+@pytest.mark.parametrize("rows,half", [(64, 256), (67, 256), (3, 1024), ((2, 5), 128), (1, 4096), (300, 64),
+                                       (9, 17)])
 def test_row_strided_z_matches_unfused(rows, half):
     """x and z the two halves of each row of one array (a gate-and-up product's SiLU(g) * u): z's
-    rows are read where they lie; rows past the last row block's end clamp to the last row."""
+    rows are read where they lie; rows past the last row block's end clamp to the last row; rows
+    under ROWS_MIN_LANES lanes (64, 17) leave the run to the instructions."""
     shape = (*rows, 2 * half) if isinstance(rows, tuple) else (rows, 2 * half)
     both, _ = _data(shape)
     x, z = both[..., :half], both[..., half:]

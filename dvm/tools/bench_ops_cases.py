@@ -133,6 +133,7 @@ def _torch_forms() -> dict:
         "tanh_exp": (lambda a, b: torch.tanh(torch.exp(a * b) + a) * b, None),
         "bias_gelu": (lambda x, b: F.gelu(x + b), None),
         "silu_mul": (lambda a, b: F.silu(a) * b, None),
+        "silu_mul_halves": (lambda a, b: F.silu(a) * b, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -161,9 +162,13 @@ class Case:
     numexpr_note: str = "not elementwise"
     reduce_axis: int | None = None
     exact: Callable | None = None  # float64 result to check against, where the NumPy form approximates
+    halves: bool = False         # the full-shape arguments: the pieces of each row of one array
 
     def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
         full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
+        if self.halves:   # views of one array's rows (a merged gate-and-up product's two halves)
+            rows = rng.standard_normal((*shape[:-1], self.n_full * shape[-1]), dtype=np.float32)
+            full = [rows[..., i * shape[-1]:(i + 1) * shape[-1]] for i in range(self.n_full)]
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
         if self.name in ("layernorm", "add_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
@@ -197,6 +202,9 @@ CASES = (
          "elementwise", numexpr_note="numexpr has no erf", exact=_exact_bias_gelu),
     Case("silu_mul", "SiLU(a) * b", silu_mul, 0, 2, _np_silu_mul, "elementwise",
          numexpr="a / (1 + exp(-a)) * b"),
+    Case("silu_mul_halves", "SiLU(a) * b, a and b the two halves of each row of one array (the gate and up "
+         "halves of a merged product)", silu_mul, 0, 2, _np_silu_mul, "elementwise",
+         numexpr="a / (1 + exp(-a)) * b", halves=True),
     Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
          native_name="torch.softmax"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,

@@ -9,9 +9,9 @@ prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled residual);
 the run (the plan checked), so it is never written, and z is a full tile: a register, or the
 operand the run's load would read in place: a contiguous f32 tile, or, when z is dead after the
 run and no output of the launch overlaps an input, the tile's rows wherever they lie (whole rows
-of the tile at any row stride, as the halves of a gate-and-up product's rows; rows past the
-domain read its last row, as the load's clamped lanes do). One loop reads x and z and
-writes y: where the two instructions made two passes over a tile (the math one compute-bound,
+of the tile of at least ROWS_MIN_LANES lanes, at any row stride, as the halves of a gate-and-up
+product's rows; rows past the domain read its last row, as the load's clamped lanes do). One
+loop reads x and z and writes y: where the two instructions made two passes over a tile (the math one compute-bound,
 the other memory-bound with the tile of t in L2), every element now goes through both in
 registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
 
@@ -114,14 +114,20 @@ def _scaled_bin(uop, uswap, c, bop, swap, o, x, z, at):
             o[k] = _bin3(bop, swap, _bin3(uop, uswap, x[k], c), z[k])
 
 
+# z's rows are read where they lie only where they are this long: shorter rows cost more per row
+# (a call, its loop's setup) than the load's copy saves (SiLU(g) * u, one thread, rows of 64 lanes
+# 1.14x, 128 lanes 0.92x, 1024 lanes 0.71x the time of the instructions one by one)
+ROWS_MIN_LANES = 128
+
+
 @njit(**OPTS)
 def _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0):
     """ix[:BM] = the addresses of lane c0 of the tile's rows in operand j, rows past the domain
-    the last row's (the load's clamping), when the tile holds whole rows of BN valid lanes and j's
-    rows can be addressed (addr.row_addrs); else False."""
+    the last row's (the load's clamping), when the tile holds whole rows of BN >= ROWS_MIN_LANES
+    valid lanes and j's rows can be addressed (addr.row_addrs); else False."""
     bm, bn = meta[M_BM], meta[M_BN]
     nrows = min(bm, meta[M_ROWS] - r0)
-    if meta[M_COLS] - c0 < bn or nrows <= 0 or ix.shape[0] < bm:
+    if bn < ROWS_MIN_LANES or meta[M_COLS] - c0 < bn or nrows <= 0 or ix.shape[0] < bm:
         return False
     if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
         return False
