@@ -172,10 +172,11 @@ def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> boo
 def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
     NO_LOAD, swap | uswap | zdead | (c + 1) << UNBIN_C_SHIFT) for U in FUSED_UN (c = -1) or U =
-    `op t, x, c` (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant: a scaling
-    before a sum, an optimizer's `b * 0.9 + g`) and x not row-level, B in FUSED_BIN, when t is dead
-    after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin). A binary U
-    leaves B to a run that starts at B (B and a sum after it, say)."""
+    `op t, x, c` (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant:
+    a scaling before a sum, an optimizer's `b * 0.9 + g`) and x not row-level, B in FUSED_BIN, when
+    t is dead after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin).
+    zdead: z is loaded by the run and dead after it (its rows may be read where they lie). A
+    binary U leaves B to a run that starts at B (B and a sum after it, say)."""
     spec = specs[pc]
     if not (is_op(spec, "ew") and spec.op in FUSED_UN + FUSED_BIN):
         return None

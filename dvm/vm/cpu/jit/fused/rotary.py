@@ -13,9 +13,9 @@ instructions (each product's and the sum's operands as they were written), so th
 bitwise the tile form's. It takes a tile only when no output overlaps any other argument (aok
 without in-place updates), its rows hold at least MIN_LANES lanes and every operand's rows can be
 addressed (f32, unit column stride: addr.row_addrs); otherwise it returns 0 and the instructions
-run. A run planned with ROT_THEN
-(its loads are factors of the rotary run right after it, which reads their rows itself) takes a
-tile only where the runs after it can take it too: their registers are never read unloaded.
+run. A run planned with ROT_THEN (its loads are factors of the rotary run right after it, which
+reads their rows itself) takes a tile only where the runs after it can take it too: their
+registers are never read unloaded.
 """
 from __future__ import annotations
 

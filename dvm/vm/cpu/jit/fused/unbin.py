@@ -11,9 +11,9 @@ operand the run's load would read in place: a contiguous f32 tile, or, when z is
 run and no output of the launch overlaps an input, the tile's rows wherever they lie (whole rows
 of the tile of at least ROWS_MIN_LANES lanes, at any row stride, as the halves of a gate-and-up
 product's rows; rows past the domain read its last row, as the load's clamped lanes do). One
-loop reads x and z and writes y: where the two instructions made two passes over a tile (the math one compute-bound,
-the other memory-bound with the tile of t in L2), every element now goes through both in
-registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
+loop reads x and z and writes y: where the two instructions made two passes over a tile (the
+math one compute-bound, the other memory-bound with the tile of t in L2), every element now goes
+through both in registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
 
 Bitwise the same as the two instructions: each lane gets U's value (the same functions as
 jit/kernels' f32 math, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
