@@ -20,7 +20,7 @@ from dvm.codegen.verifier import verify
 from dvm.vm import reference
 from dvm.vm.cpu.host import desc as cpu_desc
 from dvm.vm.cpu.abi import (FK_ADDSUM, FK_UNBIN, FUSED_BIN, FUSED_UN, NO_LOAD, UNBIN_C_SHIFT, UNBIN_SWAP,
-                            UNBIN_ZDEAD)
+                            UNBIN_X_SHIFT, UNBIN_ZDEAD)
 
 from test_cpu_fused import _kinds, _same, _threads, _unfused
 from test_cpu_vm import run_on
@@ -31,10 +31,28 @@ pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itse
 RNG = np.random.default_rng(5)
 
 
-def _plans(kfn, *args) -> list[list[int]]:
+def _rows(kfn, *args) -> list[list[int]]:
     layout = verify(kfn.program(*args))
     return [[int(v) for v in row] for kl in layout.kernels
             for row in cpu_desc._desc(kl, len(layout.args)).fuse if row[0] == FK_UNBIN]
+
+
+def _flags(run) -> int:
+    """The last field without x's load (run[7] >> UNBIN_X_SHIFT: its operand + 1, or 0)."""
+    return run[7] & ((1 << UNBIN_X_SHIFT) - 1)
+
+
+def _plans(kfn, *args) -> list[list[int]]:
+    """The FK_UNBIN runs, each once: a run that starts with x's load (UNBIN_X_SHIFT) is left out, the
+    same run without the load follows it (for tiles whose x it cannot read in place)."""
+    out, rows = [], _rows(kfn, *args)
+    for i, run in enumerate(rows):
+        if run[7] >> UNBIN_X_SHIFT:
+            nxt = rows[i + 1]
+            assert nxt[2:7] == run[2:7] and nxt[1] == run[1] - 1 and nxt[7] == _flags(run)
+            continue
+        out.append(run)
+    return out
 
 
 def _pair(u: str, b: str, math_first: bool):
@@ -151,6 +169,12 @@ def test_plan_finds_the_runs():
     assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == UNBIN_ZDEAD   # load between, t first
     (run,) = _plans(_pair("exp", "sub", False), a, a)
     assert run[:2] == [FK_UNBIN, 3] and run[6] != NO_LOAD and run[7] == UNBIN_SWAP | UNBIN_ZDEAD   # z - exp(x)
+    loaded, inner = _rows(_pair("silu", "mul", True), a, a)   # x's load right before U: a run from it too
+    assert loaded[1] == 4 and loaded[7] >> UNBIN_X_SHIFT > 0 and inner[1] == 3 and inner[7] >> UNBIN_X_SHIFT == 0
+    (run,) = _rows(_reuse("tanh", "add"), a, a)   # U's x is a product, not a load: no run from a load
+    assert run[7] >> UNBIN_X_SHIFT == 0
+    for kfn in SCALED:   # a constant's U: never from x's load
+        assert all(r[7] >> UNBIN_X_SHIFT == 0 for r in _rows(kfn, a, a)), kfn
     (run,) = _plans(_reuse("tanh", "add"), a, a)
     assert run[2] == run[5]   # y is x's register
     assert _plans(math_live, a, a) == [] and _plans(square, a) == []
@@ -206,18 +230,19 @@ def test_plan_marks_a_dead_z():
 @pytest.mark.parametrize("rows,half", [(64, 256), (67, 256), (3, 1024), ((2, 5), 128), (1, 4096), (300, 64),
                                        (9, 17)])
 def test_row_strided_z_matches_unfused(rows, half):
-    """x and z the two halves of each row of one array (a gate-and-up product's SiLU(g) * u): z's
-    rows are read where they lie; rows past the last row block's end clamp to the last row; rows
-    under ROWS_MIN_LANES lanes (64, 17) leave the run to the instructions."""
+    """x and z the two halves of each row of one array (a gate-and-up product's SiLU(g) * u): x's
+    and z's rows are read where they lie (x's where its load starts the run); rows past the last
+    row block's end clamp to the last row; rows under ROWS_MIN_LANES lanes (64, 17) leave the run
+    to the instructions (with a contiguous z: to the run after x's load)."""
     shape = (*rows, 2 * half) if isinstance(rows, tuple) else (rows, 2 * half)
     both, _ = _data(shape)
     x, z = both[..., :half], both[..., half:]
-    for kfn in PAIRS + SCALED + [z_live]:
-        with _unfused(kfn, x, z):
-            want = run_on(_threads(1), kfn, x, z)[0]
+    for kfn, zz in [(k, z) for k in PAIRS + SCALED + [z_live]] + [(k, np.ascontiguousarray(z)) for k in PAIRS]:
+        with _unfused(kfn, x, zz):   # (a contiguous z: x's rows alone where they lie, or x's load
+            want = run_on(_threads(1), kfn, x, zz)[0]   # and the run after it)
         for n in (1, 2):
-            assert _same(run_on(_threads(n), kfn, x, z)[0], want), (kfn, shape, n)
-        ref = run_on(reference.run, kfn, x, z)[0]
+            assert _same(run_on(_threads(n), kfn, x, zz)[0], want), (kfn, shape, n)
+        ref = run_on(reference.run, kfn, x, zz)[0]
         np.testing.assert_allclose(want, ref, rtol=2e-6, atol=1e-6, equal_nan=True, err_msg=str(kfn))
 
 

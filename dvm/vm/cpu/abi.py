@@ -105,11 +105,13 @@ FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops
 FUSED_BIN = ("add", "sub", "mul")                       # and the op that consumes it
 # FK_UNBIN's last field: UNBIN_SWAP (B's operands swapped) | UNBIN_USWAP (U's: c U x) |
 # UNBIN_ZDEAD (the loaded z is dead after the run) | (c + 1) << UNBIN_C_SHIFT, c the register of
-# the prologue's value (a constant) that a U in FUSED_BIN takes besides x; c + 1 = 0 for a math op U
+# the prologue's value (a constant) that a U in FUSED_BIN takes besides x; c + 1 = 0 for a math op U |
+# (ox + 1) << UNBIN_X_SHIFT, ox the operand of x's load where the run starts with it (else 0)
 UNBIN_SWAP = 1
 UNBIN_USWAP = 2
 UNBIN_ZDEAD = 4
 UNBIN_C_SHIFT = 3
+UNBIN_X_SHIFT = 24   # (above every register number c + 1 can hold)
 # FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r) |
 # ROT_THEN (the rotary run right after this one reads registers this one leaves unloaded: both or neither)
 ROT_R_SWAP = 1

@@ -19,7 +19,7 @@ from ....codegen import isa
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
                    FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
                    FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP,
-                   UNBIN_ZDEAD)
+                   UNBIN_X_SHIFT, UNBIN_ZDEAD)
 from .fuse_flow import Flow, is_op, self_contained, writes_in
 from .fuse_rotary import rotary
 
@@ -209,6 +209,20 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
             (UNBIN_SWAP if a != t else 0) | uswap | (UNBIN_ZDEAD if zdead else 0) | (c + 1) << UNBIN_C_SHIFT]
 
 
+def _load_un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
+    """load x, ox ; un t, x ; [load z, o] ; bin y, t, z  ->  the FK_UNBIN run of _un_then_bin from
+    the load, (ox + 1) << UNBIN_X_SHIFT in its last field, for a math op U whose x the run's load
+    alone gives and nothing reads after it: x's tile, like z's, may be read where it lies."""
+    if pc + 3 > sec[1] or not is_op(specs[pc], "load"):
+        return None
+    run = _un_then_bin(instrs, specs, flow, pc + 1, sec)
+    x, ox = int(instrs[pc, 1]), int(instrs[pc, 2])
+    if run is None or run[2] != x or run[7] >> UNBIN_C_SHIFT != 0 or (run[4] == x and run[6] == NO_LOAD) or \
+            not flow.dead_after(x, pc, pc + 1 + run[1], sec):
+        return None
+    return [*run[:1], run[1] + 1, *run[2:7], run[7] | (ox + 1) << UNBIN_X_SHIFT]
+
+
 def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:
     """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
     writes none of them (a norm's chain of compact ops between its sums and its scale)."""
@@ -307,7 +321,8 @@ def _row_softmax(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
 
 
 # the runs tried at each pc, in this order (the first that matches is planned)
-_TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _un_then_bin, _add_then_sum)
+_TILE_RUNS = (_sub_then_sum, _sqsum, _apply, _load_then_reduce, _centered_squares_acc, _load_un_then_bin, _un_then_bin,
+              _add_then_sum)
 
 
 def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray:
@@ -333,6 +348,9 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
             found = next(filter(None, (find(instrs, specs, flow, pc, sec) for find in _TILE_RUNS)), None)
             if found:
                 plan[pc, :len(found)] = found
+                if found[0] == FK_UNBIN and found[7] >> UNBIN_X_SHIFT:   # the run after the load as
+                    inner = _un_then_bin(instrs, specs, flow, pc + 1, sec)   # well, for tiles whose x
+                    plan[pc + 1, :len(inner)] = inner                         # it cannot read in place
                 pc += found[1]
             else:
                 pc += 1

@@ -32,7 +32,7 @@ from numba import carray, njit
 
 from ...abi import (DEC_OP, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL,
                     OP_SIGMOID, OP_SILU, OP_TANH, PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL,
-                    UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_ZDEAD)
+                    UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_X_SHIFT, UNBIN_ZDEAD)
 from .. import frame as fm
 from .. import ops
 from ..addr import direct_addr, freg, row_addrs
@@ -137,16 +137,17 @@ def _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0):
 
 
 @njit(**OPTS)
-def _rows_bin(uop, uswap, cv, bop, swap, y, x, ix, bm, bn, scaled, at):
-    """The run over a tile whose z rows (BN lanes each) lie at the addresses ix[:bm]: _scaled_bin
-    (scaled) or _un_bin, row by row."""
+def _rows_bin(uop, uswap, cv, bop, swap, y, x, z, ix, xrows, zrows, bm, bn, scaled, at):
+    """The run row by row: x's rows at the addresses ix[bm:2 * bm] where xrows (else the tile x),
+    z's at ix[:bm] where zrows (else the tile z); _scaled_bin (scaled) or _un_bin per row."""
     for r in range(bm):
-        z = carray(ptr_f32(ix[r]), bn)
         lo, hi = r * bn, (r + 1) * bn
+        xr = carray(ptr_f32(ix[bm + r]), bn) if xrows else x[lo:hi]
+        zr = carray(ptr_f32(ix[r]), bn) if zrows else z[lo:hi]
         if scaled:
-            _scaled_bin(uop, uswap, cv, bop, swap, y[lo:hi], x[lo:hi], z, at)
+            _scaled_bin(uop, uswap, cv, bop, swap, y[lo:hi], xr, zr, at)
         else:
-            _un_bin(uop, bop, swap, y[lo:hi], x[lo:hi], z)
+            _un_bin(uop, bop, swap, y[lo:hi], xr, zr)
 
 
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
@@ -161,31 +162,42 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
     n, x, t, z, y, j = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
     swap, uswap = (fz[pc, 7] & UNBIN_SWAP) != 0, (fz[pc, 7] & UNBIN_USWAP) != 0
-    c = (fz[pc, 7] >> UNBIN_C_SHIFT) - 1
-    if st[0, x] != RS_FULL or (j == NO_LOAD and st[0, z] != RS_FULL):
+    c = ((fz[pc, 7] & ((1 << UNBIN_X_SHIFT) - 1)) >> UNBIN_C_SHIFT) - 1
+    ox = (fz[pc, 7] >> UNBIN_X_SHIFT) - 1   # x's load, where the run starts with it
+    if (ox < 0 and st[0, x] != RS_FULL) or (j == NO_LOAD and st[0, z] != RS_FULL):
         return 0
     if c >= 0 and st[0, c] != RS_UNIFORM and st[0, c] != RS_UNIFORM_ALL and st[0, c] != RS_COMPACT:
         return 0   # (the prologue's value: the same in every lane it holds, whatever its state)
-    pz, zrows, ix = 0, False, fm.ix(fr)
+    lanes, ix = meta[M_BM] * meta[M_BN], fm.ix(fr)
+    px, xrows = 0, False
+    if ox >= 0:   # x's tile where it lies: one contiguous run, or its rows (x is dead after the run)
+        px = direct_addr(ox, optab, dims, meta, addrs, r0, c0) if aok else 0
+        xrows = px == 0 and fr[FR_AOK] == 1 and ix.shape[0] >= 2 * meta[M_BM] and \
+            _clamped_rows(ix[meta[M_BM]:], ox, optab, dims, meta, addrs, r0, c0)
+        if px == 0 and not xrows:
+            return 0
+    pz, zrows = 0, False
     if j != NO_LOAD:
         pz = direct_addr(j, optab, dims, meta, addrs, r0, c0) if aok else 0
         zrows = pz == 0 and fr[FR_AOK] == 1 and (fz[pc, 7] & UNBIN_ZDEAD) != 0 and \
             _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0)
         if pz == 0 and not zrows:
             return 0
-    last = pc + n - 1
+    upc, last = pc + 1 if ox >= 0 else pc, pc + n - 1
     js = peep[last]   # as B's own dispatch (jit/interp): y written into the tile of the store after
     # the run (js >= 0: nothing else reads y, the store is done) or of a later one (js <= PEEP_LATER)
     po = direct_addr(js if js >= 0 else PEEP_LATER - js, optab, dims, meta, addrs, r0, c0) \
         if aok and (js >= 0 or js <= PEEP_LATER) else 0
-    lanes = meta[M_BM] * meta[M_BN]
-    xv = freg(F, fp, x)
+    xv = carray(ptr_f32(px), lanes) if px != 0 else freg(F, fp, x)   # (xrows: not read)
     zv = carray(ptr_f32(pz), lanes) if pz != 0 else freg(F, fp, z)
     out = po if po != 0 else F[y].ctypes.data
-    at = AT_X if out == xv.ctypes.data else (AT_Z if out == zv.ctypes.data and not zrows else AT_NEW)
+    at = AT_X if out == xv.ctypes.data and not xrows else (AT_Z if out == zv.ctypes.data and not zrows else AT_NEW)
     if at != AT_NEW and c < 0:
         return 0
     cv = freg(F, fp, c)[0] if c >= 0 else np.float32(0)
+    if ox >= 0:   # x is dead after the run: left as its load would (its tile, or its bank row unread)
+        fp[x] = px
+        st[0, x] = RS_FULL
     fp[t] = 0   # t is dead after the run: left as a full tile, never written
     st[0, t] = RS_FULL
     if pz != 0 or zrows:   # z as the load leaves it, or dead (y below, if it is z's register)
@@ -193,9 +205,10 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
         st[0, z] = RS_FULL
     fp[y] = po
     st[0, y] = RS_FULL
-    uop, bop, yv = dec[instrs[pc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], freg(F, fp, y)[:lanes]
-    if zrows:
-        _rows_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], ix, meta[M_BM], meta[M_BN], c >= 0, at)
+    uop, bop, yv = dec[instrs[upc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], freg(F, fp, y)[:lanes]
+    if xrows or zrows:
+        _rows_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], zv[:lanes], ix, xrows, zrows, meta[M_BM], meta[M_BN],
+                  c >= 0, at)
     elif c >= 0:
         _scaled_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], zv[:lanes], at)
     else:
