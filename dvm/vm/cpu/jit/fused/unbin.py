@@ -1,8 +1,9 @@
 """FK_UNBIN (run by the PC_FUSED_TILE piece): a float32 math op, or an add, sub or mul with a
 constant, and the add, sub or mul that consumes it, in one pass of the CPU VM.
 
-    un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)      y = B(U(x), z)   (host/fuse_plan)
-    op t, x, c ; [load z, o] ; bin y, t, z                      y = B(x op c, z)  (or c op x)
+    [load x, ox ;] un t, x ; [load z, o] ; bin y, t, z   (or bin y, z, t)   y = B(U(x), z)
+    op t, x, c ; [load z, o] ; bin y, t, z                   y = B(x op c, z)  (or c op x)
+                                                             (planned by host/fuse_plan)
 
 U is exp, sigmoid, SiLU, tanh or GELU, or add, sub or mul of a full tile and a register only the
 prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled residual); t is dead after
@@ -11,7 +12,9 @@ operand the run's load would read in place: a contiguous f32 tile, or, when z is
 run and no output of the launch overlaps an input, the tile's rows wherever they lie (whole rows
 of the tile of at least ROWS_MIN_LANES lanes, at any row stride, as the halves of a gate-and-up
 product's rows; rows past the domain read its last row, as the load's clamped lanes do). One
-loop reads x and z and writes y: where the two instructions made two passes over a tile (the
+loop reads x and z and writes y. A math op's run may start with x's load (x dead after it): x's
+tile is then read where it lies as z's is (one contiguous run, or its rows), and where it cannot
+be, the load runs and the run planned after it takes the tile. The loop: where the two instructions made two passes over a tile (the
 math one compute-bound, the other memory-bound with the tile of t in L2), every element now goes
 through both in registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
 
