@@ -19,6 +19,7 @@ import dvm
 from dvm.codegen.verifier import verify
 from dvm.vm import reference
 from dvm.vm.cpu.host import desc as cpu_desc
+from dvm.vm.cpu.host.fuse_plan import without_x_load
 from dvm.vm.cpu.abi import (FK_ADDSUM, FK_UNBIN, FUSED_BIN, FUSED_UN, NO_LOAD, UNBIN_C_SHIFT, UNBIN_SWAP,
                             UNBIN_X_SHIFT, UNBIN_ZDEAD)
 
@@ -37,11 +38,6 @@ def _rows(kfn, *args) -> list[list[int]]:
             for row in cpu_desc._desc(kl, len(layout.args)).fuse if row[0] == FK_UNBIN]
 
 
-def _flags(run) -> int:
-    """The last field without x's load (run[7] >> UNBIN_X_SHIFT: its operand + 1, or 0)."""
-    return run[7] & ((1 << UNBIN_X_SHIFT) - 1)
-
-
 def _plans(kfn, *args) -> list[list[int]]:
     """The FK_UNBIN runs, each once: a run that starts with x's load (UNBIN_X_SHIFT) is left out, the
     same run without the load follows it (for tiles whose x it cannot read in place)."""
@@ -49,7 +45,7 @@ def _plans(kfn, *args) -> list[list[int]]:
     for i, run in enumerate(rows):
         if run[7] >> UNBIN_X_SHIFT:
             nxt = rows[i + 1]
-            assert nxt[2:7] == run[2:7] and nxt[1] == run[1] - 1 and nxt[7] == _flags(run)
+            assert nxt == without_x_load(run)
             continue
         out.append(run)
     return out

@@ -223,6 +223,11 @@ def _load_un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | No
     return [*run[:1], run[1] + 1, *run[2:7], run[7] | (ox + 1) << UNBIN_X_SHIFT]
 
 
+def without_x_load(run: list[int]) -> list[int]:
+    """A _load_un_then_bin run as _un_then_bin planned it, one instruction after x's load."""
+    return [run[0], run[1] - 1, *run[2:7], run[7] & ((1 << UNBIN_X_SHIFT) - 1)]
+
+
 def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int:
     """The end of the run of SCALAR_CHAIN_OPS from q that reads none of the registers `full` and
     writes none of them (a norm's chain of compact ops between its sums and its scale)."""
@@ -349,8 +354,8 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
             if found:
                 plan[pc, :len(found)] = found
                 if found[0] == FK_UNBIN and found[7] >> UNBIN_X_SHIFT:   # the run after the load as
-                    inner = _un_then_bin(instrs, specs, flow, pc + 1, sec)   # well, for tiles whose x
-                    plan[pc + 1, :len(inner)] = inner                         # it cannot read in place
+                    plan[pc + 1, :len(found)] = without_x_load(found)        # well, for tiles whose x
+                    #                                                          it cannot read in place
                 pc += found[1]
             else:
                 pc += 1
