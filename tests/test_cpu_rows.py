@@ -14,8 +14,9 @@ from dvm.codegen.disasm import disasm
 from dvm.frontend.library import layernorm, rmsnorm, softmax
 from dvm.tools.bench_ops_cases import max_last, sum_last
 from dvm.vm import reference
-from dvm.vm.cpu.abi import FK_ROWNORM
+from dvm.vm.cpu.abi import FK_ROWNORM, M_COLS, M_ROWS
 from dvm.vm.cpu.host import desc as cpu_desc
+from dvm.vm.cpu.jit.fused import rowpart
 
 from test_cpu_layouts import RNG, _bitwise_as_reference, _threads
 from test_cpu_vm import run_on
@@ -173,6 +174,32 @@ def test_models_norms_bitwise_as_reference(cols):
         _bitwise_as_reference(kfn, xt, *args[1:], why=(cols, "transposed"))
         if kfn is not hf_rmsnorm_first:
             _bitwise_as_reference(kfn, x, x, *args[2:], why=(cols, "x twice"))
+
+
+@pytest.mark.parametrize("shape", [(4096, 1024), (4200, 1001), (1024, 8192)])
+def test_rows_from_memory_are_touched_first_with_the_same_bits(shape):
+    """Past fused/rowpart.STREAM_BYTES (a norm's or softmax's input and output; a row reduction's
+    input alone) the row forms and the in-place row reductions touch each row before its trees
+    (rowpart.touch_row): bitwise the reference VM's, specials included (the softmax within
+    rounding). 4096x1024: whole rows (LayerNorm's and softmax's touched, the sum's not); 4200x1001:
+    partial rows (rowpart's first levels); 1024x8192: the row sum touched too (the staged tree)."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x[0] = -0.0
+    x[1, ::5] = np.nan
+    x[2, 1], x[2, -1] = np.inf, -np.inf
+    x[3] *= np.float32(1e19)
+    w = RNG.standard_normal(shape[1]).astype(np.float32)
+    lanes = shape[0] * shape[1]
+    assert 8 * lanes >= rowpart.STREAM_BYTES
+    meta = np.zeros(16, np.int64)
+    meta[M_ROWS], meta[M_COLS] = shape
+    assert rowpart.row_touch(meta, 2) and rowpart.row_touch(meta, 1) == (4 * lanes >= rowpart.STREAM_BYTES)
+    for kfn, args in ((layernorm, (x, w, w)), (rmsnorm, (x, w)), (sum_last, (x,)), (max_last, (x,))):
+        want = run_on(reference.run, kfn, *args)[0]
+        got = run_on(_threads(2), kfn, *args)[0]
+        assert got.tobytes() == want.tobytes(), (kfn, shape)
+    want = run_on(reference.run, softmax, x)[0]
+    np.testing.assert_allclose(run_on(_threads(1), softmax, x)[0], want, rtol=1e-5, atol=1e-6)
 
 
 def _silu_gate(k, a, b):

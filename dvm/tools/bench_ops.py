@@ -71,7 +71,9 @@ LAUNCH_BUDGET_US = 10.0
 SIZES: dict[str, list[tuple[int, int]]] = {
     "small": [(32, 128)],                       # 4 K elements
     "medium": [(256, 1024)],                    # 256 K
-    "large": [(4096, 4096)],                    # 16 M
+    # 16 M; and 4 M of a 1024-wide model's activations at 4 x 1024 tokens, which with its output
+    # (32 MiB) leaves a 32 MiB last-level cache as the 16 M do
+    "large": [(4096, 4096), (4096, 1024)],
     # tails everywhere: a row length just past 1000, a tall skinny 17-wide one (first-axis
     # reductions over 4097 rows, last-axis ones over 17), many short rows of a head's width
     # (8192x64), long prime-length rows that fill 61 % of a one-row tile (13x20011), and a few

@@ -14,7 +14,7 @@ from . import frame as fm
 from . import ops
 from .addr import freg, row_addrs
 from .bits import OPTS, ptr_f32, ptr_i64
-from .fused.rowpart import levels_max, levels_sum, part_fits
+from .fused.rowpart import levels_max, levels_sum, part_fits, row_touch, touch_row
 from .reduce import accinit, copy, is_pow2, tree
 from .vtree import VTREE_MAX, vtree, vtree_n, vtree_pad
 
@@ -127,12 +127,16 @@ def row_form(bn, ncv):
 
 
 @njit(**OPTS)
-def rowred_at(op, o, ra, nrv, bm, bn, ncv, s):
+def rowred_at(op, o, ra, nrv, bm, bn, ncv, s, touch):
     """The single-tile reduction of f32 rows read where they are: row r's ncv valid lanes at
     address ra[r] (r < nrv), padded with the identity to bn lanes as the spec pads them; compact
     result (row r's value in lane r of o). The rows from nrv to bm (a load's copies of the last
     valid row) get its result. s: scratch of 2*bn lanes. The form is decided once, before the
-    row loop (row_form)."""
+    row loop (row_form). touch: the rows are first touched, in order (fused/rowpart.touch_row:
+    rows from memory; a tile's rows then wait in the L2 and the loops stay as they are)."""
+    if touch:
+        for r in range(nrv):
+            touch_row(carray(ptr_f32(ra[r]), ncv), ncv)
     a = s[:bn]
     b = s[bn:2 * bn]
     p2 = is_pow2(bn)
@@ -191,7 +195,8 @@ def _loadred(fr, pc, bm, bn, meta):
     nrows = min(bm, meta[M_ROWS] - r0)
     if not row_addrs(ix, j, fm.optab(fr), fm.dims(fr), meta, fm.addrs(fr), r0, c0, nrows):
         return 0
-    rowred_at(fz[pc, 5], fm.bank_f(fr)[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), fm.sf(fr))
+    rowred_at(fz[pc, 5], fm.bank_f(fr)[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), fm.sf(fr),
+              row_touch(meta, 1))
     fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
     st[0, x] = RS_FULL
     fp[r] = 0
@@ -214,12 +219,12 @@ def rowtree_piece(fra, pc, n, unused):
         op, o, ra, nrv, ncv, s = (fr[FR_ARGS], fr[FR_ARGS + 1], fr[FR_ARGS + 2], fr[FR_ARGS + 3],
                                   fr[FR_ARGS + 4], fr[FR_ARGS + 5])
         rowred_at(op, carray(ptr_f32(o), bm), carray(ptr_i64(ra), nrv), nrv, bm, bn, ncv,
-                  carray(ptr_f32(s), 2 * bn))
+                  carray(ptr_f32(s), 2 * bn), False)   # (a register's rows: fused/tile's exp sums)
         return 0
     ins, dec = fm.instrs(fr), fm.decode(fr)
     F, fp, ra = fm.bank_f(fr), fm.fptr(fr), fm.ix(fr)
     x = freg(F, fp, ins[pc, 2]).ctypes.data
     for r in range(bm):
         ra[r] = x + 4 * r * bn
-    rowred_at(dec[ins[pc, 0], DEC_OP], freg(F, fp, ins[pc, 1]), ra, bm, bm, bn, n, fm.sf(fr))
+    rowred_at(dec[ins[pc, 0], DEC_OP], freg(F, fp, ins[pc, 1]), ra, bm, bm, bn, n, fm.sf(fr), False)   # in cache
     return 0

@@ -48,7 +48,7 @@ from ..mathf import exp_into
 from ..reduce import is_pow2
 from ..rowtree import tree_p2
 from .common import apply_row, cached_row
-from .rowpart import levels_csqsum, levels_max, levels_sum
+from .rowpart import levels_csqsum, levels_max, levels_sum, row_touch, touch_row
 from .states import bracket
 
 
@@ -139,14 +139,15 @@ _add_row = loop2(ops.add)
 
 @njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
-               w, b, bias, ta, residual, ra, rb):
+               w, b, bias, ta, residual, ra, rb, touch):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
     bn: a power of two >= ROW_FORM_MIN_BN below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
     read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
     appears once: every inlined copy costs compile time. residual: row r is first written to
-    rx[r] as the sum of the rows at ra[r] and rb[r]."""
+    rx[r] as the sum of the rows at ra[r] and rb[r]; else, when touch, the row is first touched
+    (fused/rowpart.touch_row: a row from memory)."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
@@ -156,6 +157,8 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         xr = carray(ptr_f32(rx[r]), ncv)
         if residual:
             _add_row(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
+        elif touch:
+            touch_row(xr, ncv)
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
@@ -169,16 +172,18 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
 
 
 @njit(**OPTS)
-def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, arow, erow):
+def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, arow, erow, touch):
     """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
     then y = e * r (e / r when div). The trees' first levels read the row and erow where they
-    are (fused/rowpart, as _norm_rows: a partial row's padded copy costs more)."""
+    are (fused/rowpart, as _norm_rows: a partial row's padded copy costs more); touch as _norm_rows."""
     q = bn // 8
     lvl, la, lb = ta[:q], ta[q:2 * q], ta[2 * q:3 * q]
     z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
+        if touch:
+            touch_row(xr, ncv)
         levels_max(lvl, xr, ncv, bn, z)
         mv = tree_p2(R_MAX, lvl, la, lb, q)
         _center(arow, xr, mv, ncv)
@@ -278,7 +283,7 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
             rx[:nrows] = sf[4 * bn + bm:5 * bn + bm].ctypes.data
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-               qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb)
+               qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, row_touch(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
@@ -302,7 +307,7 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
                   dec[instrs[fpc, 0], DEC_OP] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
-                  sf[4 * bn + bm:5 * bn + bm])
+                  sf[4 * bn + bm:5 * bn + bm], row_touch(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
