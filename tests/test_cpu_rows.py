@@ -153,11 +153,12 @@ def test_models_norms_are_row_forms():
     assert re.search(r"load\.f64 .*\n.*cast\.f64\.f32 .*\n.*load\.f32", text), text
 
 
-@pytest.mark.parametrize("cols", [512, 600, 768, 1024, 2049, 4096, 70000])
+@pytest.mark.parametrize("cols", [128, 200, 256, 512, 600, 768, 1024, 2049, 4096, 70000])
 def test_models_norms_bitwise_as_reference(cols):
     """hf_rmsnorm (both outputs), hf_rmsnorm_first and post_layernorm: bitwise the reference VM's
     on 1 and 2 threads, with NaN, infinities, signed zeros and huge rows; with x passed twice;
-    with a transposed input (the row form refuses it: the instructions run). 70000 columns:
+    with a transposed input (the row form refuses it: the instructions run). 128-256 columns: the
+    narrow row form (rows.py's _norm_rows_narrow, a block of rows at a time). 70000 columns:
     post_layernorm is all row form, so one tile of 131072 lanes (encoder.WIDE_ROW_COLS)."""
     x = RNG.standard_normal((9, cols)).astype(np.float32)
     r = RNG.standard_normal((9, cols)).astype(np.float32)

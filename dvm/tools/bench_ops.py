@@ -70,7 +70,7 @@ LAUNCH_BUDGET_US = 10.0
 # Shapes (rows, cols) per size class; float32 throughout.
 SIZES: dict[str, list[tuple[int, int]]] = {
     "small": [(32, 128)],                       # 4 K elements
-    "medium": [(256, 1024)],                    # 256 K
+    "medium": [(256, 1024), (4096, 128)],       # 256 K; 512 K of a 128-wide model's rows (4 x 1024 tokens)
     # 16 M; and 4 M of a 1024-wide model's activations at 4 x 1024 tokens, which with its output
     # (32 MiB) leaves a 32 MiB last-level cache as the 16 M do
     "large": [(4096, 4096), (4096, 1024)],

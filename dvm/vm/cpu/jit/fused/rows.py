@@ -29,7 +29,9 @@ trees, the compact ops, ((d * rs) * w) + b), so the results are bitwise those of
 Both take a tile only when its outputs may be written in place (aok), its rows can be addressed
 (f32 operands, unit column stride: addr.row_addrs) and BN is a power of two >= ROW_FORM_MIN_BN holding
 the whole row, less than twice its length; otherwise they return 0 and the instructions run
-(with their own fused runs).
+(with their own fused runs). The norms also take rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2
+lanes (_norm_rows_narrow): their trees in vector registers, the chains replayed on a block of rows
+at a time, where the per-row calls and chains of _norm_rows cost more than the tile form's passes.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from ..loops import loop2
 from ..mathf import exp_into
 from ..reduce import is_pow2
 from ..rowtree import tree_p2
+from ..vtree import vtree, vtree_pad
 from .common import apply_row, cached_row
 from .rowpart import levels_csqsum, levels_max, levels_sum, row_touch, touch_row
 from .states import bracket
@@ -172,6 +175,60 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
 
 
 @njit(**OPTS)
+def _chain_rows(instrs, dec, q0, q1, F, st, r0, r1):
+    """_chain_row on rows r0 to r1, an op at a time (an op decoded once for the block)."""
+    for q in range(q0, q1):
+        op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
+        ra = instrs[q, 2]
+        rb = instrs[q, 3] if kind == K_BIN else ra
+        a, b, y = F[ra], F[rb], F[instrs[q, 1]]
+        ca, cb = st[0, ra] == RS_COMPACT, st[0, rb] == RS_COMPACT
+        for r in range(r0, r1):
+            y[r] = _scalar_op(op, a[r] if ca else a[0], b[r] if cb else b[0])
+
+
+@njit(**OPTS)
+def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
+                      w, b, bias, d, mb, residual, ra, rb):
+    """_norm_rows for rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2 lanes: the row trees in vector registers
+    (jit/vtree: of x's valid lanes, padded as the spec pads; of the centered squares in scratch row
+    d, whose lanes past ncv hold +0.0, the sum's identity), and the chains replayed on a block of
+    rows at a time: rows of NARROW_BLOCK_LANES in all, which the three passes find in L1; mb keeps
+    the block's means (chain B may write m's register). A residual sum without a stored sum of its
+    own is written into the output row (rx[r] == ry[r]) and normalized there. The same f32 operations in the same order
+    as _norm_rows."""
+    z = np.float32(0.0)
+    for k in range(ncv, bn):
+        d[k] = z
+    blk = max(1, NARROW_BLOCK_LANES // bn)
+    for r0 in range(0, nrows, blk):
+        r1 = min(nrows, r0 + blk)
+        if residual:
+            for r in range(r0, r1):
+                _add_row(carray(ptr_f32(rx[r]), ncv), carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
+        if centered:
+            for r in range(r0, r1):
+                xr = carray(ptr_f32(rx[r]), ncv)
+                F[s1][r] = vtree(R_SUM, xr, bn) if ncv == bn else vtree_pad(R_SUM, xr, ncv, bn)
+            _chain_rows(instrs, dec, qa0, qa1, F, st, r0, r1)
+        for r in range(r0, r1):
+            xr = carray(ptr_f32(rx[r]), ncv)
+            mv = F[m][r] if centered else z
+            mb[r - r0] = mv
+            for k in range(ncv):
+                c = ops.sub(xr[k], mv)
+                d[k] = ops.mul(c, c)
+            F[s2][r] = vtree(R_SUM, d, bn)
+        _chain_rows(instrs, dec, qb0, qb1, F, st, r0, r1)
+        for r in range(r0, r1):
+            y = carray(ptr_f32(ry[r]), ncv)
+            if rx[r] == ry[r]:   # (one array for both: the loop vectorizes, as it does not for two that overlap)
+                _apply_row_c(y, y, mb[r - r0], centered, F[rs][r], w, b, ncv, bias)
+            else:
+                _apply_row_c(y, carray(ptr_f32(rx[r]), ncv), mb[r - r0], centered, F[rs][r], w, b, ncv, bias)
+
+
+@njit(**OPTS)
 def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, div, ta, arow, erow, touch):
     """The rows [0, nrows) of the tile (rx, ry, bn, ncv as _norm_rows): m = the row's max,
     erow = exp(x - m) (arow: x - m, an operand exp must not overlap), s = its sum, the chain,
@@ -216,15 +273,19 @@ def _in_place_row(src, optab, dims, meta, addrs, r0, ix):
 
 
 ROW_FORM_MIN_BN = 512   # narrower rows run faster through the tile forms (the row form's per-row calls cost more)
+# ... or, for the norms, in the narrow row form (_norm_rows_narrow) down to this many lanes (rows of
+# 64 ran slower than in the tile form; rows of 512, as many as a 4096x512 norm's, too)
+NARROW_MIN_BN = 128
+NARROW_BLOCK_LANES = 2048   # the narrow form's block of rows (8 KiB of f32)
 
 
 @njit(inline='always', **OPTS)
 def _rows_fit(meta, aok):
-    """The tile's rows are whole, BN is a power of two >= ROW_FORM_MIN_BN and less than twice the
-    row (fused/rowpart reads rows of BN / 2 + 1 to BN lanes; the encoder's BN is the row's next
-    power of two)."""
+    """The tile's rows are whole, BN is a power of two >= NARROW_MIN_BN (the softmax: ROW_FORM_MIN_BN)
+    and less than twice the row (fused/rowpart and vtree_pad read rows of BN / 2 + 1 to BN lanes;
+    the encoder's BN is the row's next power of two)."""
     bn, cols = meta[M_BN], meta[M_COLS]
-    return aok and cols <= bn < 2 * cols and bn >= ROW_FORM_MIN_BN and is_pow2(bn)
+    return aok and cols <= bn < 2 * cols and bn >= NARROW_MIN_BN and is_pow2(bn)
 
 
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
@@ -279,11 +340,17 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
         if ox < -1:   # x's rows into its store's buffer
             if not row_addrs(rx, instrs[pc - 1 - ox, 2], optab, dims, meta, addrs, r0, 0, nrows):
                 return 0
+        elif bn < ROW_FORM_MIN_BN:   # the narrow form's blocks of rows: into the output rows
+            rx[:nrows] = ry[:nrows]
         else:         # one scratch row (the softmax form's e row), reused by every row
             rx[:nrows] = sf[4 * bn + bm:5 * bn + bm].ctypes.data
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
-    _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-               qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, row_touch(meta, 2))
+    if bn < ROW_FORM_MIN_BN:
+        _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m,
+                          s2, qb0, apc, rs, w, b, bias, sf[:bn], sf[5 * bn + bm:6 * bn + bm], residual, ra, rb)
+    else:
+        _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
+                   qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, row_touch(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
@@ -293,7 +360,7 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
     """FK_ROWSOFTMAX = (kind, n, x's operand, pc of the final mul or div, r): the whole softmax
     row by row, its output rows written into the store's buffer. 0 when it cannot take the tile."""
     bm, bn = meta[M_BM], meta[M_BN]
-    if not _rows_fit(meta, aok):
+    if not _rows_fit(meta, aok) or bn < ROW_FORM_MIN_BN:
         return 0
     n, fpc, rr = fz[pc, 1], fz[pc, 3], fz[pc, 4]
     m, s = instrs[pc + 1, 1], instrs[pc + 4, 1]
