@@ -120,21 +120,6 @@ def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
     return True
 
 
-@njit(**OPTS)
-def _chain_row(instrs, dec, q0, q1, F, st, r):
-    """The chain's compact ops on row r's values (lane r; lane 0 of a uniform source). A call, not
-    inlined: inlined into the row loop it makes LLVM's code for that loop worse."""
-    for q in range(q0, q1):
-        op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
-        ra = instrs[q, 2]
-        a = F[ra][r] if st[0, ra] == RS_COMPACT else F[ra][0]
-        b = a
-        if kind == K_BIN:
-            rb = instrs[q, 3]
-            b = F[rb][r] if st[0, rb] == RS_COMPACT else F[rb][0]
-        F[instrs[q, 1]][r] = _scalar_op(op, a, b)
-
-
 # xr = a + b of two rows (the residual add's operand order; xr overlaps neither). A call, not
 # inlined: inlined into the row loop it slows the plain norms' loops.
 _add_row = loop2(ops.add)
@@ -166,17 +151,19 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
             F[s1][r] = tree_p2(R_SUM, lvl, la, lb, q)
-            _chain_row(instrs, dec, qa0, qa1, F, st, r)
+            _chain_rows(instrs, dec, qa0, qa1, F, st, r, r + 1)
             mv = F[m][r]
         levels_csqsum(lvl, xr, ncv, bn, mv)
         F[s2][r] = tree_p2(R_SUM, lvl, la, lb, q)
-        _chain_row(instrs, dec, qb0, qb1, F, st, r)
+        _chain_rows(instrs, dec, qb0, qb1, F, st, r, r + 1)
         _apply_row_c(carray(ptr_f32(ry[r]), ncv), xr, mv, centered, F[rs][r], w, b, ncv, bias)
 
 
 @njit(**OPTS)
 def _chain_rows(instrs, dec, q0, q1, F, st, r0, r1):
-    """_chain_row on rows r0 to r1, an op at a time (an op decoded once for the block)."""
+    """The chain's compact ops on rows r0 to r1 (row r's values in lane r; lane 0 of a uniform
+    source), an op at a time (decoded once for the rows). A call, not inlined: inlined into the
+    row loops it makes LLVM's code for them worse."""
     for q in range(q0, q1):
         op, kind = dec[instrs[q, 0], DEC_OP], dec[instrs[q, 0], DEC_KIND]
         ra = instrs[q, 2]
@@ -190,13 +177,13 @@ def _chain_rows(instrs, dec, q0, q1, F, st, r0, r1):
 @njit(**OPTS)
 def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
                       w, b, bias, d, mb, residual, ra, rb):
-    """_norm_rows for rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2 lanes: the row trees in vector registers
-    (jit/vtree: of x's valid lanes, padded as the spec pads; of the centered squares in scratch row
-    d, whose lanes past ncv hold +0.0, the sum's identity), and the chains replayed on a block of
-    rows at a time: rows of NARROW_BLOCK_LANES in all, which the three passes find in L1; mb keeps
-    the block's means (chain B may write m's register). A residual sum without a stored sum of its
-    own is written into the output row (rx[r] == ry[r]) and normalized there. The same f32 operations in the same order
-    as _norm_rows."""
+    """_norm_rows for rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2 lanes: the row trees in vector
+    registers (jit/vtree: of x's valid lanes, padded as the spec pads; of the centered squares in
+    scratch row d, whose lanes past ncv hold +0.0, the sum's identity), and the chains replayed on
+    a block of rows at a time: rows of NARROW_BLOCK_LANES in all, which the three passes find in
+    L1; mb keeps the block's means (chain B may write m's register). A residual sum without a
+    stored sum of its own is written into the output row (rx[r] == ry[r]) and normalized there.
+    The same f32 operations in the same order as _norm_rows."""
     z = np.float32(0.0)
     for k in range(ncv, bn):
         d[k] = z
@@ -248,7 +235,7 @@ def _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, m, s, q0, q1, rr, 
         exp_into(erow, arow, ncv)   # the exp instruction's loop (jit/kernels: exp_into)
         levels_sum(lvl, erow, ncv, bn, z)
         F[s][r] = tree_p2(R_SUM, lvl, la, lb, q)
-        _chain_row(instrs, dec, q0, q1, F, st, r)
+        _chain_rows(instrs, dec, q0, q1, F, st, r, r + 1)
         rv = F[rr][r]
         orow = carray(ptr_f32(ry[r]), ncv)
         if div:
