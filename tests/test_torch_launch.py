@@ -254,9 +254,19 @@ def test_hugepage_advice_covers_whole_huge_pages_only():
     assert bool((big == 7).all())
 
 
-def test_large_torch_outputs_get_huge_page_advice(monkeypatch):
-    """The torch launch advises outputs of HUGE_OUTPUT_BYTES or more, before the VM writes them,
-    and only those; the results are eager's."""
+@pytest.fixture
+def pool_off(monkeypatch):
+    """DVM_POOL_MB=0 for one test (the configuration read again before and after)."""
+    monkeypatch.setenv("DVM_POOL_MB", "0")
+    dvm_config.reload()
+    yield
+    monkeypatch.undo()
+    dvm_config.reload()
+
+
+def test_large_torch_outputs_get_huge_page_advice(monkeypatch, pool_off):
+    """With the buffer pool off, the torch launch advises outputs of HUGE_OUTPUT_BYTES or more,
+    before the VM writes them, and only those; the results are eager's."""
     from dvm.frontend import torch_launch
     from dvm.runtime import hugepages
     advised = []
@@ -273,3 +283,35 @@ def test_large_torch_outputs_get_huge_page_advice(monkeypatch):
         torch.testing.assert_close(got[1], y + 1.0)
     assert advised and set(advised) == {x.nbytes}
     assert torch_launch.hugepages is hugepages
+
+
+def test_large_torch_outputs_reuse_pooled_memory_only_once_dropped():
+    """Outputs of hugepages.HUGE_OUTPUT_BYTES and more come from the buffer pool: once dropped, their
+    blocks serve the next calls (no fresh pages); a kept output, or a view of one, is never handed
+    out again while it lives and keeps its values. Eager's values in float32 and bfloat16, with a
+    permuted output; smaller outputs are ordinary torch tensors."""
+    from dvm.runtime import buffer_pool, hugepages
+
+    def f(x, y):
+        return torch.sigmoid(x) * 3.0, (y + 1.0).permute(1, 0, 2), y.sum(-1)
+    g = torch.compile(f, backend="dvm", dynamic=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2048, 1024, dtype=dtype)   # 8 MiB (4 MiB in bfloat16): pooled
+        y = torch.randn(128, 32, 512, dtype=dtype)
+        for _ in range(3):   # (the third call takes the quick path)
+            for a, b in zip(g(x, y), f(x, y)):
+                torch.testing.assert_close(a, b)
+        first = g(x, y)
+        kept, kept_view = first[0], first[1][3:5]
+        taken = {kept.data_ptr(), first[1].data_ptr()}
+        assert buffer_pool.held_bytes() >= kept.nbytes + first[1].nbytes
+        assert first[2].nbytes < hugepages.HUGE_OUTPUT_BYTES and first[2]._base is None   # torch's own memory
+        del first
+        reused = counters.snapshot().get("pool_reuses", 0)
+        for _ in range(4):
+            got = g(x, y)
+            assert not taken & {got[0].data_ptr(), got[1].data_ptr()}
+            del got
+        assert counters.snapshot().get("pool_reuses", 0) >= reused + 6   # the dropped outputs' blocks
+        torch.testing.assert_close(kept, torch.sigmoid(x) * 3.0)
+        torch.testing.assert_close(kept_view, (y + 1.0).permute(1, 0, 2)[3:5])

@@ -5,7 +5,9 @@ The first call with a signature (symbol values, the selected VM; each input's dt
 (PyTorch's own errors for what cannot: CUDA, sparse; autograd is detached), CompiledGraph.launcher
 encodes, verifies and checks the real buffers, and the call runs. When that Launch runs on the CPU
 VM, it is remembered under the tensor signature; later calls allocate their outputs with
-torch.empty and hand the VM the tensors' data pointers directly. Invariant (from
+torch.empty (those of hugepages.HUGE_OUTPUT_BYTES and more from runtime/buffer_pool: memory a
+dropped output left, whose pages are not faulted in again) and hand the VM the tensors' data
+pointers directly. Invariant (from
 runtime.compiled.Launch): the same signature means the same dtypes and extents relative to the
 data pointers, and a torch tensor's strides are never negative, so the buffer of each input
 starts at its data pointer (as_buffer's delta is 0). Signatures with an empty tensor always take
@@ -29,7 +31,7 @@ import torch
 
 from ..config import config
 from ..graph.dtypes import DType
-from ..runtime import counters, hugepages
+from ..runtime import buffer_pool, counters, hugepages
 from ..graph.views import contiguous_strides
 from ..runtime.compiled import CompiledGraph, Launch, launch_bytes, launch_cache, remember
 from .aten_common import TORCH_TO_DVM
@@ -42,6 +44,26 @@ except ImportError:  # pragma: no cover - a PyTorch without it
         return torch.empty_strided(size, stride, dtype=dtype)
 
 _data_ptr = torch.Tensor.data_ptr
+
+
+def _pooled_cpu(size, stride, dtype):
+    """_empty_strided_cpu (dense strides) on memory from runtime/buffer_pool: an output of a
+    kernel called again and again (every forward) re-uses a block whose pages are mapped, where
+    a fresh tensor of that size costs page faults (glibc maps arrays of 32 MiB and more afresh on
+    every allocation, and gives smaller freed memory back past its thresholds; a 46 MiB SwiGLU
+    output inside a forward: 17-54 ms of faults against ~7 ms of kernel). The tensor holds the
+    block (through torch.from_numpy), which the pool hands out again only once nothing does."""
+    block = buffer_pool.empty((math.prod(size) * dtype.itemsize,), np.uint8)
+    return torch.from_numpy(block).view(dtype).as_strided(size, stride)
+
+
+def _allocator(shape: tuple, dtype: torch.dtype) -> Callable:
+    """The allocator of an output: _pooled_cpu from hugepages.HUGE_OUTPUT_BYTES (unless
+    DVM_POOL_MB=0), else _empty_strided_cpu. Smaller torch outputs come from malloc's free lists
+    without faults here, and the pool's steps (its lock, from_numpy, the views: ~5 us) made a
+    512 KiB output's launch ~10 % slower; a 46 MiB one took half the time pooled."""
+    pooled = config().pool_mb > 0 and math.prod(shape) * dtype.itemsize >= hugepages.HUGE_OUTPUT_BYTES
+    return _pooled_cpu if pooled else _empty_strided_cpu
 
 try:   # Dynamo's C++ check of tensor properties (its TENSOR_MATCH guards)
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -155,18 +177,18 @@ def _untracked_key(key: tuple) -> tuple:
                  for k in key)
 
 
-def _direct(outs: tuple, run: Callable, workspaces: tuple = ()) -> Callable | None:
-    """tensors -> the outputs, freshly allocated, of `run` on their addresses: a launch with no
-    input to resolve or copy and no huge output, as one function (see _TensorLaunch.direct);
-    None for a launch with workspaces whose VM has no one-function form."""
+def _direct(outs: tuple, allocs: tuple, run: Callable, workspaces: tuple = ()) -> Callable | None:
+    """tensors -> the outputs, freshly allocated (allocs: each one's allocator), of `run` on their
+    addresses: a launch with no input to resolve or copy and no huge output, as one function (see
+    _TensorLaunch.direct); None for a launch with workspaces whose VM has no one-function form."""
     if hasattr(run, "caller"):   # the VM's own one-function form (VM.bind), workspaces its own
-        return run.caller(tuple((_empty_strided_cpu, *spec) for spec in outs), counters.bump_cached_launch,
+        return run.caller(tuple((alloc, *spec) for alloc, spec in zip(allocs, outs)), counters.bump_cached_launch,
                           _data_ptr, workspaces=workspaces)
     if workspaces:
         return None
 
     def call(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        made = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in outs]
+        made = [alloc(shape, strides, dt) for alloc, (shape, strides, dt) in zip(allocs, outs)]
         run([*map(_data_ptr, tensors), *map(_data_ptr, made)])
         counters.bump_cached_launch()
         return made
@@ -178,18 +200,21 @@ class _TensorLaunch:
     invariant). `same`: tensor_check of the tensors it was made for; `resolve`: the inputs whose
     negative or conjugate bit is resolved first; `direct`: the whole cached call as one function
     where nothing but the addresses is needed (else None)."""
-    __slots__ = ("launch", "outs", "same", "run", "resolve", "huge", "direct", "_permuted")
+    __slots__ = ("launch", "outs", "allocs", "same", "run", "resolve", "huge", "direct", "_permuted")
 
     def __init__(self, launch: Launch, tensors: Sequence[torch.Tensor], resolve: tuple[int, ...] = ()):
         self.launch, self.resolve = launch, resolve
         self.same = tensor_check(tensors)
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
-        self.huge = tuple(i for i, (shape, _, dt) in enumerate(self.outs)   # runtime/hugepages
-                          if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES)
+        self.allocs = tuple(_allocator(shape, dt) for shape, _, dt in self.outs)
+        self.huge = tuple(i for i, (shape, _, dt) in enumerate(self.outs)   # runtime/hugepages, unpooled
+                          if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES
+                          and self.allocs[i] is _empty_strided_cpu)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
         parts = launch.direct_parts()   # (bound VM, workspaces): the whole call as one function
-        self.direct = _direct(self.outs, *parts) if parts is not None and not resolve and not self.huge else None
+        self.direct = _direct(self.outs, self.allocs, *parts) if parts is not None and not resolve and not self.huge \
+            else None
         self._permuted = None   # (perms, direct_permuted(perms)) of the last perms asked for
 
     def direct_permuted(self, perms: tuple) -> Callable | None:
@@ -201,7 +226,7 @@ class _TensorLaunch:
         if self._permuted is None or self._permuted[0] != perms:
             specs = tuple(spec if p is None else (tuple(spec[0][j] for j in p), tuple(spec[1][j] for j in p), spec[2])
                           for spec, p in zip(self.outs, perms))
-            self._permuted = (perms, _direct(specs, *self.launch.direct_parts()))
+            self._permuted = (perms, _direct(specs, self.allocs, *self.launch.direct_parts()))
         return self._permuted[1]
 
     def __call__(self, tensors: Sequence[torch.Tensor], cached: bool = True, into=None) -> list[torch.Tensor]:
@@ -217,9 +242,9 @@ class _TensorLaunch:
             for s in self.launch.copy_slots:   # the Program was encoded for a row-major copy of this input
                 tensors[s] = tensors[s].contiguous()
                 counters.bump("input_copies")
-        outs = [_empty_strided_cpu(shape, strides, dt) for shape, strides, dt in self.outs] if into is None else \
-            [_empty_strided_cpu(shape, strides, dt) if t is None else t
-             for t, (shape, strides, dt) in zip(into, self.outs)]
+        outs = [alloc(shape, strides, dt) for alloc, (shape, strides, dt) in zip(self.allocs, self.outs)] \
+            if into is None else [alloc(shape, strides, dt) if t is None else t
+                                  for alloc, t, (shape, strides, dt) in zip(self.allocs, into, self.outs)]
         for i in self.huge:   # before the VM's first touch
             hugepages.advise(_data_ptr(outs[i]), outs[i].nbytes)
         addrs = [*map(_data_ptr, tensors), *map(_data_ptr, outs)]
