@@ -14,7 +14,7 @@ from . import frame as fm
 from . import ops
 from .addr import freg, row_addrs
 from .bits import OPTS, ptr_f32, ptr_i64
-from .fused.rowpart import levels_max, levels_sum, part_fits, row_touch, touch_row
+from .fused.rowpart import levels_max, levels_sum, part_fits, rows_from_memory, touch_row
 from .reduce import accinit, copy, is_pow2, tree
 from .vtree import VTREE_MAX, vtree, vtree_n, vtree_pad
 
@@ -196,7 +196,7 @@ def _loadred(fr, pc, bm, bn, meta):
     if not row_addrs(ix, j, fm.optab(fr), fm.dims(fr), meta, fm.addrs(fr), r0, c0, nrows):
         return 0
     rowred_at(fz[pc, 5], fm.bank_f(fr)[r], ix, nrows, bm, bn, min(bn, meta[M_COLS] - c0), fm.sf(fr),
-              row_touch(meta, 1))
+              rows_from_memory(meta, 1))
     fp[x] = 0   # x is dead after the run (the plan checked): left as the load's
     st[0, x] = RS_FULL
     fp[r] = 0

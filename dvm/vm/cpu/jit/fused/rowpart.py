@@ -34,10 +34,10 @@ PART_MIN_BN = 2048   # narrower rows keep the padded copy (two short segments a 
 _Z = np.float32(0.0)         # the sum's identity
 _NINF = np.float32(-np.inf)  # the max's identity
 LINE_F32 = 16          # f32 lanes a 64-byte cache line holds
-# rows are touched first (row_touch) where the row-sized operands a run reads and writes hold at
-# least this many bytes: past the last-level cache of the machines measured (32 MiB). A softmax or
-# RMSNorm of 4096x1024 (and its output), a row sum or max of 4096x4096: 0.66-0.93 of the time
-# untouched; a row sum of 4096x1024 alone, which stays in the L3: 1.2-1.4x slower touched
+# rows are touched first (rows_from_memory) where the row-sized operands a run reads and writes
+# hold at least this many bytes: past the last-level cache of the machines measured (32 MiB). A
+# softmax or RMSNorm of 4096x1024 (and its output), a row sum or max of 4096x4096: 0.66-0.93 of
+# the time untouched; a row sum of 4096x1024 alone, which stays in the L3: 1.2-1.4x slower touched
 STREAM_BYTES = 1 << 25
 
 
@@ -140,7 +140,7 @@ def touch_row(x, n):
 
 
 @njit(inline='always', **OPTS)
-def row_touch(meta, operands):
+def rows_from_memory(meta, operands):
     """Whether a run's rows come from memory, where touch_row pays: `operands` f32 operands of the
     launch's domain (its input, and its output where that is as large) hold STREAM_BYTES."""
     return 4 * operands * meta[M_ROWS] * meta[M_COLS] >= STREAM_BYTES

@@ -51,7 +51,7 @@ from ..reduce import is_pow2
 from ..rowtree import tree_p2
 from ..vtree import vtree, vtree_pad
 from .common import apply_row, cached_row
-from .rowpart import levels_csqsum, levels_max, levels_sum, row_touch, touch_row
+from .rowpart import levels_csqsum, levels_max, levels_sum, rows_from_memory, touch_row
 from .states import bracket
 
 
@@ -337,7 +337,7 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
                           s2, qb0, apc, rs, w, b, bias, sf[:bn], sf[5 * bn + bm:6 * bn + bm], residual, ra, rb)
     else:
         _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-                   qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, row_touch(meta, 2))
+                   qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, rows_from_memory(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
@@ -361,7 +361,7 @@ def _run_rowsoftmax(pc, fz, instrs, dec, meta, dims, optab, addrs, F, fp, aok, r
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
     _softmax_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), m, s, pc + 5, fpc, rr,
                   dec[instrs[fpc, 0], DEC_OP] == OP_DIV, sf[:bn], sf[5 * bn + bm:6 * bn + bm],
-                  sf[4 * bn + bm:5 * bn + bm], row_touch(meta, 2))
+                  sf[4 * bn + bm:5 * bn + bm], rows_from_memory(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 

@@ -14,9 +14,10 @@ of the tile of at least ROWS_MIN_LANES lanes, at any row stride, as the halves o
 product's rows; rows past the domain read its last row, as the load's clamped lanes do). One
 loop reads x and z and writes y. A math op's run may start with x's load (x dead after it): x's
 tile is then read where it lies as z's is (one contiguous run, or its rows), and where it cannot
-be, the load runs and the run planned after it takes the tile. The loop: where the two instructions made two passes over a tile (the
-math one compute-bound, the other memory-bound with the tile of t in L2), every element now goes
-through both in registers while the next ones stream in (SiLU(a)*b see docs/DECISIONS.md).
+be, the load runs and the run planned after it takes the tile. Where the two instructions made
+two passes over a tile (the math one compute-bound, the other memory-bound with the tile of t in
+L2), every element now goes through both in registers while the next ones stream in (SiLU(a)*b:
+see docs/DECISIONS.md).
 
 Bitwise the same as the two instructions: each lane gets U's value (the same functions as
 jit/kernels' f32 math, including exp_into's and sigmoid_into's out-of-range re-runs), rounded to
