@@ -57,13 +57,17 @@ def _pooled_cpu(size, stride, dtype):
     return torch.from_numpy(block).view(dtype).as_strided(size, stride)
 
 
+def _huge(shape: tuple, dtype: torch.dtype) -> bool:
+    """An output of hugepages.HUGE_OUTPUT_BYTES or more (pooled, else given the huge-page advice)."""
+    return math.prod(shape) * dtype.itemsize >= hugepages.HUGE_OUTPUT_BYTES
+
+
 def _allocator(shape: tuple, dtype: torch.dtype) -> Callable:
-    """The allocator of an output: _pooled_cpu from hugepages.HUGE_OUTPUT_BYTES (unless
-    DVM_POOL_MB=0), else _empty_strided_cpu. Smaller torch outputs come from malloc's free lists
-    without faults here, and the pool's steps (its lock, from_numpy, the views: ~5 us) made a
-    512 KiB output's launch ~10 % slower; a 46 MiB one took half the time pooled."""
-    pooled = config().pool_mb > 0 and math.prod(shape) * dtype.itemsize >= hugepages.HUGE_OUTPUT_BYTES
-    return _pooled_cpu if pooled else _empty_strided_cpu
+    """The allocator of an output: _pooled_cpu for a _huge one (unless DVM_POOL_MB=0), else
+    _empty_strided_cpu. Smaller torch outputs come from malloc's free lists without faults here,
+    and the pool's steps (its lock, from_numpy, the views: ~5 us) made a 512 KiB output's launch
+    ~10 % slower; a 46 MiB one took half the time pooled."""
+    return _pooled_cpu if config().pool_mb > 0 and _huge(shape, dtype) else _empty_strided_cpu
 
 try:   # Dynamo's C++ check of tensor properties (its TENSOR_MATCH guards)
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -208,8 +212,7 @@ class _TensorLaunch:
         self.outs = tuple((shape, contiguous_strides(shape), torch_dtype(dt)) for shape, dt in launch.out_specs)
         self.allocs = tuple(_allocator(shape, dt) for shape, _, dt in self.outs)
         self.huge = tuple(i for i, (shape, _, dt) in enumerate(self.outs)   # runtime/hugepages, unpooled
-                          if math.prod(shape) * dt.itemsize >= hugepages.HUGE_OUTPUT_BYTES
-                          and self.allocs[i] is _empty_strided_cpu)
+                          if _huge(shape, dt) and self.allocs[i] is _empty_strided_cpu)
         # the VM on the buffers' addresses, when nothing else is needed (Launch.plain_runner)
         self.run = None if launch.copy_slots else launch.plain_runner()
         parts = launch.direct_parts()   # (bound VM, workspaces): the whole call as one function
