@@ -34,7 +34,7 @@ from numba.core.ccallback import CFunc
 from numba.core.compiler_lock import global_compiler_lock
 
 from .. import abi
-from . import cache, tuning
+from . import cache, lean_compile, tuning
 from .decode import DECODE
 
 CORE, FAST = 0, 1
@@ -138,7 +138,7 @@ def source_hash(piece: Piece) -> str:
     """A hash of the sources of every module the piece's module imports, transitively, and of the
     piece's name and function: its disk-cache stamp."""
     h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}:"
-                       f"ids {ID_SCHEME}".encode())
+                       f"ids {ID_SCHEME}:{lean_compile.stamp()}".encode())
     for m in _closure(piece.module):
         h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]
@@ -270,9 +270,12 @@ def uninstall_fast() -> None:
 
 
 def compile_in_this_process(names: list[str]) -> None:
-    """Compile (or load) pieces here: the body of the build processes (host/build)."""
+    """Compile (or load) pieces here: the body of the build processes (host/build), which compile
+    the functions a piece calls to IR only (host/lean_compile)."""
     for n in names:
-        loaded(n).compile()
+        p = loaded(n)
+        with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None):
+            p.compile()
 
 
 def say(message: str) -> None:

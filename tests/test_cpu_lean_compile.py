@@ -1,0 +1,96 @@
+"""host/lean_compile: a build process compiles the functions a piece calls to IR only; the piece
+computes what a plain compile's does, and numba is left as it was."""
+import subprocess
+import sys
+import textwrap
+
+import numba
+import pytest
+from numba.core.codegen import JITCodeLibrary
+from numba.core.cpu import CPUContext
+from numba.core.dispatcher import _FunctionCompiler
+
+from dvm.vm.cpu.host import lean_compile
+
+pytestmark = pytest.mark.vm_once
+
+# A piece in small: a C function calling a callee that calls another, one of them inlined by numba.
+_PIECE = textwrap.dedent('''
+    import contextlib, ctypes, sys
+    import numpy as np
+    from numba import njit, carray
+    from numba.core import sigutils
+    from numba.core.ccallback import CFunc
+    from numba.core.compiler_lock import global_compiler_lock
+    from dvm.vm.cpu.host import lean_compile
+
+    @njit(inline="always")
+    def scale(x, k):
+        return x * k + 1.0
+
+    @njit
+    def total(a, n):
+        s = 0.0
+        for i in range(n):
+            s += scale(a[i], 3.0)
+        return s
+
+    def sum_piece(addr, n, b, c):
+        return np.int64(total(carray(_ptr(addr), (n,)), n))
+
+    from numba.extending import intrinsic
+    from numba.core import types
+    @intrinsic
+    def _ptr(typingctx, addr):
+        sig = types.CPointer(types.float64)(types.int64)
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float64)))
+        return sig, codegen
+
+    piece = CFunc(sum_piece, sigutils.normalize_signature("int64(int64, int64, int64, int64)"), locals={},
+                  options=dict(nogil=True, error_model="numpy"))
+    with global_compiler_lock, (lean_compile.callees_as_ir("sum_piece") if sys.argv[1] == "lean"
+                                else contextlib.nullcontext()):
+        cres = piece._compile_uncached()
+        lib = cres.library
+        address = lib.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        _name, kind, (obj, _bitcode) = lib.serialize_using_object_code()
+    data = np.arange(10, dtype=np.float64)
+    result = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * 4)(address)(data.ctypes.data, 10, 0, 0)
+    (callee,) = total.overloads.values()
+    wrapped = lib.codegen._engine.is_symbol_defined(callee.fndesc.llvm_cpython_wrapper_name)
+    print(kind, len(obj), result, wrapped)
+''')
+
+
+def _compile(tmp_path, mode: str) -> list[str]:
+    script = tmp_path / "piece.py"
+    script.write_text(_PIECE)
+    out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_a_piece_compiled_with_its_callees_as_ir_computes_the_same(tmp_path):
+    assert lean_compile.available()   # numba is pinned: its internals are the ones replaced
+    plain, lean = _compile(tmp_path, "plain"), _compile(tmp_path, "lean")
+    assert plain[0] == lean[0] == "object"   # machine code, as the disk cache stores it
+    assert lean[2] == plain[2] == str(int(sum(3.0 * i + 1.0 for i in range(10))))
+    assert (plain[3], lean[3]) == ("True", "False")   # the callee's Python wrapper: only in the plain compile
+
+
+def test_numba_is_itself_again_after_a_lean_compile():
+    originals = (_FunctionCompiler._customize_flags, JITCodeLibrary._finalize_final_module,
+                 CPUContext.get_executable)
+    with pytest.raises(RuntimeError):
+        with lean_compile.callees_as_ir("nothing"):
+            assert _FunctionCompiler._customize_flags is not originals[0]
+            raise RuntimeError
+    assert (_FunctionCompiler._customize_flags, JITCodeLibrary._finalize_final_module,
+            CPUContext.get_executable) == originals
+
+    @numba.njit
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42   # compiled after: callable from Python as ever
