@@ -1,12 +1,16 @@
 """A build process's compile of a piece without the work whose result nobody uses.
 
 numba compiles every function a piece calls as a program of its own: Python and C wrappers, then
-machine code for the function and for every function it links in, once per callee. A piece's
-machine code is made from the callees' optimized IR, linked into the piece's module, and only the
-piece is run and cached; a build process (host/build) never calls a callee from Python. Under
-`callees_as_ir` a callee is compiled to optimized IR only: no wrappers, no machine code of its own.
-The piece's machine code is the same, byte for byte (the IR it links is the same); the core's
-compile took 25 % less CPU and 40 % less memory.
+machine code for it and for every function it links in, once per callee. Only the piece's machine
+code is run and cached: it is made from the callees' IR, linked into the piece's module; a build
+process (host/build) never calls a callee from Python. Under `callees_as_ir` a callee is compiled
+to optimized IR only: no wrappers, no machine code of its own (the core's compile: 25 % less CPU,
+30 % less memory).
+
+The piece's code is not numba's, byte for byte: numba hands a callee's module to its JIT, whose
+code generation rewrites that module in place (it lowers it for the target), and a caller then
+links the rewritten IR; here a caller links the IR as the optimizer left it. Same semantics (no
+reassociation either way); the pieces came out 0-18 % smaller and as fast (BENCHMARKS.md).
 
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.
