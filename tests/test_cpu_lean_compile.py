@@ -6,9 +6,6 @@ import textwrap
 
 import numba
 import pytest
-from numba.core.codegen import JITCodeLibrary
-from numba.core.cpu import CPUContext
-from numba.core.dispatcher import _FunctionCompiler
 
 from dvm.vm.cpu.host import lean_compile
 
@@ -80,14 +77,15 @@ def test_a_piece_compiled_with_its_callees_as_ir_computes_the_same(tmp_path):
 
 
 def test_numba_is_itself_again_after_a_lean_compile():
-    originals = (_FunctionCompiler._customize_flags, JITCodeLibrary._finalize_final_module,
-                 CPUContext.get_executable)
+    def current():
+        return [getattr(owner, name) for owner, name in lean_compile._HOOKS]
+
+    originals = current()
     with pytest.raises(RuntimeError):
         with lean_compile.callees_as_ir("nothing"):
-            assert _FunctionCompiler._customize_flags is not originals[0]
+            assert all(now is not was for now, was in zip(current(), originals))
             raise RuntimeError
-    assert (_FunctionCompiler._customize_flags, JITCodeLibrary._finalize_final_module,
-            CPUContext.get_executable) == originals
+    assert current() == originals
 
     @numba.njit
     def twice(x):

@@ -1,16 +1,18 @@
 """A build process's compile of a piece without the work whose result nobody uses.
 
-numba compiles every function a piece calls as a program of its own: Python and C wrappers, then
-machine code for it and for every function it links in, once per callee. Only the piece's machine
-code is run and cached: it is made from the callees' IR, linked into the piece's module; a build
-process (host/build) never calls a callee from Python. Under `callees_as_ir` a callee is compiled
-to optimized IR only: no wrappers, no machine code of its own (the core's compile: 25 % less CPU,
-30 % less memory).
+numba compiles every function a piece calls as a program of its own: Python and C wrappers, its
+module optimized with everything it links, then machine code; once per callee, so a function deep
+in the call tree is optimized once per level above it. Only the piece's machine code is run and
+cached: it is made from the callees' IR, linked into the piece's module; a build process
+(host/build) never calls a callee from Python. Under `callees_as_ir` a callee is compiled to IR
+only (no wrappers, no module optimization, no machine code of its own) and the piece's module,
+every callee linked in, is optimized once: the VM's compile takes a third less CPU and memory.
 
-The piece's code is not numba's, byte for byte: numba hands a callee's module to its JIT, whose
-code generation rewrites that module in place (it lowers it for the target), and a caller then
-links the rewritten IR; here a caller links the IR as the optimizer left it. Same semantics (no
-reassociation either way); the pieces came out 0-18 % smaller and as fast (BENCHMARKS.md).
+The piece's code is not numba's, byte for byte: numba's JIT also lowers a callee's module in place
+for the target (CodeGenPrepare's address sinking, seen in the IR) before a caller links it, so
+numba's pieces were made from target-lowered, twice-optimized callees. Same semantics (no
+reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their speed not
+(BENCHMARKS.md).
 
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.
@@ -24,23 +26,21 @@ from numba.core.codegen import JITCodeLibrary
 from numba.core.cpu import CPUContext
 from numba.core.dispatcher import _FunctionCompiler
 
-# The numba internals replaced here (numba is pinned): each must exist, or the compile is left as is.
-_HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_finalize_final_module"),
-          (CPUContext, "get_executable"))
-_LIBRARY_STEPS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
-
-
-SCHEME = 1   # in the pieces' cache stamp (host/pieces.source_hash), with whether it is available
-
-
-def stamp() -> str:
-    return f"callees as IR {SCHEME}" if available() else "callees compiled"
+# The numba internals replaced here (numba is pinned): each must exist, or the compile is numba's.
+_HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_optimize_final_module"),
+          (JITCodeLibrary, "_finalize_final_module"), (CPUContext, "get_executable"))
+_LIBRARY_CHECKS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
+SCHEME = 1   # in the pieces' cache stamp (host/pieces.source_hash)
 
 
 def available() -> bool:
     return (all(callable(getattr(owner, name, None)) for owner, name in _HOOKS)
-            and all(callable(getattr(JITCodeLibrary, name, None)) for name in _LIBRARY_STEPS)
+            and all(callable(getattr(JITCodeLibrary, name, None)) for name in _LIBRARY_CHECKS)
             and callable(getattr(_dynfunc, "make_function", None)))
+
+
+def stamp() -> str:
+    return f"callees as IR {SCHEME}" if available() else "callees compiled"
 
 
 @contextlib.contextmanager
@@ -52,7 +52,7 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
         yield
         return
     plain = [getattr(owner, name) for owner, name in _HOOKS]
-    plain_flags, plain_finalize, plain_executable = plain
+    plain_flags, plain_optimize, plain_finalize, plain_executable = plain
 
     def customize_flags(compiler, flags):
         flags = plain_flags(compiler, flags)
@@ -60,11 +60,15 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
             flags.no_cpython_wrapper = flags.no_cfunc_wrapper = True
         return flags
 
+    def optimize_final_module(library):
+        if library.name == top:
+            plain_optimize(library)
+
     def finalize_final_module(library):
         if library.name == top:
             return plain_finalize(library)
-        for step in _LIBRARY_STEPS:   # numba's checks of the module, without handing it to the JIT
-            getattr(library, step)()
+        for check in _LIBRARY_CHECKS:   # numba's checks of the module, without handing it to the JIT
+            getattr(library, check)()
         library._finalized = True
 
     def get_executable(context, library, fndesc, env):
@@ -73,7 +77,8 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
         return _dynfunc.make_function(fndesc.lookup_module(), fndesc.qualname.split(".")[-1], "", 0, env,
                                       (library,))
 
-    for (owner, name), hook in zip(_HOOKS, (customize_flags, finalize_final_module, get_executable)):
+    hooks = (customize_flags, optimize_final_module, finalize_final_module, get_executable)
+    for (owner, name), hook in zip(_HOOKS, hooks):
         setattr(owner, name, hook)
     try:
         yield
