@@ -25,12 +25,14 @@ from numba import _dynfunc
 from numba.core.codegen import JITCodeLibrary
 from numba.core.cpu import CPUContext
 from numba.core.dispatcher import _FunctionCompiler
+from numba.core.untyped_passes import InlineInlinables
 
 # The numba internals replaced here (numba is pinned): each must exist, or the compile is numba's.
 _HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_optimize_final_module"),
-          (JITCodeLibrary, "_finalize_final_module"), (CPUContext, "get_executable"))
+          (JITCodeLibrary, "_finalize_final_module"), (CPUContext, "get_executable"),
+          (InlineInlinables, "run_pass"))
 _LIBRARY_CHECKS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
-SCHEME = 1   # in the pieces' cache stamp (host/pieces.source_hash)
+SCHEME = 2   # in the pieces' cache stamp (host/pieces.source_hash)
 
 
 def available() -> bool:
@@ -44,21 +46,28 @@ def stamp() -> str:
 
 
 @contextlib.contextmanager
-def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
+def callees_as_ir(top: str, entry: _FunctionCompiler | None = None, inline_by_llvm: bool = False):
     """While compiling the function named `top` (its numba library's name: the function's
     qualified name), compile the functions it calls to IR only. `entry`: the compiler of a `top`
-    that Python calls (a dispatcher's), which keeps its Python wrapper."""
+    that Python calls (a dispatcher's), which keeps its Python wrapper. `inline_by_llvm`: a
+    function marked `inline='always'` is not inlined into numba's IR of each caller (copied and
+    typed again per call site) but compiled once and marked for LLVM to inline."""
     if not available():
         yield
         return
     plain = [getattr(owner, name) for owner, name in _HOOKS]
-    plain_flags, plain_optimize, plain_finalize, plain_executable = plain
+    plain_flags, plain_optimize, plain_finalize, plain_executable, plain_inline = plain
 
     def customize_flags(compiler, flags):
         flags = plain_flags(compiler, flags)
         if compiler is not entry:
             flags.no_cpython_wrapper = flags.no_cfunc_wrapper = True
+        if inline_by_llvm:   # set on every function: numba would pass a caller's value on to its callees
+            flags.forceinline = compiler.targetoptions.get("inline") == "always"
         return flags
+
+    def inline_inlinables(pass_, state):
+        return False if inline_by_llvm else plain_inline(pass_, state)
 
     def optimize_final_module(library):
         if library.name == top:
@@ -77,7 +86,7 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
         return _dynfunc.make_function(fndesc.lookup_module(), fndesc.qualname.split(".")[-1], "", 0, env,
                                       (library,))
 
-    hooks = (customize_flags, optimize_final_module, finalize_final_module, get_executable)
+    hooks = (customize_flags, optimize_final_module, finalize_final_module, get_executable, inline_inlinables)
     for (owner, name), hook in zip(_HOOKS, hooks):
         setattr(owner, name, hook)
     try:

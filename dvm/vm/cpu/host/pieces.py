@@ -274,7 +274,8 @@ def compile_in_this_process(names: list[str]) -> None:
     the functions a piece calls to IR only (host/lean_compile)."""
     for n in names:
         p = loaded(n)
-        with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None):
+        with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None,
+                                        inline_by_llvm=p.piece.tier == CORE):
             p.compile()
 
 
