@@ -46,8 +46,9 @@ _PIECE = textwrap.dedent('''
 
     piece = CFunc(sum_piece, sigutils.normalize_signature("int64(int64, int64, int64, int64)"), locals={},
                   options=dict(nogil=True, error_model="numpy"))
-    with global_compiler_lock, (lean_compile.callees_as_ir("sum_piece") if sys.argv[1] == "lean"
-                                else contextlib.nullcontext()):
+    mode = sys.argv[1]
+    with global_compiler_lock, (contextlib.nullcontext() if mode == "plain" else
+                                lean_compile.callees_as_ir("sum_piece", inline_by_llvm=mode == "llvm")):
         cres = piece._compile_uncached()
         lib = cres.library
         address = lib.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
@@ -56,7 +57,7 @@ _PIECE = textwrap.dedent('''
     result = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * 4)(address)(data.ctypes.data, 10, 0, 0)
     (callee,) = total.overloads.values()
     wrapped = lib.codegen._engine.is_symbol_defined(callee.fndesc.llvm_cpython_wrapper_name)
-    print(kind, len(obj), result, wrapped)
+    print(kind, len(obj), result, wrapped, len(scale.overloads))
 ''')
 
 
@@ -70,10 +71,13 @@ def _compile(tmp_path, mode: str) -> list[str]:
 
 def test_a_piece_compiled_with_its_callees_as_ir_computes_the_same(tmp_path):
     assert lean_compile.available()   # numba is pinned: its internals are the ones replaced
-    plain, lean = _compile(tmp_path, "plain"), _compile(tmp_path, "lean")
-    assert plain[0] == lean[0] == "object"   # machine code, as the disk cache stores it
-    assert lean[2] == plain[2] == str(int(sum(3.0 * i + 1.0 for i in range(10))))
-    assert (plain[3], lean[3]) == ("True", "False")   # the callee's Python wrapper: only in the plain compile
+    plain, lean, llvm = (_compile(tmp_path, mode) for mode in ("plain", "lean", "llvm"))
+    assert plain[0] == lean[0] == llvm[0] == "object"   # machine code, as the disk cache stores it
+    assert plain[2] == lean[2] == llvm[2] == str(int(sum(3.0 * i + 1.0 for i in range(10))))
+    # the callee's Python wrapper: only in numba's compile
+    assert (plain[3], lean[3], llvm[3]) == ("True", "False", "False")
+    # the inline='always' function: copied into its caller's IR by numba, or compiled once for LLVM
+    assert (plain[4], lean[4], llvm[4]) == ("0", "0", "1")
 
 
 def test_numba_is_itself_again_after_a_lean_compile():

@@ -14,6 +14,11 @@ numba's pieces were made from target-lowered, twice-optimized callees. Same sema
 reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their speed not
 (BENCHMARKS.md).
 
+Pieces marked `llvm_inlines` (host/pieces.PIECES) also leave numba's inlining of `inline='always'`
+functions, which copies the function's IR into each call site and types it again there, to LLVM:
+the function is compiled once and marked alwaysinline (the core's wait 47 -> 35 s). Only where
+it measured as fast: the reductions' loops and the fast pieces' ran 5-23 % slower so.
+
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.
 """
