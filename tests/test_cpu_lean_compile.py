@@ -11,7 +11,7 @@ from dvm.vm.cpu.host import lean_compile
 
 pytestmark = pytest.mark.vm_once
 
-# A piece in small: a C function calling a callee that calls another, one of them inlined by numba.
+# A piece in small: a C function calling a callee that calls two more, marked to be inlined.
 _PIECE = textwrap.dedent('''
     import contextlib, ctypes, sys
     import numpy as np
@@ -20,16 +20,21 @@ _PIECE = textwrap.dedent('''
     from numba.core.ccallback import CFunc
     from numba.core.compiler_lock import global_compiler_lock
     from dvm.vm.cpu.host import lean_compile
+    from dvm.vm.cpu.jit.bits import NUMBA_INLINE
 
     @njit(inline="always")
     def scale(x, k):
         return x * k + 1.0
 
+    @njit(inline=NUMBA_INLINE)
+    def keep(x):
+        return x
+
     @njit
     def total(a, n):
         s = 0.0
         for i in range(n):
-            s += scale(a[i], 3.0)
+            s += keep(scale(a[i], 3.0))
         return s
 
     def sum_piece(addr, n, b, c):
@@ -57,7 +62,7 @@ _PIECE = textwrap.dedent('''
     result = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * 4)(address)(data.ctypes.data, 10, 0, 0)
     (callee,) = total.overloads.values()
     wrapped = lib.codegen._engine.is_symbol_defined(callee.fndesc.llvm_cpython_wrapper_name)
-    print(kind, len(obj), result, wrapped, len(scale.overloads))
+    print(kind, len(obj), result, wrapped, len(scale.overloads), len(keep.overloads))
 ''')
 
 
@@ -76,8 +81,10 @@ def test_a_piece_compiled_with_its_callees_as_ir_computes_the_same(tmp_path):
     assert plain[2] == lean[2] == llvm[2] == str(int(sum(3.0 * i + 1.0 for i in range(10))))
     # the callee's Python wrapper: only in numba's compile
     assert (plain[3], lean[3], llvm[3]) == ("True", "False", "False")
-    # the inline='always' function: copied into its caller's IR by numba, or compiled once for LLVM
+    # the inline='always' function: copied into its caller's IR by numba, or compiled once for LLVM;
+    # the one marked NUMBA_INLINE copied by numba in every way
     assert (plain[4], lean[4], llvm[4]) == ("0", "0", "1")
+    assert (plain[5], lean[5], llvm[5]) == ("0", "0", "0")
 
 
 def test_numba_is_itself_again_after_a_lean_compile():

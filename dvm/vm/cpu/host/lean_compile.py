@@ -16,8 +16,9 @@ reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their
 
 Pieces marked `llvm_inlines` (host/pieces.PIECES) also leave numba's inlining of `inline='always'`
 functions, which copies the function's IR into each call site and types it again there, to LLVM:
-the function is compiled once and marked alwaysinline (the core's wait 47 -> 35 s). Only where
-it measured as fast: the reductions' loops and the fast pieces' ran 5-23 % slower so.
+the function is compiled once and marked alwaysinline (the core's wait 47 -> ~30 s). Only where
+it measured as fast: in the core pieces; the fast pieces' narrow-row norms ran 23 % slower so, and
+`reduce`'s row sums 5-15 % until its `level` was marked `inline=NUMBA_INLINE` (numba's way).
 
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 
 from numba import _dynfunc
+from numba.core import cpu as numba_cpu
 from numba.core.codegen import JITCodeLibrary
 from numba.core.cpu import CPUContext
 from numba.core.dispatcher import _FunctionCompiler
@@ -37,13 +39,22 @@ _HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_optimize_f
           (JITCodeLibrary, "_finalize_final_module"), (CPUContext, "get_executable"),
           (InlineInlinables, "run_pass"))
 _LIBRARY_CHECKS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
-SCHEME = 2   # in the pieces' cache stamp (host/pieces.source_hash)
+SCHEME = 3   # in the pieces' cache stamp (host/pieces.source_hash)
+
+
+class _AlwaysToLLVM(numba_cpu.InlineOptions):
+    """numba's inline option, 'always' read as 'never' (LLVM inlines it); a cost model still runs."""
+
+    @property
+    def is_never_inline(self):
+        return self._inline == "always" or super().is_never_inline
 
 
 def available() -> bool:
     return (all(callable(getattr(owner, name, None)) for owner, name in _HOOKS)
             and all(callable(getattr(JITCodeLibrary, name, None)) for name in _LIBRARY_CHECKS)
-            and callable(getattr(_dynfunc, "make_function", None)))
+            and callable(getattr(_dynfunc, "make_function", None))
+            and isinstance(getattr(numba_cpu.InlineOptions("always"), "_inline", None), str))
 
 
 def stamp() -> str:
@@ -56,7 +67,8 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None, inline_by_ll
     qualified name), compile the functions it calls to IR only. `entry`: the compiler of a `top`
     that Python calls (a dispatcher's), which keeps its Python wrapper. `inline_by_llvm`: a
     function marked `inline='always'` is not inlined into numba's IR of each caller (copied and
-    typed again per call site) but compiled once and marked for LLVM to inline."""
+    typed again per call site) but compiled once and marked for LLVM to inline; one marked
+    `inline=jit.bits.NUMBA_INLINE` still is."""
     if not available():
         yield
         return
@@ -72,7 +84,14 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None, inline_by_ll
         return flags
 
     def inline_inlinables(pass_, state):
-        return False if inline_by_llvm else plain_inline(pass_, state)
+        if not inline_by_llvm:
+            return plain_inline(pass_, state)
+        plain_options = numba_cpu.InlineOptions   # the pass looks it up at each call site
+        numba_cpu.InlineOptions = _AlwaysToLLVM
+        try:
+            return plain_inline(pass_, state)
+        finally:
+            numba_cpu.InlineOptions = plain_options
 
     def optimize_final_module(library):
         if library.name == top:

@@ -22,7 +22,7 @@ from ..abi import (BK_F32, BK_F64, BK_I64, DEC_BANK, DEC_GROUP, DEC_OP, FR_C0, F
 from . import frame as fm
 from . import ops
 from .addr import freg
-from .bits import OPTS
+from .bits import NUMBA_INLINE, OPTS
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def _acc_t(op, acc, x, bm, ncv):
     _acc(op, acc[:n], x[:n], 1, n, n)
 
 
-@njit(inline='always', **OPTS)   # called per row (partial tiles) and per tree level
+@njit(inline=NUMBA_INLINE, **OPTS)   # called per row (partial tiles) and per tree level
 def level(op, lo, hi):
     """lo[j] = lo[j] . hi[j] lane-wise (lo and hi do not overlap): one tree level over whole
     columns, and _acc's combine."""
