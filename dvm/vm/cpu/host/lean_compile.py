@@ -30,13 +30,12 @@ import contextlib
 from numba import _dynfunc
 from numba.core import cpu as numba_cpu
 from numba.core.codegen import JITCodeLibrary
-from numba.core.cpu import CPUContext
 from numba.core.dispatcher import _FunctionCompiler
 from numba.core.untyped_passes import InlineInlinables
 
 # The numba internals replaced here (numba is pinned): each must exist, or the compile is numba's.
 _HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_optimize_final_module"),
-          (JITCodeLibrary, "_finalize_final_module"), (CPUContext, "get_executable"),
+          (JITCodeLibrary, "_finalize_final_module"), (numba_cpu.CPUContext, "get_executable"),
           (InlineInlinables, "run_pass"))
 _LIBRARY_CHECKS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
 SCHEME = 3   # in the pieces' cache stamp (host/pieces.source_hash)
