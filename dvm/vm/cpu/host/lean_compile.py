@@ -14,7 +14,7 @@ numba's pieces were made from target-lowered, twice-optimized callees. Same sema
 reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their speed not
 (BENCHMARKS.md).
 
-Pieces marked `llvm_inlines` (host/pieces.PIECES) also leave numba's inlining of `inline='always'`
+The core pieces (host/pieces.llvm_inlines) also leave numba's inlining of `inline='always'`
 functions, which copies the function's IR into each call site and types it again there, to LLVM:
 the function is compiled once and marked alwaysinline (the core's wait 47 -> 29 s). Only where
 it measured as fast: in the core pieces; the fast pieces' narrow-row norms ran 23 % slower so, and

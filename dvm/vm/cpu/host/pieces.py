@@ -51,22 +51,19 @@ class Piece:
     tier: int
     py_sig: tuple = ()   # the argument types of the function Python calls (the core's entry)
     c_sig: str = ""      # a C function's signature other than a table piece's (PIECE_SIG)
-    # its inline='always' functions inlined by LLVM, not numba (host/lean_compile): where it measured as
-    # fast (the core pieces); the fast pieces' narrow-row norms ran 23 % slower so
-    llvm_inlines: bool = False
 
 
 _ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
                 numba.boolean)
 PIECES = (   # in the order they compile: the build processes take them round-robin
-    Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES, llvm_inlines=True),
-    Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE, llvm_inlines=True),
-    Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE, llvm_inlines=True),
-    Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE, llvm_inlines=True),
+    Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES),
+    Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE),
+    Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE),
+    Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE),
     Piece("ew_other", (abi.PC_EW_F64, abi.PC_EW_I64, abi.PC_EW_B8, abi.PC_CAST), f"{_PKG}.kernels_other",
-          "ew_other_piece", CORE, llvm_inlines=True),
-    Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE, llvm_inlines=True),
-    Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE, llvm_inlines=True),
+          "ew_other_piece", CORE),
+    Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
+    Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE),
     Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
     Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST),
     Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
@@ -137,11 +134,18 @@ def _closure(module: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
+def llvm_inlines(piece: Piece) -> bool:
+    """Whether the piece's inline='always' functions are inlined by LLVM, not numba
+    (host/lean_compile): where it measured as fast, the core pieces; the fast pieces' narrow-row
+    norms ran 23 % slower so."""
+    return piece.tier == CORE
+
+
 def source_hash(piece: Piece) -> str:
     """A hash of the sources of every module the piece's module imports, transitively, and of the
     piece's name and function: its disk-cache stamp."""
     h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}:"
-                       f"ids {ID_SCHEME}:{lean_compile.stamp()}:llvm inlines {piece.llvm_inlines}".encode())
+                       f"ids {ID_SCHEME}:{lean_compile.stamp()}:llvm inlines {llvm_inlines(piece)}".encode())
     for m in _closure(piece.module):
         h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]
@@ -278,7 +282,7 @@ def compile_in_this_process(names: list[str]) -> None:
     for n in names:
         p = loaded(n)
         with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None,
-                                        inline_by_llvm=p.piece.llvm_inlines):
+                                        inline_by_llvm=llvm_inlines(p.piece)):
             p.compile()
 
 
