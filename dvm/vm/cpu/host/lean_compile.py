@@ -14,11 +14,11 @@ numba's pieces were made from target-lowered, twice-optimized callees. Same sema
 reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their speed not
 (BENCHMARKS.md).
 
-The core pieces (host/pieces.llvm_inlines) also leave numba's inlining of `inline='always'`
-functions, which copies the function's IR into each call site and types it again there, to LLVM:
-the function is compiled once and marked alwaysinline (the core's wait 47 -> 29 s). Only where
-it measured as fast: in the core pieces; the fast pieces' narrow-row norms ran 23 % slower so, and
-`reduce`'s row sums 5-15 % until its `level` was marked `inline=NUMBA_INLINE` (numba's way).
+numba's inlining of `inline='always'` functions, which copies the function's IR into each call
+site and types it again there, is also left to LLVM: the function is compiled once and marked
+alwaysinline (the core's wait 47 -> 29 s, the whole VM 108 -> 60 s). A function whose callers'
+loops measured slower so is marked `inline=jit.bits.NUMBA_INLINE` and keeps numba's copy
+(`reduce.level`: row sums 5-15 %; `fused.common.apply_row`: the narrow-row RMSNorm 23 %).
 
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.
@@ -38,7 +38,7 @@ _HOOKS = ((_FunctionCompiler, "_customize_flags"), (JITCodeLibrary, "_optimize_f
           (JITCodeLibrary, "_finalize_final_module"), (numba_cpu.CPUContext, "get_executable"),
           (InlineInlinables, "run_pass"))
 _LIBRARY_CHECKS = ("_finalize_dynamic_globals", "_verify_declare_only_symbols")
-SCHEME = 3   # in the pieces' cache stamp (host/pieces.source_hash)
+SCHEME = 4   # in the pieces' cache stamp (host/pieces.source_hash)
 
 
 class _AlwaysToLLVM(numba_cpu.InlineOptions):
@@ -61,12 +61,12 @@ def stamp() -> str:
 
 
 @contextlib.contextmanager
-def callees_as_ir(top: str, entry: _FunctionCompiler | None = None, inline_by_llvm: bool = False):
+def callees_as_ir(top: str, entry: _FunctionCompiler | None = None):
     """While compiling the function named `top` (its numba library's name: the function's
     qualified name), compile the functions it calls to IR only. `entry`: the compiler of a `top`
-    that Python calls (a dispatcher's), which keeps its Python wrapper. `inline_by_llvm`: a
-    function marked `inline='always'` is not inlined into numba's IR of each caller (copied and
-    typed again per call site) but compiled once and marked for LLVM to inline; one marked
+    that Python calls (a dispatcher's), which keeps its Python wrapper. A function marked
+    `inline='always'` is not inlined into numba's IR of each caller (copied and typed again per
+    call site) but compiled once and marked for LLVM to inline; one marked
     `inline=jit.bits.NUMBA_INLINE` still is."""
     if not available():
         yield
@@ -78,13 +78,11 @@ def callees_as_ir(top: str, entry: _FunctionCompiler | None = None, inline_by_ll
         flags = plain_flags(compiler, flags)
         if compiler is not entry:
             flags.no_cpython_wrapper = flags.no_cfunc_wrapper = True
-        if inline_by_llvm:   # set on every function: numba would pass a caller's value on to its callees
-            flags.forceinline = compiler.targetoptions.get("inline") == "always"
+        # set on every function: numba would pass a caller's value on to its callees
+        flags.forceinline = compiler.targetoptions.get("inline") == "always"
         return flags
 
     def inline_inlinables(pass_, state):
-        if not inline_by_llvm:
-            return plain_inline(pass_, state)
         plain_options = numba_cpu.InlineOptions   # the pass looks it up at each call site
         numba_cpu.InlineOptions = _AlwaysToLLVM
         try:

@@ -133,19 +133,11 @@ def _closure(module: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-@lru_cache(maxsize=None)
-def llvm_inlines(piece: Piece) -> bool:
-    """Whether the piece's inline='always' functions are inlined by LLVM, not numba
-    (host/lean_compile): where it measured as fast, the core pieces; the fast pieces' narrow-row
-    norms ran 23 % slower so."""
-    return piece.tier == CORE
-
-
 def source_hash(piece: Piece) -> str:
     """A hash of the sources of every module the piece's module imports, transitively, and of the
     piece's name and function: its disk-cache stamp."""
     h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}:"
-                       f"ids {ID_SCHEME}:{lean_compile.stamp()}:llvm inlines {llvm_inlines(piece)}".encode())
+                       f"ids {ID_SCHEME}:{lean_compile.stamp()}".encode())
     for m in _closure(piece.module):
         h.update(m.encode() + b"\0" + _source(m))
     return h.hexdigest()[:24]
@@ -281,8 +273,7 @@ def compile_in_this_process(names: list[str]) -> None:
     the functions a piece calls to IR only (host/lean_compile)."""
     for n in names:
         p = loaded(n)
-        with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None,
-                                        inline_by_llvm=llvm_inlines(p.piece)):
+        with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None):
             p.compile()
 
 
