@@ -16,7 +16,7 @@ reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their
 
 numba's inlining of `inline='always'` functions, which copies the function's IR into each call
 site and types it again there, is also left to LLVM: the function is compiled once and marked
-alwaysinline (the core's wait 47 -> 29 s, the whole VM 108 -> 60 s). A function whose callers'
+alwaysinline (the core's wait 47 -> 29 s, the whole VM 101 -> 62 s). A function whose callers'
 loops measured slower so is marked `inline=jit.bits.NUMBA_INLINE` and keeps numba's copy
 (`reduce.level`: row sums 5-15 %; `fused.common.apply_row`: the narrow-row RMSNorm 23 %).
 

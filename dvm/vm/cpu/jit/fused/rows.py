@@ -44,7 +44,7 @@ from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_
 from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs, row_uniform
-from ..bits import OPTS, ptr_f32
+from ..bits import NUMBA_INLINE, OPTS, ptr_f32
 from ..loops import loop2
 from ..mathf import exp_into
 from ..reduce import is_pow2
@@ -55,7 +55,7 @@ from .rowpart import levels_csqsum, levels_max, levels_sum, rows_from_memory, to
 from .states import bracket
 
 
-@njit(inline='always', **OPTS)
+@njit(inline=NUMBA_INLINE, **OPTS)   # its loops, as apply_row's: the narrow-row LayerNorm's
 def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
     """apply_row of xr - mv when centered (the centering sub recomputed: the same bits)."""
     if not centered:
