@@ -27,7 +27,7 @@ def test_one_round_on_this_checkout(tmp_path, capsys, vm):
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert "round 1/1: A ops" in err and "round 1/1: B ops" in err
-    assert "| case | A µs | B µs | B/A |" in out
+    assert "| case | A µs | B µs | B/A | B/A of medians |" in out
     with open(paths["json"]) as f:
         report = json.load(f)
     assert report["benchmark"] == "ab" and report["suites"] == ["ops"] and report["failures"] == []
@@ -37,6 +37,7 @@ def test_one_round_on_this_checkout(tmp_path, capsys, vm):
     for r in report["results"]:
         assert r["suite"] == "ops" and r["a_s"] > 0 and r["b_s"] > 0
         assert math.isclose(r["ratio"], r["b_s"] / r["a_s"])
+        assert math.isclose(r["median_ratio"], r["ratio"])   # one round: its median is its best
         assert r["flag"] == bench_ab.flag(r["ratio"], report["threshold"])
         assert r["a_rounds"] == [r["a_s"]] and r["b_rounds"] == [r["b_s"]]
     with open(paths["md"]) as f:
@@ -90,6 +91,27 @@ def test_rounds_alternate_the_order():
 def test_best_of_rounds_keeps_each_cases_minimum():
     rounds = [{"x": 3.0, "y": 1.0}, {"x": 2.0, "y": 4.0, "z": 5.0}, {"x": 2.5}]
     assert bench_ab.best_of_rounds(rounds) == {"x": 2.0, "y": 1.0, "z": 5.0}
+
+
+def test_median_of_rounds_per_case():
+    rounds = [{"x": 3.0, "y": 1.0}, {"x": 2.0, "y": 4.0, "z": 5.0}, {"x": 2.5}]
+    assert bench_ab.median_of_rounds(rounds) == {"x": 2.5, "y": 2.5, "z": 5.0}
+
+
+def test_a_case_is_flagged_only_where_best_and_median_agree():
+    # B's processes ran at one of two speeds: its best round is 20 % slower, its median is not
+    a_rounds = [{"bimodal": t, "slow": t} for t in (1.0, 1.0, 1.3, 1.3, 1.0)]
+    b_rounds = [{"bimodal": 1.2, "slow": 1.3}, {"bimodal": 1.05, "slow": 1.3}, {"bimodal": 1.05, "slow": 1.25},
+                {"bimodal": 1.2, "slow": 1.3}, {"bimodal": 1.2, "slow": 1.3}]
+    rows = {r["case"]: r for r in bench_ab.compare(
+        bench_ab.best_of_rounds(a_rounds), bench_ab.best_of_rounds(b_rounds), 0.10,
+        bench_ab.median_of_rounds(a_rounds), bench_ab.median_of_rounds(b_rounds))}
+    assert rows["bimodal"]["ratio"] == pytest.approx(1.05) and rows["bimodal"]["median_ratio"] == pytest.approx(1.2)
+    assert rows["bimodal"]["flag"] == ""   # the best says level, the median slower: not flagged
+    assert rows["slow"]["ratio"] == pytest.approx(1.25) and rows["slow"]["median_ratio"] == pytest.approx(1.3)
+    assert rows["slow"]["flag"] == "slower"
+    (line,) = [x for x in bench_ab._table(list(rows.values())) if x.startswith("| bimodal |")]
+    assert line.endswith("| 1.05 | 1.20 |  |")
 
 
 def test_moved_cases_on_synthetic_numbers():

@@ -6,15 +6,18 @@ then A in the next round, and so on), one fresh Python process per suite: bench_
 executed by path with PYTHONPATH=<checkout> in a neutral working directory, imports THAT
 checkout's `dvm`, waits for its whole CPU VM and times every case (the median of several
 samples). Per case and checkout the best (lowest) of the rounds' medians is kept: the round least
-disturbed by the rest of the machine. The report is a table per suite (case, A, B, B/A, and
-"slower" / "faster" where B/A is beyond 1 +- the threshold), the list of the cases that moved,
-JSON and markdown. Progress goes to stderr, the tables to stdout. Exit 0 whatever the numbers say
+disturbed by the rest of the machine; and the median of the rounds' medians beside it: a process
+may run at one of two speeds for its whole life, and a best of few rounds then picks one
+process's luck. The report is a table per suite (case, A, B, B/A of the best, B/A of the medians,
+and "slower" / "faster" where both ratios are beyond 1 +- the threshold on the same side), the
+list of the cases that moved, JSON and markdown. Progress goes to stderr, the tables to stdout. Exit 0 whatever the numbers say
 (a benchmark, not a test); 1 if a checkout's process failed; 2 for bad arguments.
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,6 +170,15 @@ def best_of_rounds(per_round: list[dict]) -> dict:
     return best
 
 
+def median_of_rounds(per_round: list[dict]) -> dict:
+    """Per case, the median of the rounds' medians; cases in the order they first appear."""
+    seen: dict = {}
+    for times in per_round:
+        for case, t in times.items():
+            seen.setdefault(case, []).append(t)
+    return {case: statistics.median(ts) for case, ts in seen.items()}
+
+
 def flag(ratio: float | None, threshold: float) -> str:
     """"slower" when B/A > 1 + threshold, "faster" when B/A < 1 - threshold, else ""."""
     if ratio is None:
@@ -176,13 +188,25 @@ def flag(ratio: float | None, threshold: float) -> str:
     return "faster" if ratio < 1 - threshold else ""
 
 
-def compare(a: dict, b: dict, threshold: float) -> list[dict]:
-    """One row per case of A (then those only B has): both times (None where missing), B/A, flag."""
+def _ratio(ta: float | None, tb: float | None) -> float | None:
+    return tb / ta if ta and tb is not None else None
+
+
+def compare(a: dict, b: dict, threshold: float, a_median: dict | None = None,
+            b_median: dict | None = None) -> list[dict]:
+    """One row per case of A (then those only B has): both times (None where missing), B/A, flag.
+    a, b: each case's best time; with a_median and b_median (each case's median over the rounds)
+    also B/A of the medians, and a case is flagged only where both ratios flag it alike."""
     rows = []
     for case in list(a) + [c for c in b if c not in a]:
         ta, tb = a.get(case), b.get(case)
-        ratio = tb / ta if ta and tb is not None else None
-        rows.append({"case": case, "a_s": ta, "b_s": tb, "ratio": ratio, "flag": flag(ratio, threshold)})
+        row = {"case": case, "a_s": ta, "b_s": tb, "ratio": _ratio(ta, tb)}
+        row["flag"] = flag(row["ratio"], threshold)
+        if a_median is not None and b_median is not None:
+            row["median_ratio"] = _ratio(a_median.get(case), b_median.get(case))
+            if flag(row["median_ratio"], threshold) != row["flag"]:
+                row["flag"] = ""
+        rows.append(row)
     return rows
 
 
@@ -209,11 +233,15 @@ def _describe(label: str, info: dict) -> str:
     return f"{label} = `{info['path']}` ({commit}{dirty})"
 
 
+def _fmt_ratio(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}"
+
+
 def _table(rows: list[dict]) -> list[str]:
-    lines = ["| case | A µs | B µs | B/A | moved |", "| --- | ---: | ---: | ---: | --- |"]
+    lines = ["| case | A µs | B µs | B/A | B/A of medians | moved |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        lines.append(f"| {r['case']} | {_us(r['a_s'])} | {_us(r['b_s'])} | {ratio} | {r['flag']} |")
+        lines.append(f"| {r['case']} | {_us(r['a_s'])} | {_us(r['b_s'])} | {_fmt_ratio(r['ratio'])} | "
+                     f"{_fmt_ratio(r.get('median_ratio'))} | {r['flag']} |")
     return lines
 
 
@@ -240,8 +268,8 @@ def _suite_note(report: dict, suite: str) -> str:
 def markdown(report: dict) -> str:
     m, load = report["machine"], report["loadavg_1min"]
     lines = ["## dvm bench ab", "", _describe("A", report["a"]) + "; " + _describe("B", report["b"]) + ".",
-             f"Best of {report['rounds']} round(s)' medians per case (order alternating A,B / B,A); B/A > 1: "
-             f"B is slower; {m.get('cpu', '?')}, {m.get('cores', '?')} cores; 1-min load {load['start']} at "
+             f"Best of {report['rounds']} round(s)' medians per case, and the median of them (order alternating "
+             f"A,B / B,A); B/A > 1: B is slower; flagged where both ratios are beyond the threshold; {m.get('cpu', '?')}, {m.get('cores', '?')} cores; 1-min load {load['start']} at "
              f"start, {load['end']} at end; {report['seconds']:.0f} s in all.", ""]
     for suite in report["suites"]:
         rows = [r for r in report["results"] if r["suite"] == suite]
@@ -251,7 +279,8 @@ def markdown(report: dict) -> str:
 
 def _rows(got: dict, threshold: float) -> list[dict]:
     times = got["times"]
-    rows = compare(best_of_rounds(times["A"]), best_of_rounds(times["B"]), threshold)
+    rows = compare(best_of_rounds(times["A"]), best_of_rounds(times["B"]), threshold,
+                   median_of_rounds(times["A"]), median_of_rounds(times["B"]))
     for r in rows:
         r["suite"] = got["suite_of"][r["case"]]
         for label in LABELS:
@@ -324,8 +353,8 @@ def add_parser(bsub) -> None:
                                      "8-512) of two checkouts of this project in the same run: per round a fresh "
                                      "process per checkout (order alternating A,B / B,A) imports that checkout's "
                                      "dvm and waits for its whole CPU VM; per case the best of the rounds' "
-                                     "medians. Prints case, A, B, B/A and the cases that moved beyond the "
-                                     "threshold. Progress on stderr. Exit 0 whatever the numbers (1 if a "
+                                     "medians and the median of them. Prints case, A, B, B/A of each and the "
+                                     "cases that moved beyond the threshold by both. Progress on stderr. Exit 0 whatever the numbers (1 if a "
                                      "checkout's process fails, 2 for bad arguments).")
     ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
     ba.add_argument("--other", default=None, metavar="PATH",
@@ -343,7 +372,8 @@ def add_parser(bsub) -> None:
     ba.add_argument("--sizes", default=None, metavar="LIST",
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
     ba.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="F",
-                    help="B/A beyond 1 +- F is flagged slower / faster (default %(default)s)")
+                    help="B/A beyond 1 +- F, of the best and of the medians alike, is flagged slower / faster "
+                         "(default %(default)s)")
     add_output_options(ba, ("--json", DEFAULT_JSON, "the results as JSON"),
                        ("--md", DEFAULT_MD, "the markdown table"))
     ba.set_defaults(func=_command)
