@@ -100,7 +100,8 @@ def _source(name: str) -> bytes:
         return f.read()
 
 
-def _imports(module: str) -> list[str]:
+@lru_cache(maxsize=None)
+def _imports(module: str) -> tuple[str, ...]:
     """The dvm modules `module` imports (from its source's import statements)."""
     text = _source(module).decode()
     package = module if _module_file(module).endswith("__init__.py") else module.rpartition(".")[0]
@@ -114,7 +115,13 @@ def _imports(module: str) -> list[str]:
         out += [c for c in candidates if c.startswith("dvm.") and _module_file(c)]
     for names in _IMPORT.findall(text):
         out += [n.split()[0] for n in names.split(",") if n.strip().startswith("dvm.")]
-    return out
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _digest(module: str) -> bytes:
+    """A module's name and source, hashed once for every piece built from it."""
+    return hashlib.sha256(module.encode() + b"\0" + _source(module)).digest()
 
 
 @lru_cache(maxsize=None)
@@ -139,7 +146,7 @@ def source_hash(piece: Piece) -> str:
     h = hashlib.sha256(f"{piece.name}:{piece.function}:numba {numba.__version__}:{tuning.stamp()}:"
                        f"ids {ID_SCHEME}:{lean_compile.stamp()}".encode())
     for m in _closure(piece.module):
-        h.update(m.encode() + b"\0" + _source(m))
+        h.update(_digest(m))
     return h.hexdigest()[:24]
 
 
