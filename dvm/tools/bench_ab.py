@@ -10,8 +10,9 @@ disturbed by the rest of the machine; and the median of the rounds' medians besi
 may run at one of two speeds for its whole life, and a best of few rounds then picks one
 process's luck. The report is a table per suite (case, A, B, B/A of the best, B/A of the medians,
 and "slower" / "faster" where both ratios are beyond 1 +- the threshold on the same side), the
-list of the cases that moved, JSON and markdown. Progress goes to stderr, the tables to stdout. Exit 0 whatever the numbers say
-(a benchmark, not a test); 1 if a checkout's process failed; 2 for bad arguments.
+list of the cases that moved, JSON and markdown. Progress goes to stderr, the tables to stdout.
+Exit 0 whatever the numbers say (a benchmark, not a test); 1 if a checkout's process failed; 2
+for bad arguments.
 """
 from __future__ import annotations
 
@@ -269,7 +270,8 @@ def markdown(report: dict) -> str:
     m, load = report["machine"], report["loadavg_1min"]
     lines = ["## dvm bench ab", "", _describe("A", report["a"]) + "; " + _describe("B", report["b"]) + ".",
              f"Best of {report['rounds']} round(s)' medians per case, and the median of them (order alternating "
-             f"A,B / B,A); B/A > 1: B is slower; flagged where both ratios are beyond the threshold; {m.get('cpu', '?')}, {m.get('cores', '?')} cores; 1-min load {load['start']} at "
+             f"A,B / B,A); B/A > 1: B is slower; flagged where both ratios are beyond the threshold; "
+             f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores; 1-min load {load['start']} at "
              f"start, {load['end']} at end; {report['seconds']:.0f} s in all.", ""]
     for suite in report["suites"]:
         rows = [r for r in report["results"] if r["suite"] == suite]
@@ -354,8 +356,9 @@ def add_parser(bsub) -> None:
                                      "process per checkout (order alternating A,B / B,A) imports that checkout's "
                                      "dvm and waits for its whole CPU VM; per case the best of the rounds' "
                                      "medians and the median of them. Prints case, A, B, B/A of each and the "
-                                     "cases that moved beyond the threshold by both. Progress on stderr. Exit 0 whatever the numbers (1 if a "
-                                     "checkout's process fails, 2 for bad arguments).")
+                                     "cases that moved beyond the threshold by both. Progress on stderr. Exit 0 "
+                                     "whatever the numbers (1 if a checkout's process fails, 2 for bad "
+                                     "arguments).")
     ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
     ba.add_argument("--other", default=None, metavar="PATH",
                     help="checkout B (default: the one this dvm was imported from)")
