@@ -10,6 +10,7 @@ startup  first call in a fresh process (warm numba disk cache)
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -150,6 +151,9 @@ def startup() -> None:
             "L = verify(k.program(x)); t1 = time.perf_counter(); o = np.empty(10, np.float32); "
             "cpu.run(L, [x, o]); t2 = time.perf_counter(); "
             "print(f'import+trace {t1 - t0:.3f} s, first cpu.run {t2 - t1:.3f} s')")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("note: PYTHONDONTWRITEBYTECODE is set: a module without a cached .pyc is compiled from source "
+              "in every process, where a user's Python caches it once (~0.1 s a process here)")
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         print("fresh process:", out.stdout.strip() or out.stderr[-2000:])
