@@ -44,7 +44,7 @@ def ensure_core() -> None:
         if missing:
             t0 = time.perf_counter()
             say(f"compiling the CPU VM's core ({len(missing)} of {_pieces(len(names))}) with numba, once per "
-                f"machine: about a minute on 2 cores ...")
+                f"machine: 30-60 s on 2 cores ...")
             _build(missing, background=False).wait_all()
             _load_or_compile(missing)
             say(f"CPU VM core compiled in {time.perf_counter() - t0:.0f} s; cached in {pieces.cache_location()}")
