@@ -6,19 +6,17 @@ in the call tree is optimized once per level above it. Only the piece's machine 
 cached: it is made from the callees' IR, linked into the piece's module; a build process
 (host/build) never calls a callee from Python. Under `callees_as_ir` a callee is compiled to IR
 only (no wrappers, no module optimization, no machine code of its own) and the piece's module,
-every callee linked in, is optimized once: the VM's compile takes a third less CPU and memory.
+every callee linked in, is optimized once.
 
 The piece's code is not numba's, byte for byte: numba's JIT also lowers a callee's module in place
 for the target (CodeGenPrepare's address sinking, seen in the IR) before a caller links it, so
 numba's pieces were made from target-lowered, twice-optimized callees. Same semantics (no
-reassociation either way); the pieces' code sizes moved by -17 % to +12 %, their speed not
-(BENCHMARKS.md).
+reassociation either way) and the same speed.
 
 numba's inlining of `inline='always'` functions, which copies the function's IR into each call
 site and types it again there, is also left to LLVM: the function is compiled once and marked
-alwaysinline (the core's wait 47 -> 29 s, the whole VM 101 -> 62 s). A function whose callers'
-loops measured slower so is marked `inline=jit.bits.NUMBA_INLINE` and keeps numba's copy
-(`reduce.level`: row sums 5-15 %; `fused.common.apply_row`: the narrow-row RMSNorm 23 %).
+alwaysinline. A function whose callers' loops measured slower so keeps numba's copy
+(`inline=jit.bits.NUMBA_INLINE`). Figures: docs/DECISIONS.md (Start-up) and BENCHMARKS.md.
 
 Not for a process that may call the callees from Python (host/startup's in-process fallback, tests):
 their dispatchers would hold overloads with no Python entry point.

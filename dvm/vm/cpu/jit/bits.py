@@ -23,9 +23,8 @@ f32 = np.float32
 
 def NUMBA_INLINE(call, caller_ir, callee_ir) -> bool:
     """`inline=NUMBA_INLINE`: numba copies the function into each caller's IR, as 'always' does,
-    also in the build processes, which leave 'always' to LLVM (host/lean_compile): for a function
-    whose callers' loops measured slower inlined by LLVM (reduce.level: row sums 5-15 %;
-    fused.common.apply_row: the narrow-row RMSNorm 23 %)."""
+    also in the build processes, which leave 'always' to LLVM (host/lean_compile). For a function
+    whose callers' loops measured slower inlined by LLVM (each use says which)."""
     return True
 
 

@@ -177,7 +177,7 @@ def _acc_t(op, acc, x, bm, ncv):
     _acc(op, acc[:n], x[:n], 1, n, n)
 
 
-@njit(inline=NUMBA_INLINE, **OPTS)   # called per row (partial tiles) and per tree level
+@njit(inline=NUMBA_INLINE, **OPTS)   # per row and per tree level: the row sums' loops slower inlined by LLVM
 def level(op, lo, hi):
     """lo[j] = lo[j] . hi[j] lane-wise (lo and hi do not overlap): one tree level over whole
     columns, and _acc's combine."""

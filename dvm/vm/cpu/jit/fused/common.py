@@ -47,7 +47,7 @@ def sq_level(lvl, v, q, ncv, bn, pad):
             lvl[k] = sq8(pad, k, q)
 
 
-@njit(inline=NUMBA_INLINE, **OPTS)   # the narrow-row RMSNorm's loop: 23 % slower inlined by LLVM
+@njit(inline=NUMBA_INLINE, **OPTS)   # the narrow-row RMSNorm's loop: slower inlined by LLVM
 def apply_row(orow, xr, sv, w, b, n, bias):
     """orow[:n] = ((xr * sv) * w) + b (without `+ b` unless bias)."""
     if bias:

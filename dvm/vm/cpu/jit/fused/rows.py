@@ -55,7 +55,7 @@ from .rowpart import levels_csqsum, levels_max, levels_sum, rows_from_memory, to
 from .states import bracket
 
 
-@njit(inline=NUMBA_INLINE, **OPTS)   # its loops, as apply_row's: the narrow-row LayerNorm's
+@njit(inline=NUMBA_INLINE, **OPTS)   # as apply_row: the narrow-row LayerNorm's loop
 def _apply_row_c(orow, xr, mv, centered, sv, w, b, n, bias):
     """apply_row of xr - mv when centered (the centering sub recomputed: the same bits)."""
     if not centered:
