@@ -306,3 +306,62 @@ def test_undefined_symbols_of_an_object_and_whether_they_resolve():
     assert cpu_cache._links_resolved([("lib", "object", (resolved, b""))])
     assert cpu_cache._undefined_symbols(b"MZ not an ELF object") is None
     assert not cpu_cache._links_resolved([("lib", "bitcode", b"")])
+
+
+def test_a_lock_held_elsewhere_is_left_when_not_waiting(tmp_path, monkeypatch):
+    (tmp_path / "tiny_vm4.py").write_text(_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tiny_vm4
+    c = cpu_cache.install(tiny_vm4.plus_one, "stamp-1")
+    with cpu_cache.piece_lock(c, "tiny") as held:   # another open file: flock sees another holder
+        assert held
+        with cpu_cache.piece_lock(c, "tiny", wait=False) as second:
+            assert not second
+        assert cpu_cache.locked_now(c, "tiny")
+    with cpu_cache.piece_lock(c, "tiny", wait=False) as held:
+        assert held
+
+
+def test_a_build_process_leaves_a_piece_another_one_is_compiling():
+    piece = pieces.loaded("fused_rotary")
+    with cpu_cache.piece_lock(piece.cache, "fused_rotary"):
+        assert pieces.compile_in_this_process(["fused_rotary"]) == ["fused_rotary"]
+
+
+def test_build_order_is_the_core_first_then_each_tier_longest_first():
+    names = [p.name for p in pieces.PIECES]
+    order = pieces.build_order(names)
+    tiers = [pieces.BY_NAME[n].tier for n in order]
+    assert sorted(order) == sorted(names) and tiers == sorted(tiers)
+    for tier in (pieces.CORE, pieces.FAST):
+        times = [pieces.BY_NAME[n].build_s for n in order if pieces.BY_NAME[n].tier == tier]
+        assert times == sorted(times, reverse=True) and min(times) > 0
+
+
+def test_every_build_process_is_given_the_same_list(monkeypatch):
+    from dvm.vm.cpu.host import startup
+    started = []
+
+    class FakeProcess:
+        pid = 0
+
+        def __init__(self, cmd, **kwargs):
+            started.append(cmd)
+
+        def poll(self):
+            return 0   # exited at once
+
+    monkeypatch.setattr(startup.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(pieces, "worker_count", lambda: 2)
+    build = startup._Build(["ew_f32", "mem"], ["team", "fused_rows"])
+    assert len(started) == 2 and started[0] == started[1]
+    assert started[0][-5:] == ["mem", "ew_f32", pieces.BACKGROUND_FLAG, "fused_rows", "team"]
+    build.wait_loaded(["ew_f32"])   # returns: every process has exited
+    startup._Build([], ["rowtree"])
+    assert started[-1][-2:] == [pieces.BACKGROUND_FLAG, "rowtree"]
+
+
+def test_the_build_command_refuses_unknown_pieces(capsys):
+    from dvm.vm.cpu.host import build
+    assert build.main(["core", pieces.BACKGROUND_FLAG, "no_such_piece"]) == 2
+    assert "no_such_piece" in capsys.readouterr().err

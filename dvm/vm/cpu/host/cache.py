@@ -48,21 +48,26 @@ def cache_dir(cache: FunctionCache) -> str:
 
 
 @contextlib.contextmanager
-def piece_lock(cache: FunctionCache | None, name: str):
-    """An exclusive machine-wide lock for compiling piece `name` (blocks while another process
-    holds it); no lock where none can be taken."""
+def piece_lock(cache: FunctionCache | None, name: str, wait: bool = True):
+    """An exclusive machine-wide lock for compiling piece `name`: yields True once this process
+    holds it (waiting while another process does), or where no lock can be taken; with
+    wait=False, yields False at once if another process holds it."""
     fd = None
     try:
         import fcntl
         os.makedirs(cache_dir(cache), exist_ok=True)
         fd = os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
     except (ImportError, AttributeError, OSError):
         if fd is not None:
             os.close(fd)
         fd = None
     try:
-        yield
+        yield True
     finally:
         if fd is not None:
             os.close(fd)   # closing the descriptor releases the lock
@@ -70,18 +75,8 @@ def piece_lock(cache: FunctionCache | None, name: str):
 
 def locked_now(cache: FunctionCache | None, name: str) -> bool:
     """Whether another process holds piece `name`'s lock (it is compiling it)."""
-    try:
-        import fcntl
-        fd = os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, AttributeError, OSError):
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    with piece_lock(cache, name, wait=False) as held:
+        return not held
 
 
 class _LeanImpl(CompileResultCacheImpl):

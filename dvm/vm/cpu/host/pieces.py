@@ -51,24 +51,30 @@ class Piece:
     tier: int
     py_sig: tuple = ()   # the argument types of the function Python calls (the core's entry)
     c_sig: str = ""      # a C function's signature other than a table piece's (PIECE_SIG)
+    build_s: float = 0.0  # its compile alone, seconds (BUILD_TIMES_HOST): the build order, longest first
 
 
 _ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
                 numba.boolean)
-PIECES = (   # in the order they compile: the build processes take them round-robin
-    Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES),
-    Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE),
-    Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE),
-    Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE),
+BACKGROUND_FLAG = "--background"   # host/build: the pieces after it compile at low priority
+
+# Where the pieces' build_s were measured: each piece alone in its build process, empty cache.
+BUILD_TIMES_HOST = "an AMD EPYC host, 2 cores, 2026-12-05 (python -m dvm.vm.cpu.host.build PIECE)"
+PIECES = (   # the table's order (it fixes each piece's function ids: _own_function_ids)
+    Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES, build_s=9.0),
+    Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE, build_s=12.5),
+    Piece("ew_f32", (abi.PC_EW_F32,), f"{_PKG}.kernels", "ew_f32_piece", CORE, build_s=6.6),
+    Piece("reduce", (abi.PC_REDUCE,), f"{_PKG}.reduce", "reduce_piece", CORE, build_s=9.7),
     Piece("ew_other", (abi.PC_EW_F64, abi.PC_EW_I64, abi.PC_EW_B8, abi.PC_CAST), f"{_PKG}.kernels_other",
-          "ew_other_piece", CORE),
-    Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE),
-    Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE),
-    Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST),
-    Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST),
-    Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST),
-    Piece("fused_rotary", (abi.PC_FUSED_ROTARY,), f"{_PKG}.fused.rotary", "fused_rotary_piece", FAST),
-    Piece("team", (), f"{_PKG}.team", "team_body", FAST, c_sig="void(int64)"),   # host/openmp.OpenMPTeam
+          "ew_other_piece", CORE, build_s=9.1),
+    Piece("rowlevel", (abi.PC_ROWLEVEL,), f"{_PKG}.rowlevel", "rowlevel_piece", CORE, build_s=9.4),
+    Piece("mem_t", (abi.PC_MEM_T,), f"{_PKG}.mem_t", "mem_t_piece", CORE, build_s=8.3),
+    Piece("fused_tile", (abi.PC_FUSED_TILE,), f"{_PKG}.fused.tile", "fused_tile_piece", FAST, build_s=16.0),
+    Piece("rowtree", (abi.PC_ROWTREE,), f"{_PKG}.rowtree", "rowtree_piece", FAST, build_s=11.5),
+    Piece("fused_rows", (abi.PC_FUSED_ROWS,), f"{_PKG}.fused.rows", "fused_rows_piece", FAST, build_s=20.2),
+    Piece("fused_rotary", (abi.PC_FUSED_ROTARY,), f"{_PKG}.fused.rotary", "fused_rotary_piece", FAST,
+          build_s=2.6),
+    Piece("team", (), f"{_PKG}.team", "team_body", FAST, c_sig="void(int64)", build_s=8.4),   # host/openmp
 )
 BY_NAME = {p.name: p for p in PIECES}
 assert sorted(s for p in PIECES for s in p.slots) == list(range(abi.N_PIECES))
@@ -217,12 +223,15 @@ class _Loaded:
         self._bind(cres)
         return True
 
-    def compile(self) -> None:
+    def compile(self, wait: bool = True) -> bool:
         """Compile the piece (under its machine-wide lock, unless another process did meanwhile)
-        and save it to the disk cache."""
-        with cache.piece_lock(self.cache, self.piece.name), global_compiler_lock:
+        and save it to the disk cache. wait=False: if another process holds the lock (it is
+        compiling the piece), return False at once instead of waiting for it."""
+        with cache.piece_lock(self.cache, self.piece.name, wait) as held, global_compiler_lock:
+            if not held:
+                return False
             if self._try_load():
-                return
+                return True
             if self.piece.py_sig:
                 with _own_function_ids(self.piece):
                     self.obj.compile(self.sig)
@@ -233,15 +242,13 @@ class _Loaded:
                 if self.cache is not None:
                     self.cache.save_overload(self.sig, cres)
                 self._bind(cres)
+            return True
 
     def _bind(self, cres) -> None:
         self.obj._library = cres.library
         self.obj._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
         self.obj._wrapper_address = cres.library.get_pointer_to_function(self.obj._wrapper_name)
         self.address = self.obj._wrapper_address
-
-    def locked_elsewhere(self) -> bool:
-        return cache.locked_now(self.cache, self.piece.name)
 
 
 _LOADED: dict[str, _Loaded] = {}
@@ -275,13 +282,24 @@ def uninstall_fast() -> None:
             TABLE[list(p.slots)] = 0
 
 
-def compile_in_this_process(names: list[str]) -> None:
-    """Compile (or load) pieces here: the body of the build processes (host/build), which compile
-    the functions a piece calls to IR only (host/lean_compile)."""
+def build_order(names: list[str]) -> list[str]:
+    """Pieces in the order build processes take them: CORE before FAST (a first call waits for the
+    core only), each tier longest first (the processes then finish together)."""
+    return sorted(names, key=lambda n: (BY_NAME[n].tier, -BY_NAME[n].build_s, PIECES.index(BY_NAME[n])))
+
+
+def compile_in_this_process(names: list[str]) -> list[str]:
+    """Compile (or load) pieces here, in `names`' order: the body of the build processes
+    (host/build), which compile the functions a piece calls to IR only (host/lean_compile). A piece
+    whose lock another process holds is left to it: processes given the same list share it out
+    piece by piece, as each becomes free. Returns the pieces left to other processes."""
+    left = []
     for n in names:
         p = loaded(n)
         with lean_compile.callees_as_ir(p.piece.function, p.obj._compiler if p.piece.py_sig else None):
-            p.compile()
+            if not p.compile(wait=False):
+                left.append(n)
+    return left
 
 
 def say(message: str) -> None:

@@ -1,12 +1,13 @@
 """Getting the CPU VM's pieces (host/pieces) into a process: never blocking a first call on more
 than the core's compile, and compiling each piece once per machine.
 
-ensure_core: loads the CORE pieces from the disk cache; on a cold machine compiles the missing
-ones in parallel build processes (host/build, one per core up to four), under per-piece locks
-(processes that start together compile each piece once), and says on stderr what it waits for.
-Then the FAST pieces: loaded at once where cached, else compiled by a background build process at
-low priority while programs run on the generic paths; a watcher thread writes each one's address
-into the VM table when the build is done, and says so on stderr.
+ensure_core: loads the CORE pieces from the disk cache; on a cold machine starts build processes
+(host/build, one per core up to four) on every missing piece, the core first, under per-piece
+locks (processes that start together compile each piece once), waits until the core is in the
+cache, and says on stderr what it waits for. The build processes then go on with the FAST pieces
+at low priority while programs run on the generic paths (a background build starts where only
+FAST pieces are missing); a watcher thread writes each one's address into the VM table when the
+build is done, and says so on stderr.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from .. import abi
 from . import pieces, tuning
-from .pieces import CORE, FAST, PIECES, install, loaded, say
+from .pieces import BACKGROUND_FLAG, CORE, FAST, PIECES, install, loaded, say
 
 ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ensure_core has run
 _EMPTY = np.zeros(0, np.int64)
@@ -41,16 +42,18 @@ def ensure_core() -> None:
             return
         names = [p.name for p in PIECES if p.tier == CORE]
         missing = [n for n in names if not loaded(n).try_load()]
+        build = None
         if missing:
             t0 = time.perf_counter()
             say(f"compiling the CPU VM's core ({len(missing)} of {_pieces(len(names))}) with numba, once per "
                 f"machine: 30-60 s on 2 cores ...")
-            _build(missing, background=False).wait_all()
+            build = _Build(missing, _missing_fast())
+            build.wait_loaded(missing)
             _load_or_compile(missing)
             say(f"CPU VM core compiled in {time.perf_counter() - t0:.0f} s; cached in {pieces.cache_location()}")
         for n in names:
             install(n)
-        _start_fast()
+        _start_fast(build)
         ENTRY = loaded("core").entry
 
 
@@ -74,19 +77,32 @@ def fast_ready() -> bool:
     return _fast_ready.is_set()
 
 
-def _start_fast() -> None:
-    global _fast_thread
-    names = [p.name for p in PIECES if p.tier == FAST]
-    missing = [n for n in names if not loaded(n).try_load()]
-    for n in names:
-        if n not in missing:
+def _missing_fast() -> list[str]:
+    """The FAST pieces not in the disk cache; those that are get loaded and installed."""
+    missing = []
+    for n in (p.name for p in PIECES if p.tier == FAST):
+        if loaded(n).try_load():
             install(n)
+        else:
+            missing.append(n)
+    return missing
+
+
+def _start_fast(build: "_Build | None") -> None:
+    """Get the FAST pieces: those the core's build processes go on to compile (`build`), else
+    a background build of them."""
+    global _fast_thread
+    missing = _missing_fast()
     if not missing:
         _fast_ready.set()
         return
-    build = _build(missing, background=True)
-    say(f"compiling the CPU VM's fast paths ({_pieces(len(missing))}) in the background (pid "
-        f"{', '.join(str(p.pid) for p in build.procs)}); programs run meanwhile, with the same results")
+    if build is None or not build.alive():
+        build = _Build([], missing)
+        say(f"compiling the CPU VM's fast paths ({_pieces(len(missing))}) in the background (pid "
+            f"{build.pids()}); programs run meanwhile, with the same results")
+    else:
+        say(f"the build processes (pid {build.pids()}) go on with the CPU VM's fast paths "
+            f"({_pieces(len(missing))}) in the background; programs run meanwhile, with the same results")
     _fast_thread = threading.Thread(target=_finish_fast, args=(build, missing), name="dvm-cpu-fast", daemon=True)
     _fast_thread.start()
 
@@ -120,26 +136,39 @@ def _load_or_compile(names: list[str]) -> None:
 
 
 class _Build:
-    """Build processes compiling pieces into the disk cache (host/build), the pieces split between
-    them round-robin in PIECES order."""
+    """Build processes (host/build, one per core up to four) compiling pieces into the disk cache.
+    Every process is given the same list (pieces.build_order: the core first, each tier longest
+    first, the FAST pieces at low priority) and takes the next piece no other process has taken."""
 
-    def __init__(self, names: list[str], background: bool):
-        n = min(pieces.worker_count(), len(names))
-        groups = [names[k::n] for k in range(n)]
-        cmd = [sys.executable, "-m", "dvm.vm.cpu.host.build"] + (["--background"] if background else [])
+    POLL_S = 0.1   # how often a first call waiting for the core looks for it in the cache
+
+    def __init__(self, core: list[str], fast: list[str]):
+        n = min(pieces.worker_count(), len(core) + len(fast))
+        cmd = [sys.executable, "-m", "dvm.vm.cpu.host.build", *pieces.build_order(core)]
+        if fast:
+            cmd += [BACKGROUND_FLAG, *pieces.build_order(fast)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [_project_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         if tuning.build_features() is not None:   # the pieces' vector width (host/tuning)
             env["NUMBA_CPU_FEATURES"] = tuning.build_features()
-        self.procs = [subprocess.Popen(cmd + g, env=env, stdin=subprocess.DEVNULL) for g in groups]
+        self.procs = [subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL) for _ in range(n)]
+
+    def pids(self) -> str:
+        return ", ".join(str(p.pid) for p in self.procs)
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def wait_loaded(self, names: list[str]) -> None:
+        """Wait until pieces `names` load from the disk cache, or every process has exited."""
+        todo = list(names)
+        while todo and self.alive():
+            time.sleep(self.POLL_S)
+            todo = [n for n in todo if not loaded(n).try_load()]
 
     def wait_all(self) -> None:
         for p in self.procs:
             p.wait()
-
-
-def _build(names: list[str], background: bool) -> _Build:
-    return _Build(names, background)
 
 
 def _project_root() -> str:
