@@ -59,9 +59,9 @@ def _whole_cpu_vm():
     cpu.warm_up(wait_fast=True)
 
 
-# On a cold numba cache the CPU VM compiles first (its core ~1.5 min on 2 cores, its fast paths ~1
-# min more). Under pytest-xdist the controller starts it in a background process at once, and every
-# test runs its reference-VM case before any CPU-VM case: the workers test on the reference VM while
+# On a cold numba cache the CPU VM compiles first (its core ~30 s on 2 cores, its fast paths ~25 s
+# more; longer while pip installs). Under pytest-xdist the controller starts it in a background
+# process at once, and every test runs its reference-VM case before any CPU-VM case: the workers test on the reference VM while
 # the VM compiles, and each worker's first CPU-VM test waits for that compile (the pieces' locks,
 # dvm/vm/cpu/host/cache.py) instead of compiling the same code itself.
 def pytest_configure(config):
