@@ -313,6 +313,9 @@ def test_a_lock_held_elsewhere_is_left_when_not_waiting(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import tiny_vm4
     c = cpu_cache.install(tiny_vm4.plus_one, "stamp-1")
+    assert cpu_cache.can_lock(c) and not cpu_cache.can_lock(None)   # None: no cache, no lock
+    with cpu_cache.piece_lock(None, "tiny", wait=False) as unlocked:
+        assert unlocked   # where no lock can be taken, the caller goes on
     with cpu_cache.piece_lock(c, "tiny") as held:   # another open file: flock sees another holder
         assert held
         with cpu_cache.piece_lock(c, "tiny", wait=False) as second:
@@ -365,3 +368,21 @@ def test_the_build_command_refuses_unknown_pieces(capsys):
     from dvm.vm.cpu.host import build
     assert build.main(["core", pieces.BACKGROUND_FLAG, "no_such_piece"]) == 2
     assert "no_such_piece" in capsys.readouterr().err
+
+
+def test_without_locks_each_build_process_is_given_its_share(monkeypatch):
+    from dvm.vm.cpu.host import startup
+    started = []
+
+    class FakeProcess:
+        pid = 0
+
+        def __init__(self, cmd, **kwargs):
+            started.append(cmd[cmd.index("dvm.vm.cpu.host.build") + 1:])
+
+    monkeypatch.setattr(startup.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(startup.cache, "can_lock", lambda c: False)
+    monkeypatch.setattr(pieces, "worker_count", lambda: 2)
+    startup._Build(["ew_f32", "mem", "core"], ["team", "fused_rows"])
+    flag = pieces.BACKGROUND_FLAG
+    assert started == [["mem", "ew_f32", flag, "fused_rows"], ["core", flag, "team"]]

@@ -47,25 +47,42 @@ def cache_dir(cache: FunctionCache) -> str:
     return cache._cache_path
 
 
+def _lock_file(cache: FunctionCache | None, name: str) -> int | None:
+    """An open descriptor of piece `name`'s lock file; None where no lock can be taken (no fcntl,
+    no writable cache directory)."""
+    try:
+        import fcntl  # noqa: F401 (the locks are fcntl's)
+        os.makedirs(cache_dir(cache), exist_ok=True)
+        return os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def can_lock(cache: FunctionCache | None) -> bool:
+    """Whether pieces' locks can be taken beside `cache`."""
+    fd = _lock_file(cache, "probe")
+    if fd is not None:
+        os.close(fd)
+    return fd is not None
+
+
 @contextlib.contextmanager
 def piece_lock(cache: FunctionCache | None, name: str, wait: bool = True):
     """An exclusive machine-wide lock for compiling piece `name`: yields True once this process
     holds it (waiting while another process does), or where no lock can be taken; with
     wait=False, yields False at once if another process holds it."""
-    fd = None
-    try:
+    fd = _lock_file(cache, name)
+    if fd is not None:
         import fcntl
-        os.makedirs(cache_dir(cache), exist_ok=True)
-        fd = os.open(os.path.join(cache_dir(cache), f"dvm-{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        yield False
-        return
-    except (ImportError, AttributeError, OSError):
-        if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
-        fd = None
+            yield False
+            return
+        except OSError:
+            os.close(fd)
+            fd = None
     try:
         yield True
     finally:

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from .. import abi
-from . import pieces, tuning
+from . import cache, pieces, tuning
 from .pieces import BACKGROUND_FLAG, CORE, FAST, PIECES, install, loaded, say
 
 ENTRY = None   # the core's compiled entry point (jit/entry.run_units), once ensure_core has run
@@ -138,20 +138,22 @@ def _load_or_compile(names: list[str]) -> None:
 class _Build:
     """Build processes (host/build, one per core up to four) compiling pieces into the disk cache.
     Every process is given the same list (pieces.build_order: the core first, each tier longest
-    first, the FAST pieces at low priority) and takes the next piece no other process has taken."""
+    first, the FAST pieces at low priority) and takes the next piece no other process has taken;
+    where no lock can be taken, each is given every n-th piece of the list instead."""
 
     POLL_S = 0.1   # how often a first call waiting for the core looks for it in the cache
 
     def __init__(self, core: list[str], fast: list[str]):
         n = min(pieces.worker_count(), len(core) + len(fast))
-        cmd = [sys.executable, "-m", "dvm.vm.cpu.host.build", *pieces.build_order(core)]
-        if fast:
-            cmd += [BACKGROUND_FLAG, *pieces.build_order(fast)]
+        core, fast = pieces.build_order(core), pieces.build_order(fast)
+        shared = cache.can_lock(loaded((core + fast)[0]).cache)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [_project_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         if tuning.build_features() is not None:   # the pieces' vector width (host/tuning)
             env["NUMBA_CPU_FEATURES"] = tuning.build_features()
-        self.procs = [subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL) for _ in range(n)]
+        self.procs = [subprocess.Popen(_build_command(core, fast) if shared else
+                                       _build_command(core[k::n], fast[k::n]), env=env, stdin=subprocess.DEVNULL)
+                      for k in range(n)]
 
     def pids(self) -> str:
         return ", ".join(str(p.pid) for p in self.procs)
@@ -169,6 +171,10 @@ class _Build:
     def wait_all(self) -> None:
         for p in self.procs:
             p.wait()
+
+
+def _build_command(core: list[str], fast: list[str]) -> list[str]:
+    return [sys.executable, "-m", "dvm.vm.cpu.host.build", *core] + ([BACKGROUND_FLAG, *fast] if fast else [])
 
 
 def _project_root() -> str:
