@@ -313,7 +313,7 @@ def test_a_lock_held_elsewhere_is_left_when_not_waiting(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import tiny_vm4
     c = cpu_cache.install(tiny_vm4.plus_one, "stamp-1")
-    assert cpu_cache.can_lock(c) and not cpu_cache.can_lock(None)   # None: no cache, no lock
+    assert cpu_cache.can_lock(c, "tiny") and not cpu_cache.can_lock(None, "tiny")   # None: no cache, no lock
     with cpu_cache.piece_lock(None, "tiny", wait=False) as unlocked:
         assert unlocked   # where no lock can be taken, the caller goes on
     with cpu_cache.piece_lock(c, "tiny") as held:   # another open file: flock sees another holder
@@ -381,7 +381,7 @@ def test_without_locks_each_build_process_is_given_its_share(monkeypatch):
             started.append(cmd[cmd.index("dvm.vm.cpu.host.build") + 1:])
 
     monkeypatch.setattr(startup.subprocess, "Popen", FakeProcess)
-    monkeypatch.setattr(startup.cache, "can_lock", lambda c: False)
+    monkeypatch.setattr(startup.cache, "can_lock", lambda c, name: False)
     monkeypatch.setattr(pieces, "worker_count", lambda: 2)
     startup._Build(["ew_f32", "mem", "core"], ["team", "fused_rows"])
     flag = pieces.BACKGROUND_FLAG

@@ -58,9 +58,9 @@ def _lock_file(cache: FunctionCache | None, name: str) -> int | None:
         return None
 
 
-def can_lock(cache: FunctionCache | None) -> bool:
-    """Whether pieces' locks can be taken beside `cache`."""
-    fd = _lock_file(cache, "probe")
+def can_lock(cache: FunctionCache | None, name: str) -> bool:
+    """Whether piece `name`'s lock can be taken (not whether another process holds it)."""
+    fd = _lock_file(cache, name)
     if fd is not None:
         os.close(fd)
     return fd is not None
