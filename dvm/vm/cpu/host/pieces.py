@@ -51,15 +51,15 @@ class Piece:
     tier: int
     py_sig: tuple = ()   # the argument types of the function Python calls (the core's entry)
     c_sig: str = ""      # a C function's signature other than a table piece's (PIECE_SIG)
-    build_s: float = 0.0  # its compile alone, seconds (BUILD_TIMES_HOST): the build order, longest first
+    build_s: float = 0.0  # its compile alone, seconds (measured: see PIECES): the build order
 
 
 _ENTRY_TYPES = (numba.int64, numba.int64, numba.int64[::1], numba.int64[::1], numba.int64[::1], numba.int64[::1],
                 numba.boolean)
 BACKGROUND_FLAG = "--background"   # host/build: the pieces after it compile at low priority
 
-# Where the pieces' build_s were measured: each piece alone in its build process, empty cache.
-BUILD_TIMES_HOST = "an AMD EPYC host, 2 cores, 2026-12-05 (python -m dvm.vm.cpu.host.build PIECE)"
+# build_s: each piece alone, `python -m dvm.vm.cpu.host.build PIECE` from an empty cache, an AMD EPYC
+# host with 2 cores (2026-12-05); only their order matters (pieces.build_order: longest first).
 PIECES = (   # the table's order (it fixes each piece's function ids: _own_function_ids)
     Piece("core", (), f"{_PKG}.entry", "run_units", CORE, _ENTRY_TYPES, build_s=9.0),
     Piece("mem", (abi.PC_MEM,), f"{_PKG}.mem", "mem_piece", CORE, build_s=12.5),
