@@ -386,3 +386,10 @@ def test_without_locks_each_build_process_is_given_its_share(monkeypatch):
     startup._Build(["ew_f32", "mem", "core"], ["team", "fused_rows"])
     flag = pieces.BACKGROUND_FLAG
     assert started == [["mem", "ew_f32", flag, "fused_rows"], ["core", flag, "team"]]
+
+
+def test_a_build_of_no_pieces_starts_no_process(monkeypatch):
+    from dvm.vm.cpu.host import startup
+    monkeypatch.setattr(startup.subprocess, "Popen", lambda *a, **k: pytest.fail("a process started"))
+    build = startup._Build([], [])
+    assert build.procs == [] and not build.alive()

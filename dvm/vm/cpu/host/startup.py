@@ -146,8 +146,7 @@ class _Build:
     def __init__(self, core: list[str], fast: list[str]):
         n = min(pieces.worker_count(), len(core) + len(fast))
         core, fast = pieces.build_order(core), pieces.build_order(fast)
-        first = (core + fast)[0]
-        shared = cache.can_lock(loaded(first).cache, first)
+        shared = n > 0 and cache.can_lock(loaded((core + fast)[0]).cache, (core + fast)[0])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [_project_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         if tuning.build_features() is not None:   # the pieces' vector width (host/tuning)
