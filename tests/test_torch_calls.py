@@ -52,7 +52,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> None:
 @pytest.mark.parametrize("i", range(len(CALLS)))
 def test_fast_call_matches_overload(i):
     op, args = CALLS[i]
-    fn = fast_call(op, len(args), False)
+    fn = fast_call(op, args, False)
     assert fn is not op or op not in _SAME_OP
     _same(fn(*args), op(*args))
 
@@ -73,7 +73,7 @@ ROUTING = [   # (op, args, kwargs): an MoE's routing ops, tuples of results or k
 @pytest.mark.parametrize("i", range(len(ROUTING)))
 def test_routing_calls_match_overload(i):
     op, args, kwargs = ROUTING[i]
-    fn = fast_call(op, len(args), bool(kwargs))
+    fn = fast_call(op, args, bool(kwargs))
     assert fn is not op
     got, want = fn(*args, **kwargs), op(*args, **kwargs)
     for a, b in zip(*((g,) if isinstance(g, torch.Tensor) else tuple(g) for g in (got, want))):
@@ -81,7 +81,7 @@ def test_routing_calls_match_overload(i):
 
 
 def test_empty_like_keeps_the_overloads_keywords():
-    fn = fast_call(aten.empty_like.default, 1, True)
+    fn = fast_call(aten.empty_like.default, (X,), True)
     assert fn is not aten.empty_like.default
     for kwargs in ({"pin_memory": False}, {"dtype": torch.int32}, {"memory_format": torch.contiguous_format}):
         a, b = fn(X.transpose(0, 2), **kwargs), aten.empty_like.default(X.transpose(0, 2), **kwargs)
@@ -91,7 +91,7 @@ def test_empty_like_keeps_the_overloads_keywords():
 @pytest.mark.parametrize("args", [(X, [1, 3], 2), (X, [2], 0), (X, [0, 3], 1)])
 def test_fast_split_matches_overload(args):
     op = aten.split_with_sizes.default
-    fn = fast_call(op, len(args), False)
+    fn = fast_call(op, args, False)
     assert fn is not op
     got, want = fn(*args), op(*args)
     assert len(got) == len(want)
@@ -104,17 +104,25 @@ def test_fast_calls_are_named_by_fx(op):
     """FX's code generator can name every fast callable (a method PyTorch overrides in Python,
     as Tensor.split, could not be: the whole graph would run eagerly)."""
     g = torch.fx.Graph()
-    g.output(g.call_function(fast_call(op, 1, False), (g.placeholder("x"),)))
+    x = g.placeholder("x")
+    g.output(g.call_function(fast_call(op, (x,), False), (x,)))
     assert "def forward" in torch.fx.GraphModule(torch.nn.Module(), g).code
 
 
 def test_keyword_arguments_keep_the_overload():
-    assert fast_call(aten.expand.default, 2, True) is aten.expand.default
-    assert fast_call(aten.view.default, 3, False) is aten.view.default   # not the (x, size) form
+    assert fast_call(aten.expand.default, (X, [2, 3, 4]), True) is aten.expand.default
+    assert fast_call(aten.view.default, (X, [6, 4], None), False) is aten.view.default   # not the (x, size) form
+
+
+def test_index_put_with_none_among_its_indices_keeps_the_overload():
+    """torch.index_put refuses None among the indices (a dimension taken whole); the op takes it."""
+    args = (X, [None, None, torch.tensor([1, 3])], torch.ones(2, 3, 1), True)
+    fn = fast_call(aten.index_put.default, args, False)
+    _same(fn(*args), aten.index_put.default(*args))
 
 
 def test_view_of_a_non_contiguous_tensor_is_a_counted_copy():
-    fn = fast_call(aten.view.default, 2, False)
+    fn = fast_call(aten.view.default, (X, [2, 12]), False)
     before = counters.snapshot().get("torch_view_copies", 0)
     xt = X.transpose(1, 2)
     _same(fn(xt, [2, 12]), xt.reshape(2, 12))
@@ -284,7 +292,7 @@ def test_grouped_mm_fallback_runs_native_only_where_it_computes_the_same(case):
     int64 offsets, and layouts the kernel refuses run the fallback itself: same result always."""
     pytest.importorskip("transformers.integrations.moe")
     op = torch.ops.transformers.grouped_mm_fallback.default
-    fn = fast_call(op, 3, False)
+    fn = fast_call(op, (None, None, None), False)
     assert fn is not op
     torch.manual_seed(0)
     n = 5 if case == "odd_width" else 8
@@ -297,3 +305,19 @@ def test_grouped_mm_fallback_runs_native_only_where_it_computes_the_same(case):
     torch.testing.assert_close(fn(x, w, offs), op(x, w, offs), rtol=0, atol=0)
     native = counters.snapshot().get("torch_grouped_mm_native", 0) - before
     assert native == (case in ("ascending", "transposed", "empty_groups"))
+
+
+def test_the_gradient_of_indexing_a_later_dimension():
+    """Its backward is index_put with None for the leading dimensions (Falcon's training step)."""
+    import dvm
+    torch._dynamo.reset()
+    idx = torch.tensor([2, 0, 2])
+
+    def f(x):
+        return (x[:, :, idx] * x[:, :, :3]).sum()
+
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    want = torch.autograd.grad(f(x), x)[0]
+    got = torch.autograd.grad(dvm.compile(f, dynamic=True)(x), x)[0]
+    torch.testing.assert_close(got, want)
+    torch._dynamo.reset()

@@ -235,12 +235,16 @@ def linear_folds(nodes, in_torch: set, val: Callable) -> tuple[dict, set]:
     return folds, skip
 
 
-def fast_call(target, n_args: int, has_kwargs: bool, row_major: bool = False) -> Callable:
-    """The callable the run graph uses for `target` called with n_args positional arguments.
-    row_major: the first argument is row-major at run time whatever its traced strides (a DVM
-    output stored row-major, F.linear's output, a view of either), so a view is a plain view."""
+def fast_call(target, args: tuple, has_kwargs: bool, row_major: bool = False) -> Callable:
+    """The callable the run graph uses for `target` called with positional arguments `args` (its
+    FX arguments). row_major: the first argument is row-major at run time whatever its traced
+    strides (a DVM output stored row-major, F.linear's output, a view of either), so a view is a
+    plain view."""
+    n_args = len(args)
     if has_kwargs and target not in _SAME_KWARGS:
         return _named(target)
+    if target is aten.index_put.default and n_args > 1 and any(i is None for i in args[1]):
+        return _named(target)   # (torch.index_put takes no None among its indices; the op does)
     if target in _SAME_OP:
         return _SAME_OP[target]
     if target in _RESHAPE_INSTEAD and n_args == 2:

@@ -55,7 +55,7 @@ def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node
     """n as a call in the run graph g (its arguments mapped through remap). row_major: the run
     graph's nodes whose tensors are row-major at run time (a plain view of one is added)."""
     first = remap.get(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
-    target = fast_call(n.target, len(n.args), bool(n.kwargs), first in row_major)
+    target = fast_call(n.target, n.args, bool(n.kwargs), first in row_major)
     get = remap.__getitem__
     out = g.call_function(target, fx.map_arg(n.args, get), fx.map_arg(n.kwargs, get))
     if target is torch.Tensor.view or target in ROW_MAJOR_RESULTS:
