@@ -61,9 +61,10 @@ def _whole_cpu_vm():
 
 # On a cold numba cache the CPU VM compiles first (its core ~30 s on 2 cores, its fast paths ~25 s
 # more; longer while pip installs). Under pytest-xdist the controller starts it in a background
-# process at once, and every test runs its reference-VM case before any CPU-VM case: the workers test on the reference VM while
-# the VM compiles, and each worker's first CPU-VM test waits for that compile (the pieces' locks,
-# dvm/vm/cpu/host/cache.py) instead of compiling the same code itself.
+# process at once, and every test runs its reference-VM case before any CPU-VM case: the workers
+# test on the reference VM while the VM compiles, and each worker's first CPU-VM test waits for
+# that compile (the pieces' locks, dvm/vm/cpu/host/cache.py) instead of compiling the same code
+# itself.
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_vm: runs the CPU VM whatever its `vm` parameter (a module that "
                             "compares the VMs itself, or runs once on the default VM); ordered with the "
