@@ -25,6 +25,23 @@ def test_an_architecture_matches_eager_end_to_end(tmp_path, capsys):
     assert "1 architectures: 1 match" in open(paths["md"]).read()
 
 
+def test_an_encoder_matches_eager_through_the_command(tmp_path, capsys):
+    """`--head masked-lm` runs the *ForMaskedLM classes (the encoders)."""
+    paths = [str(tmp_path / f"archs.{k}") for k in ("json", "md")]
+    rc = cli.main(["verify", "archs", "--head", "masked-lm", "--match", "^DistilBertForMaskedLM$",
+                   "--json", paths[0], "--md", paths[1]])
+    (row,) = json.loads(open(paths[0]).read())
+    assert rc == 0 and row["name"] == "DistilBertForMaskedLM" and row["status"] == "match", row
+    assert "# dvm verify archs (forward, masked-lm)" in open(paths[1]).read()
+
+
+@pytest.mark.parametrize("head, ending", sorted(verify_archs.HEADS.items()))
+def test_the_head_picks_the_classes(head, ending):
+    names = verify_archs.architectures(head=head)
+    assert len(names) > 20 and all(n.endswith(ending) for n in names)
+    assert not any(n.startswith(("Auto", "TF")) for n in names)   # (factories, TensorFlow)
+
+
 @pytest.mark.parametrize("aot_eager, want", [({"status": "match", "max_err": 0.0}, "MISMATCH"),
                                              ({"status": "MISMATCH", "detail": "off"}, "skipped")])
 def test_a_dvm_failure_is_dvms_unless_aot_eager_fails_alike(monkeypatch, aot_eager, want):
@@ -68,7 +85,7 @@ def test_dvm_failing_to_import_is_dvms_error(monkeypatch):
 def test_failures_set_the_exit_status_and_lead_the_report(monkeypatch, tmp_path):
     rows = {"AForCausalLM": {"status": "match", "max_err": 1e-7}, "BForCausalLM": {"status": "DVM ERROR",
                                                                                    "detail": "KeyError: x\ny"}}
-    monkeypatch.setattr(verify_archs, "architectures", lambda match=None: list(rows))
+    monkeypatch.setattr(verify_archs, "architectures", lambda match=None, head="causal-lm": list(rows))
     monkeypatch.setattr(verify_archs, "_run_one", lambda name, mode, t: {"name": name, "mode": mode, **rows[name]})
     md = tmp_path / "r.md"
     assert verify_archs.main(jobs=2, json_path=None, md_path=str(md)) == 1

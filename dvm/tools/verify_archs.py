@@ -1,7 +1,7 @@
 """`dvm verify archs`: the Hugging Face architectures no benchmark names, against eager.
 
-Every `*ForCausalLM` class `transformers` ships (or those matching --match) is built from a tiny
-config (hidden 64, 2 layers, vocab 256, random weights), compiled with
+Every `*ForCausalLM` class `transformers` ships (`--head masked-lm`: every `*ForMaskedLM`, the
+encoders; or those matching --match) is built from a tiny config (hidden 64, 2 layers, vocab 256, random weights), compiled with
 torch.compile(backend="dvm", dynamic=True) and run against eager at (1, 9) and (2, 17) tokens:
 
 - forward: float32 logits, assert_close with rtol = atol = 1e-4, or else DVM's max error against a
@@ -31,6 +31,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 MODES = ("forward", "train", "bf16")
+HEADS = {"causal-lm": "ForCausalLM", "masked-lm": "ForMaskedLM"}   # --head -> the class names' ending
 SHAPES = ((1, 9), (2, 17))          # (batch, tokens)
 TOL = 1e-4                           # forward logits and gradients (absolute and relative)
 GRAD_REL = 1e-3                      # gradients: plus this share of the largest |grad|
@@ -59,9 +60,9 @@ class Skip(Exception):
     """Not DVM's to answer: the config, eager or the model's size."""
 
 
-def architectures(match: str | None = None) -> list[str]:
+def architectures(match: str | None = None, head: str = "causal-lm") -> list[str]:
     import transformers
-    names = sorted(n for n in dir(transformers) if n.endswith("ForCausalLM") and not n.startswith("TF"))
+    names = sorted(n for n in dir(transformers) if n.endswith(HEADS[head]) and not n.startswith(("TF", "Auto")))
     return [n for n in names if match is None or re.search(match, n)]
 
 
@@ -264,11 +265,11 @@ def _text(out) -> str:
     return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
-def markdown(rows: list[dict], mode: str) -> str:
+def markdown(rows: list[dict], mode: str, head: str = "causal-lm") -> str:
     counts: dict = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines = [f"# dvm verify archs ({mode})", "",
+    lines = [f"# dvm verify archs ({mode}, {head})", "",
              f"{len(rows)} architectures: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
              "| architecture | status | max error | detail |", "| --- | --- | ---: | --- |"]
     for r in sorted(rows, key=lambda r: (r["status"] == "match", r["name"])):
@@ -279,10 +280,10 @@ def markdown(rows: list[dict], mode: str) -> str:
 
 
 def main(match: str | None = None, mode: str = "forward", jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
-         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD) -> int:
-    names = architectures(match)
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, head: str = "causal-lm") -> int:
+    names = architectures(match, head)
     if not names:
-        print(f"dvm verify archs: no *ForCausalLM class matches {match!r}", file=sys.stderr)
+        print(f"dvm verify archs: no *{HEADS[head]} class matches {match!r}", file=sys.stderr)
         return 2
     rows: list[dict] = []
 
@@ -294,7 +295,7 @@ def main(match: str | None = None, mode: str = "forward", jobs: int = 1, timeout
         return r
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(run, names))
-    text = markdown(rows, mode)
+    text = markdown(rows, mode, head)
     print(text)
     for path, body in ((json_path, json.dumps(rows, indent=1)), (md_path, text)):
         if path:
