@@ -35,11 +35,21 @@ def test_an_encoder_matches_eager_through_the_command(tmp_path, capsys):
     assert "# dvm verify archs (forward, masked-lm)" in open(paths[1]).read()
 
 
-@pytest.mark.parametrize("head, ending", sorted(verify_archs.HEADS.items()))
+@pytest.mark.parametrize("head, ending", [("causal-lm", "ForCausalLM"), ("masked-lm", "ForMaskedLM")])
 def test_the_head_picks_the_classes(head, ending):
     names = verify_archs.architectures(head=head)
     assert len(names) > 20 and all(n.endswith(ending) for n in names)
     assert not any(n.startswith(("Auto", "TF")) for n in names)   # (factories, TensorFlow)
+
+
+def test_an_encoder_decoder_gets_its_tokens_as_decoder_inputs_too(tmp_path):
+    """(T5's forward refuses to run without decoder inputs: it would be skipped, eager failing.)"""
+    names = verify_archs.architectures(head="seq2seq-lm")
+    assert {"BartForConditionalGeneration", "T5ForConditionalGeneration", "MarianMTModel"} <= set(names)
+    path = str(tmp_path / "archs.json")
+    rc = verify_archs.main(match="^T5ForConditionalGeneration$", head="seq2seq-lm", json_path=path, md_path=None)
+    (row,) = json.loads(open(path).read())
+    assert rc == 0 and row["status"] == "match", row
 
 
 @pytest.mark.parametrize("aot_eager, want", [({"status": "match", "max_err": 0.0}, "MISMATCH"),
@@ -102,4 +112,4 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
 
 def test_no_matching_architecture_is_a_usage_error(capsys):
     assert verify_archs.main(match="^NoSuchModelForCausalLM$", json_path=None, md_path=None) == 2
-    assert "no *ForCausalLM class matches" in capsys.readouterr().err
+    assert "no causal-lm class matches" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`dvm verify archs`: the Hugging Face architectures no benchmark names, against eager.
 
 Every `*ForCausalLM` class `transformers` ships (`--head masked-lm`: every `*ForMaskedLM`, the
-encoders; or those matching --match) is built from a tiny config (hidden 64, 2 layers, vocab 256, random weights), compiled with
+encoders; `--head seq2seq-lm`: the encoder-decoders of its sequence-to-sequence LM mapping, given
+the tokens as decoder inputs too; or those matching --match) is built from a tiny config (hidden 64, 2 layers, vocab 256, random weights), compiled with
 torch.compile(backend="dvm", dynamic=True) and run against eager at (1, 9) and (2, 17) tokens:
 
 - forward: float32 logits, assert_close with rtol = atol = 1e-4, or else DVM's max error against a
@@ -31,7 +32,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 MODES = ("forward", "train", "bf16")
-HEADS = {"causal-lm": "ForCausalLM", "masked-lm": "ForMaskedLM"}   # --head -> the class names' ending
+_ENDINGS = {"causal-lm": "ForCausalLM", "masked-lm": "ForMaskedLM"}   # --head -> the class names' ending
+HEADS = (*_ENDINGS, "seq2seq-lm")
 SHAPES = ((1, 9), (2, 17))          # (batch, tokens)
 TOL = 1e-4                           # forward logits and gradients (absolute and relative)
 GRAD_REL = 1e-3                      # gradients: plus this share of the largest |grad|
@@ -62,7 +64,11 @@ class Skip(Exception):
 
 def architectures(match: str | None = None, head: str = "causal-lm") -> list[str]:
     import transformers
-    names = sorted(n for n in dir(transformers) if n.endswith(HEADS[head]) and not n.startswith(("TF", "Auto")))
+    if head in _ENDINGS:
+        names = sorted(n for n in dir(transformers) if n.endswith(_ENDINGS[head]) and not n.startswith(("TF", "Auto")))
+    else:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES as seq2seq
+        names = sorted(n for n in set(seq2seq.values()) if hasattr(transformers, n))
     return [n for n in names if match is None or re.search(match, n)]
 
 
@@ -110,9 +116,16 @@ def _eager(fn, what: str = "eager"):
         raise Skip(f"{what} fails: {type(e).__name__}: {str(e)[:160]}") from None
 
 
+def _inputs(model, ids) -> dict:
+    """The forward's keyword arguments: the tokens, and for an encoder-decoder the same tokens as
+    the decoder's."""
+    seq2seq = getattr(model.config, "is_encoder_decoder", False)
+    return {"input_ids": ids, **({"decoder_input_ids": ids} if seq2seq else {})}
+
+
 def _forward(model, compiled, ids) -> float:
-    want = _eager(lambda: model(input_ids=ids).logits)
-    got = compiled(input_ids=ids).logits
+    want = _eager(lambda: model(**_inputs(model, ids)).logits)
+    got = compiled(**_inputs(model, ids)).logits
     return _logits_close(model, got, want, ids)
 
 
@@ -127,7 +140,8 @@ def _logits_close(model, got, want, ids) -> float:
     except AssertionError:
         try:
             with torch.no_grad():
-                truth = _eager(lambda: copy.deepcopy(model).double()(input_ids=ids).logits, "the float64 reference")
+                truth = _eager(lambda: copy.deepcopy(model).double()(**_inputs(model, ids)).logits,
+                               "the float64 reference")
         except Skip:   # (no float64 reference: the values stand as they are)
             raise AssertionError(f"logits differ by {(got - want).abs().max().item():.3g}") from None
         err, eager_err = (got.double() - truth).abs().max().item(), (want.double() - truth).abs().max().item()
@@ -141,9 +155,9 @@ def _train(model, twin, compiled, ids) -> float:
     import torch
     model.zero_grad()
     twin.zero_grad()
-    want = _eager(lambda: model(input_ids=ids).logits)
+    want = _eager(lambda: model(**_inputs(model, ids)).logits)
     _eager(lambda: want.float().square().mean().backward())
-    got = compiled(input_ids=ids).logits
+    got = compiled(**_inputs(model, ids)).logits
     got.float().square().mean().backward()
     worst = _logits_close(model, got, want, ids)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
@@ -161,9 +175,9 @@ def _train(model, twin, compiled, ids) -> float:
 
 
 def _bf16(model, exact, compiled, ids) -> float:
-    want = _eager(lambda: model(input_ids=ids).logits.double())
-    truth = _eager(lambda: exact(input_ids=ids).logits, "the float64 reference")
-    got = compiled(input_ids=ids).logits.double()
+    want = _eager(lambda: model(**_inputs(model, ids)).logits.double())
+    truth = _eager(lambda: exact(**_inputs(model, ids)).logits, "the float64 reference")
+    got = compiled(**_inputs(model, ids)).logits.double()
     err, eager_err = (got - truth).abs().max().item(), (want - truth).abs().max().item()
     if not err <= 2 * eager_err + BF16_LOGIT_SHARE * truth.abs().max().item():
         raise AssertionError(f"bf16 error against float64: DVM {err:.3g}, eager {eager_err:.3g}")
@@ -283,7 +297,7 @@ def main(match: str | None = None, mode: str = "forward", jobs: int = 1, timeout
          json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, head: str = "causal-lm") -> int:
     names = architectures(match, head)
     if not names:
-        print(f"dvm verify archs: no *{HEADS[head]} class matches {match!r}", file=sys.stderr)
+        print(f"dvm verify archs: no {head} class matches {match!r}", file=sys.stderr)
         return 2
     rows: list[dict] = []
 

@@ -7,7 +7,7 @@
                      [--json PATH] [--md PATH] [--png PATH]
     dvm verify ddp [--models llama] [--steps N] [--precisions f32] [--size small|bench] [--seed S]
     dvm verify opinfo [--full | --samples N] [--dtypes float32,bfloat16,float16] [--ops OP,..]
-    dvm verify archs [--head causal-lm|masked-lm] [--match REGEX] [--mode forward|train|bf16] [--jobs N]
+    dvm verify archs [--head causal-lm|masked-lm|seq2seq-lm] [--match REGEX] [--mode forward|train|bf16] [--jobs N]
                      [--timeout S]
     dvm repro FILE.npz [--vm cpu,reference]
 """
@@ -241,10 +241,10 @@ def add_parsers(sub) -> None:
     _outputs(o, None, None)
     o.set_defaults(func=cmd_verify_opinfo)
 
-    a = vsub.add_parser("archs", help="every transformers *ForCausalLM (or *ForMaskedLM) architecture, tiny, "
-                        "against eager", description=" ".join(verify_archs.__doc__.split("\n\n")[1:4]))
-    a.add_argument("--head", choices=sorted(verify_archs.HEADS), default="causal-lm",
-                   help="the classes: *ForCausalLM or *ForMaskedLM (default %(default)s)")
+    a = vsub.add_parser("archs", help="every transformers *ForCausalLM (*ForMaskedLM, seq2seq LM) architecture, "
+                        "tiny, against eager", description=" ".join(verify_archs.__doc__.split("\n\n")[1:4]))
+    a.add_argument("--head", choices=verify_archs.HEADS, default="causal-lm",
+                   help="the classes: *ForCausalLM, *ForMaskedLM or the encoder-decoder LMs (default %(default)s)")
     a.add_argument("--match", default=None, metavar="REGEX", help="class names to run (default all)")
     a.add_argument("--mode", choices=verify_archs.MODES, default="forward", help="default %(default)s")
     a.add_argument("--jobs", type=int, default=1, help="architectures at a time (default %(default)s)")
