@@ -54,7 +54,8 @@ TINY = dict(hidden_size=64, n_embd=64, d_model=64, dim=64, num_hidden_layers=2, 
             num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, rotary_dim=8, partial_rotary_factor=0.5,
             use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-            tie_word_embeddings=True)
+            tie_word_embeddings=True, embedding_size=64, intra_bottleneck_size=32,
+            true_hidden_size=32)
 VOCAB = TINY["vocab_size"]
 
 
