@@ -42,6 +42,21 @@ def test_the_head_picks_the_classes(head, ending):
     assert not any(n.startswith(("Auto", "TF")) for n in names)   # (factories, TensorFlow)
 
 
+@pytest.mark.parametrize("types, keep", [(None, [0, 1]), (["full"] * 4, [0, 1]),
+                                         (["sliding"] * 5 + ["full"], [0, 5]), (["linear", "full", "linear"], [0, 1])])
+def test_a_tiny_model_keeps_the_first_layer_and_one_of_another_kind(types, keep):
+    assert verify_archs.kept_layers(types, 6 if types is None else len(types)) == keep
+
+
+def test_per_layer_fields_are_cut_to_the_kept_layers():
+    """Gemma 4 sets head_dim per layer (reading the config's own head_dim raises) in a
+    per_layer_config keyed by the layer's index."""
+    got = verify_archs._per_layer({"05": {"head_dim": 512}, "11": {"head_dim": 512, "other": 1}}, [0, 5])
+    assert got == {"01": {"head_dim": verify_archs.TINY["head_dim"]}}
+    model = verify_archs.tiny_model("Gemma4ForCausalLM")
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+
+
 def test_an_encoder_decoder_gets_its_tokens_as_decoder_inputs_too(tmp_path):
     """(T5's forward refuses to run without decoder inputs: it would be skipped, eager failing.)"""
     names = verify_archs.architectures(head="seq2seq-lm")
@@ -113,3 +128,24 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
 def test_no_matching_architecture_is_a_usage_error(capsys):
     assert verify_archs.main(match="^NoSuchModelForCausalLM$", json_path=None, md_path=None) == 2
     assert "no causal-lm class matches" in capsys.readouterr().err
+
+
+def test_train_mode_passes_over_an_empty_parameter():
+    """(MobileBert's tiny config has a weight with no elements: its gradient has no largest value.)"""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+
+    class Tiny(torch.nn.Module):
+        config = SimpleNamespace()
+
+        def __init__(self):
+            super().__init__()
+            self.emb, self.empty = torch.nn.Embedding(256, 8), torch.nn.Parameter(torch.zeros(0, 8))
+
+        def forward(self, input_ids):
+            return SimpleNamespace(logits=self.emb(input_ids) + self.empty.sum())
+    model = Tiny()
+    twin = copy.deepcopy(model)
+    assert verify_archs._train(model, twin, twin, torch.randint(0, 256, (1, 5))) == 0.0
