@@ -149,3 +149,14 @@ def test_train_mode_passes_over_an_empty_parameter():
     model = Tiny()
     twin = copy.deepcopy(model)
     assert verify_archs._train(model, twin, twin, torch.randint(0, 256, (1, 5))) == 0.0
+
+
+@pytest.mark.parametrize("mixed_detail, want", [("eager fails: shape", "match"), ("too big: 9 parameters", "skipped")])
+def test_a_hybrid_skipped_with_a_layer_of_each_kind_is_checked_with_its_first_two(monkeypatch, mixed_detail, want):
+    def check(name, mode, backend, mixed):
+        return {"status": "skipped", "detail": mixed_detail} if mixed else {"status": "match", "max_err": 0.0}
+    monkeypatch.setattr(verify_archs, "_check", check)
+    monkeypatch.setattr(verify_archs, "mixes_layers", lambda name: True)
+    got = verify_archs.check("HybridForCausalLM", "forward")
+    assert got["status"] == want
+    assert ("layers" in got) == (want == "match")
