@@ -66,6 +66,9 @@ class Skip(Exception):
     """Not DVM's to answer: the config, eager or the model's size."""
 
 
+TOO_BIG = "too big"   # a Skip's detail starts so where the model is over MAX_PARAMS
+
+
 def architectures(match: str | None = None, head: str = "causal-lm") -> list[str]:
     import transformers
     if head in _ENDINGS:
@@ -140,10 +143,12 @@ def tiny_model(name: str, mixed: bool = True):
         cfg = cls.config_class()
         sub, layers, keep = _layout(cfg)
         keep = keep if mixed else [0, 1]
-        per_layer = [k for k in TINY if _field(sub, k) is _UNSAID and k in vars(sub)]
+        per_layer = []   # fields the config will not say (set per layer): set in its fields below
         for k, v in TINY.items():
             now = _field(sub, k)
-            if now is not _UNSAID and not isinstance(now, (list, dict)):
+            if now is _UNSAID and k in vars(sub):
+                per_layer.append(k)
+            elif now is not _UNSAID and not isinstance(now, (list, dict)):
                 _try_set(sub, k, v)
         for k, v in list(vars(sub).items()):
             if isinstance(v, list) and layers > 2 and len(v) == layers:
@@ -160,7 +165,7 @@ def tiny_model(name: str, mixed: bool = True):
         raise Skip(f"config refused: {type(e).__name__}: {str(e)[:160]}") from None
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
-        raise Skip(f"too big: {n:,} parameters")
+        raise Skip(f"{TOO_BIG}: {n:,} parameters")
     return model
 
 
@@ -259,7 +264,7 @@ def check(name: str, mode: str, backend: str = "dvm") -> dict:
     whose tiny model with a layer of each kind is skipped (refused, or eager fails on it) is
     checked with its first two layers instead ("layers" says why)."""
     got = _check(name, mode, backend, mixed=True)
-    if got["status"] == "skipped" and not got["detail"].startswith("too big") and mixes_layers(name):
+    if got["status"] == "skipped" and not got["detail"].startswith(TOO_BIG) and mixes_layers(name):
         plain = _check(name, mode, backend, mixed=False)
         if plain["status"] != "skipped":
             return {**plain, "layers": f"the first two; with one of each kind skipped: {got['detail'][:160]}"}
