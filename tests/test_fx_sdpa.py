@@ -95,6 +95,18 @@ def test_keep_kind_of_fresh_masks_is_the_definition(B, L, S, start, flips, broad
     assert fx_sdpa.keep_kind(keep, L, S) == _kind_by_definition(keep, L, S)
     assert fx_sdpa.keep_kind(keep.float(), L, S) == "masked"   # (only a bool mask is read)
 
+def test_keep_kind_reads_a_true_stored_as_any_nonzero_byte():
+    """A bool mask viewed from bytes may hold a True as 2: it keeps the key (as PyTorch's ops
+    read it), but its bytes are not the causal pattern's, so such a mask is used as given."""
+    ones = torch.full((1, 1, 4, 4), 2, dtype=torch.uint8).view(torch.bool)
+    assert fx_sdpa.keep_kind(ones, 4, 4) == "every key"
+    tri = (torch.ones(4, 4, dtype=torch.uint8).tril() * 2).expand(1, 1, 4, 4).contiguous().view(torch.bool)
+    assert fx_sdpa.keep_kind(tri, 4, 4) == "masked"
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    fn = torch.compile(_attention, backend="dvm", dynamic=True)
+    torch.testing.assert_close(fn(q, k, v, tri), _attention(q, k, v, tri))
+
+
 def _attention(q, k, v, keep):
     mask = torch.where(keep, 0.0, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
