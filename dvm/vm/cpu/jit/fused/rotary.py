@@ -56,33 +56,54 @@ def _start(src, optab, dims, addrs, nr, r0, c0, sc):
 
 
 @njit(inline='always', **OPTS)
-def _next(src, optab, dims, nr, sc):
-    """The odometer one row on: sc's index and the operands' row offsets (as _start keeps them)."""
-    d = nr - 1
-    while d >= 0:
-        sc[d] += 1
+def _carries(src, optab, dims, nr, inc):
+    """inc[d * N_ROWS + j]: what operand j's row offset gains when the odometer's digit d goes up
+    by one and every later digit goes back to 0 (one add a row and operand, whichever digit
+    moves: the odometer's offsets stay in registers)."""
+    for d in range(nr):
         for j in range(N_ROWS):
-            sc[nr + j] += optab[src[j], _S + d]
-        if sc[d] < dims[d]:
-            return
-        for j in range(N_ROWS):
-            sc[nr + j] -= optab[src[j], _S + d] * dims[d]
-        sc[d] = 0
-        d -= 1
+            o = src[j]
+            v = optab[o, _S + d]
+            for e in range(d + 1, nr):
+                v -= (max(dims[e], 1) - 1) * optab[o, _S + e]
+            inc[d * N_ROWS + j] = v
 
 
 @njit(inline='always', **OPTS)
-def _row(sc, nr, ncv, r_swap, y_swap):
-    """y's row from a, b, c, d, e's rows at the odometer's offsets."""
-    at, off = sc[nr + N_ROWS:nr + 2 * N_ROWS], sc[nr:nr + N_ROWS]
-    a, b = carray(ptr_f32(at[0] + 4 * off[0]), ncv), carray(ptr_f32(at[1] + 4 * off[1]), ncv)
-    c, d = carray(ptr_f32(at[2] + 4 * off[2]), ncv), carray(ptr_f32(at[3] + 4 * off[3]), ncv)
-    e, y = carray(ptr_f32(at[4] + 4 * off[4]), ncv), carray(ptr_f32(at[5] + 4 * off[5]), ncv)
+def _row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap):
+    """y's row from a, b, c, d, e's rows (their first lanes' addresses)."""
+    a, b = carray(ptr_f32(pa), ncv), carray(ptr_f32(pb), ncv)
+    c, d = carray(ptr_f32(pc), ncv), carray(ptr_f32(pd), ncv)
+    e, y = carray(ptr_f32(pe), ncv), carray(ptr_f32(py), ncv)
     for k in range(ncv):
         p = ops.mul(a[k], b[k])
         q = ops.mul(c[k], d[k])
         r = ops.mul(e[k], q) if r_swap else ops.mul(q, e[k])
         y[k] = ops.add(r, p) if y_swap else ops.add(p, r)
+
+
+@njit(inline='always', **OPTS)
+def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap):
+    """The tile's nrows rows from the odometer _start left in sc (its digits move in sc; the six
+    row offsets in locals, moved by _carries' amounts)."""
+    at = sc[nr + N_ROWS:nr + 2 * N_ROWS]
+    b0, b1, b2, b3, b4, b5 = at[0], at[1], at[2], at[3], at[4], at[5]
+    o0, o1, o2, o3, o4, o5 = sc[nr], sc[nr + 1], sc[nr + 2], sc[nr + 3], sc[nr + 4], sc[nr + 5]
+    for i in range(nrows):
+        if i > 0:
+            d = nr - 1
+            while d > 0 and sc[d] + 1 >= dims[d]:
+                sc[d] = 0
+                d -= 1
+            sc[d] += 1
+            k = d * N_ROWS
+            o0 += inc[k]
+            o1 += inc[k + 1]
+            o2 += inc[k + 2]
+            o3 += inc[k + 3]
+            o4 += inc[k + 4]
+            o5 += inc[k + 5]
+        _row(b0 + 4 * o0, b1 + 4 * o1, b2 + 4 * o2, b3 + 4 * o3, b4 + 4 * o4, b5 + 4 * o5, ncv, r_swap, y_swap)
 
 
 @njit(**OPTS)
@@ -114,7 +135,7 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
         return 0
     n, nr = fz[pc, 1], meta[M_NR]
     nrows, ncv = min(meta[M_BM], meta[M_ROWS] - r0), min(meta[M_BN], meta[M_COLS] - c0)
-    if nrows < 1 or ncv < MIN_LANES or ix.shape[0] < nr + 3 * N_ROWS + 1:
+    if nrows < 1 or ncv < MIN_LANES or ix.shape[0] < nr * (N_ROWS + 1) + 3 * N_ROWS + 1:
         return 0
     # f32 operands, one unit-stride column dim, row-major tiles (any row strides)
     if not _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix):
@@ -125,10 +146,9 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
     src[N_ROWS - 1] = instrs[pc + n - 1, 2]
     r_swap, y_swap = (fz[pc, 7] & ROT_R_SWAP) != 0, (fz[pc, 7] & ROT_Y_SWAP) != 0
     sc = ix[:nr + 2 * N_ROWS]
+    inc = ix[nr + 3 * N_ROWS:nr * (N_ROWS + 1) + 3 * N_ROWS]
     _start(src, optab, dims, addrs, nr, r0, c0, sc)
-    for i in range(nrows):
-        if i > 0:
-            _next(src, optab, dims, nr, sc)
-        _row(sc, nr, ncv, r_swap, y_swap)
+    _carries(src, optab, dims, nr, inc)
+    _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap)
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
