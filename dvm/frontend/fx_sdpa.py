@@ -306,7 +306,7 @@ def _fresh_kind(keep: torch.Tensor, L: int, S: int) -> str:
     raw = _mask_bytes(keep)
     if raw is not None:
         if square and not raw[1]:
-            return _CAUSAL if raw == _tril_bytes(L) * (len(raw) // (L * L)) else _MASKED
+            return _CAUSAL if _is_tril(raw, L) else _MASKED
         every = b"\x00" not in raw
     else:
         a = keep.detach().numpy()
@@ -366,21 +366,21 @@ def _tril_entry(L: int) -> tuple:
     return entry
 
 
-def _tril_bytes(L: int) -> bytes:
-    return _tril_entry(L)[1]
+def _is_tril(raw: bytes, L: int) -> bool:
+    """raw (a mask's bytes, len a multiple of L*L) is the lower triangle, once per L*L block."""
+    return raw == _tril_entry(L)[1] * (len(raw) // (L * L))
 
 
 def _equals_tril(keep: torch.Tensor, L: int) -> bool:
     if not keep.is_cpu:   # (a device mask: compared there; one synchronizing read of the answer)
         tri = torch.ones((L, L), dtype=torch.bool, device=keep.device).tril_()
         return bool(torch.equal(keep.reshape(-1, L, L), tri.expand(keep.numel() // (L * L), L, L)))
+    keep = keep.contiguous()
     raw = _mask_bytes(keep)
-    if raw is not None:
-        return raw == _tril_bytes(L) * (len(raw) // (L * L))
-    rows = keep.contiguous().reshape(-1, L * L).numpy()   # (a view when keep is contiguous)
-    tri, tri_bytes = _tril_entry(L)
-    if rows.size <= _BYTES_CHECK_MAX:   # small masks: a copy and one memcmp beat the row loop
-        return rows.tobytes() == tri_bytes * rows.shape[0]
+    if raw is not None:   # small masks: one memcmp beats the row loop
+        return _is_tril(raw, L)
+    rows = keep.reshape(-1, L * L).numpy()   # (a view of the contiguous mask)
+    tri = _tril_entry(L)[0]
     if L > 1 and rows[:, 1].any():   # query 0 keeps key 1 (an encoder's mask): not causal, no row loop
         return False
     n8 = (L * L) // 8 * 8

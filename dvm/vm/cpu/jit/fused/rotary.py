@@ -57,16 +57,16 @@ def _start(src, optab, dims, addrs, nr, r0, c0, sc):
 
 @njit(inline='always', **OPTS)
 def _carries(src, optab, dims, nr, inc):
-    """inc[d * N_ROWS + j]: what operand j's row offset gains when the odometer's digit d goes up
-    by one and every later digit goes back to 0 (one add a row and operand, whichever digit
-    moves: the odometer's offsets stay in registers)."""
+    """inc[d * N_ROWS + j]: the bytes operand j's row address moves when the odometer's digit d
+    goes up by one and every later digit goes back to 0 (one add a row and operand, whichever
+    digit moves: the row addresses stay in registers)."""
     for d in range(nr):
         for j in range(N_ROWS):
             o = src[j]
             v = optab[o, _S + d]
             for e in range(d + 1, nr):
                 v -= (max(dims[e], 1) - 1) * optab[o, _S + e]
-            inc[d * N_ROWS + j] = v
+            inc[d * N_ROWS + j] = 4 * v
 
 
 @njit(inline='always', **OPTS)
@@ -85,10 +85,10 @@ def _row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap):
 @njit(inline='always', **OPTS)
 def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap):
     """The tile's nrows rows from the odometer _start left in sc (its digits move in sc; the six
-    row offsets in locals, moved by _carries' amounts)."""
-    at = sc[nr + N_ROWS:nr + 2 * N_ROWS]
-    b0, b1, b2, b3, b4, b5 = at[0], at[1], at[2], at[3], at[4], at[5]
-    o0, o1, o2, o3, o4, o5 = sc[nr], sc[nr + 1], sc[nr + 2], sc[nr + 3], sc[nr + 4], sc[nr + 5]
+    row addresses in locals, moved by _carries' amounts)."""
+    at, off = sc[nr + N_ROWS:nr + 2 * N_ROWS], sc[nr:nr + N_ROWS]
+    p0, p1, p2 = at[0] + 4 * off[0], at[1] + 4 * off[1], at[2] + 4 * off[2]
+    p3, p4, p5 = at[3] + 4 * off[3], at[4] + 4 * off[4], at[5] + 4 * off[5]
     for i in range(nrows):
         if i > 0:
             d = nr - 1
@@ -97,13 +97,13 @@ def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap):
                 d -= 1
             sc[d] += 1
             k = d * N_ROWS
-            o0 += inc[k]
-            o1 += inc[k + 1]
-            o2 += inc[k + 2]
-            o3 += inc[k + 3]
-            o4 += inc[k + 4]
-            o5 += inc[k + 5]
-        _row(b0 + 4 * o0, b1 + 4 * o1, b2 + 4 * o2, b3 + 4 * o3, b4 + 4 * o4, b5 + 4 * o5, ncv, r_swap, y_swap)
+            p0 += inc[k]
+            p1 += inc[k + 1]
+            p2 += inc[k + 2]
+            p3 += inc[k + 3]
+            p4 += inc[k + 4]
+            p5 += inc[k + 5]
+        _row(p0, p1, p2, p3, p4, p5, ncv, r_swap, y_swap)
 
 
 @njit(**OPTS)
