@@ -38,6 +38,12 @@ def add_layernorm(k, a, b, w, c):
 
 
 @dvm.kernel
+def add3_layernorm(k, a, b, c, w, d):
+    """LayerNorm of a parallel block's sum a + b + c (attention, MLP and residual: GPT-NeoX, Phi, Falcon)"""
+    return k.store(layer_norm_of(k, k.add(k.add(k.load(a), k.load(b)), k.load(c)), k.load(w), k.load(d)))
+
+
+@dvm.kernel
 def add_rmsnorm(k, a, b, w):
     """RMSNorm of a residual sum a + b"""
     return k.store(rms_norm_of(k, k.add(k.load(a), k.load(b)), k.load(w)))
@@ -139,6 +145,8 @@ def _torch_forms() -> dict:
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
         "add_layernorm": (lambda a, b, w, c: layernorm_t(a + b, w, c),
                           lambda a, b, w, c: F.layer_norm(a + b, (a.shape[-1],), w, c, 1e-5)),
+        "add3_layernorm": (lambda a, b, c, w, d: layernorm_t(a + b + c, w, d),
+                           lambda a, b, c, w, d: F.layer_norm(a + b + c, (a.shape[-1],), w, d, 1e-5)),
         "add_rmsnorm": (lambda a, b, w: rmsnorm_t(a + b, w), lambda a, b, w: F.rms_norm(a + b, (a.shape[-1],), w, 1e-6)),
         "sum_last": (lambda x: x.sum(-1), None),
         "max_last": (lambda x: x.amax(-1), None),
@@ -170,7 +178,7 @@ class Case:
             rows = rng.standard_normal((*shape[:-1], self.n_full * shape[-1]), dtype=np.float32)
             full = [rows[..., i * shape[-1]:(i + 1) * shape[-1]] for i in range(self.n_full)]
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
-        if self.name in ("layernorm", "add_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
+        if self.name in ("layernorm", "add_layernorm", "add3_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
         elif self.name in ("rmsnorm", "add_rmsnorm"):
             vecs = [1.0 + 0.1 * vecs[0]]
@@ -213,6 +221,8 @@ CASES = (
          native_name="F.rms_norm"),
     Case("add_layernorm", "LayerNorm of a residual sum a + b", add_layernorm, 2, 2,
          lambda a, b, w, c: _ref_layernorm(a + b, w, c), "norm", native_name="F.layer_norm(a + b)"),
+    Case("add3_layernorm", "LayerNorm of a parallel block's sum a + b + c", add3_layernorm, 2, 3,
+         lambda a, b, c, w, d: _ref_layernorm(a + b + c, w, d), "norm", native_name="F.layer_norm(a + b + c)"),
     Case("add_rmsnorm", "RMSNorm of a residual sum a + b", add_rmsnorm, 1, 2,
          lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)"),
     Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",

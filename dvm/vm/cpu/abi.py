@@ -99,6 +99,9 @@ OPTAB_FIXED = 4   # optab row: kind, arg, dtype, offset, then one stride per dim
  FK_CSQACC, FK_UNBIN, FK_ADDSUM, FK_ROTARY) = range(13)
 FUSE_WIDTH = 8    # fuse[pc]: kind, instructions covered, then the kind's fields
 NO_SRC = -1       # FK_APPLY (and FK_ROWNORM) without a bias stage
+# FK_ROWNORM's residual sum: at most this many loaded terms, ((a + b) + c) + ...: the terms past
+# the first two keep their row addresses in the frame's si scratch (2 * BN entries, BM <= BN)
+ROWNORM_MAX_TERMS = 4
 NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)
 PEEP_LATER = -2   # peep[pc] <= PEEP_LATER: operand PEEP_LATER - peep[pc] stores the result later
 FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops a run may start with

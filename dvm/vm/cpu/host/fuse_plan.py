@@ -18,8 +18,8 @@ import numpy as np
 from ....codegen import isa
 from ..abi import (CHAIN_OPS, EW_NAMES, FK_ADDSUM, FK_APPLY, FK_CSQACC, FK_CSQSUM, FK_EXPSUM, FK_LOADACC,
                    FK_LOADRED, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_SQSUM, FK_UNBIN, FUSE_WIDTH, FUSED_BIN,
-                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP,
-                   UNBIN_X_SHIFT, UNBIN_ZDEAD)
+                   FUSED_UN, NO_LOAD, NO_SRC, R_ARGMAX, RED_NAMES, ROWNORM_MAX_TERMS, UNBIN_C_SHIFT, UNBIN_SWAP,
+                   UNBIN_USWAP, UNBIN_X_SHIFT, UNBIN_ZDEAD)
 from .fuse_flow import Flow, is_op, self_contained, writes_in
 from .fuse_rotary import rotary
 
@@ -237,15 +237,35 @@ def _scalar_chain(instrs, specs, flow: Flow, q: int, sec, full: set[int]) -> int
     return q
 
 
-def _residual(instrs, specs, flow: Flow, pc: int, sec) -> int | None:
-    """load a, oa ; load b, ob ; add x, a, b (either order), a and b read by nothing after the
-    add -> x (a residual sum, the row a norm then takes)."""
-    if pc + 3 > sec[1] or not (is_op(specs[pc], "load") and is_op(specs[pc + 1], "load")
-                               and is_op(specs[pc + 2], "ew", "add")):
+def _residual(instrs, specs, flow: Flow, pc: int, sec) -> tuple[int, int] | None:
+    """load a, oa ; load b, ob ; add x, a, b, then up to ROWNORM_MAX_TERMS - 2 of
+    load c, oc ; add x', x, c (each add's operands in either order): a residual sum of loaded
+    terms, the row a norm then takes. Each term and partial sum is read by nothing after the add
+    that takes it (but as that add's result), and a term's load leaves the partial sum alone.
+    -> (the sum's register, the pc after it)."""
+    if pc + 3 > sec[1] or not (is_op(specs[pc], "load") and is_op(specs[pc + 1], "load")):
         return None
-    a, b = int(instrs[pc, 1]), int(instrs[pc + 1, 1])
-    x, u, v = (int(w) for w in instrs[pc + 2, 1:4])
-    if a == b or {u, v} != {a, b} or not (flow.dead_after(a, pc, pc + 3, sec) and flow.dead_after(b, pc, pc + 3, sec)):
+    x = _sum_step(instrs, specs, flow, pc + 2, sec, int(instrs[pc, 1]), int(instrs[pc + 1, 1]))
+    if x is None:
+        return None
+    q, terms = pc + 3, 2
+    while terms < ROWNORM_MAX_TERMS and q + 2 <= sec[1] and is_op(specs[q], "load"):
+        y = _sum_step(instrs, specs, flow, q + 1, sec, x, int(instrs[q, 1]))
+        if y is None:
+            break
+        x, q, terms = y, q + 2, terms + 1
+    return x, q
+
+
+def _sum_step(instrs, specs, flow: Flow, pc: int, sec, a: int, b: int) -> int | None:
+    """Instruction pc is `add x, a, b` (either order) of two distinct registers, neither read after
+    it but as x -> x."""
+    if not is_op(specs[pc], "ew", "add"):
+        return None
+    x, u, v = (int(w) for w in instrs[pc, 1:4])
+    if a == b or {u, v} != {a, b}:
+        return None
+    if any(r != x and not flow.dead_after(r, pc, pc + 1, sec) for r in (a, b)):
         return None
     return x
 
@@ -257,7 +277,7 @@ def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     -> (FK_ROWNORM, n, o, pc of the CSQSUM run or -1, pc of the FK_APPLY run, rs, w and b sources
     as FK_APPLY's) when m and rs are the chains' results (or the sums themselves) and the run is
     self-contained. Chains: compact ops only (_scalar_chain), replayed per row by jit/fused/rows.
-    A residual sum (_residual: two loads and an add) may stand for `load x, o`, its row stored or
+    A residual sum (_residual: loads and adds) may stand for `load x, o`, its row stored or
     not by `store x` right after `store y`: then the field o is -1 - the offset of that store in
     the run (0: not stored)."""
     if not is_op(specs[pc], "load"):
@@ -265,7 +285,7 @@ def _row_norm(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     x, q = int(instrs[pc, 1]), pc + 1
     res = _residual(instrs, specs, flow, pc, sec)
     if res is not None:
-        x, q = res, pc + 3
+        x, q = res
     if q < sec[1] and is_op(specs[q], "rowred", "sum") and int(instrs[q, 2]) == x and int(instrs[q, 1]) != x:
         cpc = _scalar_chain(instrs, specs, flow, q + 1, sec, {x})
         run = _sub_then_sum(instrs, specs, flow, cpc, sec, row_form=True)

@@ -38,14 +38,14 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (CHAIN_OPS, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, K_BIN, M_BM, M_BN, M_COLS,
-                    M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM, RS_COMPACT, RS_FULL,
-                    RS_UNIFORM, RS_UNIFORM_ALL)
+from ...abi import (CHAIN_OPS, DEC_GROUP, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, G_LOAD, K_BIN,
+                    M_BM, M_BN, M_COLS, M_ROWS, NO_SRC, OP_ADD, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM,
+                    RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL)
 from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs, row_uniform
 from ..bits import NUMBA_INLINE, OPTS, ptr_f32
-from ..loops import loop2
+from ..loops import bin_in_place, loop2
 from ..mathf import exp_into
 from ..reduce import is_pow2
 from ..rowtree import tree_p2
@@ -126,16 +126,34 @@ _add_row = loop2(ops.add)
 
 
 @njit(**OPTS)
+def _add_terms(xr, a, b, r, nt, rt, bm, swaps):
+    """xr = the residual sum's row r: ((a + b) + c) + ... in the sum's order, term j >= 2's row at
+    rt[(j - 2) * bm + r] (nt >= 1 of them), added as its add has it (swaps bit j - 2: the term is
+    the add's first operand). The third term joins the first two in one pass (a pass of its own
+    over a row from memory cost a 4096x1024 sum 20 %)."""
+    c = carray(ptr_f32(rt[r]), xr.shape[0])
+    if swaps & 1:
+        for k in range(xr.shape[0]):
+            xr[k] = ops.add(c[k], ops.add(a[k], b[k]))
+    else:
+        for k in range(xr.shape[0]):
+            xr[k] = ops.add(ops.add(a[k], b[k]), c[k])
+    for j in range(1, nt):
+        bin_in_place(OP_ADD, xr, carray(ptr_f32(rt[j * bm + r]), xr.shape[0]), (swaps >> j) & 1 != 0)
+
+
+@njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
-               w, b, bias, ta, residual, ra, rb, touch):
+               w, b, bias, ta, residual, ra, rb, terms, touch):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
     bn: a power of two >= ROW_FORM_MIN_BN below 2 * ncv (_rows_fit); ta: bn-lane tree scratch. The row is
     read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
     appears once: every inlined copy costs compile time. residual: row r is first written to
-    rx[r] as the sum of the rows at ra[r] and rb[r]; else, when touch, the row is first touched
-    (fused/rowpart.touch_row: a row from memory)."""
+    rx[r] as the sum of the rows at ra[r] and rb[r] and of the later terms (terms: _add_terms'
+    nt, rt, bm, swaps); else, when touch, the row is first touched (fused/rowpart.touch_row: a row
+    from memory)."""
     q = bn // 8
     lvl = ta[:q]
     la = ta[q:2 * q]
@@ -143,7 +161,9 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     z = np.float32(0.0)
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
-        if residual:
+        if residual and terms[0]:
+            _add_terms(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv), r, *terms)
+        elif residual:
             _add_row(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
         elif touch:
             touch_row(xr, ncv)
@@ -176,7 +196,7 @@ def _chain_rows(instrs, dec, q0, q1, F, st, r0, r1):
 
 @njit(**OPTS)
 def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
-                      w, b, bias, d, mb, residual, ra, rb):
+                      w, b, bias, d, mb, residual, ra, rb, terms):
     """_norm_rows for rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2 lanes: the row trees in vector
     registers (jit/vtree: of x's valid lanes, padded as the spec pads; of the centered squares in
     scratch row d, whose lanes past ncv hold +0.0, the sum's identity), and the chains replayed on
@@ -192,7 +212,11 @@ def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, 
         r1 = min(nrows, r0 + blk)
         if residual:
             for r in range(r0, r1):
-                _add_row(carray(ptr_f32(rx[r]), ncv), carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
+                xr, xa, xb = carray(ptr_f32(rx[r]), ncv), carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv)
+                if terms[0]:
+                    _add_terms(xr, xa, xb, r, *terms)
+                else:
+                    _add_row(xr, xa, xb)
         if centered:
             for r in range(r0, r1):
                 xr = carray(ptr_f32(rx[r]), ncv)
@@ -276,12 +300,13 @@ def _rows_fit(meta, aok):
 
 
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
-def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, st):
+def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, aok, r0, ix, sf, si, st):
     """FK_ROWNORM = (kind, n, x's operand, pc of the centering sub or -1 (RMSNorm), pc of the
     scale's FK_APPLY run, rs, w's and b's sources as FK_APPLY's): the whole norm row by row, its
     output rows written into the store's buffer. 0 when it cannot take the tile (nothing changed
     then but the scratch). x's operand < 0: x is the residual sum of the loads at pc and pc + 1
-    (add at pc + 2), its rows written into the buffer of the store at pc - 1 - that field, or
+    (add at pc + 2) and of each later (load, add) pair (host/fuse_plan._residual; their rows'
+    addresses in si), its rows written into the buffer of the store at pc - 1 - that field, or
     into a scratch row when it is -1 (host/fuse_plan._row_norm)."""
     bm, bn = meta[M_BM], meta[M_BN]
     if not _rows_fit(meta, aok):
@@ -289,6 +314,9 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
     n, cpc, apc, rs, ox = fz[pc, 1], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 2]
     residual = ox < 0
     x0 = pc + 3 if residual else pc + 1   # the first instruction after x's row
+    while residual and dec[instrs[x0, 0], DEC_GROUP] == G_LOAD:   # a later term's load and add
+        x0 += 2
+    nt = (x0 - pc - 3) // 2
     ys = pc + n - 2 if ox < -1 and -1 - ox == n - 1 else pc + n - 1
     if residual and bm > bn:   # (ix: four BM-row address lists in its 2 * (BM + BN) entries)
         return 0
@@ -314,6 +342,7 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
     nrows = min(bm, meta[M_ROWS] - r0)
     rx, ry = ix[:bm], ix[bm:2 * bm]   # after the row vectors: their loads use ix
     ra, rb = ix[2 * bm:3 * bm], ix[3 * bm:4 * bm]
+    swaps = 0
     if not row_addrs(ry, instrs[ys, 2], optab, dims, meta, addrs, r0, 0, nrows):
         return 0
     if not residual:
@@ -331,13 +360,22 @@ def _run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, a
             rx[:nrows] = ry[:nrows]
         else:         # one scratch row (the softmax form's e row), reused by every row
             rx[:nrows] = sf[4 * bn + bm:5 * bn + bm].ctypes.data
+        # the later terms' rows (si: 2 * BN entries, BM <= BN), none where the partial sums go
+        # (aok: no output overlaps an input, as a kernel with reductions is never in place:
+        # addr.in_place_pair)
+        for j in range(nt):
+            q = pc + 3 + 2 * j
+            if not row_addrs(si[j * bm:(j + 1) * bm], instrs[q, 2], optab, dims, meta, addrs, r0, 0, nrows):
+                return 0
+            swaps |= (instrs[q + 1, 2] == instrs[q, 1]) << j
+    terms = (nt, si, bm, swaps)
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
     if bn < ROW_FORM_MIN_BN:
         _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m,
-                          s2, qb0, apc, rs, w, b, bias, sf[:bn], sf[5 * bn + bm:6 * bn + bm], residual, ra, rb)
+                          s2, qb0, apc, rs, w, b, bias, sf[:bn], sf[5 * bn + bm:6 * bn + bm], residual, ra, rb, terms)
     else:
         _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m, s2,
-                   qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, rows_from_memory(meta, 2))
+                   qb0, apc, rs, w, b, bias, sf[:bn], residual, ra, rb, terms, rows_from_memory(meta, 2))
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
 
@@ -380,6 +418,6 @@ def fused_rows_piece(fra, pc, unused_a, unused_b):
     F, fp, ix, sf, st = fm.bank_f(fr), fm.fptr(fr), fm.ix(fr), fm.sf(fr), fm.states(fr)
     if fz[pc, 0] == FK_ROWNORM:
         return _run_rownorm(pc, fz, ins, dec, meta, fm.dims(fr), fm.optab(fr), fm.addrs(fr), fm.numels(fr), F,
-                            fp, aok, r0, ix, sf, st)
+                            fp, aok, r0, ix, sf, fm.si(fr), st)
     return _run_rowsoftmax(pc, fz, ins, dec, meta, fm.dims(fr), fm.optab(fr), fm.addrs(fr), F, fp, aok, r0, ix,
                            sf, st)
