@@ -1,6 +1,7 @@
 """Permutes of elementwise work moved onto its loads (fusion/reshape_push.push_permutes), on both
-VMs: HF's RoPE on transposed heads stored in the heads' memory order in one kernel, work read
-elsewhere or reading a reduction (left alone), and random permutes of random broadcasts of
+VMs: HF's RoPE on transposed heads stored in the heads' memory order in one kernel (also after
+Qwen3's per-head norm, the transpose cancelled), work read elsewhere or reading a reduction
+(left alone), and random permutes of random broadcasts of
 permuted inputs against NumPy (Hypothesis)."""
 import numpy as np
 import pytest
@@ -93,6 +94,70 @@ def test_reductions_move_with_their_axes_renumbered(vm, axis):
     qa = pa.transpose(0, 2, 1, 3)
     want = qa / np.sqrt((qa * qa).mean(axis, keepdims=True, dtype=F32) + F32(1e-6)) * wa
     np.testing.assert_allclose(got, want.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+def _qk_norm_rope(ctx, s, p, w, c, sg):
+    """Qwen3's q: an RMSNorm over each head of the projection in (b, s, h, d) order, transposed
+    to (b, h, s, d), then the flip RoPE on its [.., 2, d/2] view, reshaped back. -> (the norm,
+    its halves view, the RoPE)."""
+    q = build.reshape(ctx, p, (1, s, 3, 4))
+    rms = build.reduce(ctx, "mean", _ew(ctx, "mul", q, q), 3, True)
+    normed = _ew(ctx, "mul", _ew(ctx, "mul", q, _ew(ctx, "rsqrt", _ew(ctx, "add", rms, build.const(1e-6)))), w)
+    halves = build.reshape(ctx, build.permute(ctx, normed, (0, 2, 1, 3)), (1, 3, s, 2, 2))
+    c2 = build.reshape(ctx, c, (1, 1, s, 2, 2))
+    rot = _ew(ctx, "mul", build.slice_view(ctx, halves, 3, 1, 2, -1), build.reshape(ctx, sg, (2, 1)))
+    y = build.reshape(ctx, _ew(ctx, "add", _ew(ctx, "mul", halves, c2), _ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
+    return normed, halves, y
+
+
+def _np_qk_norm_rope(pa, wa, ca, sa):
+    qa = pa.reshape(1, -1, 3, 4)
+    na = (qa / np.sqrt((qa * qa).mean(3, keepdims=True, dtype=F32) + F32(1e-6)) * wa).transpose(0, 2, 1, 3)
+    return na, (na * ca + np.concatenate((-na[..., 2:], na[..., :2]), -1) * ca).transpose(0, 2, 1, 3)
+
+
+def test_rope_of_normed_heads_is_one_kernel_in_the_heads_order(vm):
+    """Qwen3's q / k (_qk_norm_rope) stored in PyTorch's memory order (b, s, h, d): the permute
+    to it moves through the RoPE's reshapes and flipped slice and cancels the transpose after the
+    norm, so the RoPE runs over (b, s, h, 2, d/2) after the norm's kernel, reading it through a
+    view, and stores its result in that order (stored row-major, attention's output would need a
+    copy to be read as (b, s, h * d)). The norm also returned as it is: still one computation of
+    it. NumPy's values."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, w, c, sg = _input((1, s, 12), 0), _input((4,), 1), _input((1, 1, s, 4), 2), _input((2, 1), 3)
+    normed, _, y = _qk_norm_rope(ctx, s, p, w, c, sg)
+    (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
+    assert moved.op == "reshape" and moved.shape == (1, s, 3, 4) and moved.inputs[0].op == "add"
+    rng = np.random.default_rng(5)
+    sa = np.array([[-1], [1]], F32)
+    for outs in ([moved], [moved, normed]):
+        g = CompiledGraph([p, w, c, sg], outs)
+        assert [grp.shape for grp in g.plan.groups] == [(1, s, 3, 4), (1, s, 3, 2, 2)]
+        for n in (1, 6):
+            pa, wa = rng.standard_normal((1, n, 12)).astype(F32), rng.standard_normal(4).astype(F32)
+            ca = rng.standard_normal((1, 1, n, 4)).astype(F32)
+            got = g.run({"s": n}, [pa, wa, ca, sa])
+            na, want = _np_qk_norm_rope(pa, wa, ca, sa)
+            np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+            if len(outs) == 2:
+                np.testing.assert_allclose(got[1], na.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_a_view_of_work_read_elsewhere_stays_put(vm):
+    """The RoPE's halves view of the normed heads also returned: moving the permute would compute
+    the norm's work twice (once per order), so the RoPE keeps its row-major store."""
+    ctx, s = build.ShapeContext(), sym("s")
+    p, w, c, sg = _input((1, s, 12), 0), _input((4,), 1), _input((1, 1, s, 4), 2), _input((2, 1), 3)
+    _, halves, y = _qk_norm_rope(ctx, s, p, w, c, sg)
+    outs = [build.permute(ctx, y, (0, 2, 1, 3)), halves]
+    assert push_permutes(outs)[0] is outs[0]
+    rng = np.random.default_rng(6)
+    pa, wa = rng.standard_normal((1, 5, 12)).astype(F32), rng.standard_normal(4).astype(F32)
+    ca, sa = rng.standard_normal((1, 1, 5, 4)).astype(F32), np.array([[-1], [1]], F32)
+    got = CompiledGraph([p, w, c, sg], outs).run({"s": 5}, [pa, wa, ca, sa])
+    na, want = _np_qk_norm_rope(pa, wa, ca, sa)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], na.reshape(1, 3, 5, 2, 2), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", ["work_is_an_output", "interior_read_twice", "reduction_read_twice"])

@@ -179,14 +179,30 @@ def _loads(node: Node) -> bool:
     return base.op == "input"
 
 
-def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: set,
-              memo: dict[Node, Node | None]) -> Node | None:
-    """A node equal to permute(node, dims) with the permute moved onto loads, or None."""
-    if node not in memo:
-        memo[node] = None
+def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: set, memo: dict) -> Node | None:
+    """A node equal to permute(node, dims) with the permute moved onto loads, or None. Views of
+    work move too: a permute of it composes with dims (none left where they cancel), a slice
+    that keeps its axis takes that axis' new place, and a reshape that keeps the first k axes
+    reshapes the work permuted there (dims moving none of the others). memo: (node, dims) -> the
+    result; whether work is then computed twice is push_permutes' check (_computed_once)."""
+    key = (node, dims)
+    if key not in memo:
+        memo[key] = None
         if _loads(node):
-            memo[node] = Node.make("permute", node.dtype, tuple(node.shape[d] for d in dims), (node,), dims=dims)
-        elif _permutable(node) and id(node) not in outputs and len(users.get(id(node), ())) == 1:
+            memo[key] = Node.make("permute", node.dtype, tuple(node.shape[d] for d in dims), (node,), dims=dims)
+        elif id(node) in outputs:
+            pass
+        elif node.op == "permute":
+            src, inner = node.inputs[0], tuple(node.attr("dims")[d] for d in dims)
+            memo[key] = src if inner == tuple(range(src.ndim)) else _permuted(src, inner, users, outputs, memo)
+        elif node.op == "slice" and node.attr("keep"):
+            src = _permuted(node.inputs[0], dims, users, outputs, memo)
+            if src is not None:
+                memo[key] = Node.make("slice", node.dtype, tuple(node.shape[d] for d in dims), (src,),
+                                      **{**dict(node.attrs), "axis": dims.index(node.attr("axis"))})
+        elif node.op == "reshape":
+            memo[key] = _permuted_reshape(node, dims, users, outputs, memo)
+        elif _permutable(node):
             inputs = []
             for a in node.inputs:
                 if a.ndim and a.ndim < node.ndim:   # broadcast from the left: unit axes first
@@ -198,8 +214,23 @@ def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: se
             attrs = dict(node.attrs)
             if OP_TABLE[node.op].kind is Kind.REDUCE:   # (keeps its rank) the reduced axes' new places
                 attrs["axes"] = tuple(j for j, d in enumerate(dims) if d in node.attr("axes"))
-            memo[node] = Node.make(node.op, node.dtype, tuple(node.shape[d] for d in dims), inputs, **attrs)
-    return memo[node]
+            memo[key] = Node.make(node.op, node.dtype, tuple(node.shape[d] for d in dims), inputs, **attrs)
+    return memo[key]
+
+
+def _computed_once(memo: dict, users: dict[int, list[Node]], top: Node) -> bool:
+    """Every node remade in the permuted order (work, or a view of work) is remade once and read
+    only by nodes remade too, or by `top` (the permute being replaced): the work it stood for is
+    then not also computed in another order for another reader. (A permute that cancelled is no
+    new work: the value it read is computed once, read by both.)"""
+    remade = [id(n) for (n, _), m in memo.items() if m is not None and not _loads(n) and not _cancelled(n, m)]
+    ids = set(remade)
+    return len(ids) == len(remade) and all(id(u) in ids or u is top for i in ids for u in users.get(i, ()))
+
+
+def _cancelled(node: Node, moved: Node) -> bool:
+    """node is a permute that _permuted replaced by the value it permutes."""
+    return node.op == "permute" and moved is node.inputs[0]
 
 
 def _permutable(node: Node) -> bool:
@@ -210,7 +241,7 @@ def _permutable(node: Node) -> bool:
 def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     """`outputs` with each permute of elementwise work (reductions among it) computed in the
     permuted order instead, where its operands are loads or scalars and nothing else reads the
-    work (an interior node read by anything but its one reader would be computed twice): one
+    work (an interior node read by anything outside the moved work would be computed twice): one
     kernel fewer than storing the work and reading it back permuted. The results are equal
     values, of the same shapes."""
     users = _users(outputs)
@@ -218,25 +249,24 @@ def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     new = []
     for o in outputs:
         moved = None
-        if o.op == "permute" and users[id(o.inputs[0])] == [o]:
-            src, dims = o.inputs[0], tuple(o.attr("dims"))
-            if _permutable(src):
-                moved = _permuted(src, dims, users, out_ids, {})
-            elif src.op == "reshape" and id(src) not in out_ids:
-                moved = _permuted_reshape(src, dims, users, out_ids)
+        if o.op == "permute" and users[id(o.inputs[0])] == [o] and id(o.inputs[0]) not in out_ids:
+            memo: dict = {}
+            moved = _permuted(o.inputs[0], tuple(o.attr("dims")), users, out_ids, memo)
+            if moved is not None and not _computed_once(memo, users, o):
+                moved = None
         new.append(o if moved is None else moved)
     return new
 
 
-def _permuted_reshape(r: Node, dims: tuple, users: dict[int, list[Node]], outputs: set) -> Node | None:
+def _permuted_reshape(r: Node, dims: tuple, users: dict[int, list[Node]], outputs: set, memo: dict) -> Node | None:
     """permute(r, dims) for a reshape r of work that keeps r's first k axes and a permute that
-    keeps the others in place (RoPE's [.., 2, h] halves as [.., d], heads and positions swapped):
-    the reshape of the work computed in the permuted order; else None."""
+    keeps the others in place (RoPE's [.., 2, h] halves as [.., d] or back, heads and positions
+    swapped): the reshape of the work computed in the permuted order; else None."""
     x = r.inputs[0]
     k = 0
     while k < min(x.ndim, r.ndim) and x.shape[k] == r.shape[k]:
         k += 1
-    if not _permutable(x) or users[id(x)] != [r] or any(dims[i] != i for i in range(k, r.ndim)):
+    if any(dims[i] != i for i in range(k, r.ndim)):
         return None
-    moved = _permuted(x, dims[:k] + tuple(range(k, x.ndim)), users, outputs, {})
+    moved = _permuted(x, dims[:k] + tuple(range(k, x.ndim)), users, outputs, memo)
     return None if moved is None else reshape_node(moved, tuple(r.shape[d] for d in dims))
