@@ -30,10 +30,10 @@ from ..bits import OPTS, ptr_f32
 from .states import bracket
 
 N_ROWS = 6   # the rows a lane reads and writes: a, b, c, d, e's and y's
-# Rows shorter than this stay in the tile form: a row's fixed cost (six row addresses, the odometer)
-# outweighs what it saves (GPT-NeoX's partial rotary, 4-lane rows of q and k sharing cos and sin:
-# 2x the tile form's time in a forward at 4x1024 tokens)
-MIN_LANES = 8
+# Rows shorter than this stay in the tile form, where a row's fixed cost (six row addresses moved by
+# their carries) outweighs what it saves. GPT-NeoX's partial rotary (4-lane rows of q and k sharing
+# cos and sin) takes the row form: its segment ~15 % less time at 1x256 tokens, level at 4x1024
+MIN_LANES = 4
 _S = OPTAB_FIXED
 
 
