@@ -1,5 +1,5 @@
 """What the fused runs share (jit/fused/tile, jit/fused/rows): the squares' first tree levels, the
-scale-and-affine of a row, and the row vectors (a norm's weight and bias) with their per-launch
+scale-and-affine of a row, a residual sum's row, and the row vectors (a norm's weight and bias) with their per-launch
 cache.
 """
 from __future__ import annotations
@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import DT_BF16, DT_F16, DT_F32, RS_ROWVEC, ST_CACHE
+from ...abi import DT_BF16, DT_F16, DT_F32, OP_ADD, RS_ROWVEC, ST_CACHE
 from .. import ops
 from ..addr import row_uniform
 from ..bits import NUMBA_INLINE, OPTS, ptr_f32, ptr_u16
+from ..loops import bin_in_place, loop2
 from ..mem import mem_tile
 from .rowpart import levels_sqsum, part_fits
 
@@ -56,6 +57,29 @@ def apply_row(orow, xr, sv, w, b, n, bias):
     else:
         for k in range(n):
             orow[k] = ops.mul(ops.mul(xr[k], sv), w[k])
+
+
+# xr = a + b of two rows (the residual add's operand order; xr overlaps neither). A call, not
+# inlined: inlined into the row loops it slows the plain norms' loops.
+add_row = loop2(ops.add)
+
+
+@njit(**OPTS)
+def add_terms(xr, a, b, r, nt, rt, bm, swaps):
+    """xr = row r of a residual sum ((a + b) + c) + ... in the sum's order (xr overlaps no term):
+    the nt >= 1 terms after a and b, term j's row at rt[j * bm + r], added as its add has it (swaps
+    bit j: the term is the add's first operand); the first of them joins a + b in one pass. (Sums
+    of two terms take add_row: routing them through here cost a 4096x128 norm ~10 %.)"""
+    n = xr.shape[0]
+    c = carray(ptr_f32(rt[r]), n)
+    if swaps & 1:
+        for k in range(n):
+            xr[k] = ops.add(c[k], ops.add(a[k], b[k]))
+    else:
+        for k in range(n):
+            xr[k] = ops.add(ops.add(a[k], b[k]), c[k])
+    for j in range(1, nt):
+        bin_in_place(OP_ADD, xr, carray(ptr_f32(rt[j * bm + r]), n), (swaps >> j) & 1 != 0)
 
 
 @njit(inline='always', **OPTS)

@@ -39,18 +39,17 @@ import numpy as np
 from numba import carray, njit
 
 from ...abi import (CHAIN_OPS, DEC_GROUP, DEC_KIND, DEC_OP, DT_F32, FK_ROWNORM, FR_AOK, FR_C0, FR_R0, G_LOAD, K_BIN,
-                    M_BM, M_BN, M_COLS, M_ROWS, NO_SRC, OP_ADD, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM,
+                    M_BM, M_BN, M_COLS, M_ROWS, NO_SRC, OP_DIV, OP_RECIP, OP_RSQRT, OP_SQRT, R_MAX, R_SUM,
                     RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL)
 from .. import frame as fm
 from .. import ops
 from ..addr import row_addrs, row_uniform
 from ..bits import NUMBA_INLINE, OPTS, ptr_f32
-from ..loops import bin_in_place, loop2
 from ..mathf import exp_into
 from ..reduce import is_pow2
 from ..rowtree import tree_p2
 from ..vtree import vtree, vtree_pad
-from .common import apply_row, cached_row
+from .common import add_row, add_terms, apply_row, cached_row
 from .rowpart import levels_csqsum, levels_max, levels_sum, rows_from_memory, touch_row
 from .states import bracket
 
@@ -120,27 +119,6 @@ def _chain_ok(instrs, dec, st, qa0, qa1, qb0, qb1, r1, r2):
     return True
 
 
-# xr = a + b of two rows (the residual add's operand order; xr overlaps neither). A call, not
-# inlined: inlined into the row loop it slows the plain norms' loops.
-_add_row = loop2(ops.add)
-
-
-@njit(**OPTS)
-def _add_terms(xr, a, b, r, nt, rt, bm, swaps):
-    """xr = the residual sum's row r: ((a + b) + c) + ... in the sum's order, term j >= 2's row at
-    rt[(j - 2) * bm + r] (nt >= 1 of them), added as its add has it (swaps bit j - 2: the term is
-    the add's first operand). The third term joins the first two in one pass over the rows."""
-    c = carray(ptr_f32(rt[r]), xr.shape[0])
-    if swaps & 1:
-        for k in range(xr.shape[0]):
-            xr[k] = ops.add(c[k], ops.add(a[k], b[k]))
-    else:
-        for k in range(xr.shape[0]):
-            xr[k] = ops.add(ops.add(a[k], b[k]), c[k])
-    for j in range(1, nt):
-        bin_in_place(OP_ADD, xr, carray(ptr_f32(rt[j * bm + r]), xr.shape[0]), (swaps >> j) & 1 != 0)
-
-
 @njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
                w, b, bias, ta, residual, ra, rb, terms, touch):
@@ -150,7 +128,7 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
     copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
     appears once: every inlined copy costs compile time. residual: row r is first written to
-    rx[r] as the sum of the rows at ra[r] and rb[r] and of the later terms (terms: _add_terms'
+    rx[r] as the sum of the rows at ra[r] and rb[r] and of the later terms (common.add_terms'
     nt, rt, bm, swaps); else, when touch, the row is first touched (fused/rowpart.touch_row: a row
     from memory)."""
     q = bn // 8
@@ -161,9 +139,9 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     for r in range(nrows):
         xr = carray(ptr_f32(rx[r]), ncv)
         if residual and terms[0]:
-            _add_terms(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv), r, *terms)
+            add_terms(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv), r, *terms)
         elif residual:
-            _add_row(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
+            add_row(xr, carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv))
         elif touch:
             touch_row(xr, ncv)
         mv = z
@@ -213,9 +191,9 @@ def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, 
             for r in range(r0, r1):
                 xr, xa, xb = carray(ptr_f32(rx[r]), ncv), carray(ptr_f32(ra[r]), ncv), carray(ptr_f32(rb[r]), ncv)
                 if terms[0]:
-                    _add_terms(xr, xa, xb, r, *terms)
+                    add_terms(xr, xa, xb, r, *terms)
                 else:
-                    _add_row(xr, xa, xb)
+                    add_row(xr, xa, xb)
         if centered:
             for r in range(r0, r1):
                 xr = carray(ptr_f32(rx[r]), ncv)
