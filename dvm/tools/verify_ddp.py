@@ -16,12 +16,14 @@ oversubscribed.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
 
@@ -75,12 +77,26 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, name: str, step
             gathered = [torch.empty_like(flat) for _ in range(world)]
             dist.all_gather(gathered, flat)
             identical.append(all(torch.equal(gathered[0], g) for g in gathered[1:]))
+            print(f"rank {rank}: step {step + 1} of {steps} done (loss {rank_losses[-1]:.6g})", flush=True)
         if rank == 0:
             np.savez(os.path.join(out_dir, "rank0.npz"), losses=np.array(losses), identical=np.array(identical),
                      params=flat.numpy())
         np.save(os.path.join(out_dir, f"rank{rank}_losses.npy"), np.array(rank_losses))
+        print(f"rank {rank}: results written", flush=True)
+    except BaseException:
+        traceback.print_exc()   # now: the process group's teardown below may abort the process first
+        raise SystemExit(1) from None
     finally:
+        # (said first: a failure after it is in the process group's or the interpreter's teardown)
+        print(f"rank {rank}: destroying the process group", flush=True)
         dist.destroy_process_group()
+    # The gloo group lives on in the objects that hold it (DDP's reducer; the compiled model in
+    # Dynamo's caches): released here, while the interpreter is whole, not in its finalization,
+    # where a gloo thread's late GIL acquire can abort the process (pytorch/pytorch#179291).
+    del loss_fn, ddp, model, opt
+    torch._dynamo.reset()
+    gc.collect()
+    print(f"rank {rank}: process group destroyed and released", flush=True)
 
 
 def _spawn(world: int, tmp: str, args: tuple) -> None:
@@ -97,12 +113,14 @@ def _spawn(world: int, tmp: str, args: tuple) -> None:
     failed = []
     for rank, (p, log) in enumerate(procs):
         if p.wait() != 0:
-            failed.append(rank)
+            failed.append((rank, p.returncode))
         log.close()
     if failed:
-        with open(os.path.join(tmp, f"rank{failed[0]}.log")) as f:
+        rank, code = failed[0]
+        with open(os.path.join(tmp, f"rank{rank}.log")) as f:
             tail = f.read()[-3000:]
-        raise RuntimeError(f"DDP rank(s) {failed} failed; rank {failed[0]}'s output ends:\n{tail}")
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        raise RuntimeError(f"DDP rank(s) {[r for r, _ in failed]} failed; rank {rank} ({how}): its output ends:\n{tail}")
 
 
 def run(name: str = "llama", steps: int = DEFAULT_STEPS, seed: int = 0, size: str = "small",
