@@ -120,7 +120,8 @@ def _spawn(world: int, tmp: str, args: tuple) -> None:
         with open(os.path.join(tmp, f"rank{rank}.log")) as f:
             tail = f.read()[-3000:]
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        raise RuntimeError(f"DDP rank(s) {[r for r, _ in failed]} failed; rank {rank} ({how}): its output ends:\n{tail}")
+        raise RuntimeError(f"DDP rank(s) {[r for r, _ in failed]} failed; rank {rank} ({how}): "
+                           f"its output ends:\n{tail}")
 
 
 def run(name: str = "llama", steps: int = DEFAULT_STEPS, seed: int = 0, size: str = "small",
