@@ -99,6 +99,27 @@ def test_the_activated_product_and_its_views_are_one_call(act, bias, stored_kxm)
     assert code.count("linear_activation(") == 1 and "torch_Tensor_t" not in code and "view" not in code, code
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(5,), (2, 3), (3, 1), (1, 2, 4)])
+@pytest.mark.parametrize("strided", [False, True])
+def test_linear_activation_is_the_activated_product_between_its_views(dtype, shape, strided):
+    """torch_calls.linear_activation (at::linear then the activation in place for a row-major x)
+    gives the bits of the call it stands for, `view(_addmm_activation(b, view(x), t(w)), ...)`,
+    with and without a bias (beta 0), a weight stored (out, in) or (in, out), ReLU and GELU, for
+    row-major x and for an x whose strides need a copy to be flattened."""
+    from dvm.frontend.torch_calls import linear_activation
+    torch.manual_seed(len(shape))
+    k, m = 37, 300
+    x = torch.randn(k, *shape, dtype=dtype).movedim(0, -1) if strided else torch.randn(*shape, k, dtype=dtype)
+    for stored_kxm, bias, act in [(a, b, c) for a in (False, True) for b in (False, True) for c in ACTIVATIONS]:
+        w = torch.randn(k, m, dtype=dtype) if stored_kxm else torch.randn(m, k, dtype=dtype)
+        b = torch.randn(m, dtype=dtype) if bias else torch.zeros((), dtype=dtype)
+        kwargs = {**({} if bias else {"beta": 0}), **({"use_gelu": True} if act == "gelu" else {})}
+        want = torch._addmm_activation(b, x.reshape(-1, k), w if stored_kxm else w.t(), **kwargs)
+        got = linear_activation(x, w, b, stored_kxm, **kwargs)
+        assert got.shape == (*shape, m) and torch.equal(got, want.view(*shape, m)), (stored_kxm, bias, act)
+
+
 def test_bfloat16_relu_is_bitwise_eager():
     f = _mlp(F.relu, torch.bfloat16)
     cf = _compiled(f)
