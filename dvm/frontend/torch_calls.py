@@ -75,21 +75,20 @@ def linear_kxm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 def linear_activation(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, kxm: bool = False, **kwargs):
     """`view(_addmm_activation(bias, view(x, [n, k]), t(w), **kwargs), [..., m])` (the activated
     product of fx_product_activation, between its views) as one call of the run graph (w stored
-    (in, out) where kxm). For a row-major x of two or more dimensions, at::linear's product on the same operands (it
-    flattens x as the view did: addmm with the bias, mm with beta 0, which is addmm_impl_cpu_
-    with beta 0 as _addmm_activation's is), then the activation in place on the fresh result, as
+    (in, out) where kxm). For a row-major x of two or more dimensions (or a small GELU's: the
+    VM's GELU follows, gelu_size), at::linear's product on the same operands (it flattens x as
+    the view did: addmm with the bias, mm with beta 0, which is addmm_impl_cpu_ with beta 0 as
+    _addmm_activation's is), then the activation in place on the fresh result, as
     _addmm_activation's CPU kernel applies relu_ / gelu_: the same values, without two Python
     views around the call (~5 us a call at 8 rows). Otherwise x is copied where its strides do
     not allow the view (as the run graph's view would) and _addmm_activation runs."""
     gelu_on = kwargs.get("use_gelu", False)
-    if x.dim() >= 2 and x.is_contiguous():
+    if (x.dim() >= 2 and x.is_contiguous()) or \
+            (gelu_on and vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0])):
         out = torch._C._nn.linear(x, w.t() if kxm else w, None if kwargs.get("beta", 1) == 0 else bias)
         if not gelu_on:
             return out.relu_()
-        # (a small result: the VM's GELU: gelu_size)
         return vm_gelu(out) if vm_takes(out, out.numel()) else torch._C._nn.gelu_(out)
-    if gelu_on and vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0]):
-        return vm_gelu(torch._C._nn.linear(x, w.t() if kxm else w, None if kwargs.get("beta", 1) == 0 else bias))
     out = torch._addmm_activation(bias, _view_or_reshape(x, (-1, x.shape[-1])), w if kxm else w.t(), **kwargs)
     return out.view(x.shape[:-1] + out.shape[-1:])
 
