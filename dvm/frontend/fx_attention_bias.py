@@ -39,6 +39,7 @@ from .fx_attention import _FLOATS, _VIEWS, Scale, _erase_unread, _masked_rows, _
     _readers, _scaled, _size_sources, _sole, _times_or_over, _val, softmax_input
 from .fx_attention_math import math_attention, needs_math
 from .fx_attention_math import remembered as _remembered
+from .fx_keep_mask import filled_mask
 from .fx_sdpa import _SDPA_CALL, SDPA, is_causal_mask
 
 aten = torch.ops.aten
@@ -58,14 +59,14 @@ class _BiasedSDPA:
     def __call__(self, q, k, v, bias, mask, scale, keep=None, fill=None, nan_rows=False):
         softmax = "plain" if nan_rows else "safe"
         if needs_math(softmax, q, k, v, bias, mask):   # (the keep mask is bool: no NaN)
-            filled = None if keep is None else _fill_mask(keep, fill, q.dtype)
+            filled = None if keep is None else filled_mask(keep, fill, q.dtype)
             return math_attention(q, k, v, scale, softmax, bias, mask, filled)
         if keep is not None:
             if fill <= _NEGLIGIBLE and is_causal_mask(keep, q.shape[-2], k.shape[-2]) and \
                     not (nan_rows and bias is not None and _holds_neg_inf(bias)):
                 counters.bump("torch_sdpa_causal")
                 return _SDPA_CALL(q, k, v, 0.0, True, attn_mask=bias, scale=scale)[0]
-            mask = _fill_mask(keep, fill, q.dtype)
+            mask = filled_mask(keep, fill, q.dtype)
         attn = mask if bias is None else bias if mask is None else bias + mask
         out = _SDPA_CALL(q, k, v, 0.0, False, attn_mask=attn, scale=scale)[0]
         if not nan_rows or not any(_holds_neg_inf(t) for t in (bias, mask) if t is not None):
@@ -78,14 +79,6 @@ class _BiasedSDPA:
 
 
 attention_biased = _BiasedSDPA()
-
-
-def _fill_mask(keep: torch.Tensor, fill: float, dtype: torch.dtype) -> torch.Tensor:
-    """where(keep, 0, fill) in dtype (remembered on keep)."""
-    def make():
-        zero = torch.zeros((), dtype=dtype, device=keep.device)
-        return aten.where.self(keep, zero, torch.full((), fill, dtype=dtype, device=keep.device))
-    return _remembered(keep, "_dvm_fill_mask", (fill, dtype), make)
 
 
 def _holds_neg_inf(t: torch.Tensor) -> bool:

@@ -45,6 +45,7 @@ from .fx_attention_math import MATH, SDPA, math_attention, needs_math
 from .fx_attention_math import SDPA_CALL as _SDPA_CALL
 from .fx_attention_math import remembered as _remembered
 from .fx_const_index import erase_dead_chain
+from .fx_keep_mask import filled_mask
 
 aten = torch.ops.aten
 REASON = "attention mask checked at run time: a causal mask runs as is_causal=True"
@@ -345,12 +346,8 @@ def keeps_every_key(keep: torch.Tensor) -> bool:
 
 
 def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """where(keep, 0, -inf) in `dtype` (remembered on keep: made once a forward, not per layer)."""
-    def make():
-        zero = torch.zeros((), dtype=dtype, device=keep.device)
-        neg = torch.full((), -math.inf, dtype=dtype, device=keep.device)
-        return aten.where.self(keep, zero, neg)
-    return _remembered(keep, "_dvm_mask", dtype, make)
+    """where(keep, 0, -inf) in `dtype`, made once a forward (fx_keep_mask)."""
+    return filled_mask(keep, -math.inf, dtype)
 
 
 def _tril_entry(L: int) -> tuple:
