@@ -83,12 +83,12 @@ def linear_activation(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, kxm:
     views around the call (~5 us a call at 8 rows). Otherwise x is copied where its strides do
     not allow the view (as the run graph's view would) and _addmm_activation runs."""
     gelu_on = kwargs.get("use_gelu", False)
-    if (x.dim() >= 2 and x.is_contiguous()) or \
-            (gelu_on and vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0])):
+    small_gelu = gelu_on and vm_takes(x, x.numel() // max(x.shape[-1], 1) * w.shape[1 if kxm else 0])
+    if small_gelu or (x.dim() >= 2 and x.is_contiguous()):
         out = torch._C._nn.linear(x, w.t() if kxm else w, None if kwargs.get("beta", 1) == 0 else bias)
         if not gelu_on:
             return out.relu_()
-        return vm_gelu(out) if vm_takes(out, out.numel()) else torch._C._nn.gelu_(out)
+        return vm_gelu(out) if small_gelu else torch._C._nn.gelu_(out)
     out = torch._addmm_activation(bias, _view_or_reshape(x, (-1, x.shape[-1])), w if kxm else w.t(), **kwargs)
     return out.view(x.shape[:-1] + out.shape[-1:])
 
