@@ -33,6 +33,8 @@ from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_activation, linear_folds, linear_kxm
 from .torch_segment import SegmentRunner
 
+_SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                           torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default})
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
 
 
@@ -61,6 +63,15 @@ def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node
     if target is torch.Tensor.view or target in ROW_MAJOR_RESULTS:
         row_major.add(out)
     return out
+
+
+def _drop_unread(g: fx.Graph, droppable: set) -> None:
+    """Erase the calls of droppable (views and size queries: no effects) whose values nothing
+    in g reads (a step found needed through a reader whose call reads another node)."""
+    for n in reversed(list(g.nodes)):
+        if n in droppable and not n.users:
+            g.erase_node(n)
+            counters.bump("torch_unread_steps_dropped")
 
 
 def _merge_views(g: fx.Graph) -> None:
@@ -156,6 +167,7 @@ class _Emitter:
     def __init__(self, runners: dict, folds: dict, skip: set, needed: set, owner: "CompiledFx"):
         self.runners, self.folds, self.skip, self.needed, self.owner = runners, folds, skip, needed, owner
         self.row_major: set = set()   # run-graph nodes whose tensors are row-major at run time
+        self.droppable: set = set()   # run-graph calls without effects (_drop_unread)
 
     def reads(self, step) -> list:
         return _reads(step, self.runners, self.folds)
@@ -222,6 +234,8 @@ class _Emitter:
                 counters.bump("torch_identity_views")
             else:
                 remap[n] = _emit_torch(g, n, remap, row_major)
+                if _pure(step) or n.target in _SIZE_QUERIES:
+                    self.droppable.add(remap[n])
         self.owner.torch_steps.append(step)
         counters.bump(f"{step.kind}:{n.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
 
@@ -284,6 +298,7 @@ class CompiledFx:
             if id(step) not in prefix:
                 self._emit(step, g, remap, env)
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
+        _drop_unread(g, self._emit.droppable)
         _merge_views(g)
         self.view_chains = fx_view_chains.fold(g)
         g.set_codegen(_BoxedCodeGen())
