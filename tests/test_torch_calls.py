@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dvm.frontend.fx_attention_math import SDPA  # noqa: E402
 from dvm.frontend.torch_calls import _SAME_OP, fast_call  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
 
@@ -73,6 +74,25 @@ ROUTING = [   # (op, args, kwargs): an MoE's routing ops, tuples of results or k
 @pytest.mark.parametrize("i", range(len(ROUTING)))
 def test_routing_calls_match_overload(i):
     op, args, kwargs = ROUTING[i]
+    fn = fast_call(op, args, bool(kwargs))
+    assert fn is not op
+    got, want = fn(*args, **kwargs), op(*args, **kwargs)
+    for a, b in zip(*((g,) if isinstance(g, torch.Tensor) else tuple(g) for g in (got, want))):
+        _same(a, b)
+
+
+_QKV = [torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+KEYWORD_CALLS = [   # (op, args, kwargs): ops whose fast callable takes the op's keywords too
+    (aten.clone.default, (X.transpose(0, 2),), {"memory_format": torch.contiguous_format}),
+    (aten.clone.default, (X.transpose(0, 2),), {}),   # (the layout preserved)
+    (SDPA, tuple(_QKV), {"attn_mask": torch.randn(1, 1, 5, 5), "scale": 0.3}),
+    (SDPA, (*_QKV, 0.0, True), {}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(KEYWORD_CALLS)))
+def test_keyword_calls_match_overload(i):
+    op, args, kwargs = KEYWORD_CALLS[i]
     fn = fast_call(op, args, bool(kwargs))
     assert fn is not op
     got, want = fn(*args, **kwargs), op(*args, **kwargs)

@@ -23,6 +23,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..runtime import counters
+from .fx_attention_math import SDPA, SDPA_CALL
 from .gelu_size import ACTIVATION_KWARGS, addmm_activation, gelu, vm_gelu, vm_takes
 
 aten = torch.ops.aten
@@ -60,10 +61,12 @@ _SAME_OP: dict = {
     aten.index_put.default: torch.index_put,
     aten.floor_divide.default: torch.floor_divide,
     aten.empty_like.default: torch.empty_like,
+    aten.clone.default: torch.clone,
+    SDPA: SDPA_CALL,   # the model's own flash calls (unit last strides made where missing)
 }
 # Those of _SAME_OP whose callable also takes the op's keyword arguments by the same names.
 _SAME_KWARGS = frozenset({aten.addmm.default, aten._addmm_activation.default, aten.gelu.default, aten.cumsum.default,
-                          aten.empty_like.default})
+                          aten.empty_like.default, aten.clone.default, SDPA})
 
 
 def linear_kxm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
