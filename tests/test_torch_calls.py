@@ -69,18 +69,6 @@ ROUTING = [   # (op, args, kwargs): an MoE's routing ops, tuples of results or k
     (aten.floor_divide.default, (torch.arange(-4, 4), 3), {}),
     (aten.cumsum.default, (torch.tensor([2, 0, 1]), 0), {"dtype": torch.int32}),
 ]
-
-
-@pytest.mark.parametrize("i", range(len(ROUTING)))
-def test_routing_calls_match_overload(i):
-    op, args, kwargs = ROUTING[i]
-    fn = fast_call(op, args, bool(kwargs))
-    assert fn is not op
-    got, want = fn(*args, **kwargs), op(*args, **kwargs)
-    for a, b in zip(*((g,) if isinstance(g, torch.Tensor) else tuple(g) for g in (got, want))):
-        _same(a, b)
-
-
 _QKV = [torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
 KEYWORD_CALLS = [   # (op, args, kwargs): ops whose fast callable takes the op's keywords too
     (aten.clone.default, (X.transpose(0, 2),), {"memory_format": torch.contiguous_format}),
@@ -90,9 +78,9 @@ KEYWORD_CALLS = [   # (op, args, kwargs): ops whose fast callable takes the op's
 ]
 
 
-@pytest.mark.parametrize("i", range(len(KEYWORD_CALLS)))
-def test_keyword_calls_match_overload(i):
-    op, args, kwargs = KEYWORD_CALLS[i]
+@pytest.mark.parametrize("i", range(len(ROUTING) + len(KEYWORD_CALLS)))
+def test_routing_and_keyword_calls_match_overload(i):
+    op, args, kwargs = (ROUTING + KEYWORD_CALLS)[i]
     fn = fast_call(op, args, bool(kwargs))
     assert fn is not op
     got, want = fn(*args, **kwargs), op(*args, **kwargs)
