@@ -261,17 +261,18 @@ def _fallbacks(snap: dict, op: str) -> list:
 
 
 def test_unread_size_query_and_views_are_not_run():
-    """A size query or view found needed through a reader whose call reads another node (here the
-    heads' merge read by the linear fold) is not in the run graph: nothing there goes unread."""
+    """A size query no step reads is not emitted; a view found needed through a reader whose call
+    reads another node (the heads' merge of a PyTorch product, read by the linear fold) is erased
+    from the run graph: nothing there goes unread."""
     from dvm.frontend.torch_runtime import COMPILED
     lin = torch.nn.Linear(64, 48, bias=False).eval()
 
-    def fn(x):
-        y = (x * 2).transpose(1, 2).contiguous()
+    def fn(a, b):
+        y = torch.matmul(a, b).transpose(1, 2).contiguous()
         return lin(y.view(y.shape[0], y.shape[1], -1))
     counters.reset()
     with torch.no_grad():
-        check(fn, lambda n: (torch.randn(2, 4, n, 16),), sizes=[5, 7, 129])
+        check(fn, lambda n: (torch.randn(2, 4, n, 8), torch.randn(2, 4, 8, 16)), sizes=[5, 7, 129])
     assert counters.snapshot().get("torch_unread_steps_dropped", 0) >= 1
     graph = COMPILED[-1].runner.graph
     unread = [n.name for n in graph.nodes if n.op == "call_function" and not n.users]

@@ -23,7 +23,8 @@ A split's pieces (`split`, `split_with_sizes`, `unbind`: GPT-2's q / k / v) are 
 selects of its input, the same views split takes: where each piece goes on into a chain of
 views, or only one piece is read, the split and its getitems become one view call per piece
 (`_split_piece`, heading or ending a chain where there is one), and the split call goes. (Pieces
-a segment reads are replayed in the segment: fx_segment_lower.)
+a segment reads are replayed in the segment: fx_segment_lower.) Before the chains, `merge_views`
+makes a plain view of a plain view read only by it one view.
 """
 from __future__ import annotations
 
@@ -202,6 +203,18 @@ def _pieces_of_splits(g: fx.Graph) -> int:
         g.erase_node(n)
         removed += 1
     return removed
+
+
+def merge_views(g: fx.Graph) -> None:
+    """view(view(x, a), b) as view(x, b) where the inner view has no other reader: both are plain
+    views (Tensor.view) only of row-major tensors, and any view of row-major x is x's memory in
+    the same order."""
+    for n in list(g.nodes):
+        inner = n.args[0] if n.target is torch.Tensor.view else None
+        if isinstance(inner, fx.Node) and inner.target is torch.Tensor.view and len(inner.users) == 1:
+            n.args = (inner.args[0],) + n.args[1:]
+            g.erase_node(inner)
+            counters.bump("torch_views_merged")
 
 
 def fold(g: fx.Graph) -> tuple[int, int]:

@@ -39,10 +39,10 @@ COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, fo
 
 
 def _pure(step: TorchStep) -> bool:
-    """A step without side effects: a view, a rotate_half's slices, neg and cat, or Python size
-    arithmetic (`operator` functions on SymInts, and getitem). Other Python callables
+    """A step without side effects: a view, a rotate_half's slices, neg and cat, a size query, or
+    Python size arithmetic (`operator` functions on SymInts, and getitem). Other Python callables
     (higher-order ops such as with_effects) are not."""
-    return step.kind == "view" or step.reason == ROTATE_IN_TORCH or \
+    return step.kind == "view" or step.reason == ROTATE_IN_TORCH or step.node.target in _SIZE_QUERIES or \
         (step.kind == "python" and getattr(step.node.target, "__module__", None) in ("_operator", "operator"))
 
 
@@ -66,24 +66,12 @@ def _emit_torch(g: fx.Graph, n: fx.Node, remap: dict, row_major: set) -> fx.Node
 
 
 def _drop_unread(g: fx.Graph, droppable: set) -> None:
-    """Erase the calls of droppable (views and size queries: no effects) whose values nothing
+    """Erase the calls of droppable (steps without effects: _pure) whose values nothing
     in g reads (a step found needed through a reader whose call reads another node)."""
     for n in reversed(list(g.nodes)):
         if n in droppable and not n.users:
             g.erase_node(n)
             counters.bump("torch_unread_steps_dropped")
-
-
-def _merge_views(g: fx.Graph) -> None:
-    """view(view(x, a), b) as view(x, b) where the inner view has no other reader: both are plain
-    views (Tensor.view) only of row-major tensors, and any view of row-major x is x's memory in
-    the same order."""
-    for n in list(g.nodes):
-        inner = n.args[0] if n.target is torch.Tensor.view else None
-        if isinstance(inner, fx.Node) and inner.target is torch.Tensor.view and len(inner.users) == 1:
-            n.args = (inner.args[0],) + n.args[1:]
-            g.erase_node(inner)
-            counters.bump("torch_views_merged")
 
 
 def _signs_call(s: HalfSigns):
@@ -234,7 +222,7 @@ class _Emitter:
                 counters.bump("torch_identity_views")
             else:
                 remap[n] = _emit_torch(g, n, remap, row_major)
-                if _pure(step) or n.target in _SIZE_QUERIES:
+                if _pure(step):
                     self.droppable.add(remap[n])
         self.owner.torch_steps.append(step)
         counters.bump(f"{step.kind}:{n.target}" + (f":{step.reason}" if step.kind == "fallback" else ""))
@@ -298,8 +286,8 @@ class CompiledFx:
             if id(step) not in prefix:
                 self._emit(step, g, remap, env)
         g.output(fx.map_arg(output.args[0], remap.__getitem__))
-        _drop_unread(g, self._emit.droppable)
-        _merge_views(g)
+        _drop_unread(g, self._emit.droppable | {env})   # (bind_sizes: no segment may read it)
+        fx_view_chains.merge_views(g)
         self.view_chains = fx_view_chains.fold(g)
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
