@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_product_activation,
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_cse, fx_product_activation,
                fx_sdpa, fx_sibling_linears, fx_view_chains)
 from .aten_common import fake
 from .fx_patterns import HalfSigns, Rolled, half_signs
@@ -258,6 +258,7 @@ class CompiledFx:
         weights = _weights(self.placeholders) if kind == "inference" else frozenset()
         fx_sibling_linears.rewrite(gm, weights)
         fx_product_activation.rewrite(gm)
+        fx_cse.rewrite(gm)
         consts = size_only(gm, weights)
         move_first(gm, consts)
         planner = plan(gm, consts[-1] if consts else None)
