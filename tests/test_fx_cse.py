@@ -19,7 +19,8 @@ LENGTHS = [1, 5, 16]
 
 class RelativeBiasLayers(nn.Module):
     """T5's pattern: a relative position bias of [1, heads, L, L] that every layer adds to the
-    padding mask again, `where(keep, bias, min)`, before its attention."""
+    padding mask again, `where(keep, bias, min)`, before its attention (here with a scaled bias
+    added too: one segment, not a lone where)."""
 
     def __init__(self, dim=16, heads=2, layers=3):
         super().__init__()
@@ -33,7 +34,7 @@ class RelativeBiasLayers(nn.Module):
         rel = (pos[None, :] - pos[:, None]).clamp(-15, 16) + 15
         bias = self.bias(rel).permute(2, 0, 1)[None]
         for lin in self.qkv:
-            mask = torch.where(keep[:, None, None, :], bias, torch.finfo(x.dtype).min)
+            mask = torch.where(keep[:, None, None, :], bias, torch.finfo(x.dtype).min) + 0.5 * bias
             q, k, v = lin(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             x = x + att.transpose(1, 2).reshape(b, n, -1)

@@ -28,6 +28,7 @@ from .aten_common import fake
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_rotate_pairs import RotatedPairs, rotate_pairs
+from .fx_const_layout import output_in_read_order
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_activation, linear_folds, linear_kxm
@@ -318,13 +319,15 @@ class CompiledFx:
         for step in prefix:
             self._emit(step, pg, premap, penv, row_major)
         self.n_const_segments, self.n_const_torch_steps = len(self.segments), len(self.torch_steps)
-        pg.output(tuple(premap[a] for a in frontier))
+        segmented = {m for step in steps if isinstance(self._emit.runners.get(id(step)), SegmentRunner)
+                     for m in (*step.segment.members, *step.segment.views)}
+        orders = output_in_read_order(pg, frontier, premap, segmented)
         self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix),
                                  len(sizes), len(read_weights))
         call = g.call_function(self.consts, (env, *[remap[ph] for ph in args]))
         for k, a in enumerate(frontier):
             remap[a] = g.call_function(operator.getitem, (call, k))
-            if premap[a] in row_major:
+            if premap[a] in row_major and orders[k] is None:
                 self._emit.row_major.add(remap[a])
         counters.bump("torch_size_consts_steps", len(prefix))
         return {id(step) for step in prefix}
