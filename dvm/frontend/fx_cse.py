@@ -1,19 +1,23 @@
-"""Common subexpressions of an ATen graph computed once (a graph rewrite done once per graph).
+"""Repeated values of an ATen graph read from their first computation (a rewrite once per graph).
 
 Hugging Face models repeat work per layer that depends on nothing the layer changes: T5 adds its
 position bias to the padding mask in every layer, `where(mask, bias, min)` of [B, heads, L, S]
 (at L = 256, 0.4 ms a layer on one thread). AOTAutograd's inference graphs are not deduplicated,
-so each copy became a segment of its own. Here a call of an ATen op that repeats an earlier call
-(the same op, the same argument nodes and the same constants) is replaced by the earlier one
-(counted: `torch_common_subexpressions`).
+so each copy became a segment of its own. Here a call that repeats an earlier one (the same op,
+arguments equal to the earlier call's, the same constants) and whose value is stored whatever the
+fusion plan (a reader takes it whole: a product, attention, a call DVM does not lower) is
+replaced by the earlier call (counted: `torch_common_subexpressions`). A repeat that segments
+fuse stays (recomputing it inside a kernel costs less than storing and loading it), and so do
+views (free to take again; the later passes fold a view read once into its reader), though equal
+views make their readers equal.
 
-Invariants: only calls whose results are a function of their arguments are merged: ATen ops
-without a mutable argument, not random (nondeterministic_seeded) and not `empty`-like (memory
-not initialized); a call is never merged across an op that mutates (the "mutation region" of
-each node: nodes separated by an in-place op or a copy_ into an input may read different values
-through the same node). Results that share storage with a graph output are kept apart (eager
-returns distinct tensors, which the caller may then modify one at a time). Constants are compared
-with their types (1, 1.0 and True give different results; so do 0.0 and -0.0).
+Invariants: only calls whose results are a function of their arguments count: ATen ops without a
+mutable argument, not random (nondeterministic_seeded) and not `empty`-like (memory not
+initialized); nothing is merged across an op that mutates (the "mutation region" of each node:
+nodes separated by an in-place op or a copy_ into an input may read different values through the
+same node). Results that share storage with a graph output are kept apart (eager returns distinct
+tensors, which the caller may then modify one at a time). Constants are compared with their
+types (1, 1.0 and True give different results; so do 0.0 and -0.0).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..runtime import counters
 from . import aten_table as T
+from .fx_sizeonly import pure_op
 
 aten = torch.ops.aten
 ENABLED = True   # off: every call as the graph has it (the tests compare the two)
@@ -33,9 +38,7 @@ _UNINITIALIZED = frozenset({aten.empty.memory_format, aten.empty_strided.default
 
 def _pure(target) -> bool:
     """An ATen op whose result is a function of its arguments (a view of one among them)."""
-    if not isinstance(target, torch._ops.OpOverload) or target in _UNINITIALIZED:
-        return False
-    return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
+    return isinstance(target, torch._ops.OpOverload) and pure_op(target) and target not in _UNINITIALIZED
 
 
 def _mergeable(target) -> bool:

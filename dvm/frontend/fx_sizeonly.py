@@ -49,7 +49,7 @@ MAX_ENTRIES = 64            # size tuples remembered per graph
 MAX_BYTES = 64 << 20        # bytes of tensors remembered per graph (an entry above it is not kept)
 
 
-def _pure_op(target) -> bool:
+def pure_op(target) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         return target.namespace in ("aten", "prims") and not target._schema.is_mutable \
             and torch.Tag.nondeterministic_seeded not in target.tags
@@ -101,7 +101,7 @@ def size_only(gm: fx.GraphModule, weights: frozenset = frozenset()) -> list[fx.N
     weighty: set = set()    # values of weights alone (and constants): taken where a sized value reads them
     found: set = set()
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n in escaping or not _pure_op(n.target):
+        if n.op != "call_function" or n in escaping or not pure_op(n.target):
             continue
         args: list = []
         fx.node.map_arg((n.args, n.kwargs), lambda a: args.append(a) or a)
