@@ -1,16 +1,13 @@
 """Size-only values stored in their segments' read order (frontend/fx_const_layout): the order
-found from the readers' views, the stored copy, and a model reading a permuted position table,
-against eager and against the same graph with the layout change off."""
+found from the readers' views and the stored copy. (A model reading a permuted position table,
+against eager and the change off: test_fx_cse.py.)"""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
-import dvm  # noqa: E402
-from dvm.frontend import fx_const_layout  # noqa: E402
 from dvm.frontend.fx_const_layout import read_order, stored_in_order  # noqa: E402
-from tests.test_fx_cse import LENGTHS, RelativeBiasLayers, _inputs  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -37,28 +34,3 @@ def test_stored_copy_has_the_values_and_the_readers_order():
     y = stored_in_order(x, (2, 0, 1))
     assert torch.equal(x, y) and y.shape == x.shape
     assert y.permute(2, 0, 1).is_contiguous()
-
-
-def _compiled_run(model, enabled):
-    torch._dynamo.reset()
-    fx_const_layout.ENABLED = enabled
-    try:
-        cm = torch.compile(model, backend="dvm", dynamic=True)
-        with torch.no_grad():
-            return {n: cm(*_inputs(n)) for n in LENGTHS}
-    finally:
-        fx_const_layout.ENABLED = True
-
-
-def test_permuted_position_table_matches_eager_and_the_change_off():
-    torch.manual_seed(0)
-    model = RelativeBiasLayers().eval()
-    before = dvm.counters().get("torch_size_consts_reordered", 0)
-    got = _compiled_run(model, True)
-    reordered = dvm.counters().get("torch_size_consts_reordered", 0) - before
-    off = _compiled_run(model, False)
-    with torch.no_grad():
-        for n in LENGTHS:
-            torch.testing.assert_close(got[n], model(*_inputs(n)))
-            torch.testing.assert_close(got[n], off[n])
-    assert reordered >= len(LENGTHS) - 1   # once per size (a length of 1 may specialize apart)

@@ -1,6 +1,7 @@
 """Common subexpressions (frontend/fx_cse): a value an ATen graph computes again, which is stored
 anyway (a product or attention reads it), is read from its first computation; against eager, and
-against the same graph with the rewrite off."""
+against the same graph with the rewrite off. The model here (T5's relative position bias) also
+covers frontend/fx_const_layout (its own unit tests: test_fx_const_layout.py)."""
 
 import pytest
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import dvm  # noqa: E402
-from dvm.frontend import fx_cse  # noqa: E402
+from dvm.frontend import fx_const_layout, fx_cse  # noqa: E402
 from dvm.frontend.torch_runtime import COMPILED  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
@@ -48,31 +49,40 @@ def _inputs(n, seed=0):
     return torch.randn(2, n, 16), keep
 
 
-def _run(model, enabled: bool):
+def _run(model, switch, enabled: bool):
+    """The compiled model's results per length and its graph's segment count, with the rewrite
+    `switch` (a module with ENABLED) on or off."""
     torch._dynamo.reset()
-    fx_cse.ENABLED = enabled
+    switch.ENABLED = enabled
     try:
         cm = torch.compile(model, backend="dvm", dynamic=True)
         with torch.no_grad():
             got = {n: cm(*_inputs(n)) for n in LENGTHS}
         return got, len(COMPILED[-1].segments)
     finally:
-        fx_cse.ENABLED = True
+        switch.ENABLED = True
 
 
-def test_repeated_masks_are_computed_once_and_match_eager():
+# (the rewrite, its counter, the least count over LENGTHS' graphs)
+REWRITES = [(fx_cse, "torch_common_subexpressions", 2),          # the second and third layers' masks
+            (fx_const_layout, "torch_size_consts_reordered", 2)]   # the bias, once per size
+
+
+@pytest.mark.parametrize("switch, counter, least", REWRITES, ids=["cse", "const_layout"])
+def test_relative_bias_layers_match_eager_and_the_rewrite_off(switch, counter, least):
     torch.manual_seed(0)
     model = RelativeBiasLayers().eval()
-    before = dvm.counters().get("torch_common_subexpressions", 0)
-    got, segments = _run(model, True)
-    merged = dvm.counters().get("torch_common_subexpressions", 0) - before
-    off, segments_off = _run(model, False)
+    before = dvm.counters().get(counter, 0)
+    got, segments = _run(model, switch, True)
+    done = dvm.counters().get(counter, 0) - before
+    off, segments_off = _run(model, switch, False)
     with torch.no_grad():
         for n in LENGTHS:
             torch.testing.assert_close(got[n], model(*_inputs(n)))
             torch.testing.assert_close(got[n], off[n])
-    assert merged >= 2                    # the second and third layers' masks
-    assert segments < segments_off        # their segments are gone
+    assert done >= least
+    if switch is fx_cse:
+        assert segments < segments_off   # the repeated masks' segments are gone
 
 
 def test_returned_values_stay_distinct_tensors():
