@@ -23,6 +23,7 @@ import torch.fx as fx
 
 from ..runtime import counters
 from .aten_common import fake
+from .fx_segments import SegmentStep
 
 aten = torch.ops.aten
 # views that only reorder an input's dims or insert dims of size 1
@@ -81,9 +82,13 @@ def stored_in_order(x: torch.Tensor, order: tuple) -> torch.Tensor:
     return x.permute(order).contiguous().permute(inverse)
 
 
-def output_in_read_order(graph: fx.Graph, values: list, remap: dict, segmented: set) -> list:
+def output_in_read_order(graph: fx.Graph, values: list, remap: dict, steps: list, runners: dict) -> list:
     """Make graph's output the remapped values, each stored in its read order where it has one
-    (read_order; segmented: the ATen nodes that segments compute); returns those orders."""
+    (read_order, over the ATen nodes of the planned steps' compiled segments: runners maps a
+    segment step's id to its runner, or to the exception that kept it from compiling); returns
+    those orders."""
+    compiled = [s.segment for s in steps if isinstance(s, SegmentStep) and not isinstance(runners.get(id(s)), Exception)]
+    segmented = {m for seg in compiled for m in (*seg.members, *seg.views)}
     orders = [read_order(a, segmented.__contains__) for a in values]
     graph.output(tuple(remap[a] if order is None else graph.call_function(stored_in_order, (remap[a], order))
                        for a, order in zip(values, orders)))

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..runtime import counters
 from . import aten_table as T
-from .fx_sizeonly import pure_op
+from .aten_common import fake
+from .fx_sizeonly import escaping, pure_op
 
 aten = torch.ops.aten
 ENABLED = True   # off: every call as the graph has it (the tests compare the two)
@@ -71,21 +71,6 @@ def _key(value, canon: dict):
     return (type(value).__name__, value)
 
 
-def _storage(n: fx.Node):
-    val = n.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(val.untyped_storage())
-    except (NotImplementedError, RuntimeError):
-        return None
-
-
-def _returned_storages(graph: fx.Graph) -> set:
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return {s for n in output.all_input_nodes if (s := _storage(n)) is not None}
-
-
 def _stored(n: fx.Node) -> bool:
     """n's value is stored in memory whatever the fusion plan: a reader takes it whole (a matrix
     product, attention, a call DVM does not lower), so no segment can compute it inside its own
@@ -94,19 +79,18 @@ def _stored(n: fx.Node) -> bool:
                for u in n.users)
 
 
-def _equals(graph: fx.Graph) -> dict:
-    """node -> the first node of the graph computing the same value (nodes that compute none of
+def _equals(gm: fx.GraphModule) -> dict:
+    """node -> the first node of the graph computing the same tensor (nodes that compute none of
     another's are left out), by the node's op, its arguments' first equals and its constants."""
-    returned = _returned_storages(graph)
+    returned = escaping(gm)   # (the nodes whose memory a graph output may share)
     seen: dict = {}
     canon: dict = {}
     region = 0
-    for n in graph.nodes:
+    for n in gm.graph.nodes:
         if n.op != "call_function" or not _pure(n.target):
             region += _mutates(n)
             continue
-        storage = _storage(n)
-        if storage is None or storage in returned:
+        if n in returned or not isinstance(fake(n), torch.Tensor):
             continue
         try:
             first = seen.setdefault((region, n.target, _key(n.args, canon), _key(n.kwargs, canon)), n)
@@ -136,7 +120,7 @@ def rewrite(gm: fx.GraphModule) -> int:
         return 0
     graph = gm.graph
     replaced, erased = 0, set()
-    for n, first in _equals(graph).items():
+    for n, first in _equals(gm).items():
         if n not in erased and _mergeable(n.target) and _stored(n):
             n.replace_all_uses_with(first)
             _erase_unread(graph, n, erased)

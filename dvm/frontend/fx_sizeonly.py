@@ -68,7 +68,7 @@ def _may_hold_tensor(n) -> bool:
     return v is None or isinstance(v, (torch.Tensor, list, tuple))
 
 
-def _escaping(gm: fx.GraphModule) -> set:
+def escaping(gm: fx.GraphModule) -> set:
     """The nodes whose tensors a graph output may share memory with (sizes cannot)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     todo: list = []
@@ -96,12 +96,12 @@ def size_only(gm: fx.GraphModule, weights: frozenset = frozenset()) -> list[fx.N
     weights: placeholders of parameters and buffers, read by such values beside sizes."""
     if not ENABLED:
         return []
-    escaping = _escaping(gm)
+    returned = escaping(gm)
     sized = set(size_args(gm))
     weighty: set = set()    # values of weights alone (and constants): taken where a sized value reads them
     found: set = set()
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n in escaping or not pure_op(n.target):
+        if n.op != "call_function" or n in returned or not pure_op(n.target):
             continue
         args: list = []
         fx.node.map_arg((n.args, n.kwargs), lambda a: args.append(a) or a)

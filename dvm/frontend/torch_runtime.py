@@ -22,13 +22,13 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_cse, fx_product_activation,
-               fx_sdpa, fx_sibling_linears, fx_view_chains)
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_cse,
+               fx_product_activation, fx_sdpa, fx_sibling_linears, fx_view_chains)
 from .aten_common import fake
+from .fx_const_layout import output_in_read_order
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
 from .fx_rotate_pairs import RotatedPairs, rotate_pairs
-from .fx_const_layout import output_in_read_order
 from .fx_segments import ROTATE_IN_TORCH, SegmentStep, TorchStep, plan
 from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_activation, linear_folds, linear_kxm
@@ -319,9 +319,7 @@ class CompiledFx:
         for step in prefix:
             self._emit(step, pg, premap, penv, row_major)
         self.n_const_segments, self.n_const_torch_steps = len(self.segments), len(self.torch_steps)
-        segmented = {m for step in steps if isinstance(self._emit.runners.get(id(step)), SegmentRunner)
-                     for m in (*step.segment.members, *step.segment.views)}
-        orders = output_in_read_order(pg, frontier, premap, segmented)
+        orders = output_in_read_order(pg, frontier, premap, steps, self._emit.runners)
         self.consts = SizeConsts(fx.GraphModule(gm, pg, class_name="DvmSizeConsts").forward, len(prefix),
                                  len(sizes), len(read_weights))
         call = g.call_function(self.consts, (env, *[remap[ph] for ph in args]))
