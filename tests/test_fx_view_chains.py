@@ -292,9 +292,9 @@ def _split_heads(split, args, pieces):
 def test_a_splits_pieces_head_their_chains(split, args, width, pieces):
     """The split call goes; each piece is the split's own view, first call and remembered."""
     plain, folded, removed = _folded(_split_heads(split, args, pieces))
-    assert removed == 1 + 2 * pieces
+    assert removed == 1 + 2 * pieces + pieces - 1   # the split, each chain's views, the chains but one
     targets = [n.target for n in folded.graph.nodes if n.op == "call_function"]
-    assert split not in targets and operator.getitem not in targets and len(targets) == pieces
+    assert split not in targets and targets.count(operator.getitem) == pieces and len(targets) == pieces + 1
     for length in (2, 4, 2, 2, 6):
         dim0 = width if args == (4,) else 1   # (the dim-0 case splits the first axis)
         x = torch.randn(width, length, 1).transpose(0, 2).contiguous().transpose(0, 2) if dim0 > 1 else \
@@ -318,7 +318,7 @@ def test_unbinds_pieces_head_their_chains():
         return tuple(g.call_function(torch.Tensor.transpose, (g.call_function(operator.getitem, (s, i)), 0, 1))
                      for i in range(3))
     plain, folded, removed = _folded(build)
-    assert removed == 1 + 3   # the unbind; each piece's getitem and transpose as one call
+    assert removed == 1 + 3 + 2   # the unbind; each piece's getitem and transpose as one call; 3 chains in one
     x = torch.randn(5, 3, 4, 2)
     for _ in range(3):
         for got, want in zip(folded(x, 0), plain(x, 0)):
@@ -375,3 +375,66 @@ def test_a_piece_taken_by_a_negative_index_keeps_the_split():
     x = torch.randn(1, 3, 20)
     for _ in range(2):
         _same_view(folded(x, 3), plain(x, 3))
+
+
+def _heads_of_thirds(g, x, n):
+    """q, k and v: each third of a fused product split into heads, heads first (three chains of x)."""
+    outs = []
+    for i in range(3):
+        s = g.call_function(_slice, (x, 2, 8 * i, 8 * i + 8))
+        v = g.call_function(_view_or_reshape, (s, [1, n, -1, 4]))
+        outs.append(g.call_function(torch.Tensor.transpose, (v, 1, 2)))
+    return tuple(outs)
+
+
+def test_the_chains_of_one_value_are_one_call(monkeypatch):
+    """q, k, v of one product: one call (its values once), getitems taking its views apart; each
+    the chain's own view on the first call and on the remembered path; with SIBLINGS off, a call
+    per chain."""
+    plain, folded, removed = _folded(_heads_of_thirds)
+    assert removed == 3 * 2 + 2
+    calls = [n for n in folded.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    assert len(calls) == 1 and len(calls[0].args) == 2   # x and n (n once for the three chains)
+    for length in (3, 5, 3, 3, 8, 8):
+        x = torch.randn(1, length, 24)
+        for got, want in zip(folded(x, length), plain(x, length)):
+            _same_view(got, want)
+    monkeypatch.setattr(fx_view_chains, "SIBLINGS", False)
+    _, apart, removed = _folded(_heads_of_thirds)
+    assert removed == 3 * 2 and sum(n.op == "call_function" for n in apart.graph.nodes) == 3
+
+
+def test_chains_of_one_value_where_one_copies_stay_right():
+    """A reshape that must copy (a transposed input) in one chain of a group: every call runs the
+    chains (nothing remembered), the copy is fresh each time, the views are x's own."""
+    def build(g, x, n):
+        a = g.call_function(torch.Tensor.transpose, (x, 1, 2))
+        b = g.call_function(torch.Tensor.unsqueeze, (g.call_function(torch.Tensor.transpose, (x, 0, 1)), 0))
+        return (g.call_function(_view_or_reshape, (a, [n, -1])), b)
+    plain, folded, removed = _folded(build)
+    assert removed == 1 + 1 + 1
+    x = torch.randn(2, 3, 4)
+    first = folded(x, 2)[0]
+    for _ in range(3):
+        (copied, view), (want_copy, want_view) = folded(x, 2), plain(x, 2)
+        assert torch.equal(copied, want_copy) and copied.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        _same_view(view, want_view)
+    x.add_(1.0)
+    assert not torch.equal(first, plain(x, 2)[0]) and torch.equal(folded(x, 2)[0], plain(x, 2)[0])
+
+
+def test_a_chain_whose_value_comes_later_stays_apart():
+    """A chain reading a value computed after the first chain of the same input is not merged
+    into a call placed before that value."""
+    def build(g, x, n):
+        a = g.call_function(torch.Tensor.unsqueeze, (g.call_function(torch.Tensor.transpose, (x, 0, 1)), 0))
+        m = g.call_function(operator.add, (n, 1))
+        b = g.call_function(torch.Tensor.transpose, (g.call_function(_view_or_reshape, (x, [m, -1])), 0, 1))
+        return a, b
+    plain, folded, removed = _folded(build)
+    assert removed == 2
+    assert not any(n.target is operator.getitem for n in folded.graph.nodes if n.op == "call_function")
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        for got, want in zip(folded(x, 2), plain(x, 2)):
+            _same_view(got, want)

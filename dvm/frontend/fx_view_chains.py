@@ -19,6 +19,11 @@ segment that updates no input: PURE_READERS), the view is taken by reinterpretat
 autograd view of its input and has its own version counter, which no such reader looks at.
 Elsewhere (a graph output, an in-place update, any other call) it is an as_strided view.
 
+The chains of one value (attention's q, k and v views of one product) are then one call that
+returns their views (getitems take them apart; `SIBLINGS`): one check of the value and one memo
+entry for all, the views taken by one `map` of `_reinterpret_tensor` where each may be. They are
+remembered only where every one shares the value's storage (else each call runs every chain).
+
 A split's pieces (`split`, `split_with_sizes`, `unbind`: GPT-2's q / k / v) are narrows or
 selects of its input, the same views split takes: where each piece goes on into a chain of
 views, or only one piece is read, the split and its getitems become one view call per piece
@@ -29,6 +34,7 @@ makes a plain view of a plain view read only by it one view.
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 from typing import Callable
 
 import torch
@@ -75,6 +81,7 @@ VIEW_CALLS = frozenset({torch.Tensor.view, _view_or_reshape, _slice, torch.Tenso
                         torch.Tensor.select, _split_piece, _sizes_piece, _unbind_piece})
 ENABLED = True   # off: one call per view (the tests and the A/B compare the two)
 REINTERPRET = True   # off: every remembered view is an as_strided (the tests compare the two)
+SIBLINGS = True      # off: each chain its own call, where several read one value (the tests compare)
 _MEMO_MAX = 64   # remembered views per chain (one per tuple of sizes seen)
 # Run-graph callables that read their tensor arguments into fresh results only: they neither write
 # them nor return them (nor a view of them), and keep no reference to them.
@@ -93,32 +100,51 @@ class _Slot(int):
     """The place of a run-time argument (a run-graph node) in a chain step's arguments."""
 
 
-def _chain_call(steps: list, reinterpret: bool) -> Callable:
-    """view_chain(x, *values): the steps' view of x. steps: (callable, args after the first, with
-    _Slot(i) for values[i]); reinterpret: remembered views by _reinterpret_tensor (every reader
-    of the result is a pure one), else by as_strided."""
+def _fill(a, values):
+    """a chain step's argument with each _Slot(i) replaced by values[i]."""
+    if isinstance(a, _Slot):
+        return values[a]
+    if isinstance(a, list):
+        return [_fill(b, values) for b in a]
+    if isinstance(a, tuple):
+        return tuple(_fill(b, values) for b in a)
+    return a
+
+
+def _taker(reinterprets: tuple) -> Callable:
+    """take(x, spec, offset): the remembered views of x (one view where there is one chain, else
+    their tuple); spec: (sizes, strides, storage offsets less x's offset), a tuple each, one entry
+    per chain; offset: x's storage offset. A view is a reinterpretation where its chain's flag is
+    set, else an as_strided view."""
+    flags = tuple(bool(r and _reinterpret_tensor is not None) for r in reinterprets)
+    n = len(flags)
+    if all(flags) and n == 1:
+        return lambda x, spec, offset: _reinterpret_tensor(x, spec[0][0], spec[1][0], spec[2][0])
+    if all(flags):   # (map and repeat: no Python frame per view)
+        return lambda x, spec, offset: tuple(map(_reinterpret_tensor, repeat(x, n), *spec))
+
+    def take(x, spec, offset):
+        views = tuple(_reinterpret_tensor(x, s, st, r) if f else x.as_strided(s, st, r + offset)
+                      for f, s, st, r in zip(flags, *spec))
+        return views[0] if n == 1 else views
+    return take
+
+
+def _chain_call(chains: list) -> Callable:
+    """view_chain(x, *values): each chain's view of x (the view itself for one chain, else their
+    tuple). chains: (steps, reinterpret) per chain, steps: (callable, args after the first, with
+    _Slot(i) for values[i]); reinterpret: its remembered views by _reinterpret_tensor (every
+    reader of its result is a pure one), else by as_strided. The views are remembered together:
+    only where every one shares x's storage."""
     memo: dict = {}
-    last: list = [None]   # (tensor check, offset, values, memo entry) of the last view taken
-    take = _reinterpret_tensor if reinterpret and _reinterpret_tensor is not None else None
-
-    def fill(a, values):
-        if isinstance(a, _Slot):
-            return values[a]
-        if isinstance(a, list):
-            return [fill(b, values) for b in a]
-        if isinstance(a, tuple):
-            return tuple(fill(b, values) for b in a)
-        return a
-
-    def view(x, got, offset):
-        if take is not None:
-            return take(x, got[0], got[1], got[2] - offset)
-        return x.as_strided(got[0], got[1], got[2])
+    last: list = [None]   # (tensor check, offset, values, memo entry) of the views last taken
+    take = _taker(tuple(r for _, r in chains))
+    single = len(chains) == 1
 
     def view_chain(x, *values):
         q = last[0]
         if q is not None and q[0](x) and q[1] == x.storage_offset() and q[2] == values and not x.requires_grad:
-            return view(x, q[3], q[1])
+            return take(x, q[3][0], q[1])
         offset = x.storage_offset()
         key = (x.shape, x.stride(), offset, values)
         try:
@@ -126,18 +152,23 @@ def _chain_call(steps: list, reinterpret: bool) -> Callable:
         except TypeError:   # an argument value that cannot be a key (never remembered)
             got = key = None
         if got is not None and not x.requires_grad:
-            if got[3] is None:   # the entry's tensor check, made at its first reuse
-                got[3] = tensor_check((x,)) or False
-            last[0] = (got[3], offset, values, got) if got[3] else None
-            return view(x, got, offset)
-        y = x
-        for fn, args in steps:
-            y = fn(y, *fill(args, values))
-        if key is not None and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            if got[1] is None:   # the entry's tensor check, made at its first reuse
+                got[1] = tensor_check((x,)) or False
+            last[0] = (got[1], offset, values, got) if got[1] else None
+            return take(x, got[0], offset)
+        outs = []
+        for steps, _ in chains:
+            y = x
+            for fn, args in steps:
+                y = fn(y, *_fill(args, values))
+            outs.append(y)
+        base = x.untyped_storage().data_ptr()
+        if key is not None and all(y.untyped_storage().data_ptr() == base for y in outs):
             if len(memo) >= _MEMO_MAX:
                 memo.clear()
-            memo[key] = [tuple(y.shape), y.stride(), y.storage_offset(), None]
-        return y
+            memo[key] = [tuple(zip(*((tuple(y.shape), y.stride(), y.storage_offset() - offset) for y in outs))), None]
+        return outs[0] if single else tuple(outs)
+    view_chain.chains = chains
     return view_chain
 
 
@@ -241,12 +272,60 @@ def fold(g: fx.Graph) -> tuple[int, int]:
             return _Slot(len(values) - 1)
         steps = [(m.target, fx.map_arg(tuple(m.args[1:]), slot)) for m in chain]
         with g.inserting_before(n):
-            call = g.call_function(_chain_call(steps, _pure_readers_only(n)), (chain[0].args[0], *values))
+            call = g.call_function(_chain_call([(steps, _pure_readers_only(n))]), (chain[0].args[0], *values))
         n.replace_all_uses_with(call)
         for m in reversed(chain):
             g.erase_node(m)
         gone.update(chain)
         chains, removed = chains + 1, removed + len(chain) - 1
+    removed += _merge_siblings(g) if SIBLINGS else 0
     if removed:
         counters.bump("torch_view_chain_calls_removed", removed)
     return chains, removed
+
+
+def _merge_siblings(g: fx.Graph) -> int:
+    """The chain calls of one input (attention's q, k and v of one product) as one call returning
+    their views, which getitems take apart: one check of the input and one memo for all. Only
+    calls whose values are all computed before the first of them. Returns the calls removed."""
+    order = {n: i for i, n in enumerate(g.nodes)}
+    groups: dict = {}
+    for n in g.nodes:
+        if n.op == "call_function" and getattr(n.target, "chains", None) is not None:
+            groups.setdefault(n.args[0], []).append(n)
+    removed = 0
+    for calls in groups.values():
+        first = calls[0]
+        if len(calls) < 2 or not all(order.get(a, -1) < order[first] for c in calls for a in c.args[1:]
+                                     if isinstance(a, fx.Node)):
+            continue
+        chains, values = [], []
+        for c in calls:   # each chain's values as slots of the shared values (a node once)
+            slots = [_shared_slot(values, a) for a in c.args[1:]]
+            renumber = lambda a, slots=slots: _Slot(slots[a]) if isinstance(a, _Slot) else a   # noqa: E731
+            chains += [([(fn, _remap(args, renumber)) for fn, args in steps], r) for steps, r in c.target.chains]
+        with g.inserting_before(first):
+            call = g.call_function(_chain_call(chains), (first.args[0], *values))
+            for i, c in enumerate(calls):
+                c.replace_all_uses_with(g.call_function(operator.getitem, (call, i)))
+        for c in calls:
+            g.erase_node(c)
+        removed += len(calls) - 1
+    return removed
+
+
+def _shared_slot(values: list, a) -> int:
+    """The index of value a in values, appended where it is not a node there already."""
+    if isinstance(a, fx.Node) and a in values:
+        return values.index(a)
+    values.append(a)
+    return len(values) - 1
+
+
+def _remap(a, fn: Callable):
+    """A chain step's arguments with fn applied to each leaf (lists and tuples kept)."""
+    if isinstance(a, list):
+        return [_remap(b, fn) for b in a]
+    if isinstance(a, tuple):
+        return tuple(_remap(b, fn) for b in a)
+    return fn(a)

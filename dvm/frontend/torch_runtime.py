@@ -394,8 +394,8 @@ class CompiledFx:
                 for g in s.graph.plan.groups:
                     lines.append("    " + g.describe())
         if self.view_chains[0]:
-            lines.append(f"  views of PyTorch values: {self.view_chains[0]} chain(s) taken as one call each "
-                         f"({self.view_chains[1]} call(s) fewer; as_strided once a chain's sizes repeat)")
+            lines.append(f"  views of PyTorch values: {self.view_chains[0]} chain(s) taken as one call each, those of "
+                         f"one value together ({self.view_chains[1]} call(s) fewer; as_strided once sizes repeat)")
         reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
         for (op, why), k in sorted(reasons.items()):
             lines.append(f"  fallback {op} x{k}: {why}")
