@@ -100,15 +100,13 @@ class _Slot(int):
     """The place of a run-time argument (a run-graph node) in a chain step's arguments."""
 
 
-def _fill(a, values):
-    """a chain step's argument with each _Slot(i) replaced by values[i]."""
-    if isinstance(a, _Slot):
-        return values[a]
+def _remap(a, fn: Callable):
+    """A chain step's arguments with fn applied to each leaf (lists and tuples kept)."""
     if isinstance(a, list):
-        return [_fill(b, values) for b in a]
+        return [_remap(b, fn) for b in a]
     if isinstance(a, tuple):
-        return tuple(_fill(b, values) for b in a)
-    return a
+        return tuple(_remap(b, fn) for b in a)
+    return fn(a)
 
 
 def _taker(reinterprets: tuple) -> Callable:
@@ -159,8 +157,8 @@ def _chain_call(chains: list) -> Callable:
         outs = []
         for steps, _ in chains:
             y = x
-            for fn, args in steps:
-                y = fn(y, *_fill(args, values))
+            for fn, args in steps:   # (each _Slot(i) is values[i])
+                y = fn(y, *_remap(args, lambda a: values[a] if isinstance(a, _Slot) else a))
             outs.append(y)
         base = x.untyped_storage().data_ptr()
         if key is not None and all(y.untyped_storage().data_ptr() == base for y in outs):
@@ -320,12 +318,3 @@ def _shared_slot(values: list, a) -> int:
         return values.index(a)
     values.append(a)
     return len(values) - 1
-
-
-def _remap(a, fn: Callable):
-    """A chain step's arguments with fn applied to each leaf (lists and tuples kept)."""
-    if isinstance(a, list):
-        return [_remap(b, fn) for b in a]
-    if isinstance(a, tuple):
-        return tuple(_remap(b, fn) for b in a)
-    return fn(a)
