@@ -438,3 +438,32 @@ def test_a_chain_whose_value_comes_later_stays_apart():
     for _ in range(3):
         for got, want in zip(folded(x, 2), plain(x, 2)):
             _same_view(got, want)
+
+
+def test_the_chains_of_one_value_read_by_pure_readers_are_reinterpreted(monkeypatch):
+    """q, k, v read only by a pure reader: the one call's remembered views are reinterpretations
+    (no autograd view of x), each the chain's own view; one of them also a graph output: that one
+    an as_strided view, the others still reinterpreted."""
+    seen = []
+
+    def reader(*ts):   # a pure reader for this test: it records what it is given
+        seen.append(ts)
+        return sum(t.sum() for t in ts)
+    monkeypatch.setattr(fx_view_chains, "PURE_READERS", fx_view_chains.PURE_READERS | {reader})
+
+    def read_all(g, x, n):
+        return g.call_function(reader, _heads_of_thirds(g, x, n))
+
+    def read_all_return_q(g, x, n):
+        q, k, v = _heads_of_thirds(g, x, n)
+        return g.call_function(reader, (q, k, v)), q
+    for build, returned in ((read_all, ()), (read_all_return_q, (0,))):
+        plain, folded, _ = _folded(build)
+        for length in (3, 5, 5, 5):
+            x = torch.randn(1, length, 24)
+            seen.clear()
+            got_out, want_out = folded(x, length), plain(x, length)
+            assert torch.equal(got_out[0] if returned else got_out, want_out[0] if returned else want_out)
+            for got, want in zip(*seen):
+                _same_view(got, want)
+        assert [t._base is x for t in seen[0]] == [i in returned for i in range(3)]
