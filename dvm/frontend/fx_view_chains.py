@@ -166,7 +166,6 @@ def _chain_call(chains: list) -> Callable:
                 memo.clear()
             memo[key] = [tuple(zip(*((tuple(y.shape), y.stride(), y.storage_offset() - offset) for y in outs))), None]
         return outs[0] if single else tuple(outs)
-    view_chain.chains = chains
     return view_chain
 
 
@@ -253,6 +252,7 @@ def fold(g: fx.Graph) -> tuple[int, int]:
     if not ENABLED:
         return 0, 0
     chains, removed, gone = 0, _pieces_of_splits(g), set()
+    made: dict = {}   # each chain call -> its chain: (steps, reinterpret)
     for n in reversed(list(g.nodes)):
         if n in gone or not _is_view(n):
             continue
@@ -269,27 +269,30 @@ def fold(g: fx.Graph) -> tuple[int, int]:
             values.append(a)
             return _Slot(len(values) - 1)
         steps = [(m.target, fx.map_arg(tuple(m.args[1:]), slot)) for m in chain]
+        made_chain = (steps, _pure_readers_only(n))
         with g.inserting_before(n):
-            call = g.call_function(_chain_call([(steps, _pure_readers_only(n))]), (chain[0].args[0], *values))
+            call = g.call_function(_chain_call([made_chain]), (chain[0].args[0], *values))
+        made[call] = made_chain
         n.replace_all_uses_with(call)
         for m in reversed(chain):
             g.erase_node(m)
         gone.update(chain)
         chains, removed = chains + 1, removed + len(chain) - 1
-    removed += _merge_siblings(g) if SIBLINGS else 0
+    removed += _merge_siblings(g, made) if SIBLINGS else 0
     if removed:
         counters.bump("torch_view_chain_calls_removed", removed)
     return chains, removed
 
 
-def _merge_siblings(g: fx.Graph) -> int:
+def _merge_siblings(g: fx.Graph, made: dict) -> int:
     """The chain calls of one input (attention's q, k and v of one product) as one call returning
     their views, which getitems take apart: one check of the input and one memo for all. Only
-    calls whose values are all computed before the first of them. Returns the calls removed."""
+    calls whose values are all computed before the first of them. made: fold's chain calls, each
+    to its chain. Returns the calls removed."""
     order = {n: i for i, n in enumerate(g.nodes)}
     groups: dict = {}
     for n in g.nodes:
-        if n.op == "call_function" and getattr(n.target, "chains", None) is not None:
+        if n in made:
             groups.setdefault(n.args[0], []).append(n)
     removed = 0
     for calls in groups.values():
@@ -301,7 +304,8 @@ def _merge_siblings(g: fx.Graph) -> int:
         for c in calls:   # each chain's values as slots of the shared values (a node once)
             slots = [_shared_slot(values, a) for a in c.args[1:]]
             renumber = lambda a, slots=slots: _Slot(slots[a]) if isinstance(a, _Slot) else a   # noqa: E731
-            chains += [([(fn, _remap(args, renumber)) for fn, args in steps], r) for steps, r in c.target.chains]
+            steps, reinterpret = made[c]
+            chains.append(([(fn, _remap(args, renumber)) for fn, args in steps], reinterpret))
         with g.inserting_before(first):
             call = g.call_function(_chain_call(chains), (first.args[0], *values))
             for i, c in enumerate(calls):
