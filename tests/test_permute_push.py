@@ -188,6 +188,32 @@ def test_work_that_would_be_redone_stays_put(vm, case):
     np.testing.assert_allclose(got[1], np.exp(xa * za) if case == "work_is_an_output" else -(xa * za), rtol=1e-6)
 
 
+def test_lower_rank_work_keeps_its_place_under_the_permute(vm):
+    """Mamba2's segment sum (HF's torch_forward): exp of a cumulative sum masked by a (c, c) mask
+    under the heads, times decay factors stored heads-first, stored with the heads first (PyTorch's
+    order): the mask's work is read as it is (its axes stay the trailing ones), one kernel, no
+    workspace. Work whose axes the permute would move in front of others stays put."""
+    ctx, c, h = build.ShapeContext(), sym("c"), 3
+    cs, g6 = _input((1, h, 1, c, c), 0), _input((h, c, 1, c), 2)
+    mask = Node.make("input", DType.BOOL, (c, c), index=1)
+    masked = _ew(ctx, "where", _ew(ctx, "logical_not", mask), build.const(float("-inf")), cs)
+    decay = build.reshape(ctx, build.permute(ctx, g6, (2, 1, 3, 0)), (1, 1, c, c, h))   # heads last
+    m = _ew(ctx, "mul", decay, build.permute(ctx, _ew(ctx, "exp", masked), (0, 2, 3, 4, 1)))
+    out = build.permute(ctx, m, (4, 0, 1, 2, 3))
+    (moved,) = push_permutes([out])
+    assert moved.op == "mul" and moved.shape == (h, 1, 1, c, c)
+    g = CompiledGraph([cs, mask, g6], [out])
+    assert not g.plan.workspaces and len(g.plan.groups) == 1
+    rng = np.random.default_rng(9)
+    ca, ga = rng.standard_normal((1, h, 1, 5, 5)).astype(F32), rng.standard_normal((h, 5, 1, 5)).astype(F32)
+    ma = np.tril(np.ones((5, 5), bool))
+    (got,) = g.run({"c": 5}, [ca, ma, ga])
+    lm = np.exp(np.where(ma, ca, -np.inf))[0, :, 0]                        # (h, c, c)
+    np.testing.assert_allclose(got, (ga[:, :, 0, :] * lm)[:, None, None], rtol=1e-6)
+    flipped = build.permute(ctx, _ew(ctx, "mul", _input((c, h), 3), _ew(ctx, "neg", _input((h,), 4))), (1, 0))
+    assert push_permutes([flipped])[0] is flipped
+
+
 @st.composite
 def _cases(draw):
     rank = draw(st.integers(2, 4))
@@ -199,13 +225,17 @@ def _cases(draw):
         drop = draw(st.integers(0, rank - 1))                 # lower rank: broadcast from the left
         operands.append(tuple(d if draw(st.booleans()) else 1 for d in sizes[drop:]))
     ops = draw(st.lists(st.sampled_from(sorted(_NP)), min_size=len(operands), max_size=len(operands)))
-    return sizes, perm, x_perm, operands, ops
+    negated = draw(st.lists(st.booleans(), min_size=len(operands), max_size=len(operands)))   # work, not a load
+    return sizes, perm, x_perm, operands, ops, negated
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=_cases())
 def test_random_permutes_of_broadcasts(vm, case):
-    sizes, perm, x_perm, operand_sizes, ops = case
+    """exp of a permuted input combined with operands of random broadcasts (lower ranks among
+    them), each an input or work (its negation), stored permuted: equal to NumPy; with loads only,
+    one kernel in the permuted order."""
+    sizes, perm, x_perm, operand_sizes, ops, negated = case
     rank = len(sizes)
     ctx = build.ShapeContext()
     names = [sym(f"d{i}") for i in range(rank)]
@@ -222,13 +252,13 @@ def test_random_permutes_of_broadcasts(vm, case):
         drop = rank - len(shape)
         o = _input(tuple(1 if d == 1 else dims[drop + i] for i, d in enumerate(shape)), k + 1)
         inputs.append(o)
-        value = _ew(ctx, op, value, o)
+        value = _ew(ctx, op, value, _ew(ctx, "neg", o) if negated[k] else o)
         a = rng.standard_normal(shape).astype(F32)
         arrays.append(a)
-        want = _NP[op](want, a)
+        want = _NP[op](want, -a if negated[k] else a)
     out = build.permute(ctx, _ew(ctx, "exp", value), perm)
     g = CompiledGraph(inputs, [out])
-    if perm != tuple(range(rank)):
+    if perm != tuple(range(rank)) and not any(negated):
         assert not g.plan.workspaces and len(g.plan.groups) == 1
     (got,) = g.run(env, arrays)
     np.testing.assert_allclose(got, np.exp(want).transpose(perm), rtol=1e-6)

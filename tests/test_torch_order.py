@@ -1,6 +1,7 @@
 """Segment outputs in PyTorch's memory order where that costs no kernel (torch_segment.TORCH_ORDER):
 HF's RoPE on transposed heads returns eager's strides, attention's output then reshapes as a
-view, and the values match eager and the row-major order."""
+view, and the values match eager and the row-major order; Mamba2's masked segment sum is one
+kernel stored in eager's order."""
 
 import pytest
 
@@ -108,3 +109,31 @@ def test_attention_after_rope_matches_eager(order):
         return F.linear(o.transpose(1, 2).reshape(b, n, HEADS * D), wo)
     for mode in ("free", "never"):
         _against_eager(order, f, mode, (4, 11, 11, 2))
+
+
+def _segment_sum_decay(cs, tril, g6):
+    """Mamba2's chunked scan as HF's torch_forward writes it (FalconH1, Bamba, Zamba2): exp of a
+    masked segment sum (heads first), times decay factors read heads-last, for a product over
+    the heads (a bmm in eager, whose operand is then a view)."""
+    h, c = cs.shape[1], cs.shape[-1]
+    seg = torch.exp(cs.masked_fill(~tril, -torch.inf))                    # (1, h, 1, c, c)
+    decay = g6.permute(3, 4, 1, 5, 0, 2).reshape(1, 1, c, c, h)            # heads last, a view
+    m = decay * seg.permute(0, 2, 3, 4, 1)                                # (1, 1, c, c, h)
+    return m.unsqueeze(-1).permute(0, 1, 2, 4, 5, 3).permute(3, 2, 5, 0, 1, 4).reshape(h, c, c)
+
+
+def test_masked_segment_sum_is_one_kernel_in_eager_order(order):
+    """The product is computed and stored in the heads' memory order, PyTorch's: one kernel (no
+    copy of the permuted decay view, none of the product), eager's values and strides."""
+    order("free")
+    cf = torch.compile(_segment_sum_decay, backend="dvm", dynamic=True)
+    with torch.no_grad():
+        for c in (4, 9, 9, 16):
+            g = torch.Generator().manual_seed(c)
+            args = (torch.randn(1, 3, 1, c, c, generator=g), torch.ones(c, c, dtype=torch.bool).tril(),
+                    torch.randn(3, c, 1, 1, 1, c, generator=g))
+            got, want = cf(*args), _segment_sum_decay(*args)
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride()
+    text = tb.explain_model(_segment_sum_decay, *args)
+    assert "1 vector kernel(s)" in text

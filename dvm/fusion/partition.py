@@ -17,7 +17,7 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
-from .reshape_push import ReshapePusher, push_permutes, pushable, push_reshapes, splits_only
+from .reshape_push import ReshapePusher, push_permutes, pushable, push_reshapes, renames_axes, splits_only
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -95,11 +95,13 @@ def offending_reshape(chain: list[Node], start: int) -> int:
     and merges axes, or that follows a permute moving the last axis, or -1: strides may not
     express it. A reshape that only splits axes has strides after any view (an axis of stride s
     splits into (.., b*s, s)), but a view whose last axis was permuted away is copied: read in
-    another order, it would be strided."""
+    another order, it would be strided. A reshape that only adds or drops unit axes is never one:
+    its strides always exist, and the copy would read in the same order the load does."""
     moved = last_moved = False
     for i in range(start, len(chain)):
         v = chain[i]
-        if v.op == "reshape" and (last_moved or (moved and not splits_only(v.inputs[0].shape, v.shape))):
+        if v.op == "reshape" and not renames_axes(v.inputs[0].shape, v.shape) and \
+                (last_moved or (moved and not splits_only(v.inputs[0].shape, v.shape))):
             return i
         moved |= v.op != "reshape"
         last_moved |= v.op == "permute" and v.attr("dims")[-1] != v.ndim - 1

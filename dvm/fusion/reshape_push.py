@@ -205,9 +205,7 @@ def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: se
         elif _permutable(node):
             inputs = []
             for a in node.inputs:
-                if a.ndim and a.ndim < node.ndim:   # broadcast from the left: unit axes first
-                    a = reshape_node(a, (1,) * (node.ndim - a.ndim) + tuple(a.shape)) if _loads(a) else None
-                moved = a if a is None or a.ndim == 0 else _permuted(a, dims, users, outputs, memo)
+                moved = _permuted_operand(a, dims, node.ndim, users, outputs, memo)
                 if moved is None:
                     return None
                 inputs.append(moved)
@@ -216,6 +214,24 @@ def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: se
                 attrs["axes"] = tuple(j for j, d in enumerate(dims) if d in node.attr("axes"))
             memo[key] = Node.make(node.op, node.dtype, tuple(node.shape[d] for d in dims), inputs, **attrs)
     return memo[key]
+
+
+def _permuted_operand(a: Node, dims: tuple, ndim: int, users: dict[int, list[Node]], outputs: set,
+                      memo: dict) -> Node | None:
+    """An operand `a` of elementwise work of rank `ndim`, as the work permuted by dims reads it
+    (broadcast from the left where a has a lower rank), or None. A load of lower rank takes its
+    unit axes first; work of lower rank is read as it is where its own axes stay the trailing
+    ones (a mask of the last two axes under heads moved in front of them), permuted among
+    themselves as dims moves them."""
+    if a.ndim == 0 or a.ndim == ndim:
+        return a if a.ndim == 0 else _permuted(a, dims, users, outputs, memo)
+    lead = ndim - a.ndim
+    if _loads(a):
+        return _permuted(reshape_node(a, (1,) * lead + tuple(a.shape)), dims, users, outputs, memo)
+    own = tuple(d - lead for d in dims[lead:])
+    if any(d < 0 for d in own):
+        return None
+    return a if own == tuple(range(a.ndim)) else _permuted(a, own, users, outputs, memo)
 
 
 def _computed_once(memo: dict, users: dict[int, list[Node]], top: Node) -> bool:
