@@ -239,7 +239,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
             c, single_stream = single, True
     else:
         folded = _folded(c, dom, env, inputs)
-        column_major = _column_major(folded[2], folded[4])
+        column_major = bool(c.col_axes) and _column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
     if R * C > MAX_ELEMS:
