@@ -130,25 +130,6 @@ def test_rows_under_8_lanes_reduce_in_column_major_registers(shape):
 
 
 @dvm.kernel
-def copy_two(k, a, b):
-    """Two elementwise copies in one kernel (HF's repeat_kv of k and v)."""
-    return k.store(k.load(a)), k.store(k.neg(k.load(b)))
-
-
-@pytest.mark.parametrize("S,D", [(6144, 128), (37, 130), (1000, 64)])
-def test_transposed_elementwise_operands_keep_full_width_tiles(S, D):
-    """An elementwise kernel whose operands are contiguous along the rows (transposed views) keeps
-    row-major tiles of the row's width: the tall, narrow column-major tiles of a reduction over
-    axis 0 (1024 x 4) made every row a 4-lane strided load and store (two k / v copies of 128 x
-    128 heads: 18.9 ms against eager's 0.37; with full-width tiles 2.2 ms), and the same values."""
-    a, b = (RNG.standard_normal((D, S)).astype(np.float32).T for _ in range(2))   # (S, D), rows contiguous
-    assert all(kl.bn >= min(D, 64) for kl in verify(copy_two.program(a, b)).kernels)
-    for got, want in zip(run_on(cpu.run, copy_two, a, b), run_on(reference.run, copy_two, a, b)):
-        np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(run_on(cpu.run, copy_two, a, b)[1], -b)
-
-
-@dvm.kernel
 def heads_mix(k, x, c):
     """x: attention heads as a transposed view (rows of D contiguous values, strided), c broadcast."""
     x = k.load(x)

@@ -1,6 +1,7 @@
 """The CPU VM's fused accumulations (FK_LOADACC: `load ; acc`, FK_CSQACC: a centered
 sum of squares over the sweeps) and the row blocks of column-major reductions
-(encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads."""
+(encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads; column-major
+tiles only for reductions (elementwise kernels over transposed operands keep full-width tiles)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +9,15 @@ import pytest
 
 import dvm
 from dvm.codegen import encoder
+from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm
 from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
+from dvm.vm import cpu, reference
 from dvm.vm.cpu.abi import FK_CSQACC, FK_LOADACC
 
 from test_cpu_fused import _kinds
 from test_cpu_layouts import RNG, _bitwise_as_reference
+from test_cpu_vm import run_on
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # compares the VMs itself
 
@@ -117,3 +121,22 @@ def test_centered_squares_over_the_sweeps(monkeypatch, shape):
     _bitwise_as_reference(variance, x, why=(shape,))
     x[np.isnan(x) | np.isinf(x)] = 2.0   # finite rows: a NaN would hide a wrong sum
     _bitwise_as_reference(variance, x, why=(shape, "finite"))
+
+
+@dvm.kernel
+def copy_two(k, a, b):
+    """Two elementwise copies in one kernel (HF's repeat_kv of k and v)."""
+    return k.store(k.load(a)), k.store(k.neg(k.load(b)))
+
+
+@pytest.mark.parametrize("S,D", [(6144, 128), (37, 130), (1000, 64)])
+def test_transposed_elementwise_operands_keep_full_width_tiles(S, D):
+    """An elementwise kernel whose operands are contiguous along the rows (transposed views) keeps
+    row-major tiles of the row's width: the tall, narrow column-major tiles of a reduction over
+    axis 0 (1024 x 4) made every row a 4-lane strided load and store (two k / v copies of 128 x
+    128 heads: 18.9 ms against eager's 0.37; with full-width tiles 2.2 ms), and the same values."""
+    a, b = (RNG.standard_normal((D, S)).astype(np.float32).T for _ in range(2))   # (S, D), rows contiguous
+    assert all(kl.bn >= min(D, 64) for kl in verify(copy_two.program(a, b)).kernels)
+    for got, want in zip(run_on(cpu.run, copy_two, a, b), run_on(reference.run, copy_two, a, b)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(run_on(cpu.run, copy_two, a, b)[1], -b)

@@ -223,8 +223,10 @@ def _permuted_operand(a: Node, dims: tuple, ndim: int, users: dict[int, list[Nod
     unit axes first; work of lower rank is read as it is where its own axes stay the trailing
     ones (a mask of the last two axes under heads moved in front of them), permuted among
     themselves as dims moves them."""
-    if a.ndim == 0 or a.ndim == ndim:
-        return a if a.ndim == 0 else _permuted(a, dims, users, outputs, memo)
+    if a.ndim == 0:
+        return a
+    if a.ndim == ndim:
+        return _permuted(a, dims, users, outputs, memo)
     lead = ndim - a.ndim
     if _loads(a):
         return _permuted(reshape_node(a, (1,) * lead + tuple(a.shape)), dims, users, outputs, memo)
