@@ -68,6 +68,19 @@ def test_second_call_skips_the_numpy_path(dtype, slow_path_calls):
     assert len(slow_path_calls) == 2, "one NumPy-path launch per signature, then data pointers only"
 
 
+def test_empty_pieces_are_remembered_too(slow_path_calls):
+    """A concatenation with an empty piece (an expert given no tokens) and an empty result: one
+    NumPy-path launch per signature, then data pointers (an empty tensor's may be 0, never read)."""
+    def f(a, b, c):
+        return torch.cat([a * 2, b - 1, c + 1]).relu()
+    cf = _compiled(f)
+    for sizes in ((6, 0, 5), (3, 4, 0), (0, 0, 0)):
+        for _ in range(3):
+            xs = [torch.randn(n, 8) for n in sizes]
+            torch.testing.assert_close(cf(*xs), f(*xs))
+    assert len(slow_path_calls) == 3, "one NumPy-path launch per signature, empty pieces or not"
+
+
 def test_input_copied_on_every_call():
     """A view the input's strides cannot express (a transposed graph input, flattened): the
     Program was encoded for a row-major copy, and each fast-path call makes that copy again

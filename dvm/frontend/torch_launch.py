@@ -10,8 +10,10 @@ dropped output left, whose pages are not faulted in again) and hand the VM the t
 pointers directly. Invariant (from
 runtime.compiled.Launch): the same signature means the same dtypes and extents relative to the
 data pointers, and a torch tensor's strides are never negative, so the buffer of each input
-starts at its data pointer (as_buffer's delta is 0). Signatures with an empty tensor always take
-the NumPy path (an empty tensor may have no storage).
+starts at its data pointer (as_buffer's delta is 0). An empty tensor may have no storage (data
+pointer 0): the verified launch reads and writes none of its elements (check_buffers held for an
+empty buffer), so its address is never dereferenced and its signature is remembered like any other
+(a mixture of experts whose expert got no tokens concatenates an empty piece on every call).
 
 A tensor with a negative or conjugate bit (torch._neg_view, the .imag of a conjugated complex
 tensor) has memory that does not hold its values: it is resolved (resolve_neg / resolve_conj, a
@@ -327,8 +329,7 @@ class TensorLauncher:
         plain = resolved(tensors, flagged) if flagged else tensors
         arrays = [c(t) for c, t in zip(self.convert, plain)]
         launch, hit = self.graph.launcher(env, arrays)
-        if launch.bound and not any(0 in t.shape for t in tensors) and \
-                not any(launch.deltas[:len(tensors)]):
+        if launch.bound and not any(launch.deltas[:len(tensors)]):
             fast = _TensorLaunch(launch, tensors, flagged)
             remember(self._fast, _untracked_key(key), fast, self._lock, launch_bytes(launch))
             return fast(plain, hit, into)
