@@ -23,7 +23,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 from ..runtime import counters
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_cse,
-               fx_product_activation, fx_sdpa, fx_sibling_linears, fx_view_chains)
+               fx_product_activation, fx_reinplace, fx_sdpa, fx_sibling_linears, fx_view_chains)
 from .aten_common import fake
 from .fx_const_layout import output_in_read_order
 from .fx_patterns import HalfSigns, Rolled, half_signs
@@ -291,6 +291,7 @@ class CompiledFx:
         _drop_unread(g, self._emit.droppable | {env})   # (bind_sizes: no segment may read it)
         fx_view_chains.merge_views(g)
         self.view_chains = fx_view_chains.fold(g)
+        self.scatters_in_place = fx_reinplace.rewrite(g)
         g.set_codegen(_BoxedCodeGen())
         # straight-line Python from FX's code generator: one call per PyTorch op or DVM segment
         self.runner = fx.GraphModule(gm, g, class_name="DvmRunner")
@@ -396,6 +397,8 @@ class CompiledFx:
         if self.view_chains[0]:
             lines.append(f"  views of PyTorch values: {self.view_chains[0]} chain(s) taken as one call each, those of "
                          f"one value together ({self.view_chains[1]} call(s) fewer; as_strided once sizes repeat)")
+        if self.scatters_in_place:
+            lines.append(f"  scatters written into their bases: {self.scatters_in_place} (fx_reinplace)")
         reasons = collections.Counter((str(s.node.target), s.reason) for s in self.torch_steps if s.kind == "fallback")
         for (op, why), k in sorted(reasons.items()):
             lines.append(f"  fallback {op} x{k}: {why}")

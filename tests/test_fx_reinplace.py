@@ -1,0 +1,176 @@
+"""Scatter chains written in place (frontend/fx_reinplace): a scatter whose base is an earlier
+scatter's result writes into it when every other reader of the base runs before it and keeps no
+alias of it, and the graph does not return the base; otherwise it stays out of place. Random
+programs of scatters and readers give the same values rewritten or not (Hypothesis), and a loop
+that fills a tensor step by step through torch.compile gives eager's values with one copy."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.fx as fx  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from dvm.frontend import fx_reinplace  # noqa: E402
+from dvm.runtime import counters  # noqa: E402
+
+pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
+aten = torch.ops.aten
+ROWS, COLS = 6, 5
+
+
+def _module(build) -> fx.GraphModule:
+    g = fx.Graph()
+    base, value = g.placeholder("base"), g.placeholder("value")
+    g.output(build(g, base, value))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _rewritten(build) -> tuple[fx.GraphModule, fx.GraphModule, int]:
+    plain, rewritten = _module(build), _module(build)
+    done = fx_reinplace.rewrite(rewritten.graph)
+    rewritten.recompile()
+    return plain, rewritten, done
+
+
+def _same_values(plain, rewritten) -> None:
+    base, value = torch.randn(ROWS, COLS), torch.randn(COLS)
+    want = plain(base.clone(), value)
+    kept = base.clone()
+    got = rewritten(base, value)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(base, kept)   # the graph input itself is never written
+
+
+def _chain(g, x, v, n):
+    for i in range(n):
+        x = g.call_function(aten.select_scatter.default, (x, v, 0, i))
+    return x
+
+
+def test_a_chain_writes_all_but_its_first_scatter_in_place():
+    """The first scatter's base is a graph input: it copies once; the rest write into its result."""
+    plain, rewritten, done = _rewritten(lambda g, x, v: _chain(g, x, v, 4))
+    assert done == 3
+    targets = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+    assert targets == [aten.select_scatter.default] + [fx_reinplace.select_into] * 3
+    _same_values(plain, rewritten)
+
+
+def test_a_reader_before_the_scatter_with_a_fresh_result_allows_it():
+    def build(g, x, v):
+        s0 = _chain(g, x, v, 1)
+        doubled = g.call_function(aten.mul.Tensor, (s0, 2))
+        s1 = g.call_function(aten.select_scatter.default, (s0, v, 0, 1))
+        return s1, doubled
+    plain, rewritten, done = _rewritten(build)
+    assert done == 1
+    _same_values(plain, rewritten)
+
+
+def test_a_reader_after_the_scatter_keeps_it_out_of_place():
+    def build(g, x, v):
+        s0 = _chain(g, x, v, 1)
+        s1 = g.call_function(aten.select_scatter.default, (s0, v, 0, 1))
+        return s1, g.call_function(aten.mul.Tensor, (s0, 2))
+    plain, rewritten, done = _rewritten(build)
+    assert done == 0
+    _same_values(plain, rewritten)
+
+
+def test_a_view_of_the_base_keeps_it_out_of_place():
+    """A view taken before the scatter and read after it would see the write."""
+    def build(g, x, v):
+        s0 = _chain(g, x, v, 1)
+        row = g.call_function(aten.select.int, (s0, 0, 1))
+        s1 = g.call_function(aten.select_scatter.default, (s0, v, 0, 1))
+        return s1, g.call_function(aten.mul.Tensor, (row, 2))
+    plain, rewritten, done = _rewritten(build)
+    assert done == 0
+    _same_values(plain, rewritten)
+
+
+def test_a_returned_base_keeps_it_out_of_place():
+    def build(g, x, v):
+        s0 = _chain(g, x, v, 1)
+        return g.call_function(aten.select_scatter.default, (s0, v, 0, 1)), s0
+    plain, rewritten, done = _rewritten(build)
+    assert done == 0
+    _same_values(plain, rewritten)
+
+
+def test_slices_index_put_and_index_copy_write_in_place():
+    def build(g, x, v):
+        s0 = g.call_function(aten.slice_scatter.default, (x, g.call_function(aten.mul.Tensor, (x, 3)), 0, 0, ROWS))
+        rows = g.call_function(aten.slice.Tensor, (s0, 0, 1, 3))
+        s1 = g.call_function(aten.slice_scatter.default, (s0, g.call_function(aten.neg.default, (rows,)), 0, 2, 4))
+        idx = g.call_function(aten.arange.start, (0, 2), {"dtype": torch.int64})
+        s2 = g.call_function(aten.index_put.default, (s1, [idx], v, True))
+        s3 = g.call_function(aten.index_copy.default, (s2, 0, idx, g.call_function(aten.expand.default, (v, [2, COLS]))))
+        return g.call_function(aten.slice_scatter.default, (s3, rows, 0, 4, 6))
+    plain, rewritten, done = _rewritten(build)
+    # s1 reads a view of s0 (rows, read again at the end): s1 stays out of place; s2, s3 and the last write in place
+    assert done == 3
+    _same_values(plain, rewritten)
+
+
+READERS = ("fresh", "view", "late", "returned", "none")
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["select", "slice"]), st.integers(0, ROWS - 1),
+                                st.sampled_from(READERS)), min_size=1, max_size=8))
+def test_random_scatter_programs_keep_their_values(steps):
+    """Chains of row and slice writes with readers of each step's value: fresh results, views
+    read at the end, readers placed after the next write, returned values; same values either way."""
+    def build(g, x, v):
+        outs, late = [], []
+        for kind, i, reader in steps:
+            if kind == "select":
+                y = g.call_function(aten.select_scatter.default, (x, v, 0, i))
+            else:
+                src = g.call_function(aten.expand.default, (v, [ROWS - i, COLS]))
+                y = g.call_function(aten.slice_scatter.default, (x, src, 0, i, ROWS))
+            for pending in late:
+                outs.append(g.call_function(aten.mul.Tensor, (pending, 2)))
+            late = []
+            if reader == "fresh":
+                outs.append(g.call_function(aten.add.Tensor, (y, 1)))
+            elif reader == "view":
+                outs.append(g.call_function(aten.select.int, (y, 0, (i + 1) % ROWS)))
+            elif reader == "late":
+                late.append(y)
+            elif reader == "returned":
+                outs.append(y)
+            x = y
+        return (x, *outs, *[g.call_function(aten.mul.Tensor, (p, 2)) for p in late])
+    plain, rewritten, _ = _rewritten(build)
+    base, value = torch.randn(ROWS, COLS), torch.randn(COLS)
+    want = [t.clone() for t in plain(base.clone(), value)]
+    got = [t.clone() for t in rewritten(base.clone(), value)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_loop_filling_a_tensor_step_by_step_matches_eager():
+    """RWKV's CPU scan in small: out[:, t] = f(state, x[:, t]) for each t, through torch.compile:
+    eager's values at two lengths, every write after the first in place, shown by describe()."""
+    from dvm.frontend import torch_backend as tb
+
+    def scan(x):
+        out = torch.zeros_like(x)
+        state = torch.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            state = state * 0.9 + torch.tanh(x[:, t])
+            out[:, t] = state / (1 + state.abs())
+        return out, state
+
+    torch._dynamo.reset()
+    compiled = torch.compile(scan, backend="dvm")
+    for length in (5, 9):
+        x = torch.randn(3, length, 16)
+        before = counters.snapshot().get("torch_scatters_in_place", 0)
+        got = compiled(x)
+        torch.testing.assert_close(got, scan(x))
+        assert counters.snapshot().get("torch_scatters_in_place", 0) - before == length - 1
+        assert f"scatters written into their bases: {length - 1}" in tb.COMPILED[-1].describe()
+        torch.testing.assert_close(compiled(x), scan(x))   # the remembered launches, the same values
