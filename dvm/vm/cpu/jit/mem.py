@@ -18,7 +18,7 @@ from ..abi import (DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, ERR
 from . import frame as fm
 from .addr import dim_offsets, freg, row_bases
 from .bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u16, ptr_u8
-from .moves import move_rows, move_run, raw_copy, repeat_row
+from .moves import BLOCK_T, move_rows, move_run, move_transposed, raw_copy, repeat_row
 
 _S = OPTAB_FIXED
 
@@ -178,6 +178,17 @@ def _store_half(buf, x, cv, start, stride, n, ix, general):
 
 
 @njit(**OPTS)
+def _transposed_rows(rb, nrv):
+    """The tile's rows are runs of consecutive elements of the operand (rb[i + 1] == rb[i] + 1)
+    of BLOCK_T rows or more on average: moves.move_transposed pays."""
+    runs = 1
+    for i in range(1, nrv):
+        if rb[i] != rb[i - 1] + 1:
+            runs += 1
+    return nrv >= BLOCK_T * runs
+
+
+@njit(**OPTS)
 def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_row):
     """Load a tile into `reg` (clamped indices) or store `reg`'s valid lanes, for operand j.
     one_row: load row 0 only (an operand whose rows are all the same in this tile: see
@@ -200,15 +211,22 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
         rb[:] = zero
     raw = raw_copy(reg, buf, cv, stride, general)
     nrv_loop = 0
+    transposed = False
     if raw and ncv == bn:
         move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
     elif ncv == bn and stride == 1 and not general:   # whole rows converted, one call a tile
         convert_rows(is_store, reg, buf, cv, off + c0, rb, nrv, bn)
+    elif stride > 1 and not general and _transposed_rows(rb, nrv) and \
+            move_transposed(is_store, reg, buf, off + c0 * stride, rb, stride, nrv, ncv, bn):
+        transposed = True
+        nrv_loop = nrv if ncv < bn else 0   # (the clamped columns)
     else:
         nrv_loop = nrv
     for i in range(nrv_loop):
         base = off + rb[i]
-        if raw:
+        if transposed:
+            pass
+        elif raw:
             move_run(is_store, reg, buf, i * bn, base + c0, ncv)
         else:
             if general:
