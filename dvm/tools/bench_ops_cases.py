@@ -140,6 +140,7 @@ def _torch_forms() -> dict:
         "bias_gelu": (lambda x, b: F.gelu(x + b), None),
         "silu_mul": (lambda a, b: F.silu(a) * b, None),
         "silu_mul_halves": (lambda a, b: F.silu(a) * b, None),
+        "silu_mul_transposed": (lambda a, b: F.silu(a) * b, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -171,12 +172,15 @@ class Case:
     reduce_axis: int | None = None
     exact: Callable | None = None  # float64 result to check against, where the NumPy form approximates
     halves: bool = False         # the full-shape arguments: the pieces of each row of one array
+    transposed: bool = False     # the first full-shape argument: a transposed (column-major) view
 
     def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
         full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
         if self.halves:   # views of one array's rows (a merged gate-and-up product's two halves)
             rows = rng.standard_normal((*shape[:-1], self.n_full * shape[-1]), dtype=np.float32)
             full = [rows[..., i * shape[-1]:(i + 1) * shape[-1]] for i in range(self.n_full)]
+        if self.transposed:   # the same values, column-major (a LAPACK result, a heads-last layout)
+            full[0] = np.ascontiguousarray(full[0].T).T
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
         if self.name in ("layernorm", "add_layernorm", "add3_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
@@ -213,6 +217,8 @@ CASES = (
     Case("silu_mul_halves", "SiLU(a) * b, a and b the two halves of each row of one array (the gate and up "
          "halves of a merged product)", silu_mul, 0, 2, _np_silu_mul, "elementwise",
          numexpr="a / (1 + exp(-a)) * b", halves=True),
+    Case("silu_mul_transposed", "SiLU(a) * b, a a transposed view (column-major: a LAPACK result, a heads-last "
+         "layout)", silu_mul, 0, 2, _np_silu_mul, "elementwise", numexpr="a / (1 + exp(-a)) * b", transposed=True),
     Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
          native_name="torch.softmax"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
