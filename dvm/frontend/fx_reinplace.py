@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 
 from ..runtime import counters
+from .fx_view_chains import PURE_READERS
+from .torch_segment import SegmentRunner
 
 aten = torch.ops.aten
 
@@ -43,21 +45,20 @@ IN_PLACE = {
     aten.index_put.default: aten.index_put_.default,
     aten.index_copy.default: aten.index_copy_.default,
 }
-_FRESH_CALLS = {torch.nn.functional.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm}
 
 
 def _fresh_result(u: fx.Node) -> bool:
     """u's results never share memory with its arguments: an ATen op whose schema declares no
-    alias of an argument and mutates none, a known product, or a DVM segment that returns no
-    input of its own."""
+    alias of an argument and mutates none, a reader into fresh results (fx_view_chains'
+    PURE_READERS: products, attention), or a DVM segment that returns no input of its own."""
     target = u.target
     if isinstance(target, torch._ops.OpOverload):
         schema = target._schema
         return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
-    runner = getattr(target, "__self__", None)
-    if getattr(target, "__name__", None) == "run" and hasattr(runner, "results"):
+    runner = getattr(target, "__self__", None)   # a segment's bound run
+    if isinstance(runner, SegmentRunner):
         return not any(is_input for is_input, _, _ in runner.results)
-    return target in _FRESH_CALLS
+    return target in PURE_READERS
 
 
 def _writable(base: fx.Node, scatter: fx.Node, position: dict, written: set) -> bool:

@@ -211,22 +211,18 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
         rb[:] = zero
     raw = raw_copy(reg, buf, cv, stride, general)
     nrv_loop = 0
-    transposed = False
     if raw and ncv == bn:
         move_rows(is_store, reg, buf, off + c0, rb, nrv, bn)
     elif ncv == bn and stride == 1 and not general:   # whole rows converted, one call a tile
         convert_rows(is_store, reg, buf, cv, off + c0, rb, nrv, bn)
     elif stride > 1 and not general and _transposed_rows(rb, nrv) and \
             move_transposed(is_store, reg, buf, off + c0 * stride, rb, stride, nrv, ncv, bn):
-        transposed = True
-        nrv_loop = nrv if ncv < bn else 0   # (the clamped columns)
+        pass   # (moved in 8x8 blocks)
     else:
         nrv_loop = nrv
     for i in range(nrv_loop):
         base = off + rb[i]
-        if transposed:
-            pass
-        elif raw:
+        if raw:
             move_run(is_store, reg, buf, i * bn, base + c0, ncv)
         else:
             if general:
@@ -241,7 +237,8 @@ def mem_tile(is_store, reg, buf, cv, j, optab, dims, meta, r0, c0, fin, ix, one_
                 store_row(buf, reg[i * bn:(i + 1) * bn], cv, start, stride, ncv, ixs, general)
             else:
                 load_row(reg[i * bn:(i + 1) * bn], buf, cv, start, stride, ncv, ixs, general)
-        if not is_store and ncv < bn:   # clamped columns copy the last valid column
+    if not is_store and ncv < bn:   # clamped columns copy the last valid column
+        for i in range(nrv):
             v = reg[i * bn + ncv - 1]
             tail = reg[i * bn + ncv:(i + 1) * bn]   # (indexed from 0: the loop vectorizes)
             for k in range(bn - ncv):
