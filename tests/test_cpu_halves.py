@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dvm.vm.cpu.jit import bits
+from dvm.vm.cpu.jit.mem import convert_rows
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 CONVERSIONS = [("bits", bits._h2f_bits, bits._f2h_bits)]
@@ -68,3 +69,51 @@ def test_floats_narrow_as_numpy(name, h2f, f2h):
     nan = np.isnan(x)
     _same_or_nan(got, want.view(np.uint16), nan, 1 << 15)
     assert np.isnan(got[nan].view(np.float16)).all()
+
+
+def _bf16_cases() -> np.ndarray:
+    """Every bfloat16 value, the midpoints between neighbours (ties round to even), a step either
+    side of each, and random float32 bit patterns (NaNs with every payload among them)."""
+    import ml_dtypes
+    every = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    finite = np.sort(every[np.isfinite(every)].astype(np.float64))
+    mids = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)   # exact: 9 significant bits
+    around = np.concatenate([np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))])
+    noise = np.random.default_rng(6).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([every, mids, around, noise])
+
+
+@numba.njit
+def _bf16_runs(x, out, back, run, cv):
+    """x -> bf16 bits (out) -> float32 (back) by jit/mem.convert_rows, in rows of `run` lanes
+    (a tile of x.size // run rows, back to back in the buffer only when run >= 256)."""
+    n = x.size // run
+    rb = np.arange(n) * run
+    if run < 256:   # rows apart: every row is a run of its own
+        rb = rb * 2
+    convert_rows(True, x, out, cv, 0, rb, n, run)
+    convert_rows(False, back, out, cv, 0, rb, n, run)
+
+
+@pytest.mark.parametrize("run", [1, 7, 8, 9, 31, 32, 33, 64, 100, 255, 256, 1000])
+def test_bfloat16_rows_round_as_ml_dtypes(run):
+    """float32 -> bfloat16 and back by convert_rows, whose short runs (8 to 255 lanes) go through
+    the fixed-size block converters (bits.f2bf_block / _wide) and whose other runs through
+    loops of bits.f2bf / bf2f: ml_dtypes' values, a NaN stays a NaN of the same sign."""
+    import ml_dtypes
+    from dvm.vm.cpu.abi import DT_BF16
+    x = _bf16_cases()
+    x = x[:x.size - x.size % run]
+    out = np.zeros(2 * x.size + run, np.uint16)
+    back = np.empty_like(x)
+    _bf16_runs(x, out, back, run, DT_BF16)
+    stride = 2 if run < 256 else 1
+    got = out[:x.size * stride].reshape(-1, stride * run)[:, :run].reshape(-1)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    nan = np.isnan(x)
+    _same_or_nan(got, want, nan, 1 << 15)
+    assert np.isnan(got[nan].view(ml_dtypes.bfloat16)).all()
+    assert np.array_equal(back.view(np.uint32), (got.astype(np.uint32) << 16))
+    if run < 256:   # rows apart: the lanes between them untouched
+        assert not out[:x.size * 2].reshape(-1, 2 * run)[:, run:].any()

@@ -206,15 +206,76 @@ def bf2f(b):
     return bits_f32((np.int64(b) & 0xFFFF) << 16)
 
 
+def _bf16_round(builder, u):
+    """float32 bits u (i32 or a vector of them) -> bfloat16 bits, same shape of i16: round to
+    nearest even; a NaN keeps its top bits and becomes quiet. In 32-bit lanes (numba's integer
+    arithmetic would widen them to 64 and halve the vector width)."""
+    i32 = ir.IntType(32)
+
+    def c(v):
+        k = ir.Constant(i32, v)
+        return ir.Constant(u.type, [k] * u.type.count) if isinstance(u.type, ir.VectorType) else k
+    hi = builder.lshr(u, c(16))
+    nan = builder.icmp_unsigned(">", builder.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
+    rounded = builder.lshr(builder.add(builder.add(u, c(0x7FFF)), builder.and_(hi, c(1))), c(16))
+    out = ir.VectorType(ir.IntType(16), u.type.count) if isinstance(u.type, ir.VectorType) else ir.IntType(16)
+    return builder.trunc(builder.select(nan, builder.or_(hi, c(0x40)), rounded), out)
+
+
+@intrinsic
+def _f2bf_ir(typingctx, x):
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(_bf16_round(builder, builder.bitcast(args[0], ir.IntType(32))), ir.IntType(64))
+    return types.int64(x), codegen
+
+
 @njit(**OPTS)
 def f2bf(x):
     """float32 -> bfloat16 bits, round to nearest even."""
-    u = f32_bits(np.float32(x))
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        r = (u >> 16) | 0x40
-    else:
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return r & 0xFFFF
+    return _f2bf_ir(np.float32(x))
+
+
+def _block_converter(lanes: int, to_f32: bool, half: bool):
+    """An intrinsic (src, dst addresses) converting `lanes` consecutive lanes in one vector:
+    16-bit ones (float16 when `half`, else bfloat16) -> float32 when `to_f32`, else back (the
+    rounding of f2h / f2bf). A fixed-size block costs a few instructions, where a loop over a
+    short run pays its trip-count and alias checks (~30 ns a run)."""
+    def impl(typingctx, src, dst):
+        if not (isinstance(src, types.Integer) and isinstance(dst, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f32v = ir.VectorType(ir.FloatType(), lanes)
+            i32v = ir.VectorType(ir.IntType(32), lanes)
+            w16v = ir.VectorType(ir.HalfType() if half else ir.IntType(16), lanes)
+            src_p, dst_p = (builder.inttoptr(a, t.as_pointer()) for a, t in
+                            zip(args, (w16v, f32v) if to_f32 else (f32v, w16v)))
+            x = builder.load(src_p, align=2 if to_f32 else 4)
+            if to_f32 and half:
+                y = builder.fpext(x, f32v)
+            elif to_f32:
+                sixteen = ir.Constant(i32v, [ir.Constant(ir.IntType(32), 16)] * lanes)
+                y = builder.bitcast(builder.shl(builder.zext(x, i32v), sixteen), f32v)
+            elif half:
+                y = builder.fptrunc(x, w16v)
+            else:
+                y = _bf16_round(builder, builder.bitcast(x, i32v))
+            builder.store(y, dst_p, align=4 if to_f32 else 2)
+            return context.get_dummy_value()
+        return types.none(src, dst), codegen
+    impl.__name__ = f"{'h' if half else 'bf'}{'2f' if to_f32 else '_from_f'}{lanes}"
+    return intrinsic(impl)
+
+
+CONVERT_BLOCK, CONVERT_WIDE = 8, 32   # lanes of the block converters below
+bf2f_block, bf2f_wide = _block_converter(CONVERT_BLOCK, True, False), _block_converter(CONVERT_WIDE, True, False)
+f2bf_block, f2bf_wide = _block_converter(CONVERT_BLOCK, False, False), _block_converter(CONVERT_WIDE, False, False)
+# float16 ones: for code compiled with F16C only (CPU_HALVES)
+h2f_block, h2f_wide = _block_converter(CONVERT_BLOCK, True, True), _block_converter(CONVERT_WIDE, True, True)
+f2h_block, f2h_wide = _block_converter(CONVERT_BLOCK, False, True), _block_converter(CONVERT_WIDE, False, True)
 
 
 @njit(**OPTS)
