@@ -68,6 +68,7 @@ def test_a_failing_checkout_process_is_exit_1(tmp_path, capsys):
     (["--cases", "no_such_case"], "matches no case"),
     (["--sizes", "huge"], "unknown size class"),
     (["--suite", "zooo"], "invalid choice"),
+    (["--suite", "zoo", "--zoo-dtype", "float8"], "invalid choice"),
 ])
 def test_bad_arguments_are_usage_errors(argv, msg, capsys):
     assert main(["bench", "ab", CHECKOUT, *argv, "--json", "-", "--md", "-"]) == 2
@@ -82,6 +83,16 @@ def test_suites_follow_the_case_filter():
     assert bench_ab.parse_suites("zoo", ["opt", "bert"]) == ["zoo"]   # asked for by name only
     with pytest.raises(ValueError, match="matches no case"):
         bench_ab.parse_suites("models", ["softmax"])
+
+
+def test_the_zoo_dtype_reaches_only_the_zoo_process():
+    """--zoo-dtype goes to the zoo's measuring process (whose models it converts), float32 by
+    default, and never to the other suites' processes."""
+    from dvm.tools.bench_ab_child import parse_args
+    argv = bench_ab._child_argv("zoo", "out.json", ["gpt2"], [], "bfloat16")
+    assert parse_args(argv[2:]).zoo_dtype == "bfloat16"
+    assert parse_args(bench_ab._child_argv("zoo", "out.json", [], [])[2:]).zoo_dtype == "float32"
+    assert "--zoo-dtype" not in bench_ab._child_argv("ops", "out.json", [], [], "bfloat16")
 
 
 def test_rounds_alternate_the_order():

@@ -76,13 +76,15 @@ def test_json_structure(quick_run):
             else:
                 assert b["ratio_to_dvm"] is None and b["note"]
         for name in ("numpy", "torch_eager", "copy", "reference_vm"):   # always run at small sizes
-            assert r["baselines"][name]["status"] == "ok", (r["case"], name)
+            want = "n/a" if name == "numpy" and r["case"].endswith("_bf16") else "ok"   # no bfloat16 NumPy
+            assert r["baselines"][name]["status"] == want, (r["case"], name)
         assert r["baselines"]["inductor_static"]["status"] == "skipped"
     by_case = {r["case"]: r for r in rows}
     assert by_case["softmax"]["baselines"]["torch_native"]["status"] == "ok"
     assert by_case["rmsnorm"]["baselines"]["torch_native"]["status"] == "ok"
     assert by_case["tanh_exp"]["baselines"]["numexpr"]["status"] == "ok"
     assert by_case["bias_gelu"]["baselines"]["numexpr"]["status"] == "n/a"   # no erf in numexpr
+    assert by_case["add_rmsnorm_bf16"]["baselines"]["torch_native"]["status"] == "ok"
     lo = report["launch_overhead"]
     for key in ("dvm_add", "dvm_chain8", "torch_add", "numpy_add"):
         assert math.isfinite(lo[key]["median_us"]) and lo[key]["median_us"] > 0
@@ -201,3 +203,20 @@ def test_the_previous_json_is_read_and_a_bad_one_ignored(tmp_path, capsys):
     path.write_text(json.dumps({"benchmark": "ops", "results": []}))
     assert bench_common.read_report(str(path), "ops", sys.stdout) == {"benchmark": "ops", "results": []}
     assert bench_common.read_report(str(tmp_path / "absent.json"), "ops", sys.stdout) is None
+
+
+def test_bfloat16_results_are_checked_in_their_dtype():
+    """A bfloat16 case's results (NumPy's ml_dtypes arrays, torch tensors) are compared with the
+    float32 reference in value, and a result of another dtype is a mismatch, not a pass."""
+    import ml_dtypes
+    import torch
+    from dvm.tools.bench_ops_baselines import Mismatch, as_tensor, check
+    want = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    got = want.astype(ml_dtypes.bfloat16)
+    check(got, want, 1.6e-2, 1e-5, "DVM", dtype="bfloat16")
+    check(as_tensor(got), want, 1.6e-2, 1e-5, "eager", dtype="bfloat16")
+    assert torch.equal(as_tensor(got[:, 1:3]).float(), torch.from_numpy(got[:, 1:3].astype(np.float32)))
+    with pytest.raises(Mismatch, match="got float32"):
+        check(want, want, 1.6e-2, 1e-5, "DVM", dtype="bfloat16")
+    with pytest.raises(Mismatch, match="disagrees"):
+        check((want + 0.5).astype(ml_dtypes.bfloat16), want, 1.6e-2, 1e-5, "DVM", dtype="bfloat16")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_LENGTHS, ZOO_THREADS
+from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_DTYPE, ZOO_DTYPES, ZOO_LENGTHS, ZOO_THREADS
 from .bench_common import add_output_options, finish_report, loadavg, machine_info, progress
 from .bench_ops_cases import CASE_NAMES
 from .bench_zoo_models import ZOO
@@ -108,8 +108,10 @@ def checkout_info(path: str) -> dict:
             "dirty": None if status is None else bool(status)}
 
 
-def _child_argv(suite: str, out: str, filters: list[str], sizes: list[str]) -> list[str]:
+def _child_argv(suite: str, out: str, filters: list[str], sizes: list[str], zoo_dtype: str = ZOO_DTYPE) -> list[str]:
     argv = [sys.executable, str(CHILD), "--suite", suite, "--out", out]
+    if suite == "zoo" and zoo_dtype != ZOO_DTYPE:
+        argv += ["--zoo-dtype", zoo_dtype]
     if filters:
         argv += ["--cases", ",".join(filters)]
     if sizes and suite == "ops":
@@ -117,10 +119,12 @@ def _child_argv(suite: str, out: str, filters: list[str], sizes: list[str]) -> l
     return argv
 
 
-def run_child(checkout: str, suite: str, out: str, filters: list[str], sizes: list[str], workdir: str) -> dict:
+def run_child(checkout: str, suite: str, out: str, filters: list[str], sizes: list[str], workdir: str,
+              zoo_dtype: str = ZOO_DTYPE) -> dict:
     """One measuring process on `checkout`; its JSON ({"meta", "times"}). Its stderr passes through."""
     env = dict(os.environ, PYTHONPATH=checkout)
-    r = subprocess.run(_child_argv(suite, out, filters, sizes), env=env, cwd=workdir, stdout=subprocess.DEVNULL)
+    r = subprocess.run(_child_argv(suite, out, filters, sizes, zoo_dtype), env=env, cwd=workdir,
+                       stdout=subprocess.DEVNULL)
     if r.returncode != 0:
         raise ChildFailed(f"the {suite} process on {checkout} exited with {r.returncode} (its stderr is above)")
     try:
@@ -140,7 +144,8 @@ def round_order(r: int) -> tuple[str, ...]:
     return LABELS if r % 2 == 0 else LABELS[::-1]
 
 
-def run_rounds(paths: dict, suites: list[str], rounds: int, filters: list[str], sizes: list[str]) -> dict:
+def run_rounds(paths: dict, suites: list[str], rounds: int, filters: list[str], sizes: list[str],
+               zoo_dtype: str = ZOO_DTYPE) -> dict:
     """{"times": {label: [times of round 1, round 2, ...]}, "meta": {label: {suite: its process's meta}},
     "suite_of": {case: suite}}."""
     got: dict = {"times": {label: [{} for _ in range(rounds)] for label in LABELS},
@@ -152,7 +157,7 @@ def run_rounds(paths: dict, suites: list[str], rounds: int, filters: list[str], 
                     say(f"round {r + 1}/{rounds}: {label} {suite} ({paths[label]}) ...")
                     t0 = time.perf_counter()
                     out = os.path.join(workdir, f"{label}_{suite}_{r}.json")
-                    res = run_child(paths[label], suite, out, filters, sizes, workdir)
+                    res = run_child(paths[label], suite, out, filters, sizes, workdir, zoo_dtype)
                     got["times"][label][r].update(res["times"])
                     got["meta"][label][suite] = res["meta"]
                     got["suite_of"].update(dict.fromkeys(res["times"], suite))
@@ -262,7 +267,7 @@ def _suite_note(report: dict, suite: str) -> str:
     """VM and threads of the suite's processes, once where A's and B's agree."""
     said = {label: report[label.lower()]["processes"].get(suite, {}) for label in LABELS}
     each = {label: f"VM {m.get('vm')}, {m.get('threads')} thread(s), dvm {m.get('dvm_version')}"
-            for label, m in said.items()}
+                   + (f", {m['dtype']}" if m.get("dtype") else "") for label, m in said.items()}
     return each["A"] if each["A"] == each["B"] else "; ".join(f"{label}: {v}" for label, v in each.items())
 
 
@@ -291,15 +296,16 @@ def _rows(got: dict, threshold: float) -> list[dict]:
 
 
 def run(base: str, other: str, suites: list[str], rounds: int, filters: list[str], sizes: list[str],
-        threshold: float) -> dict:
+        threshold: float, zoo_dtype: str = ZOO_DTYPE) -> dict:
     """Run the rounds and return the report (the JSON's content)."""
     load_start, t0 = loadavg(), time.time()
-    got = run_rounds({"A": base, "B": other}, suites, rounds, filters, sizes)
+    got = run_rounds({"A": base, "B": other}, suites, rounds, filters, sizes, zoo_dtype)
     rows = _rows(got, threshold)
     return {"benchmark": "ab", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 2),
             "a": {**checkout_info(base), "processes": got["meta"]["A"]},
             "b": {**checkout_info(other), "processes": got["meta"]["B"]},
             "suites": suites, "rounds": rounds, "threshold": threshold, "cases": filters, "sizes": sizes,
+            "zoo_dtype": zoo_dtype,
             "machine": machine_info(), "loadavg_1min": {"start": load_start, "end": loadavg()},
             "results": rows, "moved": moved(rows), "failures": []}
 
@@ -313,7 +319,8 @@ def _check_numbers(rounds: int, threshold: float) -> None:
 
 def main(base: str, other: str | None = None, suite: str = "ops", rounds: int = DEFAULT_ROUNDS,
          cases: str | None = None, sizes: list[str] | None = None, threshold: float = DEFAULT_THRESHOLD,
-         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, out=None) -> int:
+         json_path: str | None = DEFAULT_JSON, md_path: str | None = DEFAULT_MD, out=None,
+         zoo_dtype: str = ZOO_DTYPE) -> int:
     """Check the arguments (exit 2 when wrong), run the rounds, print and write the report. Exit 0,
     or 1 when a checkout's process failed."""
     out = out or sys.stdout
@@ -327,7 +334,7 @@ def main(base: str, other: str | None = None, suite: str = "ops", rounds: int = 
         return EXIT_USAGE
     say(f"A = {paths[0]}, B = {paths[1]}; suites {', '.join(suites)}; {rounds} round(s)")
     try:
-        report = run(*paths, suites, rounds, filters, sizes or [], threshold)
+        report = run(*paths, suites, rounds, filters, sizes or [], threshold, zoo_dtype)
     except ChildFailed as e:
         _error(str(e))
         return EXIT_FAIL
@@ -343,7 +350,8 @@ def _command(args) -> int:
         _error(str(e))
         return EXIT_USAGE
     return main(args.base, other=args.other, suite=args.suite, rounds=args.rounds, cases=args.cases,
-                sizes=sizes, threshold=args.threshold, json_path=_path(args.json), md_path=_path(args.md))
+                sizes=sizes, threshold=args.threshold, json_path=_path(args.json), md_path=_path(args.md),
+                zoo_dtype=args.zoo_dtype)
 
 
 def add_parser(bsub) -> None:
@@ -374,6 +382,8 @@ def add_parser(bsub) -> None:
                          "(default all)")
     ba.add_argument("--sizes", default=None, metavar="LIST",
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
+    ba.add_argument("--zoo-dtype", default=ZOO_DTYPE, choices=ZOO_DTYPES,
+                    help="zoo: the models' dtype, weights and activations (default %(default)s)")
     ba.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="F",
                     help="B/A beyond 1 +- F, of the best and of the medians alike, is flagged slower / faster "
                          "(default %(default)s)")

@@ -15,7 +15,8 @@ seconds}}, cases in the order they ran. Suites:
   models  Llama and Qwen2-MoE under torch.compile(backend="dvm", dynamic=True), one thread,
           batch 1 and 3, lengths 8, 17, 64, 200, 512; steady state
   zoo     the `dvm bench models --zoo` architectures (bench_zoo_models.ZOO and inputs, since
-          d2ec6f5) the same way, two threads, batch 1 and 4, lengths 8, 64, 256
+          d2ec6f5) the same way, two threads, batch 1 and 4, lengths 8, 64, 256; float32, or the
+          dtype --zoo-dtype names (weights and activations)
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ MODEL_SEED = 0
 ZOO_BATCHES = (1, 4)
 ZOO_LENGTHS = (8, 64, 256)
 ZOO_THREADS = 2
+ZOO_DTYPE = "float32"       # the models' dtype, unless --zoo-dtype says another of ZOO_DTYPES
+ZOO_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _own_folder_off_path() -> None:
@@ -131,7 +134,7 @@ def run_models(filters: list[str]) -> dict:
     return times
 
 
-def run_zoo(filters: list[str]) -> dict:
+def run_zoo(filters: list[str], dtype: str = ZOO_DTYPE) -> dict:
     import torch
     torch.set_num_threads(ZOO_THREADS)
     from dvm.tools.bench_zoo_models import ZOO, inputs
@@ -139,7 +142,7 @@ def run_zoo(filters: list[str]) -> dict:
     for name, zoo_model in ZOO.items():
         if _selected(name, filters):
             torch._dynamo.reset()
-            _time_grid(times, name, zoo_model.build(), ZOO_BATCHES, ZOO_LENGTHS,
+            _time_grid(times, name, zoo_model.build().to(getattr(torch, dtype)), ZOO_BATCHES, ZOO_LENGTHS,
                        lambda b, length, m=zoo_model: inputs(m, b, length))
     return times
 
@@ -153,6 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", choices=SUITES, required=True)
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the JSON")
     p.add_argument("--cases", default=None, metavar="LIST", help="comma-separated name substrings (default all)")
+    p.add_argument("--zoo-dtype", default=ZOO_DTYPE, choices=ZOO_DTYPES, help="zoo: the models' dtype")
     p.add_argument("--sizes", default=None, metavar="LIST", help="ops: comma-separated size classes (default all)")
     return p.parse_args(argv)
 
@@ -166,10 +170,13 @@ def main(argv=None) -> int:
     warmed = _warm_up()
     filters = _split(args.cases)
     run = {"ops": lambda: run_ops(filters, _split(args.sizes)), "models": lambda: run_models(filters),
-           "zoo": lambda: run_zoo(filters)}[args.suite]
+           "zoo": lambda: run_zoo(filters, args.zoo_dtype)}[args.suite]
     times = run()
     with open(args.out, "w") as f:
-        json.dump({"meta": _meta(warmed), "times": times}, f, indent=1)
+        meta = _meta(warmed)
+        if args.suite == "zoo":
+            meta["dtype"] = args.zoo_dtype
+        json.dump({"meta": meta, "times": times}, f, indent=1)
     return 0
 
 

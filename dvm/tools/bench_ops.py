@@ -27,6 +27,9 @@ and short calls get more samples (up to about `min_total_s` of timing each). Eve
 is checked against the reference before timing: NumPy's float32 result, or the exact (float64)
 result where the NumPy form is itself an approximation (bias_gelu: NumPy has no erf), with
 float32 tolerances (Case.tolerance); a mismatch aborts that case loudly and the command exits 1.
+The `_bf16` cases take and return bfloat16 (ml_dtypes' NumPy type; PyTorch's bfloat16 for the
+baselines): their reference is the NumPy form over the inputs' float32 values, within bfloat16
+tolerances; NumPy and numexpr have no bfloat16 arithmetic (n/a).
 Baselines are checked too: a baseline that disagrees with the reference is reported, not timed.
 
 With the reference VM selected (DVM_VM=reference) DVM only runs shapes of at most
@@ -53,8 +56,8 @@ import dvm
 from .bench_common import (finish_report, fmt_time, loadavg, machine_info, progress, read_report,
                            restore_vm_threads, set_vm_threads, time_call, vm_extra, whole_vm)
 from .bench_encode import chain8
-from .bench_ops_baselines import (COPY_DELTA, REFERENCE_MAX_NUMEL, Mismatch, baseline_runs, call_on_vm, check,
-                                  copy_pair, inductor_compiled)
+from .bench_ops_baselines import (COPY_DELTA, REFERENCE_MAX_NUMEL, Mismatch, as_tensor, baseline_runs, call_on_vm,
+                                  check, copy_pair, inductor_compiled)
 from .bench_ops_cases import CASE_NAMES, CASES, Case, _torch_forms, add_one
 from .bench_ops_report import LABELS, _shape_str, compare, markdown, plot
 
@@ -67,7 +70,7 @@ MIN_TOTAL_S = 0.05          # timing per measurement, at least (short calls get 
 QUICK_MIN_TOTAL_S = 0.01
 LAUNCH_BUDGET_US = 10.0
 
-# Shapes (rows, cols) per size class; float32 throughout.
+# Shapes (rows, cols) per size class.
 SIZES: dict[str, list[tuple[int, int]]] = {
     "small": [(32, 128)],                       # 4 K elements
     "medium": [(256, 1024), (4096, 128)],       # 256 K; 512 K of a 128-wide model's rows (4 x 1024 tokens)
@@ -112,13 +115,10 @@ class _Run:
     def bench_case(self, case: Case, shape: tuple, rng: np.random.Generator) -> dict:
         import torch
         arrays = case.inputs(rng, shape)
-        want = case.numpy(*arrays)
-        assert want.dtype == np.float32, f"{case.name}: the NumPy form must stay float32"
+        want = case.reference(arrays)   # (the exact result where the case has one: NumPy's is checked too)
+        ref = "the exact float64 result" if case.exact is not None else "NumPy"
         numel = int(np.prod(shape))
-        nbytes = sum(a.nbytes for a in arrays) + want.nbytes
-        ref = "NumPy"
-        if case.exact is not None:   # every result (NumPy's too) is checked against the exact one
-            want, ref = case.exact(*arrays).astype(np.float32), "the exact float64 result"
+        nbytes = sum(a.nbytes for a in arrays) + want.size * arrays[0].itemsize
         rtol, atol = case.tolerance(shape, want)
         row: dict = {"case": case.name, "what": case.what, "shape": list(shape), "size_class": _size_class(shape),
                      "numel": numel, "bytes": nbytes, "tolerance": {"rtol": rtol, "atol": atol},
@@ -136,7 +136,7 @@ class _Run:
                 t0 = time.perf_counter()
                 got = case.kernel(*arrays)
                 d["first_call_s"] = time.perf_counter() - t0
-                check(got, want, rtol, atol, f"DVM ({self.vm} VM)", ref)
+                check(got, want, rtol, atol, f"DVM ({self.vm} VM)", ref, case.dtype)
             except Exception as e:   # a mismatch or a crash aborts the case, loudly
                 kind = "mismatch" if isinstance(e, Mismatch) else "error"
                 msg = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
@@ -150,7 +150,7 @@ class _Run:
             self.log(f"{tag}: dvm ({self.vm}) {fmt_time(t['median_s'])}")
 
         # The baselines.
-        targs = [torch.from_numpy(a) for a in arrays]
+        targs = [as_tensor(a) for a in arrays]
         runs = baseline_runs(case, arrays, targs, self.torch_forms[case.name], numel, self.vm, self.inductor,
                              lambda eager, mode: self.inductor_fn(case, eager, targs, mode, row))
         for name, (fn, note) in runs.items():
@@ -162,7 +162,7 @@ class _Run:
                 if name.startswith("inductor_"):
                     fn = fn()   # compiles (timed separately), returns the steady-state callable
                 got = fn()
-                check(got, want, rtol, atol, LABELS[name], ref)
+                check(got, want, rtol, atol, LABELS[name], ref, case.dtype)
             except Mismatch as e:
                 b.update(status="mismatch", note=str(e))
                 print(f"[dvm bench ops] {tag}: baseline {LABELS[name]} MISMATCH, not timed: {e}",
@@ -294,7 +294,7 @@ def run(sizes=("small", "medium", "large", "odd"), cases=None, repeat: int = DEF
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "seconds": round(time.time() - t0, 2),
         "vm": r.vm,
-        "dtype": "float32",
+        "dtype": "float32 (bfloat16: the _bf16 cases)",
         "repeat": repeat, "min_total_s": min_total_s, "threads": threads, "seed": seed,
         "sizes": list(sizes), "shapes": [list(s) for _, s in shapes],
         "reference_vm_max_numel": REFERENCE_MAX_NUMEL,

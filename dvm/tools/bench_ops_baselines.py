@@ -42,11 +42,25 @@ class Mismatch(AssertionError):
     pass
 
 
-def check(got, want: np.ndarray, rtol: float, atol: float, who: str, ref: str = "NumPy") -> None:
-    """Raise Mismatch, naming the worst element, unless got matches want (same shape and dtype)."""
-    got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise Mismatch(f"{who}: got {got.dtype}{list(got.shape)}, {ref} gives {want.dtype}{list(want.shape)}")
+def as_tensor(a: np.ndarray):
+    """The torch tensor sharing a's memory (strides kept); bfloat16 through its bits."""
+    import torch
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _dtype_name(x) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def check(got, want: np.ndarray, rtol: float, atol: float, who: str, ref: str = "NumPy",
+          dtype: str = "float32") -> None:
+    """Raise Mismatch, naming the worst element, unless got (of `dtype`) matches want (float32) in
+    shape and values."""
+    if _dtype_name(got) != dtype or tuple(got.shape) != want.shape:
+        raise Mismatch(f"{who}: got {_dtype_name(got)}{list(got.shape)}, expected {dtype}{list(want.shape)}")
+    got = got.float().numpy() if hasattr(got, "numpy") else np.asarray(got).astype(np.float32)
     try:
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     except AssertionError as e:
@@ -73,7 +87,8 @@ def baseline_runs(case: Case, arrays: list, targs: list, forms: tuple, numel: in
                                 "the selected VM is the reference VM" if vm == "reference" else "")
     else:
         runs["reference_vm"] = (None, f"skipped: more than {REFERENCE_MAX_NUMEL} elements")
-    runs["numpy"] = (lambda: case.numpy(*arrays), "")
+    runs["numpy"] = ((lambda: case.numpy(*arrays), "") if case.dtype == "float32"
+                     else (None, f"n/a: NumPy has no {case.dtype} arithmetic"))
     runs["torch_eager"] = (lambda: eager(*targs), "")
     runs["torch_native"] = ((lambda: native(*targs), case.native_name) if native is not None
                             else (None, "n/a: no native kernel"))

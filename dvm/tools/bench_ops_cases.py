@@ -141,6 +141,8 @@ def _torch_forms() -> dict:
         "silu_mul": (lambda a, b: F.silu(a) * b, None),
         "silu_mul_halves": (lambda a, b: F.silu(a) * b, None),
         "silu_mul_transposed": (lambda a, b: F.silu(a) * b, None),
+        "silu_mul_bf16": (lambda a, b: F.silu(a) * b, None),
+        "silu_mul_halves_bf16": (lambda a, b: F.silu(a) * b, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -149,11 +151,18 @@ def _torch_forms() -> dict:
         "add3_layernorm": (lambda a, b, c, w, d: layernorm_t(a + b + c, w, d),
                            lambda a, b, c, w, d: F.layer_norm(a + b + c, (a.shape[-1],), w, d, 1e-5)),
         "add_rmsnorm": (lambda a, b, w: rmsnorm_t(a + b, w), lambda a, b, w: F.rms_norm(a + b, (a.shape[-1],), w, 1e-6)),
+        "add_rmsnorm_bf16": (lambda a, b, w: rmsnorm_t(a + b, w),
+                             lambda a, b, w: F.rms_norm(a + b, (a.shape[-1],), w, 1e-6)),
         "sum_last": (lambda x: x.sum(-1), None),
         "max_last": (lambda x: x.amax(-1), None),
         "sum_first": (lambda x: x.sum(0), None),
         "max_first": (lambda x: x.amax(0), None),
     }
+
+
+# 16-bit results: torch.testing's bfloat16 rtol; atol a few of the data's bfloat16 steps (eager
+# rounds each intermediate: a sum's cancellation leaves that much absolute error)
+HALF_RTOL, HALF_ATOL = 1.6e-2, 2.0 ** -7
 
 
 @dataclass(frozen=True)
@@ -173,11 +182,21 @@ class Case:
     exact: Callable | None = None  # float64 result to check against, where the NumPy form approximates
     halves: bool = False         # the full-shape arguments: the pieces of each row of one array
     transposed: bool = False     # the first full-shape argument: a transposed (column-major) view
+    # every argument and the result: float32, or bfloat16 (ml_dtypes' NumPy type; the reference
+    # is the NumPy form over their float32 values, NumPy and numexpr have no bfloat16 arithmetic)
+    dtype: str = "float32"
+
+    def cast(self, a: np.ndarray) -> np.ndarray:
+        """a (float32) in the case's dtype."""
+        if self.dtype == "float32":
+            return a
+        import ml_dtypes
+        return a.astype(getattr(ml_dtypes, self.dtype))
 
     def inputs(self, rng: np.random.Generator, shape: tuple) -> list[np.ndarray]:
-        full = [rng.standard_normal(shape, dtype=np.float32) for _ in range(self.n_full)]
+        full = [self.cast(rng.standard_normal(shape, dtype=np.float32)) for _ in range(self.n_full)]
         if self.halves:   # views of one array's rows (a merged gate-and-up product's two halves)
-            rows = rng.standard_normal((*shape[:-1], self.n_full * shape[-1]), dtype=np.float32)
+            rows = self.cast(rng.standard_normal((*shape[:-1], self.n_full * shape[-1]), dtype=np.float32))
             full = [rows[..., i * shape[-1]:(i + 1) * shape[-1]] for i in range(self.n_full)]
         if self.transposed:   # the same values, column-major (a LAPACK result, a heads-last layout)
             full[0] = np.ascontiguousarray(full[0].T).T
@@ -186,13 +205,24 @@ class Case:
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
         elif self.name in ("rmsnorm", "add_rmsnorm"):
             vecs = [1.0 + 0.1 * vecs[0]]
-        return full + [v.astype(np.float32) for v in vecs]
+        return full + [self.cast(v.astype(np.float32)) for v in vecs]
+
+    def reference(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """The float32 result the case is checked against: the NumPy form (or the exact one) over
+        the inputs' float32 values."""
+        f32 = arrays if self.dtype == "float32" else [a.astype(np.float32) for a in arrays]
+        want = self.numpy(*f32)
+        assert want.dtype == np.float32, f"{self.name}: the NumPy form must stay float32"
+        return self.exact(*f32).astype(np.float32) if self.exact is not None else want
 
     def tolerance(self, shape: tuple, want: np.ndarray) -> tuple[float, float]:
         """(rtol, atol) against the reference result `want`. Elementwise: atol is 1e-6 times
         the data's scale (max |want|, at least 1): a float32 kernel's absolute error near zero
         is a few ULPs of the intermediate values (e.g. 0.5*x*(1 + erf(x/sqrt2)) for x << 0), so
         a fixed 1e-6 would flag float32-exact implementations on data of magnitude ~8."""
+        if self.dtype != "float32":   # one rounding of the result, and eager's of its intermediates
+            scale = float(np.abs(want).max(initial=1.0)) if want.size else 1.0
+            return HALF_RTOL, HALF_ATOL * max(1.0, scale)
         if self.kind == "elementwise":
             scale = float(np.abs(want).max(initial=1.0)) if want.size else 1.0
             return 1e-5, 1e-6 * max(1.0, scale)
@@ -219,6 +249,11 @@ CASES = (
          numexpr="a / (1 + exp(-a)) * b", halves=True),
     Case("silu_mul_transposed", "SiLU(a) * b, a a transposed view (column-major: a LAPACK result, a heads-last "
          "layout)", silu_mul, 0, 2, _np_silu_mul, "elementwise", numexpr="a / (1 + exp(-a)) * b", transposed=True),
+    Case("silu_mul_bf16", "SiLU(a) * b in bfloat16", silu_mul, 0, 2, _np_silu_mul, "elementwise",
+         numexpr_note="numexpr has no bfloat16", dtype="bfloat16"),
+    Case("silu_mul_halves_bf16", "SiLU(a) * b in bfloat16, a and b the two halves of each row of one array",
+         silu_mul, 0, 2, _np_silu_mul, "elementwise", numexpr_note="numexpr has no bfloat16", halves=True,
+         dtype="bfloat16"),
     Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
          native_name="torch.softmax"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
@@ -231,6 +266,8 @@ CASES = (
          lambda a, b, c, w, d: _ref_layernorm(a + b + c, w, d), "norm", native_name="F.layer_norm(a + b + c)"),
     Case("add_rmsnorm", "RMSNorm of a residual sum a + b", add_rmsnorm, 1, 2,
          lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)"),
+    Case("add_rmsnorm_bf16", "RMSNorm of a residual sum a + b in bfloat16", add_rmsnorm, 1, 2,
+         lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)", dtype="bfloat16"),
     Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",
          reduce_axis=-1),
     Case("max_last", "max over the last axis", max_last, 0, 1, lambda x: x.max(axis=-1), "max",

@@ -43,7 +43,8 @@ def markdown(report: dict) -> str:
         "# dvm bench ops",
         "",
         f"VM: **{report['vm']}** (DVM_VM). {report['date']}; {m['cpu']}, {m['cores']} cores; threads "
-        f"{report['threads']} (torch, numexpr, DVM); float32; median of at least {report['repeat']} samples; 1-min load "
+        f"{report['threads']} (torch, numexpr, DVM); float32 (bfloat16: the `_bf16` cases); median of at least "
+        f"{report['repeat']} samples; 1-min load "
         f"{report['loadavg_1min']['start']} at start, {report['loadavg_1min']['end']} at end; "
         f"{report['seconds']:.0f} s in all.",
         "",
@@ -203,7 +204,7 @@ def plot(report: dict, path: str) -> None:
         ax.set_ylim(bottom=lo)
         ax.set_xticks(x, [row["case"] for row in rows])
         ax.set_ylabel("GB/s (read + written)")
-        ax.set_title(f"{_shape_str(shape)} float32 ({rows[0]['numel']:,} elements) — DVM on the "
+        ax.set_title(f"{_shape_str(shape)} ({rows[0]['numel']:,} elements) — DVM on the "
                      f"{report['vm']} VM; higher is faster")
         ax.grid(axis="y", alpha=0.3)
     order = [s for s in series + ["copy"] if s in handles]
