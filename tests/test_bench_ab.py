@@ -93,6 +93,8 @@ def test_the_zoo_dtype_reaches_only_the_zoo_process():
     assert parse_args(argv[2:]).zoo_dtype == "bfloat16"
     assert parse_args(bench_ab._child_argv("zoo", "out.json", [], [])[2:]).zoo_dtype == "float32"
     assert "--zoo-dtype" not in bench_ab._child_argv("ops", "out.json", [], [], "bfloat16")
+    from dvm.tools import bench_ab_child, bench_zoo   # the child (self-contained) lists the zoo's dtypes
+    assert bench_ab_child.ZOO_DTYPES == bench_zoo.DTYPES
 
 
 def test_rounds_alternate_the_order():
