@@ -1,12 +1,14 @@
 """float16 <-> float32 conversions of the CPU VM (jit/bits): the CPU's instructions where the
 pieces are compiled for them, else bit manipulation. Both give NumPy's float16 casts for every
-half and for float32 values around every rounding boundary; a NaN stays a NaN of the same sign."""
+half and for float32 values around every rounding boundary; a NaN stays a NaN of the same sign.
+bfloat16 rows (jit/mem.convert_rows: fixed-size blocks for short runs, loops for long ones) give
+ml_dtypes' casts the same way."""
 import numba
 import numpy as np
 import pytest
 
 from dvm.vm.cpu.jit import bits
-from dvm.vm.cpu.jit.mem import convert_rows
+from dvm.vm.cpu.jit.mem import SHORT_CONVERT, convert_rows
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 CONVERSIONS = [("bits", bits._h2f_bits, bits._f2h_bits)]
@@ -86,16 +88,16 @@ def _bf16_cases() -> np.ndarray:
 @numba.njit
 def _bf16_runs(x, out, back, run, cv):
     """x -> bf16 bits (out) -> float32 (back) by jit/mem.convert_rows, in rows of `run` lanes
-    (a tile of x.size // run rows, back to back in the buffer only when run >= 256)."""
+    (a tile of x.size // run rows, back to back in the buffer only when run >= SHORT_CONVERT)."""
     n = x.size // run
     rb = np.arange(n) * run
-    if run < 256:   # rows apart: every row is a run of its own
+    if run < SHORT_CONVERT:   # rows apart: every row is a run of its own
         rb = rb * 2
     convert_rows(True, x, out, cv, 0, rb, n, run)
     convert_rows(False, back, out, cv, 0, rb, n, run)
 
 
-@pytest.mark.parametrize("run", [1, 7, 8, 9, 31, 32, 33, 64, 100, 255, 256, 1000])
+@pytest.mark.parametrize("run", [1, 7, 8, 9, 31, 32, 33, 64, 100, SHORT_CONVERT - 1, SHORT_CONVERT, 1000])
 def test_bfloat16_rows_round_as_ml_dtypes(run):
     """float32 -> bfloat16 and back by convert_rows, whose short runs (8 to 255 lanes) go through
     the fixed-size block converters (bits.f2bf_block / _wide) and whose other runs through
@@ -107,7 +109,7 @@ def test_bfloat16_rows_round_as_ml_dtypes(run):
     out = np.zeros(2 * x.size + run, np.uint16)
     back = np.empty_like(x)
     _bf16_runs(x, out, back, run, DT_BF16)
-    stride = 2 if run < 256 else 1
+    stride = 2 if run < SHORT_CONVERT else 1
     got = out[:x.size * stride].reshape(-1, stride * run)[:, :run].reshape(-1)
     with np.errstate(invalid="ignore"):
         want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
@@ -115,5 +117,5 @@ def test_bfloat16_rows_round_as_ml_dtypes(run):
     _same_or_nan(got, want, nan, 1 << 15)
     assert np.isnan(got[nan].view(ml_dtypes.bfloat16)).all()
     assert np.array_equal(back.view(np.uint32), (got.astype(np.uint32) << 16))
-    if run < 256:   # rows apart: the lanes between them untouched
+    if run < SHORT_CONVERT:   # rows apart: the lanes between them untouched
         assert not out[:x.size * 2].reshape(-1, 2 * run)[:, run:].any()
