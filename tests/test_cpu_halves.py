@@ -100,7 +100,7 @@ def _bf16_runs(x, out, back, run, cv):
 @pytest.mark.parametrize("run", [1, 7, 8, 9, 31, 32, 33, 64, 100, SHORT_CONVERT - 1, SHORT_CONVERT, 1000])
 def test_bfloat16_rows_round_as_ml_dtypes(run):
     """float32 -> bfloat16 and back by convert_rows, whose short runs (8 to 255 lanes) go through
-    the fixed-size block converters (bits.f2bf_block / _wide) and whose other runs through
+    the fixed-size block converters (bits.f2bf_run / bf2f_run) and whose other runs through
     loops of bits.f2bf / bf2f: ml_dtypes' values, a NaN stays a NaN of the same sign."""
     import ml_dtypes
     from dvm.vm.cpu.abi import DT_BF16

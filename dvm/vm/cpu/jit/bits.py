@@ -270,12 +270,33 @@ def _block_converter(lanes: int, to_f32: bool, half: bool):
     return intrinsic(impl)
 
 
-CONVERT_BLOCK, CONVERT_WIDE = 8, 32   # lanes of the block converters below
-bf2f_block, bf2f_wide = _block_converter(CONVERT_BLOCK, True, False), _block_converter(CONVERT_WIDE, True, False)
-f2bf_block, f2bf_wide = _block_converter(CONVERT_BLOCK, False, False), _block_converter(CONVERT_WIDE, False, False)
-# float16 ones: for code compiled with F16C only (CPU_HALVES)
-h2f_block, h2f_wide = _block_converter(CONVERT_BLOCK, True, True), _block_converter(CONVERT_WIDE, True, True)
-f2h_block, f2h_wide = _block_converter(CONVERT_BLOCK, False, True), _block_converter(CONVERT_WIDE, False, True)
+CONVERT_BLOCK, CONVERT_WIDE = 8, 32   # lanes of the block converters
+
+
+def _block_run(to_f32: bool, half: bool):
+    """convert(src, dst, n): a run of n >= CONVERT_BLOCK lanes (src, dst addresses) converted as
+    _block_converter says, in blocks of CONVERT_WIDE then CONVERT_BLOCK lanes; the last block ends
+    at lane n (it may convert some lanes twice, to the same values)."""
+    wide, block = _block_converter(CONVERT_WIDE, to_f32, half), _block_converter(CONVERT_BLOCK, to_f32, half)
+    src_size, dst_size = (2, 4) if to_f32 else (4, 2)
+
+    @njit(inline='always', **OPTS)
+    def convert(src, dst, n):
+        p = 0
+        while p + CONVERT_WIDE <= n:
+            wide(src + p * src_size, dst + p * dst_size)
+            p += CONVERT_WIDE
+        while p + CONVERT_BLOCK <= n:
+            block(src + p * src_size, dst + p * dst_size)
+            p += CONVERT_BLOCK
+        if p < n:
+            p = n - CONVERT_BLOCK
+            block(src + p * src_size, dst + p * dst_size)
+    return convert
+
+
+bf2f_run, f2bf_run = _block_run(True, False), _block_run(False, False)
+h2f_run, f2h_run = _block_run(True, True), _block_run(False, True)   # for code compiled with F16C only
 
 
 @njit(**OPTS)

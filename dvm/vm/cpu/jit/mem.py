@@ -17,10 +17,9 @@ from ..abi import (DT_BF16, DT_BOOL, DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, ERR
                    OPTAB_FIXED)
 from . import frame as fm
 from .addr import dim_offsets, freg, row_bases
-from .bits import (CONVERT_BLOCK, CONVERT_WIDE, CPU_HALVES, OPTS, bf2f, bf2f_block, bf2f_wide, f2bf, f2bf_block,
-                   f2bf_wide, f2h, f2h_block, f2h_wide, h2f, h2f_block, h2f_wide, ptr_f32, ptr_f64, ptr_i32, ptr_i64,
-                   ptr_u16, ptr_u8)
-from .moves import BLOCK_T, move_rows, move_run, move_transposed, raw_copy, repeat_row
+from .bits import (CONVERT_BLOCK, CPU_HALVES, OPTS, bf2f, bf2f_run, f2bf, f2bf_run, f2h, f2h_run, h2f, h2f_run,
+                   ptr_f32, ptr_f64, ptr_i32, ptr_i64, ptr_u16, ptr_u8)
+from .moves import BLOCK_T, move_rows, move_run, move_transposed, raw_copy, repeat_row, run_end
 
 _S = OPTAB_FIXED
 
@@ -100,19 +99,10 @@ def _convert_rows_impl(is_store, reg, buf, cv, at, rb, nrv, bn):
     return _rows_half if buf.dtype == types.uint16 else _rows_plain
 
 
-@njit(inline='always', **OPTS)
-def _run_end(rb, i, nrv, bn):
-    """The first row after i whose buffer row does not follow the previous one's."""
-    k = i + 1
-    while k < nrv and rb[k] == rb[k - 1] + bn:
-        k += 1
-    return k
-
-
 def _rows_plain(is_store, reg, buf, cv, at, rb, nrv, bn):
     i = 0
     while i < nrv:
-        k = _run_end(rb, i, nrv, bn)
+        k = run_end(rb, i, nrv, bn)
         n = (k - i) * bn
         r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
         if is_store:
@@ -124,27 +114,6 @@ def _rows_plain(is_store, reg, buf, cv, at, rb, nrv, bn):
         i = k
 
 
-def _block_run(block, wide, src_size, dst_size):
-    """A run of n >= CONVERT_BLOCK lanes (src, dst addresses) converted by the fixed-size block
-    converters `wide` and `block`; the last block ends at lane n (it may convert some lanes twice,
-    to the same values)."""
-    @njit(inline='always', **OPTS)
-    def run(src, dst, n):
-        p = 0
-        while p + CONVERT_WIDE <= n:
-            wide(src + p * src_size, dst + p * dst_size)
-            p += CONVERT_WIDE
-        while p + CONVERT_BLOCK <= n:
-            block(src + p * src_size, dst + p * dst_size)
-            p += CONVERT_BLOCK
-        if p < n:
-            p = n - CONVERT_BLOCK
-            block(src + p * src_size, dst + p * dst_size)
-    return run
-
-
-_bf2f_run, _f2bf_run = _block_run(bf2f_block, bf2f_wide, 2, 4), _block_run(f2bf_block, f2bf_wide, 4, 2)
-_h2f_run, _f2h_run = _block_run(h2f_block, h2f_wide, 2, 4), _block_run(f2h_block, f2h_wide, 4, 2)
 # runs of 16-bit lanes from CONVERT_BLOCK to under this many lanes are converted by blocks (a loop
 # over a head-wide run, 8-128 lanes, cost ~30 ns in trip-count and alias checks, blocks 10-20);
 # longer ones by loops LLVM vectorizes
@@ -156,18 +125,18 @@ def _rows_half(is_store, reg, buf, cv, at, rb, nrv, bn):
     r_at, b_at = reg.ctypes.data, buf.ctypes.data + at * buf.itemsize
     i = 0
     while i < nrv:
-        k = _run_end(rb, i, nrv, bn)
+        k = run_end(rb, i, nrv, bn)
         n = (k - i) * bn
         if by_blocks and CONVERT_BLOCK <= n < SHORT_CONVERT:
             r, b = r_at + i * bn * reg.itemsize, b_at + rb[i] * buf.itemsize
             if is_store and cv == DT_F16:
-                _f2h_run(r, b, n)
+                f2h_run(r, b, n)
             elif is_store:
-                _f2bf_run(r, b, n)
+                f2bf_run(r, b, n)
             elif cv == DT_F16:
-                _h2f_run(b, r, n)
+                h2f_run(b, r, n)
             else:
-                _bf2f_run(b, r, n)
+                bf2f_run(b, r, n)
             i = k
             continue
         r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
@@ -224,10 +193,10 @@ def _store_half(buf, x, cv, start, stride, n, ix, general):
 def _transposed_rows(rb, nrv):
     """The tile's rows are runs of consecutive elements of the operand (rb[i + 1] == rb[i] + 1)
     of BLOCK_T rows or more on average: moves.move_transposed pays."""
-    runs = 1
-    for i in range(1, nrv):
-        if rb[i] != rb[i - 1] + 1:
-            runs += 1
+    runs, i = 0, 0
+    while i < nrv:
+        i = run_end(rb, i, nrv, 1)
+        runs += 1
     return nrv >= BLOCK_T * runs
 
 

@@ -170,6 +170,17 @@ def move_run(is_store, reg, buf, lane, at, n):
         move_bytes(p, q, n * isz)
 
 
+@njit(inline='always', **OPTS)
+def run_end(rb, i, nrv, step):
+    """The first row after i whose buffer row does not start `step` elements after the previous
+    one's: rows i .. run_end - 1 are one run (step bn: back-to-back rows; 1: a transposed view's
+    consecutive elements)."""
+    k = i + 1
+    while k < nrv and rb[k] == rb[k - 1] + step:
+        k += 1
+    return k
+
+
 @njit(**OPTS)
 def move_rows(is_store, reg, buf, at, rb, nrv, bn):
     """Full-width raw rows: rows whose buffer runs are back to back (rb[i + 1] == rb[i] + bn, as
@@ -179,9 +190,7 @@ def move_rows(is_store, reg, buf, at, rb, nrv, bn):
         return
     i = 0
     while i < nrv:
-        k = i + 1
-        while k < nrv and rb[k] == rb[k - 1] + bn:
-            k += 1
+        k = run_end(rb, i, nrv, bn)
         move_run(is_store, reg, buf, i * bn, at + rb[i], (k - i) * bn)
         i = k
 
@@ -233,9 +242,7 @@ def move_transposed(is_store, reg, buf, at, rb, stride, nrv, ncv, bn):
 def _move_transposed(is_store, reg, buf, at, rb, stride, nrv, ncv, bn):
     i = 0
     while i < nrv:
-        e = i + 1
-        while e < nrv and rb[e] == rb[e - 1] + 1:
-            e += 1
+        e = run_end(rb, i, nrv, 1)
         _transposed_run(is_store, reg[i * bn:], buf, at + rb[i], stride, e - i, ncv, bn)
         i = e
     return True
