@@ -50,6 +50,15 @@ def add_rmsnorm(k, a, b, w):
 
 
 @dvm.kernel
+def hf_add_rmsnorm_bf16(k, a, b, w):
+    """RMSNorm of a bfloat16 residual sum as Hugging Face's models compute it: the sum rounded to
+    bfloat16, the norm in float32, its result rounded to bfloat16 before the weight"""
+    h = k.cast(k.add(k.load(a), k.load(b)), "float32")
+    y = k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6)))
+    return k.store(k.mul(k.load(w), k.cast(y, "bfloat16")))
+
+
+@dvm.kernel
 def sum_last(k, x):
     return k.store(k.sum(k.load(x), axis=-1))
 
@@ -154,6 +163,11 @@ def _torch_forms() -> dict:
         "sum_first": (lambda x: x.sum(0), None),
         "max_first": (lambda x: x.amax(0), None),
     }
+    def hf_add_rmsnorm_t(a, b, w):   # LlamaRMSNorm (and Mistral's, Qwen's, ...) of the residual sum
+        h = (a + b).float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(a.dtype)
+
+    forms["hf_add_rmsnorm_bf16"] = (hf_add_rmsnorm_t, forms["add_rmsnorm"][1])
     return forms | {f"{name}_bf16": forms[name] for name in ("silu_mul", "silu_mul_halves", "add_rmsnorm")}
 
 
@@ -200,7 +214,7 @@ class Case:
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
         if self.name.removesuffix("_bf16") in ("layernorm", "add_layernorm", "add3_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
-        elif self.name.removesuffix("_bf16") in ("rmsnorm", "add_rmsnorm"):
+        elif self.name.removesuffix("_bf16") in ("rmsnorm", "add_rmsnorm", "hf_add_rmsnorm"):
             vecs = [1.0 + 0.1 * vecs[0]]
         return full + [self.cast(v.astype(np.float32)) for v in vecs]
 
@@ -265,6 +279,9 @@ CASES = (
          lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)"),
     Case("add_rmsnorm_bf16", "RMSNorm of a residual sum a + b in bfloat16", add_rmsnorm, 1, 2,
          lambda a, b, w: _ref_rmsnorm(a + b, w), "norm", native_name="F.rms_norm(a + b)", dtype="bfloat16"),
+    Case("hf_add_rmsnorm_bf16", "RMSNorm of a residual sum a + b in bfloat16, computed in float32 as Hugging "
+         "Face's models do", hf_add_rmsnorm_bf16, 1, 2, lambda a, b, w: _ref_rmsnorm(a + b, w), "norm",
+         native_name="F.rms_norm(a + b)", dtype="bfloat16"),
     Case("sum_last", "sum over the last axis", sum_last, 0, 1, lambda x: x.sum(axis=-1), "sum",
          reduce_axis=-1),
     Case("max_last", "max over the last axis", max_last, 0, 1, lambda x: x.max(axis=-1), "max",

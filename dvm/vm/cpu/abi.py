@@ -97,8 +97,9 @@ OPTAB_FIXED = 4   # optab row: kind, arg, dtype, offset, then one stride per dim
 # --- fused runs (host/fuse_plan plans them, jit/fused runs them) -----------------------------------
 (FK_NONE, FK_SQSUM, FK_CSQSUM, FK_APPLY, FK_EXPSUM, FK_LOADRED, FK_ROWNORM, FK_ROWSOFTMAX, FK_LOADACC,
  FK_CSQACC, FK_UNBIN, FK_ADDSUM, FK_ROTARY) = range(13)
-FUSE_WIDTH = 8    # fuse[pc]: kind, instructions covered, then the kind's fields
+FUSE_WIDTH = 10   # fuse[pc]: kind, instructions covered, then the kind's fields
 NO_SRC = -1       # FK_APPLY (and FK_ROWNORM) without a bias stage
+NO_CAST = -1      # FK_ROWNORM without a rounding cast of x (field 8) or of its scale's product (field 9)
 # FK_ROWNORM's residual sum: at most this many loaded terms, ((a + b) + c) + ...: the terms past
 # the first two keep their row addresses in the frame's si scratch (2 * BN entries, BM <= BN)
 ROWNORM_MAX_TERMS = 4

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ..abi import (ALIASED, BK_F32, DEC_GROUP, DT_F32, G_ACC, G_ACCINIT, G_LOAD, G_RFIN, G_ROWRED, G_STORE,
-                   G_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_NSW, M_ROWS, M_SW, M_TL, OPND_ARG, OPTAB_FIXED)
+from ..abi import (ALIASED, BK_F32, DEC_GROUP, DT_BF16, DT_F16, DT_F32, G_ACC, G_ACCINIT, G_LOAD, G_RFIN, G_ROWRED,
+                   G_STORE, G_STOREROW, M_BM, M_BN, M_COLS, M_NC, M_NR, M_NSW, M_ROWS, M_SW, M_TL, OPND_ARG,
+                   OPTAB_FIXED)
 from .bits import OPTS, ptr_f32
 
 _S = OPTAB_FIXED   # optab column of operand j's stride along dim 0
@@ -104,14 +105,22 @@ def row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
     operand of row-major tiles with one unit-stride column dim, whatever its row strides; False
     otherwise. For writing rows straight into a buffer where direct_addr cannot (a partial tile,
     or rows not back to back)."""
-    nr = meta[M_NR]
-    if meta[M_TL] != 0 or optab[j, 2] != DT_F32 or meta[M_NC] != 1 or optab[j, _S + nr] != 1:
-        return False
+    return optab[j, 2] == DT_F32 and row_addrs_sized(o, j, optab, dims, meta, addrs, r0, c0, nrows) != 0
+
+
+@njit(inline='always', **OPTS)
+def row_addrs_sized(o, j, optab, dims, meta, addrs, r0, c0, nrows):
+    """row_addrs for an f32, f16 or bf16 operand: its lane size in bytes (4 or 2), 0 where the
+    rows cannot be addressed so."""
+    nr, dt = meta[M_NR], optab[j, 2]
+    size = 4 if dt == DT_F32 else (2 if dt == DT_F16 or dt == DT_BF16 else 0)
+    if size == 0 or meta[M_TL] != 0 or meta[M_NC] != 1 or optab[j, _S + nr] != 1:
+        return 0
     row_bases(o, j, optab, dims, r0, nrows, nr)
-    base = addrs[optab[j, 1]] + 4 * (optab[j, 3] + c0)
+    base = addrs[optab[j, 1]] + size * (optab[j, 3] + c0)
     for r in range(nrows):
-        o[r] = base + 4 * o[r]
-    return True
+        o[r] = base + size * o[r]
+    return size
 
 
 @njit(inline='always', **OPTS)   # a view, per instruction

@@ -61,16 +61,29 @@ def _load_plain(o, buf, cv, start, stride, n, ix, general):
             o[k] = buf[ix[k]]
 
 
+@njit(inline='always', **OPTS)
+def convert_run(is_store, r, b, cv, n):
+    """b[:n] = r[:n] converted to cv (float16 or bfloat16 bits in uint16 lanes) when is_store, else
+    r[:n] = b[:n] converted from cv: loops LLVM vectorizes (runs of CONVERT_BLOCK lanes or more may
+    take bits' block runs instead)."""
+    if is_store and cv == DT_F16:
+        for j in range(n):
+            b[j] = f2h(r[j])
+    elif is_store:
+        for j in range(n):
+            b[j] = f2bf(r[j])
+    elif cv == DT_F16:
+        for j in range(n):
+            r[j] = h2f(b[j])
+    else:
+        for j in range(n):
+            r[j] = bf2f(b[j])
+
+
 def _load_half(o, buf, cv, start, stride, n, ix, general):
     """f16 or bf16 (cv) stored as uint16 bits."""
     if not general and stride == 1:
-        src = buf[start:start + n]
-        if cv == DT_F16:
-            for k in range(n):
-                o[k] = h2f(src[k])
-        else:
-            for k in range(n):
-                o[k] = bf2f(src[k])
+        convert_run(False, o, buf[start:start + n], cv, n)
         return
     if not general and stride == 0:
         o[:n] = h2f(buf[start]) if cv == DT_F16 else bf2f(buf[start])
@@ -139,19 +152,7 @@ def _rows_half(is_store, reg, buf, cv, at, rb, nrv, bn):
                 bf2f_run(b, r, n)
             i = k
             continue
-        r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
-        if is_store and cv == DT_F16:
-            for j in range(n):
-                b[j] = f2h(r[j])
-        elif is_store:
-            for j in range(n):
-                b[j] = f2bf(r[j])
-        elif cv == DT_F16:
-            for j in range(n):
-                r[j] = h2f(b[j])
-        else:
-            for j in range(n):
-                r[j] = bf2f(b[j])
+        convert_run(is_store, reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n], cv, n)
         i = k
 
 
@@ -170,13 +171,7 @@ def _store_plain(buf, x, cv, start, stride, n, ix, general):
 
 def _store_half(buf, x, cv, start, stride, n, ix, general):
     if not general and stride == 1:
-        dst = buf[start:start + n]
-        if cv == DT_F16:
-            for k in range(n):
-                dst[k] = f2h(x[k])
-        else:
-            for k in range(n):
-                dst[k] = f2bf(x[k])
+        convert_run(True, x, buf[start:start + n], cv, n)
         return
     if not general:
         for k in range(n):
