@@ -14,7 +14,7 @@ from ..bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_u16
 from ..mem import convert_run
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)   # calls, not inlined: the row loops of the f32 norms stay as they were
 def row_in(dst, addr, dt):
     """dst[:] = the row at addr of dst's length in dtype dt (f32: a copy), as f32."""
     n = dst.shape[0]
@@ -26,7 +26,7 @@ def row_in(dst, addr, dt):
         convert_run(False, dst, carray(ptr_u16(addr), n), dt, n)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def row_out(addr, src, dt):
     """The row at addr in dtype dt (f32: a copy) = src, converted (rounded as a store rounds)."""
     n = src.shape[0]
@@ -38,7 +38,7 @@ def row_out(addr, src, dt):
         convert_run(True, src, carray(ptr_u16(addr), n), dt, n)
 
 
-@njit(inline='always', **OPTS)
+@njit(**OPTS)
 def row_f32(addr, dt, scratch, n):
     """The n-lane row at addr as f32: where it lies when dt is f32, else converted into scratch (an
     address of n f32 lanes)."""
