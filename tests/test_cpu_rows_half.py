@@ -10,6 +10,8 @@ import pytest
 
 import dvm
 from dvm.codegen import isa
+from dvm.codegen.disasm import disasm
+from dvm.frontend.library import softmax
 from dvm.vm.cpu.abi import FK_ROWNORM, NO_CAST
 from dvm.vm.cpu.host import desc as cpu_desc
 
@@ -80,12 +82,12 @@ def _rows(shape, dtype, seed_scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", sorted(HALVES))
-@pytest.mark.parametrize("cols", [128, 300, 512, 600, 1024, 4096])
+@pytest.mark.parametrize("cols", [128, 300, 512, 600, 1024, 4096, 70000])
 def test_16bit_norms_bitwise_as_reference(dtype, cols):
     """16-bit RMSNorms (residual with its stored sum; a first norm) and LayerNorm: one row form
     (FK_ROWNORM planned, with its rounding casts), bitwise the reference VM's on 1 and 2 threads
-    (rows under ROW_FORM_MIN_BN lanes: the tile form), with x passed twice and a transposed term
-    (the form refuses it)."""
+    (rows under ROW_FORM_MIN_BN lanes: the tile form; 70000 columns: one tile of 131072 lanes, as
+    for f32), with x passed twice and a transposed term (the form refuses it)."""
     t = HALVES[dtype]
     x, r = _rows((9, cols), t), _rows((9, cols), t, 0.5)
     w, b = (RNG.standard_normal(cols).astype(t) for _ in range(2))
@@ -133,3 +135,31 @@ def test_rounding_casts_are_planned_in_the_row_form():
     assert len(casts) == 2 and fields == casts
     fields, casts = _planned_casts(half_layernorm, x, x, x[0], x[0])
     assert fields == [casts[0], NO_CAST]
+
+
+@dvm.kernel
+def sum3_rmsnorm(k, x, r, s, w):
+    """An RMSNorm of three loaded terms (a parallel block's), no rounding between the adds."""
+    h = k.add(k.add(k.load(x), k.load(r)), k.load(s))
+    return k.store(k.mul(k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6))), k.load(w)))
+
+
+def _tile(kfn, *args) -> str:
+    (line,) = [ln for ln in disasm(kfn.program(*args)).splitlines() if " tile " in ln]
+    return line.split(" tile ")[1].split()[0]
+
+
+def test_16bit_rows_wider_than_a_tile_take_the_row_form_where_it_runs_them():
+    """Rows past SINGLE_TILE_COLS are one tile when the row form takes every instruction of such
+    operands (host/fuse_plan.whole_row_forms): a 16-bit norm does, a 16-bit softmax and a norm of
+    a sum whose third term is 16-bit do not (the sweeps run them); a 16-bit second term does."""
+    bf = ml_dtypes.bfloat16
+    x = RNG.standard_normal((2, 70000)).astype(bf)
+    xf = x.astype(np.float32)
+    assert _tile(RMSNORM["bfloat16"], x, x, x[0]) == "1x131072"
+    assert _tile(half_layernorm, x, x, x[0], x[0]) == "1x131072"
+    assert _tile(softmax, x) != "1x131072" and _tile(softmax, xf) == "1x131072"
+    assert _tile(sum3_rmsnorm, xf, xf, x, x[0]) != "1x131072"
+    assert _tile(sum3_rmsnorm, xf, x, xf, x[0]) == "1x131072"
+    _bitwise_as_reference(sum3_rmsnorm, xf, x, xf, x[0], why=("sum3",))
+    _bitwise_as_reference(sum3_rmsnorm, xf, xf, x, x[0], why=("sum3",))

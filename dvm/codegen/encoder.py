@@ -213,11 +213,9 @@ def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
 
 def _whole_row_forms(t: KernelTemplate, target: Target) -> bool:
     """Whether the target's VM runs every instruction of stream t in its row forms (asked when a
-    row first exceeds SINGLE_TILE_COLS); the row forms' run-time checks then apply to f32 operands."""
-    if any(spec.dtype != DType.FLOAT32 for spec in t.operands):
-        return False
+    row first exceeds SINGLE_TILE_COLS), given its operands' dtypes."""
     sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
-    return target.whole_row_forms(t.instrs, sections)
+    return target.whole_row_forms(t.instrs, sections, [int(spec.dtype) for spec in t.operands])
 
 
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout],

@@ -13,10 +13,11 @@ import numpy as np
 
 from .program import MAX_TILE
 
-# (instruction words [n, WORDS], sections [(start, end), ...]) -> whether the VM runs every
-# instruction of that stream in its row forms (whole rows read from their buffers, never held in
-# tile registers); the encoder then takes the single-tile stream for rows wider than a tile
-RowFormsHook = Callable[[np.ndarray, Sequence[tuple[int, int]]], bool]
+# (instruction words [n, WORDS], sections [(start, end), ...], the operands' dtype codes) ->
+# whether the VM runs every instruction of that stream in its row forms (whole rows read from their
+# buffers, never held in tile registers); the encoder then takes the single-tile stream for rows
+# wider than a tile
+RowFormsHook = Callable[[np.ndarray, Sequence[tuple[int, int]], Sequence[int]], bool]
 
 
 @dataclass(frozen=True)

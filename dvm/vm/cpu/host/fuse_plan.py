@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ....codegen import isa
-from ..abi import (CHAIN_OPS, EW_NAMES, FK_CSQSUM, FK_EXPSUM, FK_NONE, FK_ROWNORM, FK_ROWSOFTMAX, FK_UNBIN,
-                   FUSE_WIDTH, NO_CAST, ROWNORM_MAX_TERMS, UNBIN_X_SHIFT)
+from ..abi import (CHAIN_OPS, DT_BF16, DT_F16, DT_F32, EW_NAMES, FK_CSQSUM, FK_EXPSUM, FK_NONE, FK_ROWNORM,
+                   FK_ROWSOFTMAX, FK_UNBIN, FUSE_WIDTH, NO_CAST, ROWNORM_MAX_TERMS, UNBIN_X_SHIFT)
 from .fuse_flow import Flow, is_op, self_contained, writes_in
 from .fuse_rotary import rotary
 from .fuse_runs import TILE_RUNS, apply_run, rounding_cast, sqsum, sub_then_sum, without_x_load
@@ -181,19 +181,43 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
     return plan
 
 
-def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]]) -> bool:
+def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
     """Every instruction but the prologue's constants lies in a row form (FK_ROWNORM,
-    FK_ROWSOFTMAX): a tile these take is never held in registers, each row is read from its buffer
-    and written to the output's, so its width is not bounded by the caches (the encoder's
-    WIDE_ROW_COLS: rows wider than a cache-resident tile still take the single-tile stream)."""
+    FK_ROWSOFTMAX) that takes operands of these dtypes (by operand index; the norms take 16-bit
+    ones but for the terms of a sum past its first two, the softmax f32 only): a tile these take is
+    never held in registers, each row is read from its buffer and written to the output's, so its
+    width is not bounded by the caches (the encoder's WIDE_ROW_COLS: rows wider than a
+    cache-resident tile still take the single-tile stream)."""
+    halves = any(d != DT_F32 for d in dtypes)
+    if halves and any(d not in (DT_F32, DT_F16, DT_BF16) for d in dtypes):
+        return False
     plan = fuse_plan(instrs, sections)
     for s, e in sections:
         pc = s
         while pc < e:
-            if plan[pc, 0] in (FK_ROWNORM, FK_ROWSOFTMAX):
+            if _takes(instrs, plan, pc, dtypes, halves):
                 pc += int(plan[pc, 1])
             elif isa.BY_CODE[int(instrs[pc, 0])].group == "const":
                 pc += 1
             else:
                 return False
     return True
+
+
+def _takes(instrs: np.ndarray, plan: np.ndarray, pc: int, dtypes: list[int], halves: bool) -> bool:
+    """The row form at pc takes any tile of such operands (jit/fused/rows, rownorm)."""
+    if plan[pc, 0] == FK_ROWSOFTMAX:
+        return not halves
+    return plan[pc, 0] == FK_ROWNORM and all(dtypes[int(instrs[q, 2])] == DT_F32
+                                             for q in _later_terms(instrs, plan, pc))
+
+
+def _later_terms(instrs: np.ndarray, plan: np.ndarray, pc: int) -> list[int]:
+    """The pcs of the loads of an FK_ROWNORM's residual terms past its first two (_residual)."""
+    if plan[pc, 2] >= 0:
+        return []
+    q, loads = pc + 3, []
+    while isa.BY_CODE[int(instrs[q, 0])].group == "load":
+        loads.append(q)
+        q += 2
+    return loads
