@@ -150,8 +150,8 @@ def run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, ao
     add) pair (host/fuse_plan._residual; their rows' addresses in si), its rows written into the
     buffer of the store at pc - 1 - that field, or into a scratch row when it is -1
     (host/fuse_plan._row_norm). 16-bit operands (x's, a and b, the output, the stored sum) and
-    rounding casts: rows of ROW_FORM_MIN_BN lanes or more (_norm_rows), converted through scratch
-    rows; the later terms of a sum are f32."""
+    rounding casts: _norm_rows at every width rows_fit takes, converted through scratch rows; the
+    later terms of a sum are f32."""
     bm, bn = meta[M_BM], meta[M_BN]
     if not rows_fit(meta, aok):
         return 0
@@ -190,15 +190,20 @@ def run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, ao
     ra, rb, rz = ix[2 * bm:3 * bm], ix[3 * bm:4 * bm], si2[:bm]
     cv = _rows_of(pc, ox, ys, xc, yc, nt, instrs, optab, dims, meta, addrs, r0, nrows, rx, ry, ra, rb, rz, si,
                   sf[4 * bn + bm:5 * bn + bm].ctypes.data)
-    if cv[CV_A] < 0 or (bn < ROW_FORM_MIN_BN and (cv[CV_Z] >= 0 or cv[CV_YROUND] >= 0 or cv[CV_COPY]
-                                                   or cv[CV_A] != DT_F32 or cv[CV_B] != DT_F32 or cv[CV_Y] != DT_F32)):
+    if cv[CV_A] < 0:
         return 0
+    # 16-bit rows or roundings take the per-row form at any width (its conversions and roundings
+    # are per row); f32 rows under ROW_FORM_MIN_BN lanes the narrow form, its sum into y's rows
+    narrow = bn < ROW_FORM_MIN_BN and not (cv[CV_Z] >= 0 or cv[CV_YROUND] >= 0 or cv[CV_COPY] or cv[CV_A] != DT_F32
+                                           or cv[CV_B] != DT_F32 or cv[CV_Y] != DT_F32)
+    if narrow and residual and ox == -1:
+        rx[:nrows] = ry[:nrows]
     swaps = 0
     for j in range(nt):
         swaps |= (instrs[pc + 4 + 2 * j, 2] == instrs[pc + 3 + 2 * j, 1]) << j
     terms = (nt, si, bm, swaps)
     bracket(fp, st, instrs, pc, n, RS_COMPACT)
-    if bn < ROW_FORM_MIN_BN:
+    if narrow:
         _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, min(bn, meta[M_COLS]), centered, s1, qa0, qa1, m,
                           s2, qb0, apc, rs, w, b, bias, sf[:bn], sf[5 * bn + bm:6 * bn + bm], residual, ra, rb, terms)
     else:
@@ -240,10 +245,7 @@ def _rows_of(pc, ox, ys, xc, yc, nt, instrs, optab, dims, meta, addrs, r0, nrows
             or row_addrs_sized(rb, ob, optab, dims, meta, addrs, r0, 0, nrows) == 0):
         return no
     zdt, zraw = -1, 0
-    if bn < ROW_FORM_MIN_BN:   # the narrow form's blocks of rows: into the output rows
-        rx[:nrows] = ry[:nrows]
-    else:                      # one scratch row (the softmax form's e row), reused by every row
-        rx[:nrows] = scratch
+    rx[:nrows] = scratch   # one scratch row (the softmax form's e row), reused by every row
     if ox < -1:   # the stored sum: x's rows written into its buffer, or from the scratch row
         st = pc - 1 - ox
         if row_addrs_sized(rz, instrs[st, 2], optab, dims, meta, addrs, r0, 0, nrows) == 0:
