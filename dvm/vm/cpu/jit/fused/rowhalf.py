@@ -14,28 +14,21 @@ from ..bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_u16
 from ..mem import convert_run
 
 
-@njit(**OPTS)   # calls, not inlined: the row loops of the f32 norms stay as they were
-def row_in(dst, addr, dt):
-    """dst[:] = the row at addr of dst's length in dtype dt (f32: a copy), as f32."""
-    n = dst.shape[0]
-    if dt == DT_F32:
-        src = carray(ptr_f32(addr), n)
+@njit(**OPTS)   # a call, not inlined: the row loops of the f32 norms stay as they were
+def row_move(is_store, row, addr, dt):
+    """Between the f32 row `row` and the row of its length at addr in dtype dt: that row = row
+    converted (rounded as a store rounds) when is_store, else row = that row as f32 (f32: copies)."""
+    n = row.shape[0]
+    if dt != DT_F32:
+        convert_run(is_store, row, carray(ptr_u16(addr), n), dt, n)
+        return
+    other = carray(ptr_f32(addr), n)
+    if is_store:
         for k in range(n):
-            dst[k] = src[k]
+            other[k] = row[k]
     else:
-        convert_run(False, dst, carray(ptr_u16(addr), n), dt, n)
-
-
-@njit(**OPTS)
-def row_out(addr, src, dt):
-    """The row at addr in dtype dt (f32: a copy) = src, converted (rounded as a store rounds)."""
-    n = src.shape[0]
-    if dt == DT_F32:
-        dst = carray(ptr_f32(addr), n)
         for k in range(n):
-            dst[k] = src[k]
-    else:
-        convert_run(True, src, carray(ptr_u16(addr), n), dt, n)
+            row[k] = other[k]
 
 
 @njit(**OPTS)

@@ -16,8 +16,7 @@ from ..vtree import vtree, vtree_pad
 from .common import add_row, add_terms, cached_row
 from .rowchain import (NARROW_BLOCK_LANES, ROW_FORM_MIN_BN, apply_row_c, chain_ok, chain_rows, in_place_row,
                        rows_fit)
-from .rowhalf import (apply_rounded, round_row, row_f32, row_in, row_out, scale_rounded_bf16,
-                      sum_rounded_bf16)
+from .rowhalf import apply_rounded, round_row, row_f32, row_move, scale_rounded_bf16, sum_rounded_bf16
 from .rowpart import levels_csqsum, levels_sum, rows_from_memory, touch_row
 from .states import bracket
 
@@ -57,15 +56,15 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
             else:
                 add_row(xr, a, bt)
         elif cv[CV_COPY]:
-            row_in(xr, ra[r], cv[CV_A])
+            row_move(False, xr, ra[r], cv[CV_A])
         elif touch:
             touch_row(xr, ncv)
         if cv[CV_Z] >= 0 and cv[CV_Z_RAW] and not sum_bf16:
-            row_out(rz[r], xr, cv[CV_Z])
+            row_move(True, xr, rz[r], cv[CV_Z])
         if cv[CV_XROUND] >= 0 and not sum_bf16:
             round_row(xr, cv[CV_XROUND])
         if cv[CV_Z] >= 0 and not cv[CV_Z_RAW] and not sum_bf16:
-            row_out(rz[r], xr, cv[CV_Z])
+            row_move(True, xr, rz[r], cv[CV_Z])
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
@@ -84,7 +83,7 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
         else:
             apply_row_c(orow, xr, mv, centered, F[rs][r], w, b, ncv, bias)
         if cv[CV_Y] != DT_F32:
-            row_out(ry[r], orow, cv[CV_Y])
+            row_move(True, orow, ry[r], cv[CV_Y])
 
 
 @njit(**OPTS)

@@ -32,6 +32,8 @@ the whole row, less than twice its length; otherwise they return 0 and the instr
 (with their own fused runs). The norms also take rows of NARROW_MIN_BN to ROW_FORM_MIN_BN / 2
 lanes (_norm_rows_narrow): their trees in vector registers, the chains replayed on a block of rows
 at a time, where the per-row calls and chains of _norm_rows cost more than the tile form's passes.
+The norms take float16 and bfloat16 operands too, with the rounding casts of a 16-bit model's
+norm (jit/fused/rownorm, rowhalf: through f32 scratch rows, per row at every width).
 """
 from __future__ import annotations
 
