@@ -21,14 +21,22 @@ from .rowpart import levels_csqsum, levels_sum, rows_from_memory, touch_row
 from .states import bracket
 
 
+# cv, the 16-bit rows and roundings of a tile's norm (run_rownorm, _norm_rows): the dtypes (abi DT_*)
+# of x's or a's rows (CV_A), of b's (CV_B), of the output (CV_Y); the stored sum's when it is
+# written from x's f32 row (CV_Z, else -1), before x's rounding (CV_Z_RAW: the store is of the sum,
+# not of its rounding); x's and the scale's rounding casts (CV_XROUND, CV_YROUND: T or -1); x's
+# row copied into the scratch row from its operand (CV_COPY: 16-bit or rounded, not a residual)
+CV_A, CV_B, CV_Y, CV_Z, CV_Z_RAW, CV_XROUND, CV_YROUND, CV_COPY = range(8)
+
+
 @njit(**OPTS)
 def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa1, m, s2, qb0, qb1, rs,
                w, b, bias, ta, residual, ra, rb, terms, touch, cv, rz, sa, sb):
     """The rows [0, nrows) of the tile: row r's ncv valid lanes at rx[r], its output at ry[r].
-    bn: a power of two >= ROW_FORM_MIN_BN below 2 * ncv (rows_fit); ta: bn-lane tree scratch. The row is
-    read where it is (its trees' first levels by fused/rowpart, which pads as the tile form's trees
-    do) and x - m is recomputed where it is used (the same f32 op, so the same bits): no padded
-    copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
+    bn: a power of two >= ROW_FORM_MIN_BN (NARROW_MIN_BN for 16-bit rows or roundings) below
+    2 * ncv (rows_fit); ta: bn-lane tree scratch. The row is read where it is (its trees' first
+    levels by fused/rowpart, which pads as the tile form's trees do) and x - m is recomputed where
+    it is used (the same f32 op, so the same bits): no padded copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
     appears once: every inlined copy costs compile time. residual: row r is first written to
     rx[r] as the sum of the rows at ra[r] and rb[r] and of the later terms (common.add_terms'
     nt, rt, bm, swaps); else, when touch, the row is first touched (fused/rowpart.touch_row: a row
@@ -129,14 +137,6 @@ def _norm_rows_narrow(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, 
                 apply_row_c(y, y, mb[r - r0], centered, F[rs][r], w, b, ncv, bias)
             else:
                 apply_row_c(y, carray(ptr_f32(rx[r]), ncv), mb[r - r0], centered, F[rs][r], w, b, ncv, bias)
-
-
-# cv, the 16-bit rows and roundings of a tile's norm (run_rownorm, _norm_rows): the dtypes (abi DT_*)
-# of x's or a's rows (CV_A), of b's (CV_B), of the output (CV_Y); the stored sum's when it is
-# written from x's f32 row (CV_Z, else -1), before x's rounding (CV_Z_RAW: the store is of the sum,
-# not of its rounding); x's and the scale's rounding casts (CV_XROUND, CV_YROUND: T or -1); x's
-# row copied into the scratch row from its operand (CV_COPY: 16-bit or rounded, not a residual)
-CV_A, CV_B, CV_Y, CV_Z, CV_Z_RAW, CV_XROUND, CV_YROUND, CV_COPY = range(8)
 
 
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
