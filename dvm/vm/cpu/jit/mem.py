@@ -112,18 +112,23 @@ def _convert_rows_impl(is_store, reg, buf, cv, at, rb, nrv, bn):
     return _rows_half if buf.dtype == types.uint16 else _rows_plain
 
 
+@njit(inline='always', **OPTS)
+def copy_run(is_store, r, b, n):
+    """b[:n] = r[:n] when is_store, else r[:n] = b[:n] (convert_run's lanes of one dtype)."""
+    if is_store:
+        for j in range(n):
+            b[j] = r[j]
+    else:
+        for j in range(n):
+            r[j] = b[j]
+
+
 def _rows_plain(is_store, reg, buf, cv, at, rb, nrv, bn):
     i = 0
     while i < nrv:
         k = run_end(rb, i, nrv, bn)
         n = (k - i) * bn
-        r, b = reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n]
-        if is_store:
-            for j in range(n):
-                b[j] = r[j]
-        else:
-            for j in range(n):
-                r[j] = b[j]
+        copy_run(is_store, reg[i * bn:i * bn + n], buf[at + rb[i]:at + rb[i] + n], n)
         i = k
 
 

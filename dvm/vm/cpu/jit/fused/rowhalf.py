@@ -11,7 +11,7 @@ from numba import carray, njit
 from ...abi import DT_BF16, DT_F32
 from .. import ops
 from ..bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_u16
-from ..mem import convert_run
+from ..mem import convert_run, copy_run
 
 
 @njit(**OPTS)   # a call, not inlined: the row loops of the f32 norms stay as they were
@@ -21,14 +21,8 @@ def row_move(is_store, row, addr, dt):
     n = row.shape[0]
     if dt != DT_F32:
         convert_run(is_store, row, carray(ptr_u16(addr), n), dt, n)
-        return
-    other = carray(ptr_f32(addr), n)
-    if is_store:
-        for k in range(n):
-            other[k] = row[k]
     else:
-        for k in range(n):
-            row[k] = other[k]
+        copy_run(is_store, row, carray(ptr_f32(addr), n), n)
 
 
 @njit(**OPTS)
@@ -38,7 +32,7 @@ def row_f32(addr, dt, scratch, n):
     if dt == DT_F32:
         return carray(ptr_f32(addr), n)
     out = carray(ptr_f32(scratch), n)
-    convert_run(False, out, carray(ptr_u16(addr), n), dt, n)
+    row_move(False, out, addr, dt)
     return out
 
 

@@ -67,12 +67,13 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
             row_move(False, xr, ra[r], cv[CV_A])
         elif touch:
             touch_row(xr, ncv)
-        if cv[CV_Z] >= 0 and cv[CV_Z_RAW] and not sum_bf16:
-            row_move(True, xr, rz[r], cv[CV_Z])
-        if cv[CV_XROUND] >= 0 and not sum_bf16:
-            round_row(xr, cv[CV_XROUND])
-        if cv[CV_Z] >= 0 and not cv[CV_Z_RAW] and not sum_bf16:
-            row_move(True, xr, rz[r], cv[CV_Z])
+        if not sum_bf16:   # (which rounded and stored it)
+            if cv[CV_Z] >= 0 and cv[CV_Z_RAW]:
+                row_move(True, xr, rz[r], cv[CV_Z])
+            if cv[CV_XROUND] >= 0:
+                round_row(xr, cv[CV_XROUND])
+            if cv[CV_Z] >= 0 and not cv[CV_Z_RAW]:
+                row_move(True, xr, rz[r], cv[CV_Z])
         mv = z
         if centered:
             levels_sum(lvl, xr, ncv, bn, z)
