@@ -2,11 +2,12 @@
 y = x * cos + (x_swapped * sign) * sin as the torch frontend writes RoPE (halves swapped by a view
 of negative stride), in either operand order, and for q's and k's rotations in one kernel that
 share the loads of cos, the signs and sin (the second reads their rows itself: ROT_THEN on the
-first); bitwise the reference VM's on 1 and 2 threads, with special values, partial tiles and
-operands the form refuses at run time (the instructions then run; for a ROT_THEN pair, both
-runs' instructions where the second's operands are refused)."""
+first); bitwise the reference VM's on 1 and 2 threads (16-bit operands too, in the tile form),
+with special values, partial tiles and operands the form refuses at run time (the instructions
+then run; for a ROT_THEN pair, both runs' instructions where the second's operands are refused)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -76,6 +77,25 @@ def test_rope_bitwise_as_reference(kfn, b, length, heads, d):
     x[0, -1, 0, 1, :] = -0.0
     cos[0, 0, 0, 1, 0], sin[0, -1, 0, 0, -1] = np.inf, np.nan
     _bitwise_as_reference(kfn, x, xs, cos, sgn, sin, why=(b, length, heads, d))
+
+
+@pytest.mark.parametrize("b, length, heads, d", [(2, 64, 4, 32), (1, 37, 3, 64), (3, 5, 2, 8), (2, 300, 1, 130),
+                                                 (1, 3, 1, 8200)])
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_16bit_rope_bitwise_as_reference(dtype, b, length, heads, d):
+    """Every operand and the output float16 or bfloat16 (a 16-bit model's RoPE: converted to f32
+    at the loads, rounded at the store), q and k's pair too; special values, ties of the rounding.
+    The row form takes f32 rows only: the tile form runs these (a 16-bit row form measured level
+    with it, 16- to 64-lane rows, one thread)."""
+    x, xs, cos, sgn, sin = _rope_args(b, length, heads, d, dtype)
+    x[0, 0, 0, 0, 0], x[-1, -1, -1, -1, -1] = np.nan, -np.inf
+    x[0, -1, 0, 1, :] = -0.0
+    cos[0, 0, 0, 1, 0], sin[0, -1, 0, 0, -1] = np.inf, np.nan
+    cos[0, -1, 0, 1, :] = np.float32(1.0 + 2.0 ** -8)
+    for kfn in (rope, rope_swapped):
+        _bitwise_as_reference(kfn, x, xs, cos, sgn, sin, why=(dtype, b, length, heads, d))
+    qkv, cos, sgn, sin = (a.astype(dtype) for a in _qk_args(b, length))
+    _bitwise_as_reference(ROPE_QK, qkv, cos, sgn, sin, why=(dtype, b, length))
 
 
 def test_rope_operands_the_row_form_refuses_run_the_instructions():

@@ -116,6 +116,8 @@ UNBIN_USWAP = 2
 UNBIN_ZDEAD = 4
 UNBIN_C_SHIFT = 3
 UNBIN_X_SHIFT = 24   # (above every register number c + 1 can hold)
+# FK_UNBIN's field 8: the operand + 1 of a store of y right after the run that nothing else reads
+# y besides (0: none), for its 16-bit form (jit/fused/unbinhalf) to write y into that store's rows
 # FK_ROTARY's last field: ROT_R_SWAP (r = e * q, not q * e) | ROT_Y_SWAP (y = r + p, not p + r) |
 # ROT_THEN (the rotary run right after this one reads registers this one leaves unloaded: both or neither)
 ROT_R_SWAP = 1

@@ -169,11 +169,12 @@ def _row_level(specs, flow: Flow, reg: int, pc: int, sec, depth: int = 4) -> boo
 
 def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     """un t, x ; [load z, o] ; bin y, t, z (or bin y, z, t)  ->  (FK_UNBIN, n, x, t, z, y, o or
-    NO_LOAD, swap | uswap | zdead | (c + 1) << UNBIN_C_SHIFT) for U in FUSED_UN (c = -1) or U =
+    NO_LOAD, swap | uswap | zdead | (c + 1) << UNBIN_C_SHIFT, s + 1 or 0) for U in FUSED_UN (c = -1) or U =
     `op t, x, c` (or `op t, c, x`: uswap) with op in FUSED_BIN, c set by the prologue (a constant:
     a scaling before a sum, an optimizer's `b * 0.9 + g`) and x not row-level, B in FUSED_BIN, when
     t is dead after the run and feeds one side of B only, z not the prologue's (jit/fused/unbin).
-    zdead: z is loaded by the run and dead after it (its rows may be read where they lie). A
+    zdead: z is loaded by the run and dead after it (its rows may be read where they lie). s: the
+    operand of `store y, s` right after the run when nothing else reads y (abi: field 8). A
     binary U leaves B to a run that starts at B (B and a sum after it, say)."""
     spec = specs[pc]
     if not (is_op(spec, "ew") and spec.op in FUSED_UN + FUSED_BIN):
@@ -203,8 +204,11 @@ def _un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
     if c >= 0 and any(find(instrs, specs, flow, k, sec) for find in TILE_RUNS if find is not _un_then_bin):
         return None
     zdead = load is not None and (z == y or flow.dead_after(z, pc, k + 1, sec))
+    stored = k + 1 < sec[1] and is_op(specs[k + 1], "store") and int(instrs[k + 1, 1]) == y and \
+        flow.dead_after(y, pc, k + 2, sec)
     return [FK_UNBIN, k + 1 - pc, x, t, z, y, load[1] if load else NO_LOAD,
-            (UNBIN_SWAP if a != t else 0) | uswap | (UNBIN_ZDEAD if zdead else 0) | (c + 1) << UNBIN_C_SHIFT]
+            (UNBIN_SWAP if a != t else 0) | uswap | (UNBIN_ZDEAD if zdead else 0) | (c + 1) << UNBIN_C_SHIFT,
+            int(instrs[k + 1, 2]) + 1 if stored else 0]
 
 
 def _load_un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | None:
@@ -218,7 +222,7 @@ def _load_un_then_bin(instrs, specs, flow: Flow, pc: int, sec) -> list[int] | No
     if run is None or run[2] != x or run[7] >> UNBIN_C_SHIFT != 0 or (run[4] == x and run[6] == NO_LOAD) or \
             not flow.dead_after(x, pc, pc + 1 + run[1], sec):
         return None
-    return [*run[:1], run[1] + 1, *run[2:7], run[7] | (ox + 1) << UNBIN_X_SHIFT]
+    return [*run[:1], run[1] + 1, *run[2:7], run[7] | (ox + 1) << UNBIN_X_SHIFT, *run[8:]]
 
 
 def without_x_load(run: list[int]) -> list[int]:

@@ -36,8 +36,9 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
     bn: a power of two >= ROW_FORM_MIN_BN (NARROW_MIN_BN for 16-bit rows or roundings) below
     2 * ncv (rows_fit); ta: bn-lane tree scratch. The row is read where it is (its trees' first
     levels by fused/rowpart, which pads as the tile form's trees do) and x - m is recomputed where
-    it is used (the same f32 op, so the same bits): no padded copy, no centered copy. An RMSNorm's squares are (x - 0)^2, bitwise x * x. Each tree and loop
-    appears once: every inlined copy costs compile time. residual: row r is first written to
+    it is used (the same f32 op, so the same bits): no padded copy, no centered copy. An RMSNorm's
+    squares are (x - 0)^2, bitwise x * x. Each tree and loop appears once: every inlined copy costs
+    compile time. residual: row r is first written to
     rx[r] as the sum of the rows at ra[r] and rb[r] and of the later terms (common.add_terms'
     nt, rt, bm, swaps); else, when touch, the row is first touched (fused/rowpart.touch_row: a row
     from memory). 16-bit rows and roundings (cv, from _rows_of): a 16-bit term is converted

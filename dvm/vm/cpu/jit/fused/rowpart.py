@@ -80,7 +80,8 @@ def _level_loop(term, combine, ident, nv):
 
 
 def _levels_of(term, combine, ident):
-    """The first tree pass of one kind over a row: its two segments' two segments (nv + 1 valid lanes below rem, nv above)."""
+    """The first tree pass of one kind over a row: its two segments' two segments (nv + 1 valid
+    lanes below rem, nv above)."""
     l4, l5, l6, l7, l8 = (_level_loop(term, combine, ident, nv) for nv in (4, 5, 6, 7, 8))
 
     @njit(inline='always', **OPTS)

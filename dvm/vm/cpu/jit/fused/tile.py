@@ -25,7 +25,7 @@ through are dead after it (checked by the plan), so they are not written.
              variance over the sweeps of long rows; d and t are dead after)
   FK_UNBIN   un t, x ; [load z, o] ; bin y, t, z                y = B(U(x), z) for a math op U (or
              an add, sub or mul of x and a constant c) and an add, sub or mul B, t dead after
-             (jit/fused/unbin)
+             (jit/fused/unbin; 16-bit loads and store: jit/fused/unbinhalf)
   FK_ADDSUM  add h, a, b ; rowred.sum s, h                    h = a + b, s = each row's sum, read
              back while the row is in L1 (whole rows of 16 to VTREE_MAX lanes, a power of two:
              the rowred's own register tree); h goes where the add's would (peep: PEEP_LATER)
@@ -59,6 +59,7 @@ from ..rowtree import tree_p2_sum
 from ..vtree import VTREE_MAX, vtree
 from .common import apply_row, cached_row, sq_level
 from .unbin import run_unbin
+from .unbinhalf import run_unbin_half, takes_half
 
 
 @njit(**OPTS)
@@ -222,7 +223,9 @@ def fused_tile_piece(fra, pc, unused_a, unused_b):
     if meta[M_TL] != 0:
         return 0
     if kind == FK_UNBIN:
-        return run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok)
+        done = run_unbin_half(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0) \
+            if takes_half(fz, pc, optab) else 0
+        return done if done else run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok)
     bm, bn = meta[M_BM], meta[M_BN]
     n = fz[pc, 1]
     sf = fm.sf(fr)

@@ -154,6 +154,26 @@ def _rows_bin(uop, uswap, cv, bop, swap, y, x, z, ix, xrows, zrows, bm, bn, scal
             _un_bin(uop, bop, swap, y[lo:hi], xr, zr)
 
 
+@njit(inline='always', **OPTS)
+def unbin_fields(fz, pc):
+    """FK_UNBIN's fields: n, x, t, z, y, o (the load's operand or NO_LOAD), swap, uswap, c (U's
+    constant operand, the prologue's, or -1: a math op U), ox (x's load, where the run starts with
+    it, else -1)."""
+    swap, uswap = (fz[pc, 7] & UNBIN_SWAP) != 0, (fz[pc, 7] & UNBIN_USWAP) != 0
+    c = ((fz[pc, 7] & ((1 << UNBIN_X_SHIFT) - 1)) >> UNBIN_C_SHIFT) - 1
+    ox = (fz[pc, 7] >> UNBIN_X_SHIFT) - 1
+    return fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6], swap, uswap, c, ox
+
+
+@njit(inline='always', **OPTS)
+def unbin_states(st, x, z, j, c, ox):
+    """x and z, where registers, are full tiles, and c (where U takes one) is the prologue's value:
+    the same in every lane it holds, whatever its state."""
+    if (ox < 0 and st[0, x] != RS_FULL) or (j == NO_LOAD and st[0, z] != RS_FULL):
+        return False
+    return c < 0 or st[0, c] == RS_UNIFORM or st[0, c] == RS_UNIFORM_ALL or st[0, c] == RS_COMPACT
+
+
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap | uswap | (c + 1) << UNBIN_C_SHIFT), o: the load's
@@ -164,14 +184,9 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     y would be written over x or z (a loop whose output may alias an input does not vectorize: the
     two instructions are faster then)."""
     peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
-    n, x, t, z, y, j = fz[pc, 1], fz[pc, 2], fz[pc, 3], fz[pc, 4], fz[pc, 5], fz[pc, 6]
-    swap, uswap = (fz[pc, 7] & UNBIN_SWAP) != 0, (fz[pc, 7] & UNBIN_USWAP) != 0
-    c = ((fz[pc, 7] & ((1 << UNBIN_X_SHIFT) - 1)) >> UNBIN_C_SHIFT) - 1
-    ox = (fz[pc, 7] >> UNBIN_X_SHIFT) - 1   # x's load, where the run starts with it
-    if (ox < 0 and st[0, x] != RS_FULL) or (j == NO_LOAD and st[0, z] != RS_FULL):
+    n, x, t, z, y, j, swap, uswap, c, ox = unbin_fields(fz, pc)
+    if not unbin_states(st, x, z, j, c, ox):
         return 0
-    if c >= 0 and st[0, c] != RS_UNIFORM and st[0, c] != RS_UNIFORM_ALL and st[0, c] != RS_COMPACT:
-        return 0   # (the prologue's value: the same in every lane it holds, whatever its state)
     lanes, ix = meta[M_BM] * meta[M_BN], fm.ix(fr)
     px, xrows = 0, False
     if ox >= 0:   # x's tile where it lies: one contiguous run, or its rows (x is dead after the run)
