@@ -105,7 +105,7 @@ NO_CAST = -1      # FK_ROWNORM without a rounding cast of x (field 8) or of its 
 ROWNORM_MAX_TERMS = 4
 NO_LOAD = -1      # FK_UNBIN whose z is a register (no load between U and B)
 PEEP_LATER = -2   # peep[pc] <= PEEP_LATER: operand PEEP_LATER - peep[pc] stores the result later
-FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu")   # FK_UNBIN: the math ops a run may start with
+FUSED_UN = ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh")   # FK_UNBIN: the math ops a run may start with
 FUSED_BIN = ("add", "sub", "mul")                       # and the op that consumes it
 # FK_UNBIN's last field: UNBIN_SWAP (B's operands swapped) | UNBIN_USWAP (U's: c U x) |
 # UNBIN_ZDEAD (the loaded z is dead after the run) | (c + 1) << UNBIN_C_SHIFT, c the register of

@@ -5,7 +5,7 @@ constant, and the add, sub or mul that consumes it, in one pass of the CPU VM.
     op t, x, c ; [load z, o] ; bin y, t, z                   y = B(x op c, z)  (or c op x)
                                                              (planned by host/fuse_plan)
 
-U is exp, sigmoid, SiLU, tanh or GELU, or add, sub or mul of a full tile and a register only the
+U is exp, sigmoid, SiLU, tanh or GELU (erf or tanh form), or add, sub or mul of a full tile and a register only the
 prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled residual); t is dead after
 the run (the plan checked), so it is never written, and z is a full tile: a register, or the
 operand the run's load would read in place: a contiguous f32 tile, or, when z is dead after the
@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DEC_OP, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_MUL,
+from ...abi import (DEC_OP, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_GELU_TANH, OP_MUL,
                     OP_SIGMOID, OP_SILU, OP_TANH, PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL,
                     UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_X_SHIFT, UNBIN_ZDEAD)
 from .. import frame as fm
@@ -42,7 +42,7 @@ from .. import ops
 from ..addr import direct_addr, freg, row_addrs
 from ..bits import OPTS, ptr_f32
 from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, sigmoid_given, sigmoidf, tanhf
-from ..mathf_ext import geluf
+from ..mathf_ext import gelu_tanhf, geluf
 
 
 @njit(inline='always', **OPTS)
@@ -93,6 +93,9 @@ def _un_bin(uop, bop, swap, o, x, z):
     elif uop == OP_GELU:
         for k in range(n):
             o[k] = _bin3(bop, swap, geluf(x[k]), z[k])
+    elif uop == OP_GELU_TANH:
+        for k in range(n):
+            o[k] = _bin3(bop, swap, gelu_tanhf(x[k]), z[k])
     else:
         return False
     return True
