@@ -8,9 +8,9 @@ constant, and the add, sub or mul that consumes it, in one pass of the CPU VM.
 U is exp, sigmoid, SiLU, tanh or GELU (erf or tanh form), or add, sub or mul of a full tile and a
 register only the prologue writes (a constant: `b * 0.9 + g`, `p + (-lr) * u`, a scaled
 residual); t is dead after the run (the plan checked), so it is never written, and z is a full
-tile: a register, or the
-operand the run's load would read in place: a contiguous f32 tile, or, when z is dead after the
-run and no output of the launch overlaps an input, the tile's rows wherever they lie (whole rows
+tile: a register, or the operand the run's load would read in place: a contiguous f32 tile, or,
+when z is dead after the run and no output of the launch overlaps an input, the tile's rows
+wherever they lie (whole rows
 of the tile of at least ROWS_MIN_LANES lanes, at any row stride, as the halves of a gate-and-up
 product's rows; rows past the domain read its last row, as the load's clamped lanes do). One
 loop reads x and z and writes y. A math op's run may start with x's load (x dead after it): x's
