@@ -109,11 +109,16 @@ def row_addrs(o, j, optab, dims, meta, addrs, r0, c0, nrows):
 
 
 @njit(inline='always', **OPTS)
+def lane_bytes(dt):
+    """An f32, f16 or bf16 lane's size in bytes, 0 for the other dtypes."""
+    return 4 if dt == DT_F32 else (2 if dt == DT_F16 or dt == DT_BF16 else 0)
+
+
+@njit(inline='always', **OPTS)
 def row_addrs_sized(o, j, optab, dims, meta, addrs, r0, c0, nrows):
     """row_addrs for an f32, f16 or bf16 operand: its lane size in bytes (4 or 2), 0 where the
     rows cannot be addressed so."""
-    nr, dt = meta[M_NR], optab[j, 2]
-    size = 4 if dt == DT_F32 else (2 if dt == DT_F16 or dt == DT_BF16 else 0)
+    nr, size = meta[M_NR], lane_bytes(optab[j, 2])
     if size == 0 or meta[M_TL] != 0 or meta[M_NC] != 1 or optab[j, _S + nr] != 1:
         return 0
     row_bases(o, j, optab, dims, r0, nrows, nr)

@@ -35,12 +35,12 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DEC_OP, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU, OP_GELU_TANH, OP_MUL,
-                    OP_SIGMOID, OP_SILU, OP_TANH, PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM, RS_UNIFORM_ALL,
-                    UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_X_SHIFT, UNBIN_ZDEAD)
+from ...abi import (DEC_OP, DT_F32, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, NO_LOAD, OP_ADD, OP_EXP, OP_GELU,
+                    OP_GELU_TANH, OP_MUL, OP_SIGMOID, OP_SILU, OP_TANH, PEEP_LATER, RS_COMPACT, RS_FULL, RS_UNIFORM,
+                    RS_UNIFORM_ALL, UNBIN_C_SHIFT, UNBIN_SWAP, UNBIN_USWAP, UNBIN_X_SHIFT, UNBIN_ZDEAD)
 from .. import frame as fm
 from .. import ops
-from ..addr import direct_addr, freg, row_addrs
+from ..addr import direct_addr, freg, row_addrs_sized
 from ..bits import OPTS, ptr_f32
 from ..mathf import EXP1_LO, exp_lane, exp_lane_exact, exp_one_step, expf, sigmoid_given, sigmoidf, tanhf
 from ..mathf_ext import gelu_tanhf, geluf
@@ -128,20 +128,30 @@ def _scaled_bin(uop, uswap, c, bop, swap, o, x, z, at):
 ROWS_MIN_LANES = 128
 
 
+NO_ROWS = -1   # rows_at: operand j's rows cannot be addressed so
+
+
+@njit(inline='always', **OPTS)
+def rows_at(ix, j, nrows, optab, dims, meta, addrs, r0, c0):
+    """ix[:BM] = the addresses of lane c0 of the tile's rows in operand j (f32, f16 or bf16:
+    addr.row_addrs_sized), rows past nrows the last row's (the load's clamping). Returns j's dtype,
+    or NO_ROWS."""
+    if row_addrs_sized(ix, j, optab, dims, meta, addrs, r0, c0, nrows) == 0:
+        return NO_ROWS
+    for r in range(nrows, meta[M_BM]):
+        ix[r] = ix[nrows - 1]
+    return optab[j, 2]
+
+
 @njit(**OPTS)
 def _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0):
-    """ix[:BM] = the addresses of lane c0 of the tile's rows in operand j, rows past the domain
-    the last row's (the load's clamping), when the tile holds whole rows of BN >= ROWS_MIN_LANES
-    valid lanes and j's rows can be addressed (addr.row_addrs); else False."""
+    """rows_at of an f32 operand j when the tile holds whole rows of BN >= ROWS_MIN_LANES valid
+    lanes; else False."""
     bm, bn = meta[M_BM], meta[M_BN]
     nrows = min(bm, meta[M_ROWS] - r0)
     if bn < ROWS_MIN_LANES or meta[M_COLS] - c0 < bn or nrows <= 0 or ix.shape[0] < bm:
         return False
-    if not row_addrs(ix, j, optab, dims, meta, addrs, r0, c0, nrows):
-        return False
-    for r in range(nrows, bm):
-        ix[r] = ix[nrows - 1]
-    return True
+    return rows_at(ix, j, nrows, optab, dims, meta, addrs, r0, c0) == DT_F32
 
 
 @njit(**OPTS)
@@ -178,6 +188,13 @@ def unbin_states(st, x, z, j, c, ox):
     return c < 0 or st[0, c] == RS_UNIFORM or st[0, c] == RS_UNIFORM_ALL or st[0, c] == RS_COMPACT
 
 
+@njit(inline='always', **OPTS)
+def unbin_ops(fr, pc, n, ox):
+    """U's and B's op codes: the run's instruction after x's load (or its first) and its last."""
+    instrs, dec = fm.instrs(fr), fm.decode(fr)
+    return dec[instrs[pc + 1 if ox >= 0 else pc, 0], DEC_OP], dec[instrs[pc + n - 1, 0], DEC_OP]
+
+
 @njit(inline='always', **OPTS)   # one call site: a call would pass every view's fields per tile
 def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     """FK_UNBIN = (kind, n, x, t, z, y, o, swap | uswap | (c + 1) << UNBIN_C_SHIFT), o: the load's
@@ -187,7 +204,6 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
     contiguous run nor row by row (_clamped_rows: z dead after the run, no overlaps), or a math op's
     y would be written over x or z (a loop whose output may alias an input does not vectorize: the
     two instructions are faster then)."""
-    peep, instrs, dec = fm.peep(fr), fm.instrs(fr), fm.decode(fr)
     n, x, t, z, y, j, swap, uswap, c, ox = unbin_fields(fz, pc)
     if not unbin_states(st, x, z, j, c, ox):
         return 0
@@ -206,8 +222,7 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
             _clamped_rows(ix, j, optab, dims, meta, addrs, r0, c0)
         if pz == 0 and not zrows:
             return 0
-    upc, last = pc + 1 if ox >= 0 else pc, pc + n - 1
-    js = peep[last]   # as B's own dispatch (jit/interp): y written into the tile of the store after
+    js = fm.peep(fr)[pc + n - 1]   # as B's own dispatch (jit/interp): y written into the tile of the store after
     # the run (js >= 0: nothing else reads y, the store is done) or of a later one (js <= PEEP_LATER)
     po = direct_addr(js if js >= 0 else PEEP_LATER - js, optab, dims, meta, addrs, r0, c0) \
         if aok and (js >= 0 or js <= PEEP_LATER) else 0
@@ -228,7 +243,7 @@ def run_unbin(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0, aok):
         st[0, z] = RS_FULL
     fp[y] = po
     st[0, y] = RS_FULL
-    uop, bop, yv = dec[instrs[upc, 0], DEC_OP], dec[instrs[last, 0], DEC_OP], freg(F, fp, y)[:lanes]
+    (uop, bop), yv = unbin_ops(fr, pc, n, ox), freg(F, fp, y)[:lanes]
     if xrows or zrows:
         _rows_bin(uop, uswap, cv, bop, swap, yv, xv[:lanes], zv[:lanes], ix, xrows, zrows, meta[M_BM], meta[M_BN],
                   c >= 0, at)

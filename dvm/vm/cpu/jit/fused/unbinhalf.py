@@ -18,36 +18,25 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ...abi import (DEC_OP, DT_BF16, DT_F16, DT_F32, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, M_TL, NO_LOAD, RS_FULL,
-                    UNBIN_ZDEAD)
+from ...abi import DT_F32, FR_AOK, M_BM, M_BN, M_COLS, M_ROWS, M_TL, NO_LOAD, RS_FULL, UNBIN_ZDEAD
 from .. import frame as fm
-from ..addr import freg, row_addrs_sized
-from ..bits import OPTS, ptr_f32, ptr_u16
-from ..mem import convert_run, copy_run
+from ..addr import freg, lane_bytes
+from ..bits import OPTS, ptr_f32
 from ..vtree import CHUNK as VECTOR_LANES
-from .unbin import AT_NEW, ROWS_MIN_LANES, _scaled_bin, _un_bin, unbin_fields, unbin_states
+from .rowhalf import row_move
+from .unbin import (AT_NEW, NO_ROWS, ROWS_MIN_LANES, _scaled_bin, _un_bin, rows_at, unbin_fields, unbin_ops,
+                    unbin_states)
 
 # lanes converted at a time: x's, z's and y's chunks (3 x 4 KB) stay in L1, in whole vectors
 CHUNK = 1024
 
-NONE = -1   # an operand read from (or y written into) its f32 register, not rows of a buffer
+NONE = NO_ROWS   # an operand read from (or y written into) its f32 register, not rows of a buffer
 
 
 @njit(inline='always', **OPTS)
 def is_half(j, optab):
     """Whether operand j (NO_LOAD or a negative peep entry: none) is float16 or bfloat16."""
-    return j >= 0 and (optab[j, 2] == DT_F16 or optab[j, 2] == DT_BF16)
-
-
-@njit(inline='always', **OPTS)
-def _rows_of(ix, j, nrows, optab, dims, meta, addrs, r0, c0):
-    """ix[:BM] = the addresses of lane c0 of the tile's rows in operand j, rows past nrows the last
-    row's (the load's clamping). Returns j's dtype, or NONE where its rows cannot be addressed."""
-    if row_addrs_sized(ix, j, optab, dims, meta, addrs, r0, c0, nrows) == 0:
-        return NONE
-    for r in range(nrows, meta[M_BM]):
-        ix[r] = ix[nrows - 1]
-    return optab[j, 2]
+    return j >= 0 and lane_bytes(optab[j, 2]) == 2
 
 
 @njit(inline='always', **OPTS)
@@ -59,17 +48,8 @@ def _gather(reg, lo, rows, r, q, k0, m, dt, scratch):
     if dt == DT_F32 and q == 1:
         return carray(ptr_f32(rows[r] + 4 * k0), m)
     for i in range(q):
-        _move(False, scratch[i * m:(i + 1) * m], rows[r + i], k0, m, dt)
+        row_move(False, scratch[i * m:(i + 1) * m], rows[r + i] + lane_bytes(dt) * k0, dt)
     return scratch[:q * m]
-
-
-@njit(inline='always', **OPTS)
-def _move(is_store, lanes, addr, k0, m, dt):
-    """Between m f32 lanes and lanes k0..k0+m of the dt row at addr (mem's conversions and copies)."""
-    if dt == DT_F32:
-        copy_run(is_store, lanes, carray(ptr_f32(addr + 4 * k0), m), m)
-    else:
-        convert_run(is_store, lanes, carray(ptr_u16(addr + 2 * k0), m), dt, m)
 
 
 @njit(**OPTS)
@@ -101,7 +81,7 @@ def _half_rows(uop, uswap, cv, bop, swap, scaled, xv, zv, yv, ix, xdt, zdt, ydt,
                 _un_bin(uop, bop, swap, yc, xc, zc)
             if ydt != NONE and (ydt != DT_F32 or q > 1):
                 for i in range(q):
-                    _move(True, yc[i * m:(i + 1) * m], yrows[r + i], k0, m, ydt)
+                    row_move(True, yc[i * m:(i + 1) * m], yrows[r + i] + lane_bytes(ydt) * k0, ydt)
 
 
 @njit(inline='always', **OPTS)
@@ -124,11 +104,11 @@ def run_unbin_half(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0):
         return 0
     xdt = zdt = ydt = NONE
     if ox >= 0:
-        xdt = _rows_of(ix[bm:2 * bm], ox, nrows, optab, dims, meta, addrs, r0, c0)
+        xdt = rows_at(ix[bm:2 * bm], ox, nrows, optab, dims, meta, addrs, r0, c0)
     if j != NO_LOAD:
-        zdt = _rows_of(ix[:bm], j, nrows, optab, dims, meta, addrs, r0, c0)
+        zdt = rows_at(ix[:bm], j, nrows, optab, dims, meta, addrs, r0, c0)
     if js >= 0:
-        ydt = _rows_of(ix[2 * bm:3 * bm], js, nrows, optab, dims, meta, addrs, r0, c0)
+        ydt = rows_at(ix[2 * bm:3 * bm], js, nrows, optab, dims, meta, addrs, r0, c0)
     if (ox >= 0 and xdt == NONE) or (j != NO_LOAD and zdt == NONE) or \
             (ydt == NONE and ((ox < 0 and y == x) or (j == NO_LOAD and y == z))):
         return 0   # (rows not addressable, or y written over a register it reads)
@@ -139,8 +119,7 @@ def run_unbin_half(fr, pc, fz, meta, F, fp, st, optab, dims, addrs, r0, c0):
     if j != NO_LOAD:
         fp[z], st[0, z] = 0, RS_FULL
     fp[t], st[0, t], fp[y], st[0, y] = 0, RS_FULL, 0, RS_FULL
-    uop, bop = fm.decode(fr)[fm.instrs(fr)[pc + 1 if ox >= 0 else pc, 0], DEC_OP], \
-        fm.decode(fr)[fm.instrs(fr)[pc + n - 1, 0], DEC_OP]
+    uop, bop = unbin_ops(fr, pc, n, ox)
     scratch = F[t] if ox >= 0 or t != x else fm.sf(fr)[:2 * bn]   # (t's tile: dead, never written; or
     #                                                             sf's tree rows, the rest of sf cached rows)
     _half_rows(uop, uswap, cv, bop, swap, c >= 0, xv, zv, F[y], ix, xdt, zdt, ydt, bm, bn, nrows, scratch)
