@@ -10,10 +10,13 @@ rows makes five loads and a store of 1024 short row moves each, through the tile
 form reads each operand's row where it is and writes y's row into the store's buffer: no tile
 register is filled. Each lane takes the same f32 operations in the same order as the
 instructions (each product's and the sum's operands as they were written), so the results are
-bitwise the tile form's. It takes a tile only when no output overlaps any other argument (aok
-without in-place updates), its rows hold at least MIN_LANES lanes and every operand's rows can be
-addressed (f32, unit column stride: addr.row_addrs); otherwise it returns 0 and the instructions
-run. A run planned with ROT_THEN (its loads are factors of the rotary run right after it, which
+bitwise the tile form's. The six operands are all f32, or all one 16-bit dtype (a 16-bit model's
+RoPE): then each lane is converted to f32 as a load converts it and y rounded as a store rounds
+it, inside the one loop over the row (a row's five conversions as runs of their own cost what the
+tile form's short-row conversions do). It takes a tile only when no output overlaps any other
+argument (aok without in-place updates), its rows hold at least MIN_LANES lanes and every
+operand's rows can be addressed (unit column stride: addr.row_addrs_sized); otherwise it returns 0
+and the instructions run. A run planned with ROT_THEN (its loads are factors of the rotary run right after it, which
 reads their rows itself) takes a tile only where the runs after it can take it too: their
 registers are never read unloaded.
 """
@@ -21,12 +24,12 @@ from __future__ import annotations
 
 from numba import carray, njit
 
-from ...abi import (FK_ROTARY, FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NR, M_ROWS, OPTAB_FIXED, ROT_R_SWAP,
-                    ROT_THEN, ROT_Y_SWAP, RS_FULL)
+from ...abi import (DT_BF16, DT_F32, FK_ROTARY, FR_AOK, FR_C0, FR_R0, M_BM, M_BN, M_COLS, M_NR, M_ROWS,
+                    OPTAB_FIXED, ROT_R_SWAP, ROT_THEN, ROT_Y_SWAP, RS_FULL)
 from .. import frame as fm
 from .. import ops
-from ..addr import row_addrs
-from ..bits import OPTS, ptr_f32
+from ..addr import lane_bytes, row_addrs_sized
+from ..bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_u16
 from .states import bracket
 
 N_ROWS = 6   # the rows a lane reads and writes: a, b, c, d, e's and y's
@@ -38,9 +41,10 @@ _S = OPTAB_FIXED
 
 
 @njit(inline='always', **OPTS)
-def _start(src, optab, dims, addrs, nr, r0, c0, sc):
+def _start(src, optab, dims, addrs, nr, r0, c0, sc, size):
     """sc[:nr]: row r0's index over the nr row dims; sc[nr:nr + N_ROWS]: each row's element offset
-    there; sc[nr + N_ROWS:nr + 2 * N_ROWS]: the address of each operand's lane c0 of its first row."""
+    there; sc[nr + N_ROWS:nr + 2 * N_ROWS]: the address of each operand's lane c0 of its first row
+    (size: a lane's bytes)."""
     rem = r0
     for d in range(nr - 1, -1, -1):
         n_d = max(dims[d], 1)
@@ -52,11 +56,11 @@ def _start(src, optab, dims, addrs, nr, r0, c0, sc):
         for d in range(nr):
             acc += sc[d] * optab[o, _S + d]
         sc[nr + j] = acc
-        sc[nr + N_ROWS + j] = addrs[optab[o, 1]] + 4 * (optab[o, 3] + c0)
+        sc[nr + N_ROWS + j] = addrs[optab[o, 1]] + size * (optab[o, 3] + c0)
 
 
 @njit(inline='always', **OPTS)
-def _carries(src, optab, dims, nr, inc):
+def _carries(src, optab, dims, nr, inc, size):
     """inc[d * N_ROWS + j]: the bytes operand j's row address moves when the odometer's digit d
     goes up by one and every later digit goes back to 0 (one add a row and operand, whichever
     digit moves: the row addresses stay in registers)."""
@@ -66,29 +70,46 @@ def _carries(src, optab, dims, nr, inc):
             v = optab[o, _S + d]
             for e in range(d + 1, nr):
                 v -= (max(dims[e], 1) - 1) * optab[o, _S + e]
-            inc[d * N_ROWS + j] = 4 * v
+            inc[d * N_ROWS + j] = size * v
 
 
 @njit(inline='always', **OPTS)
-def _row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap):
-    """y's row from a, b, c, d, e's rows (their first lanes' addresses)."""
-    a, b = carray(ptr_f32(pa), ncv), carray(ptr_f32(pb), ncv)
-    c, d = carray(ptr_f32(pc), ncv), carray(ptr_f32(pd), ncv)
-    e, y = carray(ptr_f32(pe), ncv), carray(ptr_f32(py), ncv)
-    for k in range(ncv):
-        p = ops.mul(a[k], b[k])
-        q = ops.mul(c[k], d[k])
-        r = ops.mul(e[k], q) if r_swap else ops.mul(q, e[k])
-        y[k] = ops.add(r, p) if y_swap else ops.add(p, r)
+def _lane(a, b, c, d, e, r_swap, y_swap):
+    """y = a * b + (c * d) * e, each product's and the sum's operands in the instructions' order."""
+    p = ops.mul(a, b)
+    q = ops.mul(c, d)
+    r = ops.mul(e, q) if r_swap else ops.mul(q, e)
+    return ops.add(r, p) if y_swap else ops.add(p, r)
 
 
 @njit(inline='always', **OPTS)
-def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap):
+def _row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap, dt):
+    """y's row from a, b, c, d, e's rows (their first lanes' addresses), all of dtype dt."""
+    if dt == DT_F32:
+        a, b = carray(ptr_f32(pa), ncv), carray(ptr_f32(pb), ncv)
+        c, d = carray(ptr_f32(pc), ncv), carray(ptr_f32(pd), ncv)
+        e, y = carray(ptr_f32(pe), ncv), carray(ptr_f32(py), ncv)
+        for k in range(ncv):
+            y[k] = _lane(a[k], b[k], c[k], d[k], e[k], r_swap, y_swap)
+        return
+    a16, b16 = carray(ptr_u16(pa), ncv), carray(ptr_u16(pb), ncv)
+    c16, d16 = carray(ptr_u16(pc), ncv), carray(ptr_u16(pd), ncv)
+    e16, y16 = carray(ptr_u16(pe), ncv), carray(ptr_u16(py), ncv)
+    if dt == DT_BF16:
+        for k in range(ncv):
+            y16[k] = f2bf(_lane(bf2f(a16[k]), bf2f(b16[k]), bf2f(c16[k]), bf2f(d16[k]), bf2f(e16[k]), r_swap, y_swap))
+    else:
+        for k in range(ncv):
+            y16[k] = f2h(_lane(h2f(a16[k]), h2f(b16[k]), h2f(c16[k]), h2f(d16[k]), h2f(e16[k]), r_swap, y_swap))
+
+
+@njit(inline='always', **OPTS)
+def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap, dt):
     """The tile's nrows rows from the odometer _start left in sc (its digits move in sc; the six
     row addresses in locals, moved by _carries' amounts)."""
-    at, off = sc[nr + N_ROWS:nr + 2 * N_ROWS], sc[nr:nr + N_ROWS]
-    p0, p1, p2 = at[0] + 4 * off[0], at[1] + 4 * off[1], at[2] + 4 * off[2]
-    p3, p4, p5 = at[3] + 4 * off[3], at[4] + 4 * off[4], at[5] + 4 * off[5]
+    at, off, size = sc[nr + N_ROWS:nr + 2 * N_ROWS], sc[nr:nr + N_ROWS], lane_bytes(dt)
+    p0, p1, p2 = at[0] + size * off[0], at[1] + size * off[1], at[2] + size * off[2]
+    p3, p4, p5 = at[3] + size * off[3], at[4] + size * off[4], at[5] + size * off[5]
     for i in range(nrows):
         if i > 0:
             d = nr - 1
@@ -103,23 +124,27 @@ def _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap):
             p3 += inc[k + 3]
             p4 += inc[k + 4]
             p5 += inc[k + 5]
-        _row(p0, p1, p2, p3, p4, p5, ncv, r_swap, y_swap)
+        _row(p0, p1, p2, p3, p4, p5, ncv, r_swap, y_swap, dt)
 
 
 @njit(**OPTS)
 def _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix):
-    """Every operand of the run at pc (a, b, c, d, e and the store's) has rows addressable at the
-    tile (addr.row_addrs; ix[-1:] as scratch), and so have the runs after it while ROT_THEN."""
+    """The dtype of the run at pc where its operands (a, b, c, d, e and the store's) share one
+    (f32, f16 or bf16) and have rows addressable at the tile (addr.row_addrs_sized; ix[-1:] as
+    scratch), and so have the runs after it while ROT_THEN; else -1."""
+    first = -1
     while True:
         if fz[pc, 0] != FK_ROTARY:
-            return False
+            return -1
         n = fz[pc, 1]
+        dt = optab[instrs[pc + n - 1, 2], 2]
         for j in range(N_ROWS):
             o = fz[pc, 2 + j] if j < N_ROWS - 1 else instrs[pc + n - 1, 2]
-            if not row_addrs(ix[-1:], o, optab, dims, meta, addrs, r0, c0, 1):
-                return False
+            if optab[o, 2] != dt or row_addrs_sized(ix[-1:], o, optab, dims, meta, addrs, r0, c0, 1) == 0:
+                return -1
+        first = dt if first < 0 else first
         if (fz[pc, 7] & ROT_THEN) == 0:
-            return True
+            return first
         pc += n
 
 
@@ -137,8 +162,9 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
     nrows, ncv = min(meta[M_BM], meta[M_ROWS] - r0), min(meta[M_BN], meta[M_COLS] - c0)
     if nrows < 1 or ncv < MIN_LANES or ix.shape[0] < nr * (N_ROWS + 1) + 3 * N_ROWS + 1:
         return 0
-    # f32 operands, one unit-stride column dim, row-major tiles (any row strides)
-    if not _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix):
+    # operands of one dtype, one unit-stride column dim, row-major tiles (any row strides)
+    dt = _addressable(fz, instrs, pc, optab, dims, meta, addrs, r0, c0, ix)
+    if dt < 0:
         return 0
     src = ix[nr + 2 * N_ROWS:nr + 3 * N_ROWS]   # the operands: a, b, c, d, e, then y's (the store's)
     for j in range(N_ROWS - 1):
@@ -147,8 +173,9 @@ def fused_rotary_piece(fra, pc, unused_a, unused_b):
     r_swap, y_swap = (fz[pc, 7] & ROT_R_SWAP) != 0, (fz[pc, 7] & ROT_Y_SWAP) != 0
     sc = ix[:nr + 2 * N_ROWS]
     inc = ix[nr + 3 * N_ROWS:nr * (N_ROWS + 1) + 3 * N_ROWS]
-    _start(src, optab, dims, addrs, nr, r0, c0, sc)
-    _carries(src, optab, dims, nr, inc)
-    _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap)
+    size = lane_bytes(dt)
+    _start(src, optab, dims, addrs, nr, r0, c0, sc, size)
+    _carries(src, optab, dims, nr, inc, size)
+    _rows(sc, inc, dims, nr, nrows, ncv, r_swap, y_swap, dt)
     bracket(fp, st, instrs, pc, n, RS_FULL)
     return n
