@@ -85,8 +85,7 @@ def test_rope_bitwise_as_reference(kfn, b, length, heads, d):
 def test_16bit_rope_bitwise_as_reference(dtype, b, length, heads, d):
     """Every operand and the output float16 or bfloat16 (a 16-bit model's RoPE: converted to f32
     at the loads, rounded at the store), q and k's pair too; special values, ties of the rounding.
-    The row form takes f32 rows only: the tile form runs these (a 16-bit row form measured level
-    with it, 16- to 64-lane rows, one thread)."""
+    The row form takes these rows (one dtype throughout), converting in its loop."""
     x, xs, cos, sgn, sin = _rope_args(b, length, heads, d, dtype)
     x[0, 0, 0, 0, 0], x[-1, -1, -1, -1, -1] = np.nan, -np.inf
     x[0, -1, 0, 1, :] = -0.0
@@ -99,8 +98,8 @@ def test_16bit_rope_bitwise_as_reference(dtype, b, length, heads, d):
 
 
 def test_rope_operands_the_row_form_refuses_run_the_instructions():
-    """A float16 operand (rows not f32) and a head whose lanes are strided (no unit column stride)
-    make the row form refuse the tile: the instructions' results, bitwise."""
+    """A float16 operand among f32 ones (not one dtype) and a head whose lanes are strided (no unit
+    column stride) make the row form refuse the tile: the instructions' results, bitwise."""
     x, xs, cos, sgn, sin = _rope_args(2, 48, 4, 32)
     _bitwise_as_reference(rope, x, xs, cos.astype(np.float16), sgn, sin, why=("float16 cos",))
     wide = RNG.standard_normal((2, 48, 4, 2, 32)).astype(np.float32)[..., ::2]
