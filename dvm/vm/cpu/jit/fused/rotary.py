@@ -15,10 +15,10 @@ RoPE): then each lane is converted to f32 as a load converts it and y rounded as
 it, inside the one loop over the row (a row's five conversions as runs of their own cost what the
 tile form's short-row conversions do). It takes a tile only when no output overlaps any other
 argument (aok without in-place updates), its rows hold at least MIN_LANES lanes and every
-operand's rows can be addressed (unit column stride: addr.row_addrs_sized); otherwise it returns 0
-and the instructions run. A run planned with ROT_THEN (its loads are factors of the rotary run right after it, which
-reads their rows itself) takes a tile only where the runs after it can take it too: their
-registers are never read unloaded.
+operand's rows can be addressed (unit column stride: addr.row_addrs_sized); otherwise it returns
+0 and the instructions run. A run planned with ROT_THEN (its loads are factors of the rotary run
+right after it, which reads their rows itself) takes a tile only where the runs after it can take
+it too: their registers are never read unloaded.
 """
 from __future__ import annotations
 
