@@ -129,17 +129,6 @@ def softmax_lse(k, x):
 SOFTMAXES = [softmax, softmax_div, softmax_lse]
 
 
-@dvm.kernel
-def safe_softmax(k, x, mask):
-    """PyTorch's _safe_softmax of masked scores (a row whose keys are all masked gives 0), as the
-    torch frontend lowers it: the row max stays live, and the sum takes the register x - m was in."""
-    s = k.load(x) + k.load(mask)
-    m = k.max(s, axis=-1, keepdims=True)
-    e = k.exp(s - m)
-    r = k.reciprocal(k.sum(e, axis=-1, keepdims=True))
-    return k.store(k.where(k.eq(m, -np.inf), 0.0, e * r))
-
-
 def _kinds(kfn, *args) -> set[int]:
     layout = verify(kfn.program(*args))
     return {int(kind) for kl in layout.kernels for kind in cpu_desc._desc(kl, len(layout.args)).fuse[:, 0]} - {0}
@@ -445,33 +434,6 @@ def test_row_norms_match_unfused(shape):
             for threads in (1, 2):
                 for g, r in zip(run_on(_threads(threads), kfn, *args), want):
                     assert _same(g, r), (kfn, shape, a.strides, threads)
-
-
-def test_exp_sum_run_whose_sum_takes_the_register_of_the_difference():
-    """sub d, x, m ; exp e, d ; rowred.sum d, e: d's value is gone when the run ends (the sum
-    overwrote it), so the run is planned although the register is read after it."""
-    x, mask = _f32(4, 64, 256), _f32(1, 64, 256)
-    (kl,) = verify(safe_softmax.program(x, mask)).kernels
-    ins = kl.instrs
-    (sub,) = [pc for pc in range(len(ins)) if ins[pc, 0] == isa.opcode("sub.f32")]
-    assert ins[sub + 2, 0] == isa.opcode("rowred.sum.f32") and ins[sub + 2, 1] == ins[sub, 1]
-    assert _kinds(safe_softmax, x, mask) == {FK_EXPSUM}
-
-
-@pytest.mark.parametrize("shape", [(4, 64, 256), (2, 9, 1001), (3, 5, 128), (2, 7, 4096)])
-def test_safe_softmax_with_its_exp_sum_run_matches_unfused(shape):
-    """Bitwise the instructions one by one, on 1 and 2 threads: rows partly and wholly masked
-    (-inf: those give 0), NaN and infinities in the scores."""
-    x = _data(np.dtype(np.float32), shape)[0]
-    mask = np.where(RNG.random((1,) + shape[1:]) < 0.3, -np.inf, 0.0).astype(np.float32)
-    mask[0, 1::4] = -np.inf
-    with _unfused(safe_softmax, x, mask):
-        want = run_on(_threads(1), safe_softmax, x, mask)
-    finite = np.isfinite(x[:, 1::4]).all(axis=-1)   # (NaN + -inf is NaN: such a row's max too)
-    assert (want[0][:, 1::4][finite] == 0).all() and finite.any()
-    for n in (1, 2):
-        for g, r in zip(run_on(_threads(n), safe_softmax, x, mask), want):
-            assert _same(g, r), (shape, n)
 
 
 def test_apply_run_stops_at_a_load_into_its_own_value():

@@ -46,8 +46,7 @@ def sub_then_sum(instrs, specs, flow: Flow, pc: int, sec, row_form: bool = False
             return None
         return [FK_CSQSUM, 3, x, m, d, t, r]
     if is_op(specs[pc + 1], "ew", "exp"):   # exp(x - m) and its sum; e (here t) is kept, d is dead
-        # (or its register is the sum's: the run writes r there, never d)
-        if d1 != d or d in (x, m) or t in (m, r) or not (d == r or flow.dead_after(d, pc, pc + 3, sec)):
+        if d1 != d or d in (x, m) or t in (m, r) or not flow.dead_after(d, pc, pc + 3, sec):
             return None
         return [FK_EXPSUM, 3, x, m, t, d, r]
     return None
