@@ -82,25 +82,36 @@ def _lane(a, b, c, d, e, r_swap, y_swap):
     return ops.add(r, p) if y_swap else ops.add(p, r)
 
 
+def _half_row(to_f32, to_half):
+    """_row's loop over 16-bit rows: each lane converted by to_f32 (as its load converts it), y
+    rounded by to_half (as its store rounds it). One function per 16-bit dtype."""
+    @njit(inline='always', **OPTS)
+    def row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap):
+        a, b = carray(ptr_u16(pa), ncv), carray(ptr_u16(pb), ncv)
+        c, d = carray(ptr_u16(pc), ncv), carray(ptr_u16(pd), ncv)
+        e, y = carray(ptr_u16(pe), ncv), carray(ptr_u16(py), ncv)
+        for k in range(ncv):
+            y[k] = to_half(_lane(to_f32(a[k]), to_f32(b[k]), to_f32(c[k]), to_f32(d[k]), to_f32(e[k]),
+                                 r_swap, y_swap))
+    return row
+
+
+_row_bf16, _row_f16 = _half_row(bf2f, f2bf), _half_row(h2f, f2h)
+
+
 @njit(inline='always', **OPTS)
 def _row(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap, dt):
     """y's row from a, b, c, d, e's rows (their first lanes' addresses), all of dtype dt."""
-    if dt == DT_F32:
+    if dt == DT_BF16:
+        _row_bf16(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap)
+    elif dt != DT_F32:
+        _row_f16(pa, pb, pc, pd, pe, py, ncv, r_swap, y_swap)
+    else:
         a, b = carray(ptr_f32(pa), ncv), carray(ptr_f32(pb), ncv)
         c, d = carray(ptr_f32(pc), ncv), carray(ptr_f32(pd), ncv)
         e, y = carray(ptr_f32(pe), ncv), carray(ptr_f32(py), ncv)
         for k in range(ncv):
             y[k] = _lane(a[k], b[k], c[k], d[k], e[k], r_swap, y_swap)
-        return
-    a16, b16 = carray(ptr_u16(pa), ncv), carray(ptr_u16(pb), ncv)
-    c16, d16 = carray(ptr_u16(pc), ncv), carray(ptr_u16(pd), ncv)
-    e16, y16 = carray(ptr_u16(pe), ncv), carray(ptr_u16(py), ncv)
-    if dt == DT_BF16:
-        for k in range(ncv):
-            y16[k] = f2bf(_lane(bf2f(a16[k]), bf2f(b16[k]), bf2f(c16[k]), bf2f(d16[k]), bf2f(e16[k]), r_swap, y_swap))
-    else:
-        for k in range(ncv):
-            y16[k] = f2h(_lane(h2f(a16[k]), h2f(b16[k]), h2f(c16[k]), h2f(d16[k]), h2f(e16[k]), r_swap, y_swap))
 
 
 @njit(inline='always', **OPTS)
