@@ -106,6 +106,21 @@ def test_clamp_where_compare():
     check(f, lambda n: (torch.randn(n, 6),))
 
 
+def test_zero_dim_tensors_made_in_the_graph_promote_as_tensors():
+    """full([], v, dtype=...) and scalar_tensor are 0-d tensors, not Python numbers: a where of two
+    (Falcon's mask: where(causal, full((), 0.0, dtype), finfo.min)) takes their dtype, bf16 here,
+    not the default float; it runs in DVM, not as a fallback for a dtype mismatch."""
+    def f(x):
+        n = x.shape[-1]
+        causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+        mask = torch.where(causal, torch.full((), 0.0, dtype=x.dtype), torch.finfo(x.dtype).min)
+        low = torch.where(x < 1, torch.scalar_tensor(-3.3, dtype=x.dtype), torch.full((), 0.7, dtype=x.dtype))
+        return torch.softmax(x + mask, -1), low
+    counters.reset()
+    check(f, lambda n: (torch.randn(2, n, n, dtype=torch.bfloat16),), sizes=[3, 5, 17, 64])
+    assert not _fallbacks(counters.snapshot(), "where"), counters.snapshot()
+
+
 def test_float_attribute_no_recompile():
     class M(torch.nn.Module):
         def __init__(self):

@@ -252,11 +252,17 @@ def _expand(lw, x, *args, **kwargs):
                               lw.out_shape)
 
 
+def _tensor_of(lw, value) -> Node:
+    """value as a 0-d tensor of the result's dtype. Never a weak constant: a tensor promotes by its
+    dtype, a Python number by its kind only (where(c, full([], 0., dtype=bf16), -inf) is bf16)."""
+    v = build.cast(_scalar(lw, value), dvm_dtype(lw.out.dtype))
+    return build.const(v.attr("value"), v.dtype) if v.op == "const" and v.attr("weak") else v
+
+
 def _full(lw, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     if device is not None and torch.device(device).type != lw.out.device.type:
         raise Unsupported(f"device {device}")
-    dt = dvm_dtype(lw.out.dtype)
-    return build.broadcast_view(lw.ctx, build.cast(_scalar(lw, fill_value), dt), lw.out_shape)
+    return build.broadcast_view(lw.ctx, _tensor_of(lw, fill_value), lw.out_shape)
 
 
 def _full_like(lw, x, fill_value, **kwargs):
@@ -270,7 +276,7 @@ def _const_like(value):
 
 
 def _scalar_tensor(lw, value, **kwargs):
-    return build.cast(_scalar(lw, value), dvm_dtype(lw.out.dtype))
+    return _tensor_of(lw, value)
 
 
 def _new_full(value):
