@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+import dvm  # noqa: E402
 import dvm.frontend.torch_backend as tb  # noqa: E402
 from dvm.frontend import fx_patterns  # noqa: E402
 from dvm.runtime import counters  # noqa: E402
@@ -316,6 +317,23 @@ def test_cat_of_equal_pieces():
     counters.reset()
     check(f, lambda n: (torch.randn(n, 5), torch.randn(5, n).t(),       # a strided input
                         torch.randint(-3, 3, (n, 5), dtype=torch.int32)), sizes=[3, 4, 17, 64], max_graphs=2)
+    assert not _fallbacks(counters.snapshot(), "cat")
+
+
+def test_cat_of_equal_pieces_stores_each_piece_into_its_slice():
+    """Equal pieces are a concat, each computed once and stored into its slice (not selected by a
+    where on a new axis); one piece repeated is a broadcast of it, no store. Phi's half-rotary q
+    (the rotated half and the rest); bf16 pieces on a middle axis."""
+    def half_rotary(x, cos, sin):
+        r, rest = x[..., :8], x[..., 8:]
+        return torch.cat((r * cos + torch.cat((-r[..., 4:], r[..., :4]), -1) * sin, rest), -1)
+    x, y = torch.randn(6, 5), torch.randn(6, 5)
+    assert dvm.explain(lambda x, y: torch.cat([x.exp(), y * 2], -1), x, y).count("into a cat's slice") == 2
+    assert "into a cat's slice" not in dvm.explain(lambda x: torch.cat([x.exp(), x.exp()], 0) * 2, x)
+    counters.reset()
+    check(half_rotary, lambda n: (torch.randn(1, 2, n, 16), *torch.randn(2, 1, 1, n, 8)), sizes=[3, 4, 17, 64])
+    check(lambda x, y: torch.cat([x * 3, y - 1], 1), lambda n: tuple(torch.randn(2, n, 5, n + 1, dtype=torch.bfloat16)),
+          sizes=[3, 4, 17, 64])
     assert not _fallbacks(counters.snapshot(), "cat")
 
 
