@@ -22,8 +22,8 @@ import torch.fx as fx
 
 from ..graph.symbolic import SymExpr
 from . import aten_table as T
-from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_lone_gelu, fx_lone_ops, fx_patterns,
-               fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears, fx_updates)
+from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_gelu_chain, fx_lone_gelu, fx_lone_ops,
+               fx_patterns, fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears, fx_updates)
 from .aten_table import Unsupported
 from .fx_segment_lower import Segment, SegmentLowering, arg_nodes
 from .fx_syms import Syms
@@ -66,7 +66,7 @@ class Planner(SegmentLowering):
         self.torch_views: set = set()   # FX nodes of views PyTorch takes (segments may replay them)
         self.rolled: dict = {}          # rotate of a PyTorch value -> fx_patterns.Rolled / fx_rotate_pairs.RotatedPairs
         self._new_views: dict = {}      # views replayed by the lowering being tried
-        self.matches = {**fx_patterns.find(gm), **fx_rotate_pairs.find(gm)}   # root FX node -> Match
+        self.matches = {**fx_patterns.find(gm), **fx_rotate_pairs.find(gm), **fx_gelu_chain.find(gm)}   # root -> Match
         self.absorbed = {a: m for m in self.matches.values() for a in m.absorbed}
         self.roll_spans = fx_rolled_blocks.spans(   # (base, block, moves) -> the span roll_blocks takes
             r for r in (fx_patterns.rolled(m.rotate[0]) for m in self.matches.values() if m.rotate) if r is not None)

@@ -9,6 +9,7 @@ composites are decomposed; forward composites DVM lowers itself stay whole).
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import torch
@@ -53,6 +54,20 @@ _TENSORIFIABLE = frozenset({operator.add, operator.sub, operator.mul, operator.t
                             operator.lt, operator.ge, operator.le, operator.eq, operator.ne})
 
 
+_MATH_CONSTANTS = frozenset({math.pi, math.e, math.tau})
+
+
+def _math_constant(node: torch.fx.Node, memo: torch.SymFloat) -> bool:
+    """A global's float (not a model's attribute) equal to math.pi, e or tau: `math.sqrt(2 /
+    math.pi)` in GPT-2's GELU. Specialized (guarded as the others), the arithmetic on it folds into
+    the graph's numbers, where fx_gelu_chain can read them."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", "")
+    name = name() if callable(name) else name
+    hint = getattr(memo.node, "hint", None)
+    return isinstance(name, str) and name.startswith("G[") and hint in _MATH_CONSTANTS
+
+
 def specialize_untensorifiable_floats(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     """Specialize now the float inputs that AOTAutograd's tensorify pass would give up on.
 
@@ -63,7 +78,8 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule, example_inputs: 
     constant. That second trace was ~45 % of the tiny Llama's first call (5.6 s). Here the
     `.item()` of such an input is replaced by its value under a guard (guard_scalar: a changed
     value recompiles, as after the restart), the float is marked specialized, so the pass has
-    nothing left to restart for, and its placeholder is removed: `gm.graph` is Dynamo's own
+    nothing left to restart for, and its placeholder is removed (a global equal to math.pi, e or
+    tau too, whatever reads it: _math_constant): `gm.graph` is Dynamo's own
     graph, whose placeholders name the arguments its frame code builds for every call after the
     backend returns (a 0-d tensor made per float per call: 16 of them cost a BERT forward
     ~50 us). The same rewrite Dynamo itself does on a restarted trace
@@ -80,7 +96,8 @@ def specialize_untensorifiable_floats(gm: torch.fx.GraphModule, example_inputs: 
         if not isinstance(memo, torch.SymFloat) or \
                 not all(u.op == "call_method" and u.target == "item" for u in node.users):
             continue
-        if all(use.op == "call_function" and use.target in _TENSORIFIABLE for u in node.users for use in u.users):
+        if all(use.op == "call_function" and use.target in _TENSORIFIABLE for u in node.users for use in u.users) \
+                and not (node.users and _math_constant(node, memo)):
             continue   # (an unused input too: nothing to specialize)
         symbol = getattr(memo.node._expr, "name", None)
         if symbol is None:
