@@ -11,7 +11,7 @@ A match is found from each tanh (erf) node: its root is that node or one of the 
 arithmetic nodes below it, x a node above it, and every node between (the cone: what the root
 computes from x) an ARITH op, the trigger, or x itself, with Python numbers for its other
 operands, of x's floating dtype and shape. Which formula the cone is, is decided by its values:
-evaluated in float64 on PROBES it must equal the GELU's within PROBE_RTOL (any spelling, any
+evaluated in float64 on _PROBES it must equal the GELU's within PROBE_RTOL (any spelling, any
 order of the operands). The largest root that matches is kept.
 
 Values: the op computes the GELU within a few ULP of the exact function; eager's chain rounds each
@@ -28,18 +28,17 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..graph import build
-from .fx_patterns import Match, close
+from .fx_patterns import Match, _val, close
 
 aten = torch.ops.aten
 ENABLED = True   # off: the chain is lowered op by op (tests compare the two)
 
 ARITH = frozenset({aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor, aten.pow.Tensor_Scalar,
                    aten.neg.default, aten.rsub.Scalar})
-CONST_OPS = frozenset({aten.scalar_tensor.default, aten.sqrt.default, torch.ops.prims.convert_element_type.default,
-                       aten._to_copy.default})
 MAX_AFTER = 3     # nodes below the trigger a root may be (1 + t, then * x, then * 0.5)
 MAX_ABOVE = 6     # nodes above the trigger x may be (x ** 3, * c, + x, * c2: four)
-PROBE_RTOL = 1e-7
+MAX_DEPTH = 16    # the longest path in a cone (a GELU's: 6)
+PROBE_RTOL, PROBE_ATOL = 1e-7, 1e-12
 _PROBES = torch.cat([torch.linspace(-12.0, 12.0, 241, dtype=torch.float64),
                      torch.tensor([-30.0, -1e-3, 1e-3, 30.0], dtype=torch.float64)])
 # trigger op -> (the VM op, its values on _PROBES)
@@ -47,41 +46,32 @@ _KINDS = {aten.tanh.default: ("gelu_tanh", F.gelu(_PROBES, approximate="tanh")),
           aten.erf.default: ("gelu", F.gelu(_PROBES))}
 
 
-def _val(n):
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
 def _cone(root: fx.Node, x: fx.Node, trigger) -> list | None:
-    """The nodes root computes from x (x excluded; graph order), or None when x is not reached or
-    a node is neither an ARITH op or the trigger on x's dtype and shape, nor a 0-d constant (an
-    ARITH or CONST_OP node of numbers and constants: Dynamo's `math.sqrt(2 / math.pi)`), with
-    numbers for the other operands."""
+    """The nodes root computes from x (x excluded; graph order), or None unless every node from root
+    up to x is an ARITH op or the trigger of x's dtype and shape, at most MAX_DEPTH deep, with
+    Python numbers for its other operands."""
     xv = _val(x)
-    kinds: dict = {x: "x"}
+    of_x: dict = {x: True}
 
-    def kind(n) -> str | None:
-        if not isinstance(n, fx.Node):
-            return "number" if isinstance(n, (int, float)) and not isinstance(n, bool) else None
-        if n not in kinds:
-            kinds[n] = None   # (a cycle cannot occur; a node seen again is already decided)
-            kinds[n] = _kind_of(n, xv, trigger, [kind(a) for a in (*n.args, *n.kwargs.values())])
-        return kinds[n]
+    def reads_x_only(n, depth: int) -> bool:
+        if n not in of_x:
+            v = _val(n)
+            of_x[n] = False   # (decided below; no cycle in a graph)
+            args = (*n.args, *n.kwargs.values())
+            if depth < MAX_DEPTH and n.op == "call_function" and (n.target in ARITH or n.target is trigger) and \
+                    isinstance(v, torch.Tensor) and v.dtype == xv.dtype and v.shape == xv.shape and \
+                    any(isinstance(a, fx.Node) for a in args):
+                of_x[n] = all(reads_x_only(a, depth + 1) if isinstance(a, fx.Node) else _number(a) for a in args)
+        return of_x[n]
 
-    if kind(root) != "var":
+    if not reads_x_only(root, 0):
         return None
     order = {n: i for i, n in enumerate(root.graph.nodes)}
-    return sorted((n for n, k in kinds.items() if k in ("var", "const")), key=order.__getitem__)
+    return sorted((n for n, ok in of_x.items() if ok and n is not x), key=order.__getitem__)
 
 
-def _kind_of(n: fx.Node, xv, trigger, arg_kinds: list) -> str | None:
-    """"var" (a function of x of x's dtype and shape), "const" (a 0-d value of numbers) or None."""
-    v = _val(n)
-    if n.op != "call_function" or not isinstance(v, torch.Tensor) or None in arg_kinds:
-        return None
-    if "x" in arg_kinds or "var" in arg_kinds:
-        ok = (n.target in ARITH or n.target is trigger) and v.dtype == xv.dtype and v.shape == xv.shape
-        return "var" if ok else None
-    return "const" if v.dim() == 0 and (n.target in ARITH or n.target in CONST_OPS) else None
+def _number(a) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
 
 
 def _is_gelu(cone: list, x: fx.Node, want: torch.Tensor) -> bool:
@@ -94,7 +84,7 @@ def _is_gelu(cone: list, x: fx.Node, want: torch.Tensor) -> bool:
         except Exception:  # noqa: BLE001 - an op that does not take the probes: not a GELU
             return False
         got = env[cone[-1]]
-        return bool(torch.all((got - want).abs() <= PROBE_RTOL * want.abs() + 1e-12))
+        return bool(torch.all((got - want).abs() <= PROBE_RTOL * want.abs() + PROBE_ATOL))
 
 
 def _above(t: fx.Node) -> list:
