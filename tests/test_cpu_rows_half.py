@@ -144,6 +144,52 @@ def sum3_rmsnorm(k, x, r, s, w):
     return k.store(k.mul(k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6))), k.load(w)))
 
 
+def _parallel_norms(dtype: str):
+    """A parallel block's RMSNorm in a 16-bit model (Phi's, GPT-J's, Falcon's sum of attention,
+    MLP and residual): the terms summed in float32, the sum rounded to dtype, the norm in float32,
+    rounded when stored; of three terms and of four."""
+    @dvm.kernel
+    def parallel_norm3(k, x, r, s, w):
+        return k.store(k.cast(_norm_of(k, k.add(k.add(_f32(k, x), _f32(k, r)), _f32(k, s)), dtype, w), dtype))
+
+    @dvm.kernel
+    def parallel_norm4(k, x, r, s, t, w):
+        h = k.add(k.add(k.add(_f32(k, x), _f32(k, r)), _f32(k, s)), _f32(k, t))
+        return k.store(k.cast(_norm_of(k, h, dtype, w), dtype))
+    return parallel_norm3, parallel_norm4
+
+
+def _f32(k, v):
+    return k.cast(k.load(v), "float32")
+
+
+def _norm_of(k, h, dtype, w):
+    h = k.cast(k.cast(h, dtype), "float32")
+    return k.mul(k.mul(h, k.rsqrt(k.add(k.mean(k.mul(h, h), axis=-1, keepdims=True), 1e-6))), _f32(k, w))
+
+
+PARALLEL = {name: _parallel_norms(name) for name in HALVES}
+
+
+@pytest.mark.parametrize("dtype", sorted(HALVES))
+@pytest.mark.parametrize("cols", [128, 300, 1024, 4096, 70000])
+def test_16bit_later_terms_of_a_sum_bitwise_as_reference(dtype, cols):
+    """A parallel block's norm (three or four 16-bit terms) in the row form, each term past the
+    first two converted through a scratch row; a 16-bit third term after f32 ones, and later
+    terms of two dtypes (refused: the tile form runs them): bitwise the reference's."""
+    t = HALVES[dtype]
+    norm3, norm4 = PARALLEL[dtype]
+    x, r, s, u = (_rows((9, cols), t, 0.5 + i) for i in range(4))
+    w = RNG.standard_normal(cols).astype(t)
+    assert fuse_kind_at_first_load(norm3, x, r, s, w) == FK_ROWNORM
+    assert fuse_kind_at_first_load(norm4, x, r, s, u, w) == FK_ROWNORM
+    _bitwise_as_reference(norm3, x, r, s, w, why=(dtype, cols))
+    _bitwise_as_reference(norm4, x, r, s, u, w, why=(dtype, cols))
+    xf = x.astype(np.float32)
+    _bitwise_as_reference(norm3, xf, xf, s, w, why=(dtype, cols))
+    _bitwise_as_reference(norm4, x, r, s.astype(np.float32), u, w, why=(dtype, cols))
+
+
 def _tile(kfn, *args) -> str:
     (line,) = [ln for ln in disasm(kfn.program(*args)).splitlines() if " tile " in ln]
     return line.split(" tile ")[1].split()[0]
@@ -151,15 +197,16 @@ def _tile(kfn, *args) -> str:
 
 def test_16bit_rows_wider_than_a_tile_take_the_row_form_where_it_runs_them():
     """Rows past SINGLE_TILE_COLS are one tile when the row form takes every instruction of such
-    operands (host/fuse_plan.whole_row_forms): a 16-bit norm does, a 16-bit softmax and a norm of
-    a sum whose third term is 16-bit do not (the sweeps run them); a 16-bit second term does."""
+    operands (host/fuse_plan.whole_row_forms): a 16-bit norm does, a 16-bit third term of its sum
+    too, a 16-bit softmax does not (the sweeps run it), nor a sum whose later terms mix dtypes."""
     bf = ml_dtypes.bfloat16
     x = RNG.standard_normal((2, 70000)).astype(bf)
     xf = x.astype(np.float32)
     assert _tile(RMSNORM["bfloat16"], x, x, x[0]) == "1x131072"
     assert _tile(half_layernorm, x, x, x[0], x[0]) == "1x131072"
     assert _tile(softmax, x) != "1x131072" and _tile(softmax, xf) == "1x131072"
-    assert _tile(sum3_rmsnorm, xf, xf, x, x[0]) != "1x131072"
+    assert _tile(sum3_rmsnorm, xf, xf, x, x[0]) == "1x131072"
+    assert _tile(PARALLEL["bfloat16"][1], xf, xf, x, xf, x[0]) != "1x131072"
     assert _tile(sum3_rmsnorm, xf, x, xf, x[0]) == "1x131072"
     _bitwise_as_reference(sum3_rmsnorm, xf, x, xf, x[0], why=("sum3",))
     _bitwise_as_reference(sum3_rmsnorm, xf, xf, x, x[0], why=("sum3",))

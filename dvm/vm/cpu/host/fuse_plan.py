@@ -184,7 +184,7 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
 def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
     """Every instruction but the prologue's constants lies in a row form (FK_ROWNORM,
     FK_ROWSOFTMAX) that takes operands of these dtypes (by operand index; the norms take 16-bit
-    ones but for the terms of a sum past its first two, the softmax f32 only): a tile these take is
+    ones, the terms of a sum past its first two of one dtype; the softmax f32 only): a tile these take is
     never held in registers, each row is read from its buffer and written to the output's, so its
     width is not bounded by the caches (the encoder's WIDE_ROW_COLS: rows wider than a
     cache-resident tile still take the single-tile stream)."""
@@ -208,8 +208,7 @@ def _takes(instrs: np.ndarray, plan: np.ndarray, pc: int, dtypes: list[int], hal
     """The row form at pc takes any tile of such operands (jit/fused/rows, rownorm)."""
     if plan[pc, 0] == FK_ROWSOFTMAX:
         return not halves
-    return plan[pc, 0] == FK_ROWNORM and all(dtypes[int(instrs[q, 2])] == DT_F32
-                                             for q in _later_terms(instrs, plan, pc))
+    return plan[pc, 0] == FK_ROWNORM and len({dtypes[int(instrs[q, 2])] for q in _later_terms(instrs, plan, pc)}) <= 1
 
 
 def _later_terms(instrs: np.ndarray, plan: np.ndarray, pc: int) -> list[int]:

@@ -37,6 +37,22 @@ def row_f32(addr, dt, scratch, n):
 
 
 @njit(**OPTS)
+def add_half_terms(xr, nt, rt, bm, r, swaps, dt, scratch):
+    """xr += each of a residual sum's nt later terms in the sum's order, their rows of the 16-bit
+    dtype dt at rt[j * bm + r], each converted into the scratch row first (swaps bit j: the term
+    is its add's first operand): common.add_terms for 16-bit terms."""
+    n = xr.shape[0]
+    for j in range(nt):
+        c = row_f32(rt[j * bm + r], dt, scratch, n)
+        if (swaps >> j) & 1:
+            for k in range(n):
+                xr[k] = ops.add(c[k], xr[k])
+        else:
+            for k in range(n):
+                xr[k] = ops.add(xr[k], c[k])
+
+
+@njit(**OPTS)
 def round_row(x, dt):
     """x[:] rounded to dt's precision (DT_BF16, else DT_F16) in place: the cast's arithmetic
     (jit/kernels_other's casts to f32 from f32)."""

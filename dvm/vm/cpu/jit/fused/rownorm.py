@@ -9,14 +9,15 @@ from numba import carray, njit
 from ...abi import (DEC_GROUP, DT_BF16, DT_F32, G_LOAD, M_BM, M_BN, M_COLS, M_ROWS, NO_CAST, NO_SRC, R_SUM, RS_COMPACT,
                     RS_FULL)
 from .. import ops
-from ..addr import row_addrs, row_addrs_sized
+from ..addr import row_addrs_sized
 from ..bits import OPTS, ptr_f32
 from ..rowtree import tree_p2
 from ..vtree import vtree, vtree_pad
 from .common import add_row, add_terms, cached_row
 from .rowchain import (NARROW_BLOCK_LANES, ROW_FORM_MIN_BN, apply_row_c, chain_ok, chain_rows, in_place_row,
                        rows_fit)
-from .rowhalf import apply_rounded, round_row, row_f32, row_move, scale_rounded_bf16, sum_rounded_bf16
+from .rowhalf import (add_half_terms, apply_rounded, round_row, row_f32, row_move, scale_rounded_bf16,
+                      sum_rounded_bf16)
 from .rowpart import levels_csqsum, levels_sum, rows_from_memory, touch_row
 from .states import bracket
 
@@ -25,8 +26,9 @@ from .states import bracket
 # of x's or a's rows (CV_A), of b's (CV_B), of the output (CV_Y); the stored sum's when it is
 # written from x's f32 row (CV_Z, else -1), before x's rounding (CV_Z_RAW: the store is of the sum,
 # not of its rounding); x's and the scale's rounding casts (CV_XROUND, CV_YROUND: T or -1); x's
-# row copied into the scratch row from its operand (CV_COPY: 16-bit or rounded, not a residual)
-CV_A, CV_B, CV_Y, CV_Z, CV_Z_RAW, CV_XROUND, CV_YROUND, CV_COPY = range(8)
+# row copied into the scratch row from its operand (CV_COPY: 16-bit or rounded, not a residual);
+# the later terms' of a residual sum (CV_T: one dtype for all, -1 without)
+CV_A, CV_B, CV_Y, CV_Z, CV_Z_RAW, CV_XROUND, CV_YROUND, CV_COPY, CV_T = range(9)
 
 
 @njit(**OPTS)
@@ -60,10 +62,12 @@ def _norm_rows(instrs, dec, F, st, rx, ry, nrows, bn, ncv, centered, s1, qa0, qa
             sum_rounded_bf16(xr, ra[r], rb[r], rz[r] if cv[CV_Z] >= 0 else 0)
         elif residual:
             a, bt = row_f32(ra[r], cv[CV_A], sa, ncv), row_f32(rb[r], cv[CV_B], sb, ncv)
-            if terms[0]:
+            if terms[0] and cv[CV_T] == DT_F32:
                 add_terms(xr, a, bt, r, *terms)
             else:
                 add_row(xr, a, bt)
+                if terms[0]:   # 16-bit terms: each through scratch row sa (a's row is read)
+                    add_half_terms(xr, terms[0], terms[1], terms[2], r, terms[3], cv[CV_T], sa)
         elif cv[CV_COPY]:
             row_move(False, xr, ra[r], cv[CV_A])
         elif touch:
@@ -152,7 +156,7 @@ def run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, ao
     buffer of the store at pc - 1 - that field, or into a scratch row when it is -1
     (host/fuse_plan._row_norm). 16-bit operands (x's, a and b, the output, the stored sum) and
     rounding casts: _norm_rows at every width rows_fit takes, converted through scratch rows; the
-    later terms of a sum are f32."""
+    later terms of a sum are of one dtype (16-bit ones converted one at a time)."""
     bm, bn = meta[M_BM], meta[M_BN]
     if not rows_fit(meta, aok):
         return 0
@@ -196,7 +200,8 @@ def run_rownorm(pc, fz, instrs, dec, meta, dims, optab, addrs, numels, F, fp, ao
     # 16-bit rows or roundings take the per-row form at any width (its conversions and roundings
     # are per row); f32 rows under ROW_FORM_MIN_BN lanes the narrow form, its sum into y's rows
     narrow = bn < ROW_FORM_MIN_BN and not (cv[CV_Z] >= 0 or cv[CV_YROUND] >= 0 or cv[CV_COPY] or cv[CV_A] != DT_F32
-                                           or cv[CV_B] != DT_F32 or cv[CV_Y] != DT_F32)
+                                           or cv[CV_B] != DT_F32 or cv[CV_Y] != DT_F32
+                                           or (cv[CV_T] >= 0 and cv[CV_T] != DT_F32))
     if narrow and residual and ox == -1:
         rx[:nrows] = ry[:nrows]
     swaps = 0
@@ -221,7 +226,7 @@ def _rows_of(pc, ox, ys, xc, yc, nt, instrs, optab, dims, meta, addrs, r0, nrows
     buffer or the scratch row at `scratch`), ry (the output's), ra and rb (a's and b's, or x's
     operand's when copied), rz (the stored sum's, written from the f32 row), si (the later terms');
     -> cv (a tuple, CV_A < 0 when the rows cannot be addressed so)."""
-    no = (-1, -1, -1, -1, 0, -1, -1, 0)
+    no = (-1, -1, -1, -1, 0, -1, -1, 0, -1)
     bm, bn = meta[M_BM], meta[M_BN]
     xround = instrs[xc, 3] if xc != NO_CAST else -1
     yround = instrs[yc, 3] if yc != NO_CAST else -1
@@ -238,7 +243,7 @@ def _rows_of(pc, ox, ys, xc, yc, nt, instrs, optab, dims, meta, addrs, r0, nrows
         if copy:
             ra[:nrows] = rx[:nrows]
             rx[:nrows] = scratch
-        return (xdt, DT_F32, ydt, -1, 0, xround, yround, 1 if copy else 0)
+        return (xdt, DT_F32, ydt, -1, 0, xround, yround, 1 if copy else 0, -1)
     # add x, a, b: a's and b's rows in the add's order
     first = 0 if instrs[pc + 2, 2] == instrs[pc, 1] else 1
     oa, ob = instrs[pc + first, 2], instrs[pc + 1 - first, 2]
@@ -256,10 +261,14 @@ def _rows_of(pc, ox, ys, xc, yc, nt, instrs, optab, dims, meta, addrs, r0, nrows
         else:
             zdt = optab[instrs[st, 2], 2]
             zraw = 1 if xc == NO_CAST or instrs[st, 1] != instrs[xc, 1] else 0
-    # the later terms' rows (si: 2 * BN entries, BM <= BN), f32, none where the partial sums go
-    # (aok: no output overlaps an input, as a kernel with reductions is never in place:
+    # the later terms' rows (si: 2 * BN entries, BM <= BN), of one dtype, none where the partial
+    # sums go (aok: no output overlaps an input, as a kernel with reductions is never in place:
     # addr.in_place_pair)
+    tdt = -1
     for j in range(nt):
-        if not row_addrs(si[j * bm:(j + 1) * bm], instrs[pc + 3 + 2 * j, 2], optab, dims, meta, addrs, r0, 0, nrows):
+        o = instrs[pc + 3 + 2 * j, 2]
+        if (tdt >= 0 and optab[o, 2] != tdt) or \
+                row_addrs_sized(si[j * bm:(j + 1) * bm], o, optab, dims, meta, addrs, r0, 0, nrows) == 0:
             return no
-    return (optab[oa, 2], optab[ob, 2], ydt, zdt, zraw, xround, yround, 0)
+        tdt = optab[o, 2]
+    return (optab[oa, 2], optab[ob, 2], ydt, zdt, zraw, xround, yround, 0, tdt)
