@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from numba import carray, njit
 
-from ...abi import DT_BF16, DT_F32
+from ...abi import DT_BF16, DT_F32, OP_ADD
 from .. import ops
 from ..bits import OPTS, bf2f, f2bf, f2h, h2f, ptr_f32, ptr_u16
+from ..loops import bin_in_place
 from ..mem import convert_run, copy_run
 
 
@@ -43,13 +44,7 @@ def add_half_terms(xr, nt, rt, bm, r, swaps, dt, scratch):
     is its add's first operand): common.add_terms for 16-bit terms."""
     n = xr.shape[0]
     for j in range(nt):
-        c = row_f32(rt[j * bm + r], dt, scratch, n)
-        if (swaps >> j) & 1:
-            for k in range(n):
-                xr[k] = ops.add(c[k], xr[k])
-        else:
-            for k in range(n):
-                xr[k] = ops.add(xr[k], c[k])
+        bin_in_place(OP_ADD, xr, row_f32(rt[j * bm + r], dt, scratch, n), (swaps >> j) & 1 != 0)
 
 
 @njit(**OPTS)
