@@ -202,8 +202,8 @@ def _and_or_identity(name: str, compute: DType, data: Sequence[Node]) -> Node | 
 def _pow_by_scalar(ctx: ShapeContext, x: Node, e) -> Node | None:
     """PyTorch's CPU pow with these scalar exponents is not pow: 2 is x*x (every float dtype); for
     f32 / f64, 3, -1 and -2 are x*x*x, 1/x and 1/(x*x); +-0.5 is sqrt / rsqrt except for f16
-    (pow(-inf, 0.5) is +inf). Bitwise eager's (tests/test_ops.py); a product is ~100x cheaper than
-    the VM's f64 pow loop. f16 / bf16 x ** 3 is x*x*x too, the bits of the f64 pow it replaces
+    (pow(-inf, 0.5) is +inf). Bitwise eager's (tests/test_ops.py); a product is ~25-100x cheaper
+    than the VM's pow (jit/powf). f16 / bf16 x ** 3 is x*x*x too, the bits of the f64 pow it replaces
     (tests/test_half_cube.py): in their f32 registers x*x is exact and x*x*x rounds the exact cube
     once, as the pow's register did (exact: <= 33 bits); their -1 and -2 keep pow."""
     if isinstance(e, SymExpr) or e not in (0.5, -0.5, 2, 3, -1, -2):
