@@ -32,6 +32,12 @@ def silu_mul(k, a, b):
 
 
 @dvm.kernel
+def pow_abs(k, a):
+    """|a| ** 2.5 (a power that is not a product or a root: the VM's pow)"""
+    return k.store(k.pow(k.abs(k.load(a)), 2.5))
+
+
+@dvm.kernel
 def add_layernorm(k, a, b, w, c):
     """LayerNorm of a residual sum a + b (a post-norm block's: BERT, BART)"""
     return k.store(layer_norm_of(k, k.add(k.load(a), k.load(b)), k.load(w), k.load(c)))
@@ -150,6 +156,7 @@ def _torch_forms() -> dict:
         "silu_mul": (lambda a, b: F.silu(a) * b, None),
         "silu_mul_halves": (lambda a, b: F.silu(a) * b, None),
         "silu_mul_transposed": (lambda a, b: F.silu(a) * b, None),
+        "pow_abs": (lambda a: torch.abs(a) ** 2.5, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -265,6 +272,8 @@ CASES = (
     Case("silu_mul_halves_bf16", "SiLU(a) * b in bfloat16, a and b the two halves of each row of one array",
          silu_mul, 0, 2, _np_silu_mul, "elementwise", numexpr_note="numexpr has no bfloat16", halves=True,
          dtype="bfloat16"),
+    Case("pow_abs", "|a| ** 2.5", pow_abs, 0, 1, lambda a: np.abs(a) ** np.float32(2.5), "elementwise",
+         numexpr="abs(a) ** 2.5"),
     Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
          native_name="torch.softmax"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
