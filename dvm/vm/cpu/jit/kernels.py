@@ -4,7 +4,8 @@ A piece's C entry stays small (decode, then calls): LLVM does not inline compile
 it, so a loop there that called one would not vectorize, and a large entry costs every call.
 Every function works on whole tiles (1-D register rows of BM*BN lanes, or BM lanes of compact
 registers) with one loop per op, so the per-instruction dispatch costs nanoseconds per tile and
-each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf, jit/mathf_ext for the f32 math).
+each loop vectorizes. The lane arithmetic of the ops is jit/ops (and jit/mathf, jit/mathf_ext, jit/powf for
+the f32 math).
 """
 from __future__ import annotations
 
