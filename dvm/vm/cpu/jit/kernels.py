@@ -25,7 +25,7 @@ from .addr import freg
 from .bits import OPTS
 from .mathf import exp2f, exp_into, expm1f, log1pf, log2f, logf, sigmoid_into, tanhf
 from .mathf_ext import SINCOS_BIG, erff, gelu_tanhf, geluf, sincosf
-from .powf import pow_f32
+from .powf import all_ordinary, pow_ordinary_into
 
 _SQRT1_2 = 0.70710678118654752440
 _SQRT_2_OVER_PI = 0.79788456080286535588
@@ -302,9 +302,9 @@ def ew_f32_piece(fra, pc, n, unused):
     elif kind == K_BIN and fp[f1] != 0 and (fp[f1] == fp[f2] or fp[f1] == fp[f3]) and loops.bin_in_place(
             op, freg(F, fp, f1)[:n], freg(F, fp, f3 if fp[f1] == fp[f2] else f2)[:n], fp[f1] != fp[f2]):
         ok = True   # the result over the source whose tile it is (an in-place update: jit/interp)
-    elif kind == K_BIN and op == OP_POW:   # (the f64 bank's pow stays libm's: _bin_float)
-        pow_f32(freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
-        ok = True
+    elif kind == K_BIN and op == OP_POW and all_ordinary(freg(F, fp, f2)[:n], freg(F, fp, f3)[:n]):
+        pow_ordinary_into(freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
+        ok = True   # (other tiles, and the f64 bank's: libm's pow, _bin_float)
     elif kind == K_BIN:
         ok = _bin_float(op, freg(F, fp, f1)[:n], freg(F, fp, f2)[:n], freg(F, fp, f3)[:n])
     elif kind == K_CMP:

@@ -1,10 +1,10 @@
 """float32 pow of the CPU VM: exp(y ln x) in float64 arithmetic that LLVM vectorizes, rounded to
 float32 once, on the tiles whose lanes are all ordinary (x +0 or positive and finite, y finite);
-any other tile (a negative, infinite or NaN x, an infinite or NaN y) runs libm's float64 pow on
-every lane, as before. Both round a float64 result to float32: the polynomials below (FMAs
-contracted) carry ~1e-16 of relative error, so a result differs from libm's rounding only where
-the float64 value lies within that distance of a float32 rounding boundary (then by one ULP).
-Measured errors: tests/test_math_ulp.py, tests/test_cpu_pow.py.
+any other tile (a negative, infinite or NaN x, an infinite or NaN y) takes libm's float64 pow on
+every lane (jit/kernels: _bin_float's loop), as before. Both round a float64 result to float32:
+the polynomials below (FMAs contracted) carry ~1e-16 of relative error, so a result differs from
+libm's rounding only where the float64 value lies within that distance of a float32 rounding
+boundary (then by one ULP). Measured errors: tests/test_math_ulp.py, tests/test_cpu_pow.py.
 """
 from __future__ import annotations
 
@@ -68,16 +68,17 @@ def pow_ordinary(x, y):
 
 
 @njit(**MOPTS)
-def pow_f32(o, a, b):
-    """o[i] = pow(a[i], b[i]): pow_ordinary where every lane is ordinary, else libm's float64 pow
-    on every lane. The lanes are checked before o is written (o may be a's or b's register)."""
-    n = o.shape[0]
+def all_ordinary(a, b) -> bool:
+    """Every lane of the tile is pow_ordinary's (checked before any output lane is written: the
+    output may be a's or b's register)."""
     other = 0
-    for i in range(n):
+    for i in range(a.shape[0]):
         other |= 0 if (f32_bits(a[i]) < _F32_INF_BITS and abs(b[i]) <= _F32_MAX) else 1
-    if other:
-        for i in range(n):
-            o[i] = np.power(np.float64(a[i]), np.float64(b[i]))
-    else:
-        for i in range(n):
-            o[i] = pow_ordinary(a[i], b[i])
+    return other == 0
+
+
+@njit(**MOPTS)
+def pow_ordinary_into(o, a, b):
+    """o[i] = pow_ordinary(a[i], b[i]) over a tile of ordinary lanes."""
+    for i in range(o.shape[0]):
+        o[i] = pow_ordinary(a[i], b[i])
