@@ -1,8 +1,9 @@
-"""Scatter chains written in place (frontend/fx_reinplace): a scatter whose base is an earlier
-scatter's result writes into it when every other reader of the base runs before it and keeps no
-alias of it, and the graph does not return the base; otherwise it stays out of place. Random
-programs of scatters and readers give the same values rewritten or not (Hypothesis), and a loop
-that fills a tensor step by step through torch.compile gives eager's values with one copy."""
+"""Scatters written in place (frontend/fx_reinplace): a scatter, or a nest of them (a nested
+assignment), whose root is an earlier scatter's result or a graph input the graph updates writes
+into it when no value sharing the root's memory is read after it but by the nest; otherwise it
+stays out of place. Random programs of scatters and readers give the same values rewritten or
+not (Hypothesis); a loop that fills a tensor step by step, nested assignments and a cache's
+index_copy_ into inputs, through torch.compile, give eager's values and inputs."""
 
 import pytest
 
@@ -161,3 +162,134 @@ def test_a_loop_filling_a_tensor_step_by_step_matches_eager():
         assert counters.snapshot().get("torch_scatters_in_place", 0) - before == length - 1
         assert f"scatters written into their bases: {length - 1}" in tb.COMPILED[-1].describe()
         torch.testing.assert_close(compiled(x), scan(x))   # the remembered launches, the same values
+
+
+
+END = 2 ** 63 - 1   # functionalization's slice end for "to the end"
+
+
+def _input_module(build) -> fx.GraphModule:
+    """A graph that updates its input `base` (AOTAutograd's `copy_(base, final)` at its end)."""
+    g = fx.Graph()
+    base, value = g.placeholder("base"), g.placeholder("value")
+    final, *outs = build(g, base, value)
+    g.call_function(aten.copy_.default, (base, final))
+    g.output((g.call_function(aten.mul.Tensor, (final, 2)), *outs))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _input_rewritten(build, value_shape=(ROWS - 1, COLS, COLS - 2)) -> tuple[int, list]:
+    """(scatters written in place, call targets after) of build's input-updating graph, checked
+    to give the plain graph's outputs and to leave its input as the plain graph does."""
+    plain, rewritten = _input_module(build), _input_module(build)
+    done = fx_reinplace.rewrite(rewritten.graph)
+    rewritten.recompile()
+    base, value = torch.randn(ROWS, COLS, COLS), torch.randn(value_shape)
+    want_base, got_base = base.clone(), base.clone()
+    want, got = plain(want_base, value), rewritten(got_base, value)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got_base, want_base)
+    return done, [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+
+
+def _nested(g, x, v):
+    """x[1:, :, 2:] = v as functionalization writes it: v into the region of the view x[1:],
+    which is then written into x; and a row of x read before it."""
+    rows = g.call_function(aten.slice.Tensor, (x, 0, 1, END))
+    whole = g.call_function(aten.slice_scatter.default, (rows, v, 2, 2, END))
+    inner = g.call_function(aten.slice_scatter.default, (rows, whole, 1, 0, END))   # (all of dim 1)
+    return g.call_function(aten.slice_scatter.default, (x, inner, 0, 1, END))
+
+
+def test_a_nest_into_an_updated_input_writes_once():
+    """x[1:, :, 2:] = v into a graph input the graph updates: v written into x, the outer
+    scatters return their bases, and the final copy_ (src now x's memory) does nothing."""
+    done, targets = _input_rewritten(lambda g, x, v: (_nested(g, x, v),))
+    assert done == 3
+    assert targets.count(fx_reinplace.slice_into) == 1 and targets.count(fx_reinplace.updated_base) == 2
+    assert fx_reinplace.overwrite in targets and aten.copy_.default not in targets
+
+
+def test_an_input_the_graph_does_not_update_is_never_written():
+    plain, rewritten, done = _rewritten(lambda g, x, v: _chain(g, x, v, 1))
+    assert done == 0
+    _same_values(plain, rewritten)
+
+
+def _stale(how: str):
+    """A nest into an updated input where the input's old value is still read after it."""
+    def build(g, x, v):
+        before = g.call_function(aten.select.int, (x, 0, 2))   # a view of x taken before the nest
+        final = _nested(g, x, v)
+        if how == "view read after":
+            return final, g.call_function(aten.mul.Tensor, (before, 3))
+        if how == "input read after":
+            return final, g.call_function(aten.add.Tensor, (x, 1))
+        return final, x    # returned
+    return build
+
+
+@pytest.mark.parametrize("how", ["view read after", "input read after", "returned"])
+def test_an_old_value_read_after_the_nest_keeps_it_out_of_place(how):
+    done, targets = _input_rewritten(_stale(how))
+    assert done == 0 and aten.copy_.default in targets
+
+
+def test_a_source_in_the_roots_memory_keeps_it_out_of_place():
+    """x[1:] = x[:-1] (overlapping memory): a copy first, as functionalization has it."""
+    def build(g, x, v):
+        src = g.call_function(aten.slice.Tensor, (x, 0, 0, -1))
+        return (g.call_function(aten.slice_scatter.default, (x, src, 0, 1, END)),)
+    done, _ = _input_rewritten(build)
+    assert done == 0
+
+
+def test_a_root_viewed_through_expand_keeps_it_out_of_place():
+    """A scatter into an expanded view: two of its elements are one location, so writing one
+    would change the other."""
+    def build(g, x, v):
+        fresh = g.call_function(aten.select_scatter.default, (x, v, 0, 0))   # (a fresh tensor)
+        wide = g.call_function(aten.expand.default, (g.call_function(aten.unsqueeze.default, (fresh, 0)),
+                                                      [2, ROWS, COLS]))
+        return g.call_function(aten.select_scatter.default, (wide, g.call_function(aten.neg.default, (fresh,)), 0, 0))
+    plain, rewritten, done = _rewritten(build)
+    assert done == 0
+    _same_values(plain, rewritten)
+
+
+def test_overwrite_skips_the_same_memory_and_copies_overlapping_memory_first():
+    x = torch.arange(24.0).reshape(2, 1, 12)
+    same = x.as_strided(x.shape, (12, 5, 1))   # the same elements (a size-1 dim's stride differs)
+    assert fx_reinplace.overwrite(x, same) is x
+    want = x.flip(2).clone()
+    fx_reinplace.overwrite(x, x.flip(2))   # reversed onto itself: copied first
+    torch.testing.assert_close(x, want)
+    y = torch.zeros(2, 1, 12)
+    fx_reinplace.overwrite(y, want[:, :, :1])   # broadcast from other memory: copy_ as it is
+    torch.testing.assert_close(y, want[:, :, :1].expand(2, 1, 12))
+
+
+def test_input_updates_through_torch_compile_match_eager():
+    """Nested slice assignments and a cache's index_copy_ into graph inputs (Longformer's
+    diagonal scores, a static KV cache), through torch.compile: eager's outputs and inputs."""
+    def update(buf, cache, v, pos, k):
+        buf[:, :-1, :, 2:] = v * 2
+        buf[:, -1, :, :3] = v[:, 0, :, :3] + 1
+        cache.index_copy_(2, pos, k)
+        return buf.sum(-1), cache.mean()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(update, backend="dvm", dynamic=True)
+    for length in (5, 9):
+        args = (torch.randn(2, length, 3, 7), torch.randn(1, 2, 16, 4), torch.randn(2, length - 1, 3, 5),
+                torch.tensor([length, length + 1]), torch.randn(1, 2, 2, 4))
+        want_args, got_args = [a.clone() for a in args], [a.clone() for a in args]
+        with torch.no_grad():
+            want = update(*want_args)
+            before = counters.snapshot().get("torch_scatters_in_place", 0)
+            got = compiled(*got_args)
+        torch.testing.assert_close(got, want)
+        for a, b in zip(got_args, want_args):
+            torch.testing.assert_close(a, b)
+        assert counters.snapshot().get("torch_scatters_in_place", 0) > before

@@ -166,6 +166,8 @@ def _chain_call(chains: list) -> Callable:
                 memo.clear()
             memo[key] = [tuple(zip(*((tuple(y.shape), y.stride(), y.storage_offset() - offset) for y in outs))), None]
         return outs[0] if single else tuple(outs)
+    # (fx_reinplace: every element of the views has a location of its own)
+    view_chain.injective = not any(fn is torch.Tensor.expand for steps, _ in chains for fn, _ in steps)
     return view_chain
 
 

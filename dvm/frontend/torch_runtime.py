@@ -338,6 +338,7 @@ class CompiledFx:
         def bind_sizes(*args) -> dict:
             """The graph's size symbols from its arguments (SymInts and tensor sizes)."""
             return {name: int(args[i]) if j is None else args[i].shape[j] for i, j, name in binds}
+        bind_sizes.reads_sizes_only = True   # (fx_reinplace: reads no tensor's values)
         return bind_sizes
 
     def __call__(self, *args):
