@@ -1,5 +1,9 @@
 """The single-tile stream: a row that fits one tile is reduced inside the body (rowred) and
-row-level results are stored from it (storerow); it must agree bit for bit with the sweep form."""
+row-level results are stored from it (storerow); it must agree bit for bit with the sweep form,
+whatever its tile width (a power of two, or for the CPU VM the row rounded up: tight rows)."""
+import functools
+import re
+
 import numpy as np
 import pytest
 
@@ -86,3 +90,56 @@ def test_verifier_rejects_single_tile_stream_with_wide_rows():
     with pytest.raises(dvm.VerifyError) as err:
         dvm.verify(Program(words))
     assert err.value.rule == "single_tile"
+
+
+@dvm.kernel
+def shifted_stats(k, x, m):
+    y = k.add(k.load(x), k.load(m))
+    e = k.exp(k.sub(y, k.max(y, axis=-1, keepdims=True)))
+    return k.store(k.div(e, k.sum(e, axis=-1, keepdims=True))), k.store(k.sum(k.mul(y, y), axis=-1)), \
+        k.store(k.max(y, axis=-1))
+
+
+def _tile_width(kfn, *args, vm: str) -> int:
+    return int(re.search(r"tile \d+x(\d+) ", dvm.disasm(kfn.program(*args, vm=vm))).group(1))
+
+
+def _outputs_for(monkeypatch, vm_run, vm: str, *args) -> list:
+    """shifted_stats' outputs from its program encoded for VM vm, run by vm_run."""
+    from test_cpu_vm import run_on
+    monkeypatch.setattr(shifted_stats, "program", functools.partial(type(shifted_stats).program, shifted_stats, vm=vm))
+    return run_on(vm_run, shifted_stats, *args)
+
+
+@pytest.mark.parametrize("cols", [300, 513, 768, 1025, 3000])
+def test_tight_rows_take_their_width_rounded_up_with_the_same_bits(monkeypatch, cols):
+    """Rows of a single-tile stream that no row form takes, over TIGHT_MIN_COLS columns: encoded
+    for the CPU VM, a tile as wide as the row rounded up to TIGHT_LANES (where that is at most
+    TIGHT_MOST of the next power of two), for the reference VM the power of two; the same bits
+    from either tile on either VM (the softmax's exp: each VM's own)."""
+    from dvm.vm import cpu, reference
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((37, cols)) * 4).astype(np.float32)
+    m = rng.standard_normal((1, cols)).astype(np.float32)
+    x[3, 5], x[4, -1] = np.inf, np.nan
+    pow2, tight = encoder._pow2_at_least(cols), -(-cols // encoder.TIGHT_LANES) * encoder.TIGHT_LANES
+    assert _tile_width(shifted_stats, x, m, vm="cpu") == (tight if tight <= encoder.TIGHT_MOST * pow2 else pow2)
+    assert _tile_width(shifted_stats, x, m, vm="reference") == pow2
+    runs = {(vm_name, vm): _outputs_for(monkeypatch, run, vm, x, m)
+            for vm_name, run in (("ref", reference.run), ("cpu", cpu.run)) for vm in ("cpu", "reference")}
+    for vm_name in ("ref", "cpu"):
+        for a, b in zip(runs[vm_name, "cpu"], runs[vm_name, "reference"]):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(runs["cpu", "cpu"][1:], runs["ref", "cpu"][1:]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(runs["cpu", "cpu"][0], runs["ref", "cpu"][0], rtol=1e-5, atol=1e-6)
+
+
+def test_rows_of_row_forms_and_narrow_rows_keep_the_power_of_two():
+    """A softmax or LayerNorm (the CPU VM's row forms need a power of two) and rows of at most
+    TIGHT_MIN_COLS columns keep the next power of two."""
+    from dvm.frontend.library import layernorm, softmax
+    x, w = np.ones((4, 513), np.float32), np.ones(513, np.float32)
+    assert _tile_width(softmax, x, vm="cpu") == 1024 and _tile_width(layernorm, x, w, w, vm="cpu") == 1024
+    narrow = np.ones((4, 150), np.float32)
+    assert _tile_width(shifted_stats, narrow, narrow[:1], vm="cpu") == 256

@@ -90,6 +90,13 @@ COLUMN_MAJOR_MIN_BM = 512
 # single-tile rows at most this wide get a tile exactly one row wide (no padding lanes: a 17-column
 # softmax would otherwise compute 32 lanes per row); the CPU VM holds such tiles column-major
 EXACT_BN_COLS = 64
+# wider single-tile rows get a tile of the row's next power of two, or, where the VM's forms for
+# that stream do not need one (Target.tight_rows), of the row rounded up to TIGHT_LANES when that
+# is at most TIGHT_MOST of the power of two and the row is over TIGHT_MIN_COLS (tight rows: a row
+# sum of 513 columns computes 528 lanes a row, not 1024; docs/DECISIONS.md, Tiles)
+TIGHT_LANES = 16
+TIGHT_MOST = 0.8
+TIGHT_MIN_COLS = 256
 
 
 class NeedsCopy(Exception):
@@ -155,6 +162,7 @@ class _Compiled:
             base = None if spec.base_shape is None else [_dim_getter(d) for d in spec.base_shape]
             self.opnds.append((spec, base))
         self.row_forms: dict[str, bool] = {}   # per target: _takes_single's answer for a stream, once asked
+        self.tight_rows: dict[str, bool] = {}  # per target: Target.tight_rows' answer for a stream
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         lane_bytes = sum(n * b.np_dtype.itemsize for b, n in zip(Bank, t.nregs))
         self.lane_bytes, self.n_sweeps = lane_bytes, max(len(t.sweeps), 1)
@@ -211,11 +219,31 @@ def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
     return known
 
 
+def _single_bn(cols: int, t: KernelTemplate, target: Target) -> int:
+    """The tile width of single-tile stream t's rows of cols columns (EXACT_BN_COLS, TIGHT_LANES)."""
+    if cols <= EXACT_BN_COLS:
+        return cols
+    p2 = _pow2_at_least(cols)
+    tight = -(-cols // TIGHT_LANES) * TIGHT_LANES
+    if cols <= TIGHT_MIN_COLS or tight > TIGHT_MOST * p2 or target.tight_rows is None:
+        return p2
+    c = _compiled(t)
+    known = c.tight_rows.get(target.name)
+    if known is None:
+        known = c.tight_rows[target.name] = target.tight_rows(*_stream_args(t))
+    return tight if known else p2
+
+
+def _stream_args(t: KernelTemplate) -> tuple:
+    """(instructions, sections, operand dtypes) of stream t, as a Target's hooks take them."""
+    sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
+    return t.instrs, sections, [int(spec.dtype) for spec in t.operands]
+
+
 def _whole_row_forms(t: KernelTemplate, target: Target) -> bool:
     """Whether the target's VM runs every instruction of stream t in its row forms (asked when a
     row first exceeds SINGLE_TILE_COLS), given its operands' dtypes."""
-    sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
-    return target.whole_row_forms(t.instrs, sections, [int(spec.dtype) for spec in t.operands])
+    return target.whole_row_forms(*_stream_args(t))
 
 
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout],
@@ -256,7 +284,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         if not c.col_axes:
             bn = _even_bn(C, min(c.stream_tile if streaming else ew_tile, cap))
         elif single_stream:   # 0 < C <= min(WIDE_ROW_COLS, cap) (powers of two)
-            bn = C if C <= EXACT_BN_COLS else _pow2_at_least(C)
+            bn = _single_bn(C, t.single, target)
         else:
             bn = min(_pow2_at_least(max(C, 1)), MAX_BN, cap)
         tile = (STREAM_TILE_ELEMS if single_stream else c.stream_tile) if streaming else \

@@ -24,6 +24,10 @@ RowFormsHook = Callable[[np.ndarray, Sequence[tuple[int, int]], Sequence[int]], 
 class Target:
     name: str                                  # the VM's name (part of the Program cache key)
     whole_row_forms: RowFormsHook | None = None
+    # (as RowFormsHook) whether the VM takes a single-tile stream's rows in tiles as wide as the
+    # row rounded up (encoder.TIGHT_LANES) as well as in the next power of two (none of its forms
+    # that need a power of two would take that stream): the encoder's tight rows (_single_bn)
+    tight_rows: RowFormsHook | None = None
     # the most lanes (BM * BN) a tile may have on this VM: the encoder caps every tile choice,
     # and the single-tile stream, by it (a GPU VM compiles one tile size into its kernel)
     max_tile: int = MAX_TILE

@@ -181,6 +181,15 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
     return plan
 
 
+def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
+    """No row form (FK_ROWNORM, FK_ROWSOFTMAX: tiles of a power of two, jit/fused/rowchain.rows_fit)
+    is planned in the stream: its rows may take tiles of their width rounded up (codegen's
+    Target.tight_rows). The tile runs that need a power of two leave such tiles to the
+    instructions, which then compute no lanes past the rounded width."""
+    plan = fuse_plan(instrs, sections)
+    return not np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any()
+
+
 def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
     """Every instruction but the prologue's constants lies in a row form (FK_ROWNORM,
     FK_ROWSOFTMAX) that takes operands of these dtypes (by operand index; the norms take 16-bit
