@@ -135,11 +135,14 @@ def test_tight_rows_take_their_width_rounded_up_with_the_same_bits(monkeypatch, 
     np.testing.assert_allclose(runs["cpu", "cpu"][0], runs["ref", "cpu"][0], rtol=1e-5, atol=1e-6)
 
 
-def test_rows_of_row_forms_and_narrow_rows_keep_the_power_of_two():
-    """A softmax or LayerNorm (the CPU VM's row forms need a power of two) and rows of at most
-    TIGHT_MIN_COLS columns keep the next power of two."""
+def test_row_forms_plain_reductions_and_narrow_rows_keep_the_power_of_two():
+    """A softmax or LayerNorm (the CPU VM's row forms need a power of two), a row sum of loaded
+    values (no lanes to save; its tree reads a power of two's valid lanes in place) and rows of
+    at most TIGHT_MIN_COLS columns keep the next power of two."""
     from dvm.frontend.library import layernorm, softmax
+    from dvm.tools.bench_ops_cases import sum_last
     x, w = np.ones((4, 513), np.float32), np.ones(513, np.float32)
     assert _tile_width(softmax, x, vm="cpu") == 1024 and _tile_width(layernorm, x, w, w, vm="cpu") == 1024
+    assert _tile_width(sum_last, x, vm="cpu") == 1024
     narrow = np.ones((4, 150), np.float32)
     assert _tile_width(shifted_stats, narrow, narrow[:1], vm="cpu") == 256

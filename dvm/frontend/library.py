@@ -15,10 +15,14 @@ def bias_gelu(k, x, b):
 def softmax(k, x):
     """Safe softmax over the last dim. Like PyTorch's native CPU kernel it multiplies by the
     row's reciprocal: one division per row instead of one per element."""
-    x = k.load(x)
+    return k.store(softmax_of(k, k.load(x)))
+
+
+def softmax_of(k, x):
+    """The safe softmax of traced value x over its last dim (softmax's form)."""
     m = k.max(x, axis=-1, keepdims=True)
     e = k.exp(k.sub(x, m))
-    return k.store(k.mul(e, k.reciprocal(k.sum(e, axis=-1, keepdims=True))))
+    return k.mul(e, k.reciprocal(k.sum(e, axis=-1, keepdims=True)))
 
 
 def layer_norm_of(k, x, w, b):

@@ -81,8 +81,9 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     # reductions over 4097 rows, last-axis ones over 17), many short rows of a head's width
     # (8192x64), long prime-length rows that fill 61 % of a one-row tile (13x20011), and a few
     # rows past 65536 columns (7x65537: the sweeps, but one 131072-lane tile for the norms and
-    # softmax, whose row forms read rows in place)
-    "odd": [(1000, 1001), (4097, 17), (8192, 64), (13, 20011), (7, 65537)],
+    # softmax, whose row forms read rows in place), and rows just past a power of two (2048x513:
+    # an attention's 513 keys)
+    "odd": [(1000, 1001), (4097, 17), (8192, 64), (13, 20011), (7, 65537), (2048, 513)],
 }
 SIZE_ORDER = ("small", "medium", "large", "odd")
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import dvm
 
-from ..frontend.library import layer_norm_of, rms_norm_of
+from ..frontend.library import layer_norm_of, rms_norm_of, softmax_of
 from .bench_encode import _ref_chain8, _ref_layernorm, _ref_rmsnorm, _ref_softmax
 from .bench_encode import bias_gelu, chain8, layernorm, rmsnorm, softmax
 
@@ -35,6 +35,12 @@ def silu_mul(k, a, b):
 def pow_abs(k, a):
     """|a| ** 2.5 (a power that is not a product or a root: the VM's pow)"""
     return k.store(k.pow(k.abs(k.load(a)), 2.5))
+
+
+@dvm.kernel
+def add_softmax(k, a, b):
+    """softmax of a + b (attention scores plus an additive mask, where no fused attention takes them)"""
+    return k.store(softmax_of(k, k.add(k.load(a), k.load(b))))
 
 
 @dvm.kernel
@@ -158,6 +164,7 @@ def _torch_forms() -> dict:
         "silu_mul_transposed": (lambda a, b: F.silu(a) * b, None),
         "pow_abs": (lambda a: torch.abs(a) ** 2.5, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
+        "add_softmax": (lambda a, b: softmax_t(a + b), lambda a, b: torch.softmax(a + b, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
         "add_layernorm": (lambda a, b, w, c: layernorm_t(a + b, w, c),
@@ -276,6 +283,8 @@ CASES = (
          numexpr="abs(a) ** 2.5"),
     Case("softmax", "softmax over the last axis", softmax, 0, 1, _ref_softmax, "norm",
          native_name="torch.softmax"),
+    Case("add_softmax", "softmax over the last axis of a + b (scores plus an additive mask)", add_softmax, 0, 2,
+         lambda a, b: _ref_softmax(a + b), "norm", native_name="torch.softmax(a + b)"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
          "norm", native_name="F.layer_norm"),
     Case("rmsnorm", "RMSNorm (weight) over the last axis", rmsnorm, 1, 1, _ref_rmsnorm, "norm",

@@ -182,10 +182,28 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
 
 
 def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
-    """No row form (FK_ROWNORM, FK_ROWSOFTMAX: tiles of a power of two, jit/fused/rowchain.rows_fit)
-    is planned in the stream: its rows may take tiles of their width rounded up (codegen's
-    Target.tight_rows). The tile runs that need a power of two leave such tiles to the
-    instructions, which then compute no lanes past the rounded width."""
+    """The stream computes on whole rows (an elementwise instruction or cast of a loaded value, or
+    of one computed from it) and no row form (FK_ROWNORM, FK_ROWSOFTMAX: tiles of a power of two,
+    jit/fused/rowchain.rows_fit) is planned in it: its rows may take tiles of their width rounded
+    up (codegen's Target.tight_rows), in which those instructions compute no lanes past it. A
+    stream that only loads and reduces keeps the power of two: the row trees read a power-of-two
+    tile's valid lanes in place (jit/rowtree.rowred_at), another tile's through a padded copy."""
+    specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
+    if any(sp is None for sp in specs):
+        return False
+    flow, full, on_rows = Flow(instrs, specs, sections), set(), False
+    for s, e in sections[1:]:   # (the prologue's: constants)
+        for pc in range(s, e):
+            group = specs[pc].group
+            if group == "load":
+                full |= flow.writes[pc]
+            elif group in ("ew", "cast") and flow.reads[pc] & full:
+                full |= flow.writes[pc]
+                on_rows = True
+            else:
+                full -= flow.writes[pc]
+    if not on_rows:
+        return False
     plan = fuse_plan(instrs, sections)
     return not np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any()
 
