@@ -212,8 +212,7 @@ def _alias_kind(n: fx.Node) -> str:
         schema = t._schema
         if any(r.alias_info is not None for r in schema.returns) or t.overloadpacket.__name__ == "_unsafe_view":
             name = t.overloadpacket.__name__
-            ok = n.args and isinstance(n.args[0], fx.Node) and (name in _INJECTIVE_ATEN or name.rstrip("_") == "copy")
-            return "view" if ok else "opaque"
+            return "view" if n.args and isinstance(n.args[0], fx.Node) and name in _INJECTIVE_ATEN else "opaque"
         return "opaque" if schema.is_mutable else "fresh"
     runner = getattr(t, "__self__", None)   # a segment's bound run (an input it passes on: a copy)
     if isinstance(runner, SegmentRunner):
@@ -241,7 +240,7 @@ def _readers_allowed(nest: list, aliases: _Aliases, position: dict) -> bool:
         if a in members or position[a] >= last:
             continue
         for u in a.users:
-            if position[u] < first or u.target in _SIZE_READERS:
+            if position[u] < first or u.target in _SIZE_READERS or getattr(u.target, "reads_sizes_only", False):
                 continue
             as_base = (u in members or u in views) and u.args[0] is a and a not in u.args[1:] \
                 and a not in u.kwargs.values()
