@@ -161,8 +161,7 @@ class _Compiled:
         for spec in t.operands:
             base = None if spec.base_shape is None else [_dim_getter(d) for d in spec.base_shape]
             self.opnds.append((spec, base))
-        self.row_forms: dict[str, bool] = {}   # per target: _takes_single's answer for a stream, once asked
-        self.tight_rows: dict[str, bool] = {}  # per target: Target.tight_rows' answer for a stream
+        self.answers: dict[tuple[str, str], bool] = {}   # (Target hook, target) -> its answer, once asked
         self.fixed = [len(t.operands), len(t.consts), len(t.instrs), len(t.sweeps), *t.nregs]
         lane_bytes = sum(n * b.np_dtype.itemsize for b, n in zip(Bank, t.nregs))
         self.lane_bytes, self.n_sweeps = lane_bytes, max(len(t.sweeps), 1)
@@ -212,11 +211,7 @@ def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
         return True
     if SINGLE_TILE_COLS <= 0 or cols > min(WIDE_ROW_COLS, target.max_tile) or target.whole_row_forms is None:
         return False
-    single = _compiled(t.single)
-    known = single.row_forms.get(target.name)
-    if known is None:
-        known = single.row_forms[target.name] = _whole_row_forms(t.single, target)
-    return known
+    return _asked(t.single, "whole_row_forms", target)   # (when a row first exceeds SINGLE_TILE_COLS)
 
 
 def _single_bn(cols: int, t: KernelTemplate, target: Target) -> int:
@@ -227,23 +222,17 @@ def _single_bn(cols: int, t: KernelTemplate, target: Target) -> int:
     tight = -(-cols // TIGHT_LANES) * TIGHT_LANES
     if cols <= TIGHT_MIN_COLS or tight > TIGHT_MOST * p2 or target.tight_rows is None:
         return p2
-    c = _compiled(t)
-    known = c.tight_rows.get(target.name)
-    if known is None:
-        known = c.tight_rows[target.name] = target.tight_rows(*_stream_args(t))
-    return tight if known else p2
+    return tight if _asked(t, "tight_rows", target) else p2
 
 
-def _stream_args(t: KernelTemplate) -> tuple:
-    """(instructions, sections, operand dtypes) of stream t, as a Target's hooks take them."""
-    sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
-    return t.instrs, sections, [int(spec.dtype) for spec in t.operands]
-
-
-def _whole_row_forms(t: KernelTemplate, target: Target) -> bool:
-    """Whether the target's VM runs every instruction of stream t in its row forms (asked when a
-    row first exceeds SINGLE_TILE_COLS), given its operands' dtypes."""
-    return target.whole_row_forms(*_stream_args(t))
+def _asked(t: KernelTemplate, hook: str, target: Target) -> bool:
+    """The answer of the target's hook (a RowFormsHook: Target.whole_row_forms, tight_rows) for
+    stream t, given its instructions, sections and operands' dtypes; asked once per target."""
+    answers, key = _compiled(t).answers, (hook, target.name)
+    if key not in answers:
+        sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
+        answers[key] = getattr(target, hook)(t.instrs, sections, [int(spec.dtype) for spec in t.operands])
+    return answers[key]
 
 
 def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[Layout],

@@ -100,11 +100,11 @@ def _region(n: fx.Node) -> tuple | None:
     if n.op != "call_function" or n.kwargs:
         return None
     t = n.target
-    if t in (aten.select_scatter.default, torch.Tensor.select, aten.select.int):
-        rest = n.args[2:] if t is aten.select_scatter.default else n.args[1:]
+    scatter = t in _REGION_VIEWS
+    rest = tuple(n.args[2:] if scatter else n.args[1:])
+    if t is aten.select_scatter.default or t in _REGION_VIEWS[aten.select_scatter.default]:
         return ("select", *rest) if len(rest) == 2 else None
-    if t in (aten.slice_scatter.default, _slice, aten.slice.Tensor):
-        rest = tuple(n.args[2:] if t is aten.slice_scatter.default else n.args[1:])
+    if t is aten.slice_scatter.default or t in _REGION_VIEWS[aten.slice_scatter.default]:
         return ("slice", *rest, *_SLICE_DEFAULTS[len(rest):]) if len(rest) <= 4 else None
     return None
 
