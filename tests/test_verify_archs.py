@@ -160,3 +160,20 @@ def test_a_hybrid_skipped_with_a_layer_of_each_kind_is_checked_with_its_first_tw
     got = verify_archs.check("HybridForCausalLM", "forward")
     assert got["status"] == want
     assert ("layers" in got) == (want == "match")
+
+
+def test_an_encoder_decoder_with_configs_per_half_is_built_tiny():
+    """T5Gemma's encoder and decoder have configs of their own (full size by default: 5.6 billion
+    parameters before the halves were cut)."""
+    model = verify_archs.tiny_model("T5GemmaForConditionalGeneration")
+    assert model.config.encoder.hidden_size == model.config.decoder.hidden_size == verify_archs.TINY["hidden_size"]
+    assert sum(p.numel() for p in model.parameters()) < verify_archs.MAX_PARAMS
+
+
+def test_a_model_over_the_limit_is_refused_before_it_is_built(monkeypatch):
+    """Counted on the meta device: a model of many gigabytes is never allocated."""
+    import torch
+    monkeypatch.setattr(verify_archs, "MAX_PARAMS", 1000)
+    monkeypatch.setattr(torch, "manual_seed", lambda *a: pytest.fail("the model was built"))
+    with pytest.raises(verify_archs.Skip, match=f"^{verify_archs.TOO_BIG}: "):
+        verify_archs.tiny_model("LlamaForCausalLM")

@@ -58,7 +58,8 @@ TINY = dict(hidden_size=64, n_embd=64, d_model=64, dim=64, num_hidden_layers=2, 
             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, rotary_dim=8, partial_rotary_factor=0.5,
             use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
             tie_word_embeddings=True, embedding_size=64, intra_bottleneck_size=32,
-            true_hidden_size=32, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16)
+            true_hidden_size=32, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
+            entity_vocab_size=256)
 VOCAB = TINY["vocab_size"]
 
 
@@ -133,6 +134,25 @@ def mixes_layers(name: str) -> bool:
         return False
 
 
+_STACKS = ("encoder", "decoder")
+
+
+def _shrink(sub, layers: int, keep: list[int]) -> list[str]:
+    """Sets TINY's sizes in the config `sub` where it has the field, and cuts its per-layer lists
+    to the layers `keep`; returns the fields it will not say (set per layer) for the caller to set."""
+    per_layer = []
+    for k, v in TINY.items():
+        now = _field(sub, k)
+        if now is _UNSAID and k in vars(sub):
+            per_layer.append(k)
+        elif now is not _UNSAID and not isinstance(now, (list, dict)):
+            _try_set(sub, k, v)
+    for k, v in list(vars(sub).items()):
+        if isinstance(v, list) and layers > 2 and len(v) == layers:
+            _try_set(sub, k, [v[i] for i in keep])
+    return per_layer
+
+
 def tiny_model(name: str, mixed: bool = True):
     """The class `name` from its default config with TINY's sizes (per-layer lists and fields cut
     to two layers: kept_layers, or the first two where not mixed)."""
@@ -143,30 +163,45 @@ def tiny_model(name: str, mixed: bool = True):
         cfg = cls.config_class()
         sub, layers, keep = _layout(cfg)
         keep = keep if mixed else [0, 1]
-        per_layer = []   # fields the config will not say (set per layer): set in its fields below
-        for k, v in TINY.items():
-            now = _field(sub, k)
-            if now is _UNSAID and k in vars(sub):
-                per_layer.append(k)
-            elif now is not _UNSAID and not isinstance(now, (list, dict)):
-                _try_set(sub, k, v)
-        for k, v in list(vars(sub).items()):
-            if isinstance(v, list) and layers > 2 and len(v) == layers:
-                _try_set(sub, k, [v[i] for i in keep])
+        per_layer = _shrink(sub, layers, keep)
+        for part in _STACKS:   # an encoder-decoder whose halves have configs of their own
+            half = _field(cfg, part)
+            if half is not _UNSAID and hasattr(half, "to_dict"):
+                _shrink(*_layout(half))
         fields = {k: v for k, v in cfg.to_dict().items()
                   if not k.startswith("_") and k not in ("transformers_version", "architectures")}
         target = fields["text_config"] if sub is not cfg else fields
         target.update({k: TINY[k] for k in per_layer})
         if isinstance(target.get("per_layer_config"), dict):
             target["per_layer_config"] = _per_layer(target["per_layer_config"], keep)
-        torch.manual_seed(0)
-        model = cls(cls.config_class(**fields)).eval()
+        config = cls.config_class(**fields)
     except Exception as e:
         raise Skip(f"config refused: {type(e).__name__}: {str(e)[:160]}") from None
-    n = sum(p.numel() for p in model.parameters())
-    if n > MAX_PARAMS:
-        raise Skip(f"{TOO_BIG}: {n:,} parameters")
+    _refuse_big(_meta_parameters(cls, config))
+    try:
+        torch.manual_seed(0)
+        model = cls(config).eval()
+    except Exception as e:
+        raise Skip(f"config refused: {type(e).__name__}: {str(e)[:160]}") from None
+    _refuse_big(sum(p.numel() for p in model.parameters()))
     return model
+
+
+def _meta_parameters(cls, config) -> int:
+    """The parameters `cls(config)` would hold, counted on the meta device (nothing allocated: a
+    config whose sub-configs keep their full-size defaults would fill the memory); 0 where the
+    model cannot be built there (it is counted again once built)."""
+    import torch
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in cls(config).parameters())
+    except Exception:
+        return 0
+
+
+def _refuse_big(parameters: int) -> None:
+    if parameters > MAX_PARAMS:
+        raise Skip(f"{TOO_BIG}: {parameters:,} parameters")
 
 
 def _eager(fn, what: str = "eager"):
