@@ -17,7 +17,8 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
-from .reshape_push import ReshapePusher, push_permutes, pushable, push_reshapes, renames_axes, splits_only
+from .reshape_push import (ReshapePusher, push_inner_permutes, push_permutes, pushable, push_reshapes, renames_axes,
+                           splits_only)
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -306,7 +307,8 @@ class Partitioner:
 
 def partition(n_inputs: int, outputs: list[Node]) -> Plan:
     """Plan.outputs are `outputs` with reshapes and permutes of elementwise work moved onto their
-    loads (fusion/reshape_push): equal values, of the same shapes and dtypes."""
+    loads, the permutes of outputs' and those inside (fusion/reshape_push): equal values, of the
+    same shapes and dtypes."""
     p = Partitioner(n_inputs, outputs)
-    p.outputs = push_permutes(push_reshapes(outputs, p.pusher))
+    p.outputs = push_inner_permutes(push_permutes(push_reshapes(outputs, p.pusher)))
     return p.run()

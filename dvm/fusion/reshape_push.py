@@ -276,6 +276,49 @@ def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     return new
 
 
+def push_inner_permutes(outputs: Sequence[Node]) -> list[Node]:
+    """`outputs` with each permute of elementwise work that further work reads (not an output)
+    computed in the permuted order instead, as push_permutes moves the permutes of outputs: the
+    reader then takes the work in registers, where the partitioner would store it to a workspace
+    and read it back permuted (a kernel more, and a transposing one). Only elementwise work moves
+    (a reduction among it would change which groups its readers fall in), and only where nothing
+    else reads it; each move leaves one permute of work fewer."""
+    outputs = list(outputs)
+    while True:
+        users, out_ids = _users(outputs), {id(o) for o in outputs}
+        moved = next(filter(None, (_inner_move(n, users, out_ids) for n in topo_order(outputs))), None)
+        if moved is None:
+            return outputs
+        outputs = _substituted(outputs, *moved)
+
+
+def _inner_move(node: Node, users: dict[int, list[Node]], outputs: set) -> tuple[Node, Node] | None:
+    """(node, its replacement) for a permute of elementwise work push_inner_permutes moves, else None."""
+    if node.op != "permute" or id(node) in outputs:
+        return None
+    work = node.inputs[0]
+    if _loads(work) or id(work) in outputs or users[id(work)] != [node]:
+        return None
+    memo: dict = {}
+    moved = _permuted(work, tuple(node.attr("dims")), users, outputs, memo)
+    if moved is None or not _computed_once(memo, users, node) or \
+            any(OP_TABLE[n.op].kind is Kind.REDUCE for (n, _), m in memo.items() if m is not None and not _loads(n)):
+        return None
+    return node, moved
+
+
+def _substituted(outputs: Sequence[Node], old: Node, new_node: Node) -> list[Node]:
+    """`outputs` with every read of `old` reading `new_node` (an equal value of the same shape)."""
+    new: dict[int, Node] = {id(old): new_node}
+    for node in topo_order(outputs):
+        if id(node) in new:
+            continue
+        inputs = tuple(new[id(i)] for i in node.inputs)
+        same = all(a is b for a, b in zip(inputs, node.inputs))
+        new[id(node)] = node if same else _remade(node, node.shape, inputs)
+    return [new[id(o)] for o in outputs]
+
+
 def _permuted_reshape(r: Node, dims: tuple, users: dict[int, list[Node]], outputs: set, memo: dict) -> Node | None:
     """permute(r, dims) for a reshape r of work that keeps r's first k axes and a permute that
     keeps the others in place (RoPE's [.., 2, h] halves as [.., d] or back, heads and positions
