@@ -146,3 +146,56 @@ def test_row_forms_plain_reductions_and_narrow_rows_keep_the_power_of_two():
     assert _tile_width(sum_last, x, vm="cpu") == 1024
     narrow = np.ones((4, 150), np.float32)
     assert _tile_width(shifted_stats, narrow, narrow[:1], vm="cpu") == 256
+
+
+@dvm.kernel
+def channel_norm(k, x, w):
+    """LayerNorm (weight) over the last axis, and the plain sum over it."""
+    x = k.load(x)
+    d = k.sub(x, k.mean(x, axis=-1, keepdims=True))
+    y = k.mul(k.mul(d, k.rsqrt(k.add(k.mean(k.mul(d, d), axis=-1, keepdims=True), 1e-5))), k.load(w))
+    return k.store(y), k.store(k.sum(x, axis=-1))
+
+
+@dvm.kernel
+def channel_sum(k, x):
+    return k.store(k.sum(k.load(x), axis=-1))
+
+
+def _kernel_head(kfn, *args, vm: str) -> tuple[int, int]:
+    """(tile width, sweeps) of kfn's first kernel encoded for VM vm."""
+    m = re.search(r"tile \d+x(\d+)\s+sweeps (\d+)", dvm.disasm(kfn.program(*args, vm=vm)))
+    return int(m.group(1)), int(m.group(2))
+
+
+@pytest.mark.parametrize("channels, positions", [(32, 1024), (16, 300), (96, 4100)])
+def test_a_norm_over_strided_columns_keeps_the_single_tile_stream_for_the_cpu_vm(monkeypatch, channels, positions):
+    """A LayerNorm over the channels of a channels-first image (its rows contiguous, its columns
+    strided): encoded for the CPU VM, the single-tile stream (Target.rereads_rows: its rows are
+    read again after their reduction); for the reference VM, column-major tiles of the sweeps; a
+    plain sum keeps those for both. Each encoding gives the same bits on either VM, the CPU VM's
+    those of a contiguous copy's (the sweeps of column-major tiles sum in another order)."""
+    from test_cpu_vm import run_on
+
+    from dvm.vm import cpu, reference
+    rng = np.random.default_rng(channels)
+    image = (rng.standard_normal((channels, positions)) * 3).astype(np.float32)
+    image[3, 5], image[4, -1] = np.inf, np.nan
+    x, w = image.T, rng.standard_normal(channels).astype(np.float32)   # (positions, channels), strided
+    width, sweeps = _kernel_head(channel_norm, x, w, vm="cpu")
+    assert width >= channels and sweeps == 1   # (a whole row in a tile)
+    assert _kernel_head(channel_norm, x, w, vm="reference")[1] > 1
+    assert _kernel_head(channel_sum, x, vm="cpu") == _kernel_head(channel_sum, x, vm="reference")
+    runs = {}
+    for vm_name, run in (("ref", reference.run), ("cpu", cpu.run)):
+        for vm in ("cpu", "reference"):
+            monkeypatch.setattr(channel_norm, "program", functools.partial(type(channel_norm).program, channel_norm,
+                                                                           vm=vm))
+            runs[vm_name, vm] = run_on(run, channel_norm, x, w)
+    runs["cpu", "contiguous"] = run_on(cpu.run, channel_norm, np.ascontiguousarray(x), w)
+    for pair in ((("ref", "cpu"), ("cpu", "cpu")), (("cpu", "contiguous"), ("cpu", "cpu")),
+                 (("ref", "reference"), ("cpu", "reference"))):
+        for a, b in zip(runs[pair[0]], runs[pair[1]]):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(runs["cpu", "cpu"], runs["cpu", "reference"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

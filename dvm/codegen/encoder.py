@@ -226,8 +226,9 @@ def _single_bn(cols: int, t: KernelTemplate, target: Target) -> int:
 
 
 def _asked(t: KernelTemplate, hook: str, target: Target) -> bool:
-    """The answer of the target's hook (a RowFormsHook: Target.whole_row_forms, tight_rows) for
-    stream t, given its instructions, sections and operands' dtypes; asked once per target."""
+    """The answer of the target's hook (a RowFormsHook: Target.whole_row_forms, tight_rows,
+    rereads_rows) for stream t, given its instructions, sections and operands' dtypes;
+    asked once per target."""
     answers, key = _compiled(t).answers, (hook, target.name)
     if key not in answers:
         sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
@@ -247,7 +248,8 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     if _takes_single(t, prod(dom[i] for i in c.col_axes), target):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
-        column_major = _column_major(folded[2], folded[4])
+        column_major = _column_major(folded[2], folded[4]) and not (
+            target.rereads_rows is not None and _asked(t.single, "rereads_rows", target))
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:

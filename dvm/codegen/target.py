@@ -28,6 +28,12 @@ class Target:
     # row rounded up (encoder.TIGHT_LANES) as well as in the next power of two (none of its forms
     # that need a power of two would take that stream): the encoder's tight rows (_single_bn)
     tight_rows: RowFormsHook | None = None
+    # (as RowFormsHook) whether that single-tile stream reads its rows again after reducing them (a
+    # norm's x - mean, a softmax's exp(x - max)), which the VM then takes in row-major tiles, its
+    # strided rows read in blocks, faster than column-major tiles re-read them sweep by sweep: the
+    # encoder keeps the single-tile stream where it would take column-major tiles (the reduced axis
+    # strided, the kept one contiguous: a norm over the channels of a channels-first image)
+    rereads_rows: RowFormsHook | None = None
     # the most lanes (BM * BN) a tile may have on this VM: the encoder caps every tile choice,
     # and the single-tile stream, by it (a GPU VM compiles one tile size into its kernel)
     max_tile: int = MAX_TILE

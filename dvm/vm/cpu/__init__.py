@@ -21,7 +21,7 @@ from ..contract import VM
 from .host import startup
 from .host.decode import DECODE, handled
 from .host.desc import PARALLEL_MIN_ELEMS
-from .host.fuse_plan import tight_rows, whole_row_forms
+from .host.fuse_plan import rereads_rows, tight_rows, whole_row_forms
 from .host.run import default_threads, run, run_addrs
 
 
@@ -73,7 +73,8 @@ class CpuVM(VM):
         return bound_runner(layout, list(numels))
 
 
-_TARGET = Target("cpu", whole_row_forms=whole_row_forms, tight_rows=tight_rows, serial_lanes=PARALLEL_MIN_ELEMS)
+_TARGET = Target("cpu", whole_row_forms=whole_row_forms, tight_rows=tight_rows, rereads_rows=rereads_rows,
+                 serial_lanes=PARALLEL_MIN_ELEMS)
 VM_INSTANCE = CpuVM()
 
 __all__ = ["DECODE", "VM_INSTANCE", "fast_ready", "handled", "run", "run_addrs", "thread_pool", "warm_up"]

@@ -22,8 +22,9 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     very narrow (a tree level is then one loop over BM rows instead of a short loop per row) or
     whose operands are contiguous along the kept axis (a column of the tile is then a contiguous
     run). The layout is invisible: every lane holds the same value and the tree pairs the same
-    lanes. Argmax/argmin keep the row-major form."""
-    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
+    lanes. Argmax/argmin keep the row-major form, and so does a stream that reads its rows again
+    after reducing them (a norm, a softmax: the encoder's single-tile stream, Target.rereads_rows)."""
+    if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.column_major:
         return False
     nr = len(kl.row_sizes)
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)

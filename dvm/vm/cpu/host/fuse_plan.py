@@ -208,6 +208,31 @@ def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list
     return not np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any()
 
 
+def rereads_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes=None) -> bool:
+    """An elementwise instruction or cast reads a value of whole rows (loaded, or computed from
+    loaded values) together with one reduced from rows (rowred, rfin, or computed from those): a
+    norm's x - mean, a softmax's exp(x - max) (codegen's Target.rereads_rows; host/stream: such a
+    stream keeps row-major registers). Instructions in stream order; a write ends what the
+    register held."""
+    specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
+    if any(sp is None for sp in specs):
+        return False
+    flow, full, reduced = Flow(instrs, specs, sections), set(), set()
+    for s, e in sections:
+        for pc in range(s, e):
+            group, reads, writes = specs[pc].group, flow.reads[pc], flow.writes[pc]
+            if group in ("ew", "cast") and reads & full and reads & reduced:
+                return True
+            kind = "full" if group == "load" or (group in ("ew", "cast") and reads & full) else \
+                "reduced" if group in ("rowred", "rfin") or (group in ("ew", "cast") and reads & reduced) else None
+            full, reduced = full - writes, reduced - writes
+            if kind == "full":
+                full |= writes
+            elif kind == "reduced":
+                reduced |= writes
+    return False
+
+
 def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
     """Every instruction but the prologue's constants lies in a row form (FK_ROWNORM,
     FK_ROWSOFTMAX) that takes operands of these dtypes (by operand index; the norms take 16-bit
