@@ -166,6 +166,7 @@ def _torch_forms() -> dict:
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "add_softmax": (lambda a, b: softmax_t(a + b), lambda a, b: torch.softmax(a + b, -1)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
+        "layernorm_transposed": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
         "add_layernorm": (lambda a, b, w, c: layernorm_t(a + b, w, c),
                           lambda a, b, w, c: F.layer_norm(a + b, (a.shape[-1],), w, c, 1e-5)),
@@ -188,6 +189,9 @@ def _torch_forms() -> dict:
 # 16-bit results: torch.testing's bfloat16 rtol; atol a few of the data's bfloat16 steps (eager
 # rounds each intermediate: a sum's cancellation leaves that much absolute error)
 HALF_RTOL, HALF_ATOL = 1.6e-2, 2.0 ** -7
+
+
+LAYER_NORMS = ("layernorm", "layernorm_transposed", "add_layernorm", "add3_layernorm")
 
 
 @dataclass(frozen=True)
@@ -226,7 +230,7 @@ class Case:
         if self.transposed:   # the same values, column-major (a LAPACK result, a heads-last layout)
             full[0] = np.ascontiguousarray(full[0].T).T
         vecs = [rng.standard_normal(shape[-1:], dtype=np.float32) for _ in range(self.n_vectors)]
-        if self.name.removesuffix("_bf16") in ("layernorm", "add_layernorm", "add3_layernorm"):   # weight near 1, bias small: a realistic LayerNorm
+        if self.name.removesuffix("_bf16") in LAYER_NORMS:   # weight near 1, bias small: a realistic LayerNorm
             vecs = [1.0 + 0.1 * vecs[0], 0.1 * vecs[1]]
         elif self.name.removesuffix("_bf16") in ("rmsnorm", "add_rmsnorm", "hf_add_rmsnorm"):
             vecs = [1.0 + 0.1 * vecs[0]]
@@ -287,6 +291,9 @@ CASES = (
          lambda a, b: _ref_softmax(a + b), "norm", native_name="torch.softmax(a + b)"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
          "norm", native_name="F.layer_norm"),
+    Case("layernorm_transposed", "LayerNorm (weight, bias) over the last axis of a transposed view (the channels "
+         "of a channels-first image)", layernorm, 2, 1, _ref_layernorm, "norm", native_name="F.layer_norm",
+         transposed=True),
     Case("rmsnorm", "RMSNorm (weight) over the last axis", rmsnorm, 1, 1, _ref_rmsnorm, "norm",
          native_name="F.rms_norm"),
     Case("add_layernorm", "LayerNorm of a residual sum a + b", add_layernorm, 2, 2,
