@@ -7,7 +7,8 @@ VM's GELU (accurate to 3.5 ULP; PyTorch's float32 kernel to 49, and NaN at +inf)
 cost is larger (~12 µs a call at 2 K elements in BERT's forward, the VM's ~5). Where a run graph
 calls an exact GELU in PyTorch (fx_product_activation's activated products, fx_lone_gelu's lone
 GELUs), it calls these functions, which choose by the element count at each call: at most
-vm_limit() (64 K elements on one thread, 32 K on two) of a CPU float32 tensor (contiguous for a
+vm_limit() (64 K elements on one thread, 32 K on two; half that where PyTorch's kernels take
+AVX-512) of a CPU float32 tensor (contiguous for a
 lone GELU) with the CPU VM selected, the product as F.linear computes it and then the VM's GELU (counted:
 `torch_gelu_vm_small`); otherwise PyTorch's kernel, eager's bit for bit. Each shape's launch is
 remembered apart (a graph's GELUs alternate between shapes). docs/DECISIONS.md, "An exact GELU
@@ -27,7 +28,19 @@ from .torch_launch import TensorLauncher
 # on whole forwards (BERT, GPT-NeoX), the VM's GELU against PyTorch's: 2 K elements 13-15 % less
 # time a forward, 16 K 5 %, 32 K 2 %; 64 K 3-4.5 % less on one thread and -6 to +1 % on two;
 # 128 K 1.5 % less on one thread.
-VM_GELU_MAX_ELEMENTS = 65536
+# Where PyTorch's CPU kernels take AVX-512 (its get_cpu_capability), its GELU costs ~0.5 ns an
+# element against the VM's ~1.4 (LLVM vectorizes the VM's 256 bits wide; an Intel Xeon host): whole
+# forwards (BERT, RoBERTa, GPT-NeoX, Falcon, BART) at 64 K elements took 0.92-0.995 of the time with
+# PyTorch's, at 32 K 0.99-1.01 on one thread and 0.97-0.99 on two, at 16 K on two 1.02-1.05: the
+# limit halves there.
+AVX512_VM_GELU_MAX_ELEMENTS = 32768
+
+
+def _pytorch_avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+VM_GELU_MAX_ELEMENTS = AVX512_VM_GELU_MAX_ELEMENTS if _pytorch_avx512() else 65536
 _SHAPE_CLASSES_KEPT = 16   # launchers kept (one per rank and placement of sizes 1)
 _SHAPES_KEPT = 64          # remembered direct calls (one per shape)
 ENABLED = True   # off: PyTorch's GELU at every size (the tests and the A/B compare the two)
