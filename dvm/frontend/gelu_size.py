@@ -8,9 +8,9 @@ cost is larger (~12 µs a call at 2 K elements in BERT's forward, the VM's ~5). 
 calls an exact GELU in PyTorch (fx_product_activation's activated products, fx_lone_gelu's lone
 GELUs), it calls these functions, which choose by the element count at each call: at most
 vm_limit() (64 K elements on one thread, 32 K on two; half that where PyTorch's kernels take
-AVX-512) of a CPU float32 tensor (contiguous for a
-lone GELU) with the CPU VM selected, the product as F.linear computes it and then the VM's GELU (counted:
-`torch_gelu_vm_small`); otherwise PyTorch's kernel, eager's bit for bit. Each shape's launch is
+AVX-512) of a CPU float32 tensor (contiguous for a lone GELU) with the CPU VM selected, the
+product as F.linear computes it and then the VM's GELU (counted: `torch_gelu_vm_small`);
+otherwise PyTorch's kernel, eager's bit for bit. Each shape's launch is
 remembered apart (a graph's GELUs alternate between shapes). docs/DECISIONS.md, "An exact GELU
 by its size".
 """
