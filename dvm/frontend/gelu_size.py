@@ -30,9 +30,9 @@ from .torch_launch import TensorLauncher
 # 128 K 1.5 % less on one thread.
 # Where PyTorch's CPU kernels take AVX-512 (its get_cpu_capability), its GELU costs ~0.5 ns an
 # element against the VM's ~1.4 (its erf to 3.5 ULP: an exp and a division a lane; an Intel Xeon
-# host): whole forwards (BERT, RoBERTa, GPT-NeoX, Falcon, BART) at 64 K elements took 0.92-0.995 of the time with
-# PyTorch's, at 32 K 0.99-1.01 on one thread and 0.97-0.99 on two, at 16 K on two 1.02-1.05: the
-# limit halves there.
+# host): whole forwards (BERT, RoBERTa, GPT-NeoX, Falcon, BART) at 64 K elements took 0.92-0.995
+# of the time with PyTorch's, at 32 K 0.99-1.01 on one thread and 0.97-0.99 on two, at 16 K on
+# two 1.02-1.05: the limit halves there.
 AVX512_VM_GELU_MAX_ELEMENTS = 32768
 
 
