@@ -282,11 +282,18 @@ def push_inner_permutes(outputs: Sequence[Node]) -> list[Node]:
     reader then takes the work in registers, where the partitioner would store it to a workspace
     and read it back permuted (a kernel more, and a transposing one). Only elementwise work moves
     (a reduction among it would change which groups its readers fall in), and only where nothing
-    else reads it; each move leaves one permute of work fewer."""
-    outputs = list(outputs)
+    else reads it; each move leaves one permute of work fewer. A permute that did not move is not
+    tried again (nodes are immutable: one whose work changed is another node)."""
+    outputs, stuck = list(outputs), set()
     while True:
         users, out_ids = _users(outputs), {id(o) for o in outputs}
-        moved = next(filter(None, (_inner_move(n, users, out_ids) for n in topo_order(outputs))), None)
+        moved = None
+        for node in topo_order(outputs):
+            if node.op == "permute" and node not in stuck:
+                moved = _inner_move(node, users, out_ids)
+                if moved is not None:
+                    break
+                stuck.add(node)
         if moved is None:
             return outputs
         outputs = _substituted(outputs, *moved)
