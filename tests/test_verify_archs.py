@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from dvm.tools import cli, verify_archs  # noqa: E402
+from dvm.tools import cli, tiny_archs, verify_archs  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]
 
@@ -45,15 +45,15 @@ def test_the_head_picks_the_classes(head, ending):
 @pytest.mark.parametrize("types, keep", [(None, [0, 1]), (["full"] * 4, [0, 1]),
                                          (["sliding"] * 5 + ["full"], [0, 5]), (["linear", "full", "linear"], [0, 1])])
 def test_a_tiny_model_keeps_the_first_layer_and_one_of_another_kind(types, keep):
-    assert verify_archs.kept_layers(types, 6 if types is None else len(types)) == keep
+    assert tiny_archs.kept_layers(types, 6 if types is None else len(types)) == keep
 
 
 def test_per_layer_fields_are_cut_to_the_kept_layers():
     """Gemma 4 sets head_dim per layer (reading the config's own head_dim raises) in a
     per_layer_config keyed by the layer's index."""
-    got = verify_archs._per_layer({"05": {"head_dim": 512}, "11": {"head_dim": 512, "other": 1}}, [0, 5])
-    assert got == {"01": {"head_dim": verify_archs.TINY["head_dim"]}}
-    model = verify_archs.tiny_model("Gemma4ForCausalLM")
+    got = tiny_archs._per_layer({"05": {"head_dim": 512}, "11": {"head_dim": 512, "other": 1}}, [0, 5])
+    assert got == {"01": {"head_dim": tiny_archs.TINY["head_dim"]}}
+    model = tiny_archs.tiny_model("Gemma4ForCausalLM")
     assert model.config.layer_types == ["sliding_attention", "full_attention"]
 
 
@@ -165,15 +165,15 @@ def test_a_hybrid_skipped_with_a_layer_of_each_kind_is_checked_with_its_first_tw
 def test_an_encoder_decoder_with_configs_per_half_is_built_tiny():
     """T5Gemma's encoder and decoder have configs of their own (full size by default: 5.6 billion
     parameters before the halves were cut)."""
-    model = verify_archs.tiny_model("T5GemmaForConditionalGeneration")
-    assert model.config.encoder.hidden_size == model.config.decoder.hidden_size == verify_archs.TINY["hidden_size"]
-    assert sum(p.numel() for p in model.parameters()) < verify_archs.MAX_PARAMS
+    model = tiny_archs.tiny_model("T5GemmaForConditionalGeneration")
+    assert model.config.encoder.hidden_size == model.config.decoder.hidden_size == tiny_archs.TINY["hidden_size"]
+    assert sum(p.numel() for p in model.parameters()) < tiny_archs.MAX_PARAMS
 
 
 def test_a_model_over_the_limit_is_refused_before_it_is_built(monkeypatch):
     """Counted on the meta device: a model of many gigabytes is never allocated."""
     import torch
-    monkeypatch.setattr(verify_archs, "MAX_PARAMS", 1000)
+    monkeypatch.setattr(tiny_archs, "MAX_PARAMS", 1000)
     monkeypatch.setattr(torch, "manual_seed", lambda *a: pytest.fail("the model was built"))
-    with pytest.raises(verify_archs.Skip, match=f"^{verify_archs.TOO_BIG}: "):
-        verify_archs.tiny_model("LlamaForCausalLM")
+    with pytest.raises(tiny_archs.Skip, match=f"^{tiny_archs.TOO_BIG}: "):
+        tiny_archs.tiny_model("LlamaForCausalLM")

@@ -209,7 +209,7 @@ def _takes_single(t: KernelTemplate, cols: int, target: Target) -> bool:
         return False
     if cols <= min(SINGLE_TILE_COLS, target.max_tile):
         return True
-    if SINGLE_TILE_COLS <= 0 or cols > min(WIDE_ROW_COLS, target.max_tile) or target.whole_row_forms is None:
+    if SINGLE_TILE_COLS <= 0 or cols > min(WIDE_ROW_COLS, target.max_tile):
         return False
     return _asked(t.single, "whole_row_forms", target)   # (when a row first exceeds SINGLE_TILE_COLS)
 
@@ -220,15 +220,17 @@ def _single_bn(cols: int, t: KernelTemplate, target: Target) -> int:
         return cols
     p2 = _pow2_at_least(cols)
     tight = -(-cols // TIGHT_LANES) * TIGHT_LANES
-    if cols <= TIGHT_MIN_COLS or tight > TIGHT_MOST * p2 or target.tight_rows is None:
+    if cols <= TIGHT_MIN_COLS or tight > TIGHT_MOST * p2:
         return p2
     return tight if _asked(t, "tight_rows", target) else p2
 
 
 def _asked(t: KernelTemplate, hook: str, target: Target) -> bool:
     """The answer of the target's hook (a RowFormsHook: Target.whole_row_forms, tight_rows,
-    rereads_rows) for stream t, given its instructions, sections and operands' dtypes;
-    asked once per target."""
+    rereads_rows) for stream t, given its instructions, sections and operands' dtypes; asked once
+    per target. False where the target has no such hook."""
+    if getattr(target, hook) is None:
+        return False
     answers, key = _compiled(t).answers, (hook, target.name)
     if key not in answers:
         sections = [tuple(t.prologue)] + [(sw[i], sw[i + 1]) for sw in t.sweeps for i in (0, 2, 4)]
@@ -248,8 +250,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     if _takes_single(t, prod(dom[i] for i in c.col_axes), target):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
-        column_major = _column_major(folded[2], folded[4]) and not (
-            target.rereads_rows is not None and _asked(t.single, "rereads_rows", target))
+        column_major = _column_major(folded[2], folded[4]) and not _asked(t.single, "rereads_rows", target)
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:

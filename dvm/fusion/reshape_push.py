@@ -168,9 +168,13 @@ def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
             if moved is not None:
                 new[id(node)] = pusher.twins[inputs[0]] = moved
                 continue
-        same = all(a is b for a, b in zip(inputs, node.inputs))
-        new[id(node)] = node if same else _remade(node, node.shape, inputs)
+        new[id(node)] = _rebuilt(node, inputs)
     return [new[id(o)] for o in outputs]
+
+
+def _rebuilt(node: Node, inputs: tuple) -> Node:
+    """node over `inputs` (node itself where they are its own)."""
+    return node if all(a is b for a, b in zip(inputs, node.inputs)) else _remade(node, node.shape, inputs)
 
 
 def _loads(node: Node) -> bool:
@@ -318,11 +322,8 @@ def _substituted(outputs: Sequence[Node], old: Node, new_node: Node) -> list[Nod
     """`outputs` with every read of `old` reading `new_node` (an equal value of the same shape)."""
     new: dict[int, Node] = {id(old): new_node}
     for node in topo_order(outputs):
-        if id(node) in new:
-            continue
-        inputs = tuple(new[id(i)] for i in node.inputs)
-        same = all(a is b for a, b in zip(inputs, node.inputs))
-        new[id(node)] = node if same else _remade(node, node.shape, inputs)
+        if id(node) not in new:
+            new[id(node)] = _rebuilt(node, tuple(new[id(i)] for i in node.inputs))
     return [new[id(o)] for o in outputs]
 
 

@@ -181,56 +181,47 @@ def fuse_plan(instrs: np.ndarray, sections: list[tuple[int, int]]) -> np.ndarray
     return plan
 
 
-def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
-    """The stream computes on whole rows (an elementwise instruction or cast of a loaded value, or
-    of one computed from it) and no row form (FK_ROWNORM, FK_ROWSOFTMAX: tiles of a power of two,
-    jit/fused/rowchain.rows_fit) is planned in it: its rows may take tiles of their width rounded
-    up (codegen's Target.tight_rows), in which those instructions compute no lanes past it. A
-    stream that only loads and reduces keeps the power of two: the row trees read a power-of-two
-    tile's valid lanes in place (jit/rowtree.rowred_at), another tile's through a padded copy."""
+def _row_reads(instrs: np.ndarray, sections: list[tuple[int, int]]) -> tuple[bool, bool]:
+    """(an elementwise instruction or cast reads a value of whole rows: loaded, or computed from
+    loaded values; one reads such a value together with one reduced from rows: rowred, rfin, or
+    computed from those, as a norm's x - mean or a softmax's exp(x - max)). Instructions in stream
+    order; a write ends what the register held. (False, False) where an opcode is unknown."""
     specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
     if any(sp is None for sp in specs):
-        return False
-    flow, full, on_rows = Flow(instrs, specs, sections), set(), False
-    for s, e in sections[1:]:   # (the prologue's: constants)
+        return False, False
+    flow, full, reduced, on_rows, rereads = Flow(instrs, specs, sections), set(), set(), False, False
+    for s, e in sections:
         for pc in range(s, e):
-            group = specs[pc].group
-            if group == "load":
-                full |= flow.writes[pc]
-            elif group in ("ew", "cast") and flow.reads[pc] & full:
-                full |= flow.writes[pc]
-                on_rows = True
-            else:
-                full -= flow.writes[pc]
-    if not on_rows:
+            group, reads, writes = specs[pc].group, flow.reads[pc], flow.writes[pc]
+            computes = group in ("ew", "cast")
+            on_full, on_reduced = computes and bool(reads & full), computes and bool(reads & reduced)
+            on_rows |= on_full
+            rereads |= on_full and on_reduced
+            full, reduced = full - writes, reduced - writes
+            if group == "load" or on_full:
+                full |= writes
+            elif group in ("rowred", "rfin") or on_reduced:
+                reduced |= writes
+    return on_rows, rereads
+
+
+def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
+    """The stream computes on whole rows (_row_reads) and no row form (FK_ROWNORM, FK_ROWSOFTMAX:
+    tiles of a power of two, jit/fused/rowchain.rows_fit) is planned in it: its rows may take
+    tiles of their width rounded up (codegen's Target.tight_rows), in which those instructions
+    compute no lanes past it. A stream that only loads and reduces keeps the power of two: the row
+    trees read a power-of-two tile's valid lanes in place (jit/rowtree.rowred_at), another tile's
+    through a padded copy."""
+    if not _row_reads(instrs, sections)[0]:
         return False
     plan = fuse_plan(instrs, sections)
     return not np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any()
 
 
 def rereads_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes=None) -> bool:
-    """An elementwise instruction or cast reads a value of whole rows (loaded, or computed from
-    loaded values) together with one reduced from rows (rowred, rfin, or computed from those): a
-    norm's x - mean, a softmax's exp(x - max) (codegen's Target.rereads_rows; host/stream: such a
-    stream keeps row-major registers). Instructions in stream order; a write ends what the
-    register held."""
-    specs = [isa.BY_CODE.get(int(r[0])) for r in instrs]
-    if any(sp is None for sp in specs):
-        return False
-    flow, full, reduced = Flow(instrs, specs, sections), set(), set()
-    for s, e in sections:
-        for pc in range(s, e):
-            group, reads, writes = specs[pc].group, flow.reads[pc], flow.writes[pc]
-            if group in ("ew", "cast") and reads & full and reads & reduced:
-                return True
-            kind = "full" if group == "load" or (group in ("ew", "cast") and reads & full) else \
-                "reduced" if group in ("rowred", "rfin") or (group in ("ew", "cast") and reads & reduced) else None
-            full, reduced = full - writes, reduced - writes
-            if kind == "full":
-                full |= writes
-            elif kind == "reduced":
-                reduced |= writes
-    return False
+    """The stream reads its rows again after reducing them (_row_reads): codegen's
+    Target.rereads_rows; host/stream: such a stream keeps row-major registers."""
+    return _row_reads(instrs, sections)[1]
 
 
 def whole_row_forms(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list[int]) -> bool:
