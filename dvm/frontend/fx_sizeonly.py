@@ -49,9 +49,13 @@ MAX_ENTRIES = 64            # size tuples remembered per graph
 MAX_BYTES = 64 << 20        # bytes of tensors remembered per graph (an entry above it is not kept)
 
 
+# namespaces of functional ops: ATen's, prims' and DVM's own (fx_interpolate's upsampling call)
+PURE_NAMESPACES = ("aten", "prims", "dvm")
+
+
 def pure_op(target) -> bool:
     if isinstance(target, torch._ops.OpOverload):
-        return target.namespace in ("aten", "prims") and not target._schema.is_mutable \
+        return target.namespace in PURE_NAMESPACES and not target._schema.is_mutable \
             and torch.Tag.nondeterministic_seeded not in target.tags
     return getattr(target, "__module__", None) in ("_operator", "operator")
 

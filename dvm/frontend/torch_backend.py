@@ -17,6 +17,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
 from ..runtime import counters
+from . import fx_interpolate
 from .aten_table import decompositions, register_late_ops
 from .torch_runtime import COMPILED, CompiledFx
 
@@ -43,6 +44,7 @@ def _aot():
 def dvm_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The Dynamo backend: AOTAutograd with DVM's forward / backward / inference compilers."""
     example_inputs = specialize_untensorifiable_floats(gm, example_inputs)
+    fx_interpolate.rewrite(gm)
     compiled = _aot()(gm, example_inputs, **kwargs)   # may raise Dynamo's restart exceptions
     counters.bump("torch_dynamo_graphs")               # graphs actually compiled
     return compiled
