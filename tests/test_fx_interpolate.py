@@ -1,7 +1,7 @@
 """F.interpolate under the DVM backend (frontend/fx_interpolate): one call of PyTorch's own
 upsampling kernel, not its decomposition into index tensors and `_unsafe_index` gathers (which
-ran as PyTorch calls, several times eager's time); eager's bits, at every size of a dynamic graph;
-a graph that takes a gradient through it, and calls the rewrite does not take, keep the
+ran as PyTorch calls, several times eager's time); eager's bits, at every size of a dynamic graph,
+and eager's gradients through it (its backward kernel); a call the rewrite does not take keeps the
 decomposition and eager's values."""
 import pytest
 
@@ -81,22 +81,30 @@ def test_size_of_another_tensor():
     assert counts.get("torch_interpolate_native") == counts["torch_dynamo_graphs"]
 
 
-@pytest.mark.parametrize("mode, kw", [("bilinear", dict(scale_factor=2.5)), ("nearest", dict(scale_factor=2.0)),
-                                      ("bicubic", dict(size=(11, 13), align_corners=True))])
-def test_gradients_through_interpolate_keep_the_decomposition(mode, kw):
-    conv = torch.nn.Conv2d(3, 4, 3)
+@pytest.mark.parametrize("mode, kw, shape", [
+    ("bilinear", dict(scale_factor=2.5), (2, 3, 10, 12)), ("nearest", dict(scale_factor=2.0), (2, 3, 10, 12)),
+    ("bicubic", dict(size=(11, 13), align_corners=True), (2, 3, 10, 12)),
+    ("nearest-exact", dict(size=(7, 9)), (1, 3, 9, 8)),
+    ("bilinear", dict(scale_factor=0.5, antialias=True), (1, 3, 14, 12)),
+    ("linear", dict(size=17), (2, 3, 9)), ("trilinear", dict(scale_factor=1.5), (1, 3, 5, 6, 4))])
+def test_gradients_through_interpolate_are_its_backward_kernels(mode, kw, shape):
+    """Eager's gradients (assert_close: the loss's sum of squares is DVM's reduction), the call and
+    its backward PyTorch's kernels, at two sizes of a dynamic graph."""
+    weight = torch.randn(shape[1:2] + (1,) * (len(shape) - 2))
 
     def fn(x):
-        return (F.interpolate(conv(x), mode=mode, **kw).sin() ** 2).sum()
+        return (F.interpolate(x * weight, mode=mode, **kw) ** 2).sum()
 
     compiled = _fresh(fn)
-    x1 = torch.randn(2, 3, 10, 12, requires_grad=True)
-    x2 = x1.detach().clone().requires_grad_()
-    fn(x1).backward()
-    compiled(x2).backward()
-    torch.testing.assert_close(x2.grad, x1.grad)
+    for n in (0, 1):
+        x1 = torch.randn(shape[:2] + tuple(d + n for d in shape[2:]), requires_grad=True)
+        x2 = x1.detach().clone().requires_grad_()
+        fn(x1).backward()
+        compiled(x2).backward()
+        torch.testing.assert_close(x2.grad, x1.grad)
     counts = dvm.counters()
-    assert counts.get("torch_interpolate_kept") == 1 and "torch_interpolate_native" not in counts
+    assert counts.get("torch_interpolate_native") == counts["torch_dynamo_graphs"]
+    assert not any("unsafe_index" in k for k in counts), counts
 
 
 def test_a_mode_the_rewrite_does_not_take_stays_and_matches():

@@ -8,13 +8,14 @@ and the interpolation arithmetic, several graph nodes per call. DVM has no gathe
 gathers ran as PyTorch calls on index tensors: a bilinear 4x upsampling of 1x64x32x32 took 8x
 eager's time, a bicubic one too. Each such node becomes `torch.ops.dvm.interpolate`, a custom op
 AOTAutograd keeps whole: it runs `F.interpolate` itself (PyTorch's kernel: eager's bits), its
-shape comes from the sizes or scale factors (symbolic where the input's are).
+shape comes from the sizes or scale factors (symbolic where the input's are), and its gradient is
+`dvm.interpolate_backward`, the upsampling op's own backward kernel (a custom op too: called
+directly, the backward ops fail on symbolic sizes under AOTAutograd's fake tensors).
 
 Rewritten: the modes with such a decomposition (nearest, nearest-exact, linear, bilinear,
 bicubic, trilinear), constant mode / align_corners / recompute_scale_factor / antialias and scale
-factors, sizes of ints or symbolic ints, an input no gradient is taken of (a graph that
-differentiates through it keeps PyTorch's decomposition: the upsampling ops' backward kernels take
-no symbolic sizes under AOTAutograd's fake tensors). Anything else stays as it was (counted).
+factors, sizes of ints, of symbolic ints or a torch.Size node. Anything else stays as it was
+(counted).
 """
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ _DEFAULTS = {"size": None, "scale_factor": None, "mode": "nearest", "align_corne
 _RANKS = {"nearest": (1, 2, 3), "nearest-exact": (1, 2, 3), "linear": (1,), "bilinear": (2,), "trilinear": (3,),
           "bicubic": (2,)}
 _RANKS_AA = {"bilinear": (2,), "bicubic": (2,)}
+_SCHEMA_ARGS = "SymInt[]? size, float[]? scale_factor, str mode, bool? align_corners, bool? recompute_scale_factor, " \
+               "bool antialias"
+_NEAREST = ("nearest", "nearest-exact")
 
 
-@torch.library.custom_op("dvm::interpolate", mutates_args=(),
-                         schema="(Tensor x, SymInt[]? size, float[]? scale_factor, str mode, bool? align_corners, "
-                                "bool? recompute_scale_factor, bool antialias) -> Tensor")
+@torch.library.custom_op("dvm::interpolate", mutates_args=(), schema=f"(Tensor x, {_SCHEMA_ARGS}) -> Tensor")
 def interpolate(x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
     """F.interpolate (PyTorch's kernel; every mode rewritten allocates its output)."""
     return F.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
@@ -48,6 +50,43 @@ def _(x, size, scale_factor, mode, align_corners, recompute_scale_factor, antial
     shape = upsample_compute_output_size(x.size(), size, scale_factor)
     return torch.empty((*x.shape[:2], *shape), dtype=x.dtype, device=x.device,
                        memory_format=suggest_memory_format(x))
+
+
+def _backward_op(mode: str, rank: int, antialias: bool):
+    """The ATen backward of the upsampling op F.interpolate calls for `mode` at `rank`."""
+    if antialias:
+        return getattr(torch.ops.aten, f"_upsample_{mode}{rank}d_aa_backward").default
+    name = {"nearest": "upsample_nearest", "nearest-exact": "_upsample_nearest_exact"}.get(mode, f"upsample_{mode}")
+    return getattr(torch.ops.aten, f"{name}{rank}d_backward").default
+
+
+@torch.library.custom_op("dvm::interpolate_backward", mutates_args=(),
+                         schema=f"(Tensor grad, SymInt[] input_size, {_SCHEMA_ARGS}) -> Tensor")
+def interpolate_backward(grad, input_size, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                         antialias):
+    """The gradient of dvm.interpolate's input: the upsampling op's own backward kernel (its
+    scales: the factors, unless sizes were given or the factors recomputed, as F.interpolate
+    passes them)."""
+    rank = len(input_size) - 2
+    scales = list(scale_factor) if scale_factor is not None and not recompute_scale_factor else [None] * rank
+    corners = () if mode in _NEAREST else (bool(align_corners),)
+    return _backward_op(mode, rank, antialias)(grad, list(grad.shape[2:]), list(input_size), *corners, *scales)
+
+
+@interpolate_backward.register_fake
+def _(grad, input_size, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    return torch.empty(input_size, dtype=grad.dtype, device=grad.device, memory_format=suggest_memory_format(grad))
+
+
+def _setup(ctx, inputs, output):
+    ctx.input_size, ctx.args = inputs[0].shape, inputs[1:]
+
+
+def _backward(ctx, grad):
+    return (torch.ops.dvm.interpolate_backward(grad, ctx.input_size, *ctx.args),) + (None,) * len(ctx.args)
+
+
+interpolate.register_autograd(_backward, setup_context=_setup)
 
 
 def _arguments(node: torch.fx.Node) -> dict | None:
@@ -106,12 +145,12 @@ def _rewritable(args: dict, rank: int) -> tuple | None:
 
 def rewrite(gm: torch.fx.GraphModule) -> int:
     """Each F.interpolate node that _rewritable takes becomes dvm.interpolate; the number of them."""
-    done, grad = 0, torch.is_grad_enabled()
+    done = 0
     for node in list(gm.graph.find_nodes(op="call_function", target=F.interpolate)):
         args = _arguments(node)
         x = args and args["input"]
         value = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
-        plain = isinstance(value, torch.Tensor) and value.dim() >= 3 and not (value.requires_grad and grad)
+        plain = isinstance(value, torch.Tensor) and value.dim() >= 3
         lists = _rewritable(args, value.dim() - 2) if plain else None
         if lists is None:
             counters.bump("torch_interpolate_kept")
