@@ -136,3 +136,22 @@ def test_a_weight_interpolated_to_the_input_size_is_computed_once_per_size():
     counts = dvm.counters()
     assert counts.get("torch_interpolate_native") == 1
     assert counts.get("torch_size_consts_computed") == 2 and counts.get("torch_size_consts_hits") == 3, counts
+
+
+@pytest.mark.parametrize("mode, kw, dtype, shapes", [
+    ("bilinear", dict(scale_factor=2.0), torch.bfloat16, [(1, 4, 6, 7), (2, 4, 5, 9)]),
+    ("nearest", dict(size=(9, 11)), torch.uint8, [(1, 3, 6, 7), (2, 3, 4, 5)]),
+    ("trilinear", dict(size=(3, 5, 7)), torch.float16, [(1, 2, 2, 3, 4), (2, 2, 3, 3, 3)]),
+    ("bicubic", dict(scale_factor=2.0), torch.float32, [(0, 3, 4, 4), (3, 3, 4, 5)]),   # an empty batch
+])
+def test_other_dtypes_and_an_empty_batch(mode, kw, dtype, shapes):
+    def fn(x):
+        return F.interpolate(x, mode=mode, **kw)
+
+    compiled = _fresh(fn)
+    with torch.no_grad():
+        for shape in shapes:
+            x = (torch.randn(shape) * 50 + 100).to(dtype)
+            want, got = fn(x), compiled(x)
+            assert got.dtype == want.dtype and torch.equal(got, want), (mode, dtype, shape)
+    assert dvm.counters().get("torch_interpolate_native") == dvm.counters()["torch_dynamo_graphs"]
