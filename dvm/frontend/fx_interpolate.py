@@ -19,6 +19,8 @@ factors, sizes of ints, of symbolic ints or a torch.Size node. Anything else sta
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch._decomp.decompositions import upsample_compute_output_size
@@ -26,9 +28,9 @@ from torch._prims_common import suggest_memory_format
 
 from ..runtime import counters
 
-_SIGNATURE = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
-_DEFAULTS = {"size": None, "scale_factor": None, "mode": "nearest", "align_corners": None,
-             "recompute_scale_factor": None, "antialias": False}
+_PARAMETERS = inspect.signature(F.interpolate).parameters
+_SIGNATURE = tuple(_PARAMETERS)   # (input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+_DEFAULTS = {n: p.default for n, p in _PARAMETERS.items() if p.default is not inspect.Parameter.empty}
 # mode -> the spatial ranks whose upsampling op PyTorch decomposes (antialias: bilinear, bicubic)
 _RANKS = {"nearest": (1, 2, 3), "nearest-exact": (1, 2, 3), "linear": (1,), "bilinear": (2,), "trilinear": (3,),
           "bicubic": (2,)}
