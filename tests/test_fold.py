@@ -94,3 +94,24 @@ def test_lerp_with_a_python_weight_has_no_select(vm, weight):
     ops = {isa.BY_CODE[row[0]].op for s in list(COMPILED)[-1].segments for t in s.graph.templates
            for row in t.instrs.reshape(-1, isa.WORDS).tolist()}
     assert "add" in ops and not ops & {"where", "abs", "ge"}
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.FLOAT64])
+def test_a_size_made_float_is_a_float_constant(vm, dtype):
+    """x / n, n a symbolic size (a norm's count in its gradient): n cast to float is a float
+    constant of the size, rounded where it is encoded as the cast rounds it (2**24 + 1 is
+    2**24 in float32), not a cast per lane."""
+    from dvm.codegen.disasm import disasm
+    from dvm.graph.symbolic import sym
+    n = sym("n", lo=1)
+    count = build.cast(build.const(n), dtype)
+    assert count.op == "const" and count.dtype is dtype and not count.attr("weak")
+    x = Node.make("input", dtype, (), index=0)
+    out = build.elementwise(build.ShapeContext(), "div", x, count)
+    graph = CompiledGraph([x], [out])
+    np_dtype = np.float32 if dtype is DType.FLOAT32 else np.float64
+    for size in (768, 2 ** 24 + 1, 2 ** 53 - 1):
+        (got,) = graph.run({"n": size}, [np.array(3.0, np_dtype)])
+        assert got.item() == (np_dtype(3.0) / np_dtype(size)).item(), size
+    layout = graph.program({"n": 768}, [((), (), 0)])
+    assert "cast" not in disasm(layout)

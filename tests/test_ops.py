@@ -494,10 +494,11 @@ def test_reduced_float_by_one_element_tensor(op, shape, other):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("e", [2, 2.0, 3, -1, -2, 0.5, -0.5, 4, -3])
+@pytest.mark.parametrize("e", [2, 2.0, 3, -1, -2, 0.5, -0.5, 4, -3, 1, 1.0, 0, 0.0])
 def test_pow_by_special_scalars_is_bitwise_eager(dtype, e):
     """x ** 2 (every float dtype) and x ** 3, ** -1, ** -2 (f32, f64) lower to products and a
-    division as PyTorch's CPU kernel computes them: bitwise equal, special values included.
+    division as PyTorch's CPU kernel computes them, x ** 1 is x and x ** 0 is 1 (NaN's too; its
+    copy and fill): bitwise equal, special values included.
     +-0.5 are sqrt / rsqrt except for f16 (whose eager pow(-inf, 0.5) is +inf); those and the
     other exponents are compared with assert_close."""
     rng = np.random.default_rng(11)
@@ -507,7 +508,7 @@ def test_pow_by_special_scalars_is_bitwise_eager(dtype, e):
     got = run_ew("pow", x, e)
     want = torch.pow(to_torch(x), e)
     assert_same(got, want, f"pow({dtype}, {e})")
-    exact = e in (2, 2.0) or (e in (3, -1, -2) and dtype in ("float32", "float64"))
+    exact = e in (2, 2.0, 1, 0) or (e in (3, -1, -2) and dtype in ("float32", "float64"))
     if exact:
         g = to_torch(got)
         same = (g == want) | (g.isnan() & want.isnan())

@@ -80,6 +80,9 @@ def normalize_axes(axis, ndim: int, what: str) -> tuple[int, ...]:
     return tuple(sorted(out)) if ndim else ()
 
 
+# the dtypes a symbolic integer constant is made directly (encoded as a float64, rounded on load)
+SYMBOLIC_FLOAT_CONSTS = frozenset({DType.FLOAT32, DType.FLOAT64})
+
 # -- leaves -------------------------------------------------------------------------------------
 
 def const(value, dtype: DType | None = None) -> Node:
@@ -108,6 +111,11 @@ def cast(x: Node, dtype: DType) -> Node:
     if x.op == "const" and not isinstance(x.attr("value"), SymExpr):
         weak = x.attr("weak") and dtype.category == x.dtype.category
         return Node.make("const", dtype, (), value=round_to_dtype(x.attr("value"), dtype), weak=weak)
+    if x.op == "const" and dtype in SYMBOLIC_FLOAT_CONSTS and not x.dtype.is_float:
+        # a size made float (a norm's count): a float constant, rounded when it is encoded as
+        # the cast would round it, instead of a cast per lane (int64 -> float32 has no vector
+        # instruction before AVX-512)
+        return Node.make("const", dtype, (), value=x.attr("value"), weak=False)
     return Node.make("cast", dtype, x.shape, (x,))
 
 
@@ -205,9 +213,12 @@ def _pow_by_scalar(ctx: ShapeContext, x: Node, e) -> Node | None:
     (pow(-inf, 0.5) is +inf). Bitwise eager's (tests/test_ops.py); a product is ~25-100x cheaper
     than the VM's pow (jit/powf). f16 / bf16 x ** 3 is x*x*x too, the bits of the f64 pow it replaces
     (tests/test_half_cube.py): in their f32 registers x*x is exact and x*x*x rounds the exact cube
-    once, as the pow's register did (exact: <= 33 bits); their -1 and -2 keep pow."""
-    if isinstance(e, SymExpr) or e not in (0.5, -0.5, 2, 3, -1, -2):
+    once, as the pow's register did (exact: <= 33 bits); their -1 and -2 keep pow. Exponent 1 is
+    x and 0 is 1 (NaN too), as PyTorch's pow copies / fills there (a square's gradient is 2 * x ** 1)."""
+    if isinstance(e, SymExpr) or e not in (0.5, -0.5, 2, 3, -1, -2, 1, 0):
         return None
+    if e in (0, 1):
+        return x if e == 1 else broadcast_view(ctx, const(1.0, x.dtype), x.shape)
     if e in (0.5, -0.5):
         return None if x.dtype is DType.FLOAT16 else elementwise(ctx, "sqrt" if e > 0 else "rsqrt", x)
     if e == 2:
