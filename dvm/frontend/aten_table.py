@@ -399,7 +399,8 @@ register_late_ops = functools.partial(U.register_late_ops, LOWERINGS)
 
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the
 # elementwise / reduction ops above, so training graphs fuse; forward composites that DVM has as
-# ops (silu, gelu, sigmoid, tanh) or lowers itself (_softmax, native_layer_norm) stay whole.
+# ops (silu, gelu, sigmoid, tanh) or lowers itself (_softmax, native_layer_norm) stay whole. Three
+# backward entries keep their op, run by PyTorch's kernel (fx_native_backward).
 DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
              aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
              aten.threshold_backward, aten.var_mean.correction, aten.var.correction,
@@ -410,4 +411,6 @@ DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.
 
 def decompositions() -> dict:
     from torch._decomp import get_decompositions
-    return get_decompositions(DECOMPOSE)
+
+    from .fx_native_backward import adjust
+    return adjust(get_decompositions(DECOMPOSE))

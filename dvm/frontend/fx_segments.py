@@ -23,7 +23,8 @@ import torch.fx as fx
 from ..graph.symbolic import SymExpr
 from . import aten_table as T
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_gelu_chain, fx_lone_gelu, fx_lone_ops,
-               fx_patterns, fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears, fx_updates)
+               fx_native_backward, fx_patterns, fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears,
+               fx_updates)
 from .aten_table import Unsupported
 from .fx_segment_lower import Segment, SegmentLowering, arg_nodes
 from .fx_syms import Syms
@@ -201,6 +202,8 @@ class Planner(SegmentLowering):
             return
         if n.target in _ATTENTION_CALLS:
             return self.to_torch(n, _ATTENTION_CALLS[n.target])
+        if n.target in fx_native_backward.REASONS:   # (kept whole by aten_table.decompositions)
+            return self.to_torch(n, fx_native_backward.REASONS[n.target])
         if isinstance(n.target, fx_sibling_linears.WeightCats):
             return self.to_torch(n, fx_sibling_linears.REASON)
         if n.target is fx_updates.COPY_ and fx_updates.absorb_write(self, n):
