@@ -232,18 +232,22 @@ class LazyMode(TorchDispatchMode):
         if kind is Kind.RECORD or kind is Kind.INPLACE or kind is Kind.DECOMP:
             if not policy.adaptive or _worth_recording(args, p, policy.min_numel):
                 if kind is Kind.DECOMP or (kind is Kind.INPLACE and info.handler is None and info.functional):
-                    return self._decompose(info, args, kwargs)
-                try:
-                    out = p.record(info, args, kwargs) if kind is Kind.RECORD else p.record_inplace(info, args, kwargs)
-                except NotRecorded as e:
-                    err = e
+                    out = self._decompose(info, args, kwargs)
+                    if out is not NotImplemented:   # (else kept whole, fx_native_backward: run below)
+                        return out
                 else:
-                    if st.stats is not None:
-                        ops = st.stats.ops
-                        ops[info.name] = ops.get(info.name, 0) + 1
-                    if p.n_ops >= policy.max_ops:
-                        flush("bound", info.name)
-                    return out
+                    try:
+                        out = p.record(info, args, kwargs) if kind is Kind.RECORD else \
+                            p.record_inplace(info, args, kwargs)
+                    except NotRecorded as e:
+                        err = e
+                    else:
+                        if st.stats is not None:
+                            ops = st.stats.ops
+                            ops[info.name] = ops.get(info.name, 0) + 1
+                        if p.n_ops >= policy.max_ops:
+                            flush("bound", info.name)
+                        return out
         elif kind is Kind.VIEW:
             if args and isinstance(args[0], _Tensor) and p.var_of(args[0]) is not None:
                 real = func(*args, **kwargs)
@@ -262,11 +266,11 @@ class LazyMode(TorchDispatchMode):
 
     def _decompose(self, info, args, kwargs):
         """A composite under the mode (its parts recorded); an in-place composite writes its
-        functional result back with copy_ (recorded too)."""
+        functional result back with copy_ (recorded too). NotImplemented: the op is kept whole."""
         if info.kind is Kind.INPLACE:
             with self:
                 r = decomposition(info.functional)(*args, **kwargs)
-                return args[0].copy_(r)
+                return r if r is NotImplemented else args[0].copy_(r)
         with self:
             return decomposition(info.func)(*args, **kwargs)
 
