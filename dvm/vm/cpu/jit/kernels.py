@@ -277,7 +277,7 @@ def _cmp(op, o, a, b):
 @njit(**OPTS)
 def _where(o, c, a, b):
     # both lanes loaded before the choice: a select, vectorized (a choice of which lane to load
-    # is a branch per element, mispredicted on mixed conditions: ~20x slower on random masks)
+    # is a branch per element, mispredicted on mixed conditions: ~10x slower on random masks)
     for i in range(o.shape[0]):
         x, y = a[i], b[i]
         o[i] = x if c[i] != 0 else y
