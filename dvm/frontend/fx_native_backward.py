@@ -32,27 +32,20 @@ def _exact_gelu(grad, x, approximate: str = "none") -> bool:
     return approximate == "none" and x.dtype in GELU_NATIVE_DTYPES
 
 
-def _always(*args, **kwargs) -> bool:
-    return True
-
-
-_KEEP = {aten.native_layer_norm_backward: _always, aten._softmax_backward_data: _always,
-         aten.gelu_backward: _exact_gelu}
+_KEPT_WHEN = {aten.gelu_backward.default: _exact_gelu}   # the others of REASONS: always
 
 
 def adjust(table: dict) -> dict:
-    """AOTAutograd's decomposition table, the entries of the ops above returning NotImplemented
-    (the op stays in the graph: make_fx's convention) where they are kept."""
-    for op in list(table):
-        keep = _KEEP.get(op.overloadpacket)
-        if keep is not None:
-            table[op] = _kept_when(keep, table[op])
+    """AOTAutograd's decomposition table, the entries of the ops of REASONS returning
+    NotImplemented (the op stays in the graph: make_fx's convention) where they are kept."""
+    for op in [op for op in table if op in REASONS]:
+        table[op] = _kept_when(_KEPT_WHEN.get(op), table[op])
     return table
 
 
 def _kept_when(keep, decomposition):
     def decompose(*args, **kwargs):
-        if ENABLED and keep(*args, **kwargs):
+        if ENABLED and (keep is None or keep(*args, **kwargs)):
             return NotImplemented
         return decomposition(*args, **kwargs)
     return decompose

@@ -4,8 +4,9 @@ Registered as "dvm" on import and through the `torch_dynamo_backends` entry poin
 `torch.compile(..., backend="dvm")` works without importing dvm first. AOTAutograd hands ATen
 graphs (inference, forward and backward) to `CompiledFx`, which cuts each graph once into DVM
 segments (symbolic sizes) and PyTorch steps. Decompositions: see aten_table.DECOMPOSE (backward
-composites are decomposed; forward composites DVM lowers itself stay whole); `F.interpolate`, which
-PyTorch decomposes into gathers whatever the table, is one call of its kernel (fx_interpolate).
+composites are decomposed, except three run by PyTorch's kernels, fx_native_backward; forward
+composites DVM lowers itself stay whole); `F.interpolate`, which PyTorch decomposes into gathers
+whatever the table, is one call of its kernel (fx_interpolate).
 """
 from __future__ import annotations
 
