@@ -1,6 +1,6 @@
 """`dvm bench ...`: the benchmarks' command-line parsers and their checks of the arguments (each
-benchmark's own module runs it; bench_optim and bench_ab add their own parsers). Part of the
-`dvm` command line (tools/cli)."""
+benchmark's own module runs it; bench_optim, bench_train and bench_ab add their own parsers).
+Part of the `dvm` command line (tools/cli)."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +11,7 @@ from .cli import EXIT_USAGE, _err, _path
 
 def add_parsers(sub) -> None:
     """`dvm bench` and its benchmarks, under the command line's subparsers `sub`."""
-    from . import bench_ab, bench_encode, bench_floor, bench_models, bench_ops, bench_optim, bench_zoo
+    from . import bench_ab, bench_encode, bench_floor, bench_models, bench_ops, bench_optim, bench_train, bench_zoo
     from .bench_common import add_output_options
     b = sub.add_parser("bench", help="benchmarks", description="Benchmarks (see BENCHMARKS.md).")
     bsub = b.add_subparsers(dest="bench", metavar="BENCHMARK")
@@ -134,6 +134,7 @@ def add_parsers(sub) -> None:
     bm.set_defaults(func=cmd_bench_models)
     _lazy_parser(bsub)
     bench_optim.add_parser(bsub)
+    bench_train.add_parser(bsub)
     bench_ab.add_parser(bsub)
     b.set_defaults(func=lambda args: (b.print_help(sys.stderr), EXIT_USAGE)[1])
 
