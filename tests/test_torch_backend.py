@@ -93,6 +93,26 @@ def test_views_and_broadcasts():
     check(f, lambda n: (torch.randn(n, 4), torch.randn(4)))
 
 
+
+def test_a_free_view_merging_permuted_axes_is_not_copied():
+    """Attention gradients come as (b, h, L, d) with the strides of (b, L, h, d): their transpose
+    and merge of the heads is a free view in PyTorch. Replayed on the value, the kernels would
+    copy it into a workspace (a reshape merging permuted axes): the segment reads PyTorch's view
+    instead, in one kernel; the same code on a value the view cannot take (row-major (b, h, L, d):
+    PyTorch copies it too) matches eager as well."""
+    from dvm.frontend.torch_runtime import COMPILED
+
+    def f(g, r):
+        m = g.transpose(1, 2).reshape(g.shape[0] * g.shape[2], -1)
+        return m.sum(0), r + m.view(r.shape)
+
+    def heads_last(n):
+        return torch.randn(2, n, 4, 8).transpose(1, 2), torch.randn(2, n, 32)
+    check(f, heads_last, sizes=[5, 17, 64, 129])
+    text = COMPILED[-1].describe()
+    assert "1 vector kernel(s)" in text and "reduce []" not in text, text   # (no group copying g)
+    check(f, lambda n: (torch.randn(2, 4, n, 8), torch.randn(2, n, 32)), sizes=[5, 17, 64, 129])
+
 def test_dtype_casts():
     def f(x, i):
         return ((x.to(torch.bfloat16) * 3).float() + i, (x.half() + 1).to(torch.float32),

@@ -18,7 +18,9 @@ import torch.fx as fx
 from ..graph import build
 from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
+from ..fusion.partition import offending_reshape
 from ..graph.symbolic import decide_eq
+from ..graph.views import split_chain
 from . import aten_table as T
 from . import fx_patterns, fx_rolled_blocks
 from .aten_common import fake
@@ -248,6 +250,8 @@ class SegmentLowering:
         n_inputs, n_checks, views = len(new_inputs), len(seg.ctx.checks), dict(self._new_views)
         try:
             node = self.check(seg, view(), fake(a))
+            if _copied(node):
+                raise Unsupported("a view the kernels would copy")
         except Exception:  # noqa: BLE001 - any failure: a stays a PyTorch input
             del new_inputs[n_inputs:]
             del seg.ctx.checks[n_checks:]
@@ -272,6 +276,14 @@ class SegmentLowering:
             if decide_eq(a, b) is None:
                 seg.ctx.require_eq(a, b, f"shape of {r!r} against PyTorch's {shape}")
         return r
+
+
+def _copied(node: Node) -> bool:
+    """Whether node's chain of views needs a copy of part of it in the kernels (a reshape merging
+    permuted axes: fusion.partition.offending_reshape). Replayed on a PyTorch value, such a chain
+    would copy it into a workspace every call, even where its strides make the view free; PyTorch's
+    own view, a segment input, is strides the kernels load as they are."""
+    return offending_reshape(split_chain(node)[1], 0) >= 0
 
 
 def _numel(shape):
