@@ -153,6 +153,26 @@ def save_figure(fig, path: str) -> None:
     plt.close(fig)
 
 
+def ratio_bars(path: str, labels: list[str], ratios: dict[str, list[float]], title: str,
+               width: float = 0.5) -> None:
+    """A bar chart of each system's speed-up over eager per case (ratios: system -> one ratio per
+    label, 0 where it did not run), the 1.0 line drawn, written to path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(6, width * len(labels)), 4))
+    bar = 0.8 / max(len(ratios), 1)
+    for i, (system, ys) in enumerate(ratios.items()):
+        ax.bar([x + bar * i for x in range(len(labels))], ys, bar, label=system)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([x + bar * (len(ratios) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("× eager (higher is faster)")
+    ax.set_title(title)
+    ax.legend()
+    save_figure(fig, path)
+
+
 def finish_report(report: dict, text: str, plot: Callable[[dict, str], None], json_path: str | None,
                   md_path: str | None, png_path: str | None, out, failed_what: str) -> int:
     """Print the markdown, write JSON / markdown / PNG where asked, list DVM failures.

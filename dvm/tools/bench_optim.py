@@ -162,25 +162,11 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .bench_common import save_figure
+    from .bench_common import ratio_bars
     ok = [c for c in report["cases"] if "seconds" in c]
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(ok)), 4))
-    xs = range(len(ok))
-    for i, system in enumerate(("dvm", "inductor")):
-        ax.bar([x + 0.4 * i for x in xs], [c["seconds"]["eager"] / c["seconds"][system] for c in ok], 0.4,
-               label=system)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xticks([x + 0.2 for x in xs])
-    ax.set_xticklabels([f"{c['optimizer']}{' fe' if c['foreach'] else ''} {c['shape'][0]}x{c['shape'][1]}"
-                        for c in ok], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("× eager (higher is faster)")
-    ax.set_title("torch.compile(optimizer.step): DVM and Inductor vs eager")
-    ax.legend()
-    save_figure(fig, path)
+    ratio_bars(path, [f"{c['optimizer']}{' fe' if c['foreach'] else ''} {c['shape'][0]}x{c['shape'][1]}" for c in ok],
+               {s: [c["seconds"]["eager"] / c["seconds"][s] for c in ok] for s in ("dvm", "inductor")},
+               "torch.compile(optimizer.step): DVM and Inductor vs eager")
 
 
 def main(sizes=None, optimizers=None, rounds=None, seed: int = 0, threads: int = 2, quick: bool = False,

@@ -241,23 +241,11 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .bench_common import save_figure
+    from .bench_common import ratio_bars
     cells = [(m, c) for m, r in report["models"].items() for c in r.get("cells", ())]
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(cells)), 4))
-    for i, system in enumerate(("dvm", "inductor")):
-        ax.bar([x + 0.4 * i for x in range(len(cells))], [c.get(f"{system}_x", 0) for _, c in cells], 0.4,
-               label=system)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xticks([x + 0.2 for x in range(len(cells))])
-    ax.set_xticklabels([f"{m} {c['batch']}x{c['length']}" for m, c in cells], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("× eager (higher is faster)")
-    ax.set_title("Training step (forward + backward): DVM and Inductor vs eager")
-    ax.legend()
-    save_figure(fig, path)
+    ratio_bars(path, [f"{m} {c['batch']}x{c['length']}" for m, c in cells],
+               {s: [c.get(f"{s}_x", 0) for _, c in cells] for s in ("dvm", "inductor")},
+               "Training step (forward + backward): DVM and Inductor vs eager", width=0.45)
 
 
 def parse_cells(text: str) -> list:
