@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from ..fusion.partition import offending_reshape
 from ..graph import build
 from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
-from ..fusion.partition import offending_reshape
 from ..graph.symbolic import decide_eq
 from ..graph.views import split_chain
 from . import aten_table as T
