@@ -178,15 +178,14 @@ def main(sizes=None, optimizers=None, rounds=None, seed: int = 0, threads: int =
 
 
 def _command(args) -> int:
-    from .cli import EXIT_USAGE, _err, _path
+    from .cli import EXIT_USAGE, _at_least_one, _err, _path
     try:
         sizes = parse_list(args.sizes, "size class", SIZE_ORDER) if args.sizes else None
         optimizers = parse_list(args.optimizers, "optimizer", OPTIMIZERS) if args.optimizers else None
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE
-    if (args.rounds is not None and args.rounds < 1) or args.threads < 1:
-        _err("--rounds and --threads must be at least 1")
+    if not _at_least_one(args, "rounds", "threads"):
         return EXIT_USAGE
     return main(sizes=sizes, optimizers=optimizers, rounds=args.rounds, seed=args.seed, threads=args.threads,
                 quick=args.quick, json_path=_path(args.json), md_path=_path(args.md), png_path=_path(args.png))

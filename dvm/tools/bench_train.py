@@ -272,15 +272,14 @@ def main(models=None, cells=None, rounds=None, seed: int = 0, threads: int = 2, 
 
 
 def _command(args) -> int:
-    from .cli import EXIT_USAGE, _err, _path
+    from .cli import EXIT_USAGE, _at_least_one, _err, _path
     try:
         models = parse_list(args.models, "model", list(ZOO)) if args.models else None
         cells = parse_cells(args.cells) if args.cells else None
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE
-    if (args.rounds is not None and args.rounds < 1) or args.threads < 1:
-        _err("--rounds and --threads must be at least 1")
+    if not _at_least_one(args, "rounds", "threads"):
         return EXIT_USAGE
     return main(models=models, cells=cells, rounds=args.rounds, seed=args.seed, threads=args.threads,
                 inductor=args.inductor, quick=args.quick, json_path=_path(args.json), md_path=_path(args.md),

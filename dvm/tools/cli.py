@@ -39,6 +39,16 @@ def _err(msg: str) -> None:
     print(f"dvm: error: {msg}", file=sys.stderr)
 
 
+def _at_least_one(args, *names: str) -> bool:
+    """Whether each named option (where given) is at least 1; else its usage error is printed."""
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            _err(f"--{name} must be at least 1")
+            return False
+    return True
+
+
 def cmd_explain(args) -> int:
     """Compile a tiny Hugging Face model with the DVM backend and print what fused."""
     import os

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .cli import EXIT_USAGE, _err, _path
+from .cli import EXIT_USAGE, _at_least_one, _err, _path
 
 
 def add_parsers(sub) -> None:
@@ -310,12 +310,7 @@ def cmd_bench_lazy(args) -> int:
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE
-    for flag, v in (("--tokens", args.tokens), ("--rounds", args.rounds)):
-        if v is not None and v < 1:
-            _err(f"{flag} must be at least 1")
-            return EXIT_USAGE
-    if args.threads < 1:
-        _err("--threads must be at least 1")
+    if not _at_least_one(args, "tokens", "rounds", "threads"):
         return EXIT_USAGE
     return bench_lazy.main(sizes=sizes, cases=cases, model_names=models, tokens=args.tokens, rounds=args.rounds,
                            seed=args.seed, threads=args.threads, calibrate=args.calibrate, quick=args.quick,
