@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ..fusion.partition import offending_reshape
+from ..fusion.reshape_push import offending_reshape
 from ..graph import build
 from ..graph.build import ShapeContext, reshape
 from ..graph.node import Node
@@ -280,7 +280,7 @@ class SegmentLowering:
 
 def _copied(node: Node) -> bool:
     """Whether node's chain of views needs a copy of part of it in the kernels (a reshape merging
-    permuted axes: fusion.partition.offending_reshape). Replayed on a PyTorch value, such a chain
+    permuted axes: fusion.reshape_push.offending_reshape). Replayed on a PyTorch value, such a chain
     would copy it into a workspace every call, even where its strides make the view free; PyTorch's
     own view, a segment input, is strides the kernels load as they are."""
     return offending_reshape(split_chain(node)[1], 0) >= 0

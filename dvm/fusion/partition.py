@@ -17,8 +17,10 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
-from .reshape_push import (ReshapePusher, push_inner_permutes, push_permutes, pushable, push_reshapes, renames_axes,
-                           splits_only)
+from .reshape_push import (ReshapePusher, offending_reshape, push_inner_permutes, push_permutes, pushable,
+                           push_reshapes)
+from .reshape_hoist import hoist_reshapes
+from .slice_push import push_slices
 
 VIEW_OPS = MOVEMENTS   # reshape, permute, broadcast_to, slice
 LEAF_OPS = ("input", "iota")
@@ -89,24 +91,6 @@ def fits(shape: tuple, dom: tuple, axes: frozenset) -> str | None:
         # has a reduced axis would be a broadcast store (two writers per element)
         return None if broadcast_on_reduced else "full"
     return "row"
-
-
-def offending_reshape(chain: list[Node], start: int) -> int:
-    """Index of the first reshape in chain[start:] that follows a permute, broadcast or slice
-    and merges axes, or that follows a permute moving the last axis, or -1: strides may not
-    express it. A reshape that only splits axes has strides after any view (an axis of stride s
-    splits into (.., b*s, s)), but a view whose last axis was permuted away is copied: read in
-    another order, it would be strided. A reshape that only adds or drops unit axes is never one:
-    its strides always exist, and the copy would read in the same order the load does."""
-    moved = last_moved = False
-    for i in range(start, len(chain)):
-        v = chain[i]
-        if v.op == "reshape" and not renames_axes(v.inputs[0].shape, v.shape) and \
-                (last_moved or (moved and not splits_only(v.inputs[0].shape, v.shape))):
-            return i
-        moved |= v.op != "reshape"
-        last_moved |= v.op == "permute" and v.attr("dims")[-1] != v.ndim - 1
-    return -1
 
 
 # Ops a VM applies to a one-element operand on the fly (the CPU VM's uniform registers, DECISIONS);
@@ -306,9 +290,11 @@ class Partitioner:
 
 
 def partition(n_inputs: int, outputs: list[Node]) -> Plan:
-    """Plan.outputs are `outputs` with reshapes and permutes of elementwise work moved onto their
-    loads, the permutes of outputs' and those inside (fusion/reshape_push): equal values, of the
-    same shapes and dtypes."""
+    """Plan.outputs are `outputs` with reshapes, slices and permutes of elementwise work moved onto
+    their loads, the permutes of outputs' and those inside (fusion/reshape_push, slice_push), and
+    reshapes that cannot move there moved toward the outputs (fusion/reshape_hoist): equal values,
+    of the same shapes and dtypes."""
     p = Partitioner(n_inputs, outputs)
-    p.outputs = push_inner_permutes(push_permutes(push_reshapes(outputs, p.pusher)))
+    pushed = push_slices(push_reshapes(outputs, p.pusher))
+    p.outputs = push_inner_permutes(push_permutes(hoist_reshapes(pushed, p.pusher)))
     return p.run()

@@ -7,15 +7,17 @@ the operands as they broadcast against the value, so the view moves to the loads
 stays in registers. A reshape moves only where, for each group of axes it merges or splits,
 every operand spans the whole group or is broadcast over all of it, and only onto loads that
 can take it: inputs (a row-major copy where their strides cannot), inputs' reshapes, constants,
-and views or indices whose reshape only adds or drops unit axes. And only where nothing is then
-computed twice: no other node reads the work, and none reads the reshape broadcast (the work
-would run once per copy). Anywhere else it stays put.
+views of inputs whose reshape a load still expresses as strides (offending_reshape finds none),
+and indices whose reshape only adds or drops unit axes. And only where nothing is then computed
+twice: no other node reads the work, and none reads the reshape broadcast (the work would run
+once per copy). Anywhere else it stays put.
 
 Permutes of outputs move the same way (`push_permutes`): permute(f(a, b)) is f(permute(a'),
 permute(b')), computed in the permuted order, through reductions too (their axes renumbered),
 where every operand is a load (an input or a view of one: a permute of a strided view is a
-strided view) or a scalar, and the work has no other reader. A value stored in another order
-(PyTorch's memory order of a transposed value) then takes no kernel of its own.
+strided view), an index (the same index along the axis' new place) or a scalar, and the work
+has no other reader. A value stored in another order (PyTorch's memory order of a transposed
+value) then takes no kernel of its own.
 """
 from __future__ import annotations
 
@@ -44,6 +46,24 @@ def splits_only(old: Sequence[Dim], new: Sequence[Dim]) -> bool:
         return True
     groups = axis_groups(old, new)
     return groups is not None and all(len(old_axes) <= 1 for old_axes, _ in groups)
+
+
+def offending_reshape(chain: list[Node], start: int) -> int:
+    """Index of the first reshape in chain[start:] that follows a permute, broadcast or slice
+    and merges axes, or that follows a permute moving the last axis, or -1: strides may not
+    express it. A reshape that only splits axes has strides after any view (an axis of stride s
+    splits into (.., b*s, s)), but a view whose last axis was permuted away is copied: read in
+    another order, it would be strided. A reshape that only adds or drops unit axes is never one:
+    its strides always exist, and the copy would read in the same order the load does."""
+    moved = last_moved = False
+    for i in range(start, len(chain)):
+        v = chain[i]
+        if v.op == "reshape" and not renames_axes(v.inputs[0].shape, v.shape) and \
+                (last_moved or (moved and not splits_only(v.inputs[0].shape, v.shape))):
+            return i
+        moved |= v.op != "reshape"
+        last_moved |= v.op == "permute" and v.attr("dims")[-1] != v.ndim - 1
+    return -1
 
 
 def pushable(node: Node) -> bool:
@@ -111,7 +131,7 @@ class ReshapePusher:
         if node.op == "input" or (node.op == "reshape" and node.inputs[0].op == "input"):
             return reshape_node(node, shape)
         if node.op == "iota" or node.op in MOVEMENTS:
-            return reshape_node(node, shape) if renames_axes(node.shape, shape) else None
+            return reshape_node(node, shape) if renames_axes(node.shape, shape) or _strided(node, shape) else None
         if not pushable(node):
             return None
         groups = axis_groups(node.shape, shape)
@@ -130,12 +150,18 @@ class ReshapePusher:
         return _remade(node, shape, inputs)
 
 
+def _strided(view: Node, shape: tuple) -> bool:
+    """A chain of views of an input that a load still expresses as strides once reshaped to `shape`."""
+    base, chain = split_chain(reshape_node(view, shape))
+    return base.op == "input" and offending_reshape(chain, 0) < 0
+
+
 def _remade(node: Node, shape: Sequence[Dim], inputs: Sequence[Node]) -> Node:
     """node's op, dtype and attributes over other inputs, at `shape`."""
     return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
 
 
-def _users(outputs: Sequence[Node]) -> dict[int, list[Node]]:
+def users_of(outputs: Sequence[Node]) -> dict[int, list[Node]]:
     users: dict[int, list[Node]] = {}
     for node in topo_order(outputs):
         for i in dict.fromkeys(node.inputs):
@@ -158,7 +184,7 @@ def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
     """`outputs` with reshapes of elementwise work moved onto its loads, where that does not
     compute anything more: the reshape is the work's only reader (being an output aside) and
     nothing reads the reshape broadcast."""
-    users = _users(outputs)
+    users = users_of(outputs)
     new: dict[int, Node] = {}
     for node in topo_order(outputs):
         inputs = tuple(new[id(i)] for i in node.inputs)
@@ -196,6 +222,9 @@ def _permuted(node: Node, dims: tuple, users: dict[int, list[Node]], outputs: se
             memo[key] = Node.make("permute", node.dtype, tuple(node.shape[d] for d in dims), (node,), dims=dims)
         elif id(node) in outputs:
             pass
+        elif node.op == "iota":       # an index along an axis: the same index along its new place
+            memo[key] = Node.make("iota", node.dtype, tuple(node.shape[d] for d in dims), (),
+                                  **{**dict(node.attrs), "axis": dims.index(node.attr("axis"))})
         elif node.op == "permute":
             src, inner = node.inputs[0], tuple(node.attr("dims")[d] for d in dims)
             memo[key] = src if inner == tuple(range(src.ndim)) else _permuted(src, inner, users, outputs, memo)
@@ -266,7 +295,7 @@ def push_permutes(outputs: Sequence[Node]) -> list[Node]:
     work (an interior node read by anything outside the moved work would be computed twice): one
     kernel fewer than storing the work and reading it back permuted. The results are equal
     values, of the same shapes."""
-    users = _users(outputs)
+    users = users_of(outputs)
     out_ids = {id(o) for o in outputs}
     new = []
     for o in outputs:
@@ -290,7 +319,7 @@ def push_inner_permutes(outputs: Sequence[Node]) -> list[Node]:
     tried again (nodes are immutable: one whose work changed is another node)."""
     outputs, stuck = list(outputs), set()
     while True:
-        users, out_ids = _users(outputs), {id(o) for o in outputs}
+        users, out_ids = users_of(outputs), {id(o) for o in outputs}
         moved = None
         for node in topo_order(outputs):
             if node.op == "permute" and node not in stuck:
