@@ -8,31 +8,24 @@ from hypothesis import strategies as st
 
 from dvm.fusion.reshape_push import push_inner_permutes
 from dvm.graph import build
-from dvm.graph.dtypes import DType
-from dvm.graph.node import Node, topo_order
+from dvm.graph.node import topo_order
 from dvm.graph.symbolic import sym
 from dvm.graph.views import split_chain
 from dvm.runtime.compiled import CompiledGraph
+
+from graph_helpers import ew, f32_input
 
 F32 = np.float32
 NCHW, NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 
 
-def _input(shape, index):
-    return Node.make("input", DType.FLOAT32, shape, index=index)
-
-
-def _ew(ctx, name, *args):
-    return build.elementwise(ctx, name, *args)
-
-
 def _layer_norm(ctx, x):
     """x normalized over its last axis (no affine)."""
     n = x.shape[-1]
-    mean = _ew(ctx, "div", build.reduce(ctx, "sum", x, x.ndim - 1, True), build.const(float(n)))
-    d = _ew(ctx, "sub", x, mean)
-    var = _ew(ctx, "div", build.reduce(ctx, "sum", _ew(ctx, "mul", d, d), x.ndim - 1, True), build.const(float(n)))
-    return _ew(ctx, "mul", d, _ew(ctx, "rsqrt", _ew(ctx, "add", var, build.const(1e-6))))
+    mean = ew(ctx, "div", build.reduce(ctx, "sum", x, x.ndim - 1, True), build.const(float(n)))
+    d = ew(ctx, "sub", x, mean)
+    var = ew(ctx, "div", build.reduce(ctx, "sum", ew(ctx, "mul", d, d), x.ndim - 1, True), build.const(float(n)))
+    return ew(ctx, "mul", d, ew(ctx, "rsqrt", ew(ctx, "add", var, build.const(1e-6))))
 
 
 def _np_layer_norm(x):
@@ -49,9 +42,9 @@ def test_a_convnext_block_is_one_kernel_in_the_channels_last_order(vm):
     """residual (NHWC, viewed NCHW) + permute(gamma * y, NCHW), viewed back NHWC and normed over
     the channels: the sum is computed in the norm's order, one kernel, no workspace."""
     ctx, h, w = build.ShapeContext(), sym("h"), sym("w")
-    res, y, gamma = _input((1, h, w, 16), 0), _input((1, h, w, 16), 1), _input((16,), 2)
-    scaled = build.permute(ctx, _ew(ctx, "mul", gamma, y), NCHW)
-    summed = _ew(ctx, "add", build.permute(ctx, res, NCHW), scaled)
+    res, y, gamma = f32_input((1, h, w, 16), 0), f32_input((1, h, w, 16), 1), f32_input((16,), 2)
+    scaled = build.permute(ctx, ew(ctx, "mul", gamma, y), NCHW)
+    summed = ew(ctx, "add", build.permute(ctx, res, NCHW), scaled)
     out = _layer_norm(ctx, build.permute(ctx, summed, NHWC))
     (moved,) = push_inner_permutes([out])
     assert not _permutes_of_work([moved])
@@ -67,11 +60,11 @@ def test_a_convnext_block_is_one_kernel_in_the_channels_last_order(vm):
 
 def test_work_read_elsewhere_or_holding_a_reduction_stays_put(vm):
     ctx, s = build.ShapeContext(), sym("s")
-    x, z = _input((s, 5), 0), _input((5, s), 1)
-    work = _ew(ctx, "exp", x)
-    read_twice = [_ew(ctx, "add", build.permute(ctx, work, (1, 0)), z), _ew(ctx, "neg", work)]
-    reduced = _ew(ctx, "mul", x, build.reduce(ctx, "sum", x, 1, True))
-    with_reduction = [_ew(ctx, "add", build.permute(ctx, reduced, (1, 0)), z)]
+    x, z = f32_input((s, 5), 0), f32_input((5, s), 1)
+    work = ew(ctx, "exp", x)
+    read_twice = [ew(ctx, "add", build.permute(ctx, work, (1, 0)), z), ew(ctx, "neg", work)]
+    reduced = ew(ctx, "mul", x, build.reduce(ctx, "sum", x, 1, True))
+    with_reduction = [ew(ctx, "add", build.permute(ctx, reduced, (1, 0)), z)]
     xa, za = np.random.default_rng(1).standard_normal((7, 5)).astype(F32), np.ones((5, 7), F32)
     for outs, want in ((read_twice, [np.exp(xa).T + za, -np.exp(xa)]),
                        (with_reduction, [(xa * xa.sum(1, keepdims=True, dtype=F32)).T + za])):
@@ -101,17 +94,17 @@ def test_random_chains_through_several_orders(vm, case):
     names = [sym(f"d{i}") for i in range(rank)]
     env = {f"d{i}": n for i, n in enumerate(sizes) if n != 1}
     order = list(range(rank))                      # the current value's axes, as x's axes
-    x = _input(tuple(1 if n == 1 else names[i] for i, n in enumerate(sizes)), 0)
+    x = f32_input(tuple(1 if n == 1 else names[i] for i, n in enumerate(sizes)), 0)
     rng = np.random.default_rng(rank)
     arrays = [rng.standard_normal(sizes).astype(F32)]
-    value, want, inputs = _ew(ctx, "exp", x), np.exp(arrays[0]), [x]
+    value, want, inputs = ew(ctx, "exp", x), np.exp(arrays[0]), [x]
     for k, perm in enumerate(perms):
         value, want = build.permute(ctx, value, perm), want.transpose(perm)
         order = [order[p] for p in perm]
-        b = _input(tuple(1 if sizes[a] == 1 else names[a] for a in order), k + 1)
+        b = f32_input(tuple(1 if sizes[a] == 1 else names[a] for a in order), k + 1)
         arrays.append(rng.standard_normal([sizes[a] for a in order]).astype(F32))
         inputs.append(b)
-        value, want = _ew(ctx, "add", value, b), want + arrays[-1]
+        value, want = ew(ctx, "add", value, b), want + arrays[-1]
     if reduce_last:
         value, want = build.reduce(ctx, "sum", value, rank - 1, True), want.sum(-1, keepdims=True, dtype=F32)
     (moved,) = push_inner_permutes([value])

@@ -15,26 +15,20 @@ from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
 
+from graph_helpers import ew, f32_input
+
 F32 = np.float32
 _NP = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum}
-
-
-def _input(shape, index):
-    return Node.make("input", DType.FLOAT32, shape, index=index)
-
-
-def _ew(ctx, name, *args):
-    return build.elementwise(ctx, name, *args)
 
 
 def test_rope_on_transposed_heads_is_one_kernel_in_the_heads_order(vm):
     """q: a slice of the fused projection split into heads and transposed (b, h, s, d); q * cos +
     q' * sin stored in PyTorch's order (b, s, h, d): one kernel over that domain, no workspace."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, c, r = _input((1, s, 32), 0), _input((1, 1, s, 4), 1), _input((1, 3, s, 4), 2)
+    p, c, r = f32_input((1, s, 32), 0), f32_input((1, 1, s, 4), 1), f32_input((1, 3, s, 4), 2)
     q = build.slice_view(ctx, p, 2, 8, 12)
     q = build.permute(ctx, build.reshape(ctx, q, (1, s, 3, 4)), (0, 2, 1, 3))
-    y = _ew(ctx, "add", _ew(ctx, "mul", q, c), _ew(ctx, "mul", r, c))
+    y = ew(ctx, "add", ew(ctx, "mul", q, c), ew(ctx, "mul", r, c))
     (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
     assert moved.op == "add" and moved.shape == (1, s, 3, 4)
     g = CompiledGraph([p, c, r], [moved])
@@ -54,13 +48,13 @@ def test_flip_rope_of_transposed_heads_is_one_kernel_in_the_heads_order(vm):
     heads' memory order moves under that reshape, and the split after q's transpose is a strided
     load: one kernel, no workspace, NumPy's values."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, c, sg = _input((1, s, 24), 0), _input((1, 1, s, 4), 1), _input((2, 1), 2)
+    p, c, sg = f32_input((1, s, 24), 0), f32_input((1, 1, s, 4), 1), f32_input((2, 1), 2)
     q = build.permute(ctx, build.reshape(ctx, build.slice_view(ctx, p, 2, 4, 12), (1, s, 3, 4)), (0, 2, 1, 3))
     q2 = build.reshape(ctx, q, (1, 3, s, 2, 2))
     flipped = build.slice_view(ctx, q2, 3, 1, 2, -1)
     c2 = build.reshape(ctx, c, (1, 1, s, 2, 2))
-    rot = _ew(ctx, "mul", flipped, build.reshape(ctx, sg, (2, 1)))
-    y = build.reshape(ctx, _ew(ctx, "add", _ew(ctx, "mul", q2, c2), _ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
+    rot = ew(ctx, "mul", flipped, build.reshape(ctx, sg, (2, 1)))
+    y = build.reshape(ctx, ew(ctx, "add", ew(ctx, "mul", q2, c2), ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
     (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
     assert moved.op == "reshape" and moved.shape == (1, s, 3, 4) and moved.inputs[0].op == "add"
     g = CompiledGraph([p, c, sg], [moved])
@@ -80,10 +74,10 @@ def test_reductions_move_with_their_axes_renumbered(vm, axis):
     """Qwen3's q_norm (RMSNorm over the head size of transposed heads) and sums over axes that
     move: one kernel in the permuted order, NumPy's values."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, w = _input((2, s, 3, 4), 0), _input((4,), 1)
+    p, w = f32_input((2, s, 3, 4), 0), f32_input((4,), 1)
     q = build.permute(ctx, p, (0, 2, 1, 3))
-    rms = build.reduce(ctx, "mean", _ew(ctx, "mul", q, q), axis, True)
-    y = _ew(ctx, "mul", _ew(ctx, "mul", q, _ew(ctx, "rsqrt", _ew(ctx, "add", rms, build.const(1e-6)))), w)
+    rms = build.reduce(ctx, "mean", ew(ctx, "mul", q, q), axis, True)
+    y = ew(ctx, "mul", ew(ctx, "mul", q, ew(ctx, "rsqrt", ew(ctx, "add", rms, build.const(1e-6)))), w)
     (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
     assert moved.op == "mul" and moved.shape == (2, s, 3, 4)
     g = CompiledGraph([p, w], [moved])
@@ -101,12 +95,12 @@ def _qk_norm_rope(ctx, s, p, w, c, sg):
     to (b, h, s, d), then the flip RoPE on its [.., 2, d/2] view, reshaped back. -> (the norm,
     its halves view, the RoPE)."""
     q = build.reshape(ctx, p, (1, s, 3, 4))
-    rms = build.reduce(ctx, "mean", _ew(ctx, "mul", q, q), 3, True)
-    normed = _ew(ctx, "mul", _ew(ctx, "mul", q, _ew(ctx, "rsqrt", _ew(ctx, "add", rms, build.const(1e-6)))), w)
+    rms = build.reduce(ctx, "mean", ew(ctx, "mul", q, q), 3, True)
+    normed = ew(ctx, "mul", ew(ctx, "mul", q, ew(ctx, "rsqrt", ew(ctx, "add", rms, build.const(1e-6)))), w)
     halves = build.reshape(ctx, build.permute(ctx, normed, (0, 2, 1, 3)), (1, 3, s, 2, 2))
     c2 = build.reshape(ctx, c, (1, 1, s, 2, 2))
-    rot = _ew(ctx, "mul", build.slice_view(ctx, halves, 3, 1, 2, -1), build.reshape(ctx, sg, (2, 1)))
-    y = build.reshape(ctx, _ew(ctx, "add", _ew(ctx, "mul", halves, c2), _ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
+    rot = ew(ctx, "mul", build.slice_view(ctx, halves, 3, 1, 2, -1), build.reshape(ctx, sg, (2, 1)))
+    y = build.reshape(ctx, ew(ctx, "add", ew(ctx, "mul", halves, c2), ew(ctx, "mul", rot, c2)), (1, 3, s, 4))
     return normed, halves, y
 
 
@@ -124,7 +118,7 @@ def test_rope_of_normed_heads_is_one_kernel_in_the_heads_order(vm):
     copy to be read as (b, s, h * d)). The norm also returned as it is: still one computation of
     it. NumPy's values."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, w, c, sg = _input((1, s, 12), 0), _input((4,), 1), _input((1, 1, s, 4), 2), _input((2, 1), 3)
+    p, w, c, sg = f32_input((1, s, 12), 0), f32_input((4,), 1), f32_input((1, 1, s, 4), 2), f32_input((2, 1), 3)
     normed, _, y = _qk_norm_rope(ctx, s, p, w, c, sg)
     (moved,) = push_permutes([build.permute(ctx, y, (0, 2, 1, 3))])
     assert moved.op == "reshape" and moved.shape == (1, s, 3, 4) and moved.inputs[0].op == "add"
@@ -147,7 +141,7 @@ def test_a_view_of_work_read_elsewhere_stays_put(vm):
     """The RoPE's halves view of the normed heads also returned: moving the permute would compute
     the norm's work twice (once per order), so the RoPE keeps its row-major store."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, w, c, sg = _input((1, s, 12), 0), _input((4,), 1), _input((1, 1, s, 4), 2), _input((2, 1), 3)
+    p, w, c, sg = f32_input((1, s, 12), 0), f32_input((4,), 1), f32_input((1, 1, s, 4), 2), f32_input((2, 1), 3)
     _, halves, y = _qk_norm_rope(ctx, s, p, w, c, sg)
     outs = [build.permute(ctx, y, (0, 2, 1, 3)), halves]
     assert push_permutes(outs)[0] is outs[0]
@@ -165,17 +159,17 @@ def test_work_that_would_be_redone_stays_put(vm, case):
     """The work also returned as it is, an interior value read by another output, a reduction
     read by another output: not moved (stored, then read back permuted), and the same results."""
     ctx, s = build.ShapeContext(), sym("s")
-    x, z = _input((s, 5), 0), _input((s, 5), 1)
-    inner = _ew(ctx, "mul", x, z)
+    x, z = f32_input((s, 5), 0), f32_input((s, 5), 1)
+    inner = ew(ctx, "mul", x, z)
     if case == "work_is_an_output":
-        work = _ew(ctx, "exp", inner)
+        work = ew(ctx, "exp", inner)
         outs = [build.permute(ctx, work, (1, 0)), work]
     elif case == "interior_read_twice":
-        work = _ew(ctx, "exp", inner)
-        outs = [build.permute(ctx, work, (1, 0)), _ew(ctx, "neg", inner)]
+        work = ew(ctx, "exp", inner)
+        outs = [build.permute(ctx, work, (1, 0)), ew(ctx, "neg", inner)]
     else:
         total = build.reduce(ctx, "sum", z, 1, True)
-        outs = [build.permute(ctx, _ew(ctx, "mul", x, total), (1, 0)), total]
+        outs = [build.permute(ctx, ew(ctx, "mul", x, total), (1, 0)), total]
     assert push_permutes(outs)[0] is outs[0]
     g = CompiledGraph([x, z], outs)
     xa, za = (np.random.default_rng(i).standard_normal((7, 5)).astype(F32) for i in (1, 2))
@@ -194,11 +188,11 @@ def test_lower_rank_work_keeps_its_place_under_the_permute(vm):
     order): the mask's work is read as it is (its axes stay the trailing ones), one kernel, no
     workspace. Work whose axes the permute would move in front of others stays put."""
     ctx, c, h = build.ShapeContext(), sym("c"), 3
-    cs, g6 = _input((1, h, 1, c, c), 0), _input((h, c, 1, c), 2)
+    cs, g6 = f32_input((1, h, 1, c, c), 0), f32_input((h, c, 1, c), 2)
     mask = Node.make("input", DType.BOOL, (c, c), index=1)
-    masked = _ew(ctx, "where", _ew(ctx, "logical_not", mask), build.const(float("-inf")), cs)
+    masked = ew(ctx, "where", ew(ctx, "logical_not", mask), build.const(float("-inf")), cs)
     decay = build.reshape(ctx, build.permute(ctx, g6, (2, 1, 3, 0)), (1, 1, c, c, h))   # heads last
-    m = _ew(ctx, "mul", decay, build.permute(ctx, _ew(ctx, "exp", masked), (0, 2, 3, 4, 1)))
+    m = ew(ctx, "mul", decay, build.permute(ctx, ew(ctx, "exp", masked), (0, 2, 3, 4, 1)))
     out = build.permute(ctx, m, (4, 0, 1, 2, 3))
     (moved,) = push_permutes([out])
     assert moved.op == "mul" and moved.shape == (h, 1, 1, c, c)
@@ -210,7 +204,7 @@ def test_lower_rank_work_keeps_its_place_under_the_permute(vm):
     (got,) = g.run({"c": 5}, [ca, ma, ga])
     lm = np.exp(np.where(ma, ca, -np.inf))[0, :, 0]                        # (h, c, c)
     np.testing.assert_allclose(got, (ga[:, :, 0, :] * lm)[:, None, None], rtol=1e-6)
-    flipped = build.permute(ctx, _ew(ctx, "mul", _input((c, h), 3), _ew(ctx, "neg", _input((h,), 4))), (1, 0))
+    flipped = build.permute(ctx, ew(ctx, "mul", f32_input((c, h), 3), ew(ctx, "neg", f32_input((h,), 4))), (1, 0))
     assert push_permutes([flipped])[0] is flipped
 
 
@@ -242,7 +236,7 @@ def test_random_permutes_of_broadcasts(vm, case):
     dims = tuple(1 if n == 1 else names[i] for i, n in enumerate(sizes))
     env = {f"d{i}": n for i, n in enumerate(sizes) if n != 1}
     inv = tuple(x_perm.index(i) for i in range(rank))
-    x_in = _input(tuple(dims[i] for i in inv), 0)           # stored in another order
+    x_in = f32_input(tuple(dims[i] for i in inv), 0)           # stored in another order
     value = build.permute(ctx, x_in, x_perm)
     rng = np.random.default_rng(rank)
     xa = rng.standard_normal([sizes[i] for i in inv]).astype(F32)
@@ -250,13 +244,13 @@ def test_random_permutes_of_broadcasts(vm, case):
     inputs, arrays = [x_in], [xa]
     for k, (shape, op) in enumerate(zip(operand_sizes, ops)):
         drop = rank - len(shape)
-        o = _input(tuple(1 if d == 1 else dims[drop + i] for i, d in enumerate(shape)), k + 1)
+        o = f32_input(tuple(1 if d == 1 else dims[drop + i] for i, d in enumerate(shape)), k + 1)
         inputs.append(o)
-        value = _ew(ctx, op, value, _ew(ctx, "neg", o) if negated[k] else o)
+        value = ew(ctx, op, value, ew(ctx, "neg", o) if negated[k] else o)
         a = rng.standard_normal(shape).astype(F32)
         arrays.append(a)
         want = _NP[op](want, -a if negated[k] else a)
-    out = build.permute(ctx, _ew(ctx, "exp", value), perm)
+    out = build.permute(ctx, ew(ctx, "exp", value), perm)
     g = CompiledGraph(inputs, [out])
     if perm != tuple(range(rank)) and not any(negated):
         assert not g.plan.workspaces and len(g.plan.groups) == 1

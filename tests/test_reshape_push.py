@@ -15,22 +15,16 @@ from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
 
+from graph_helpers import ew, f32_input
+
 F32 = np.float32
-
-
-def _input(shape, index):
-    return Node.make("input", DType.FLOAT32, shape, index=index)
-
-
-def _ew(ctx, name, *args):
-    return build.elementwise(ctx, name, *args)
 
 
 def _layer_norm(ctx, v, w):
     mean = build.reduce(ctx, "mean", v, v.ndim - 1, True)
-    d = _ew(ctx, "sub", v, mean)
-    var = build.reduce(ctx, "mean", _ew(ctx, "mul", d, d), v.ndim - 1, True)
-    return _ew(ctx, "mul", _ew(ctx, "mul", d, _ew(ctx, "rsqrt", _ew(ctx, "add", var, build.const(1e-5)))), w)
+    d = ew(ctx, "sub", v, mean)
+    var = build.reduce(ctx, "mean", ew(ctx, "mul", d, d), v.ndim - 1, True)
+    return ew(ctx, "mul", ew(ctx, "mul", d, ew(ctx, "rsqrt", ew(ctx, "add", var, build.const(1e-5)))), w)
 
 
 def _np_layer_norm(v, w):
@@ -54,8 +48,8 @@ def test_residual_and_layer_norm_are_one_kernel(vm, batch):
     workspace; the 3-D sum is stored from the 2-D kernel."""
     ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
     lead = (1,) if batch == 1 else (b,)
-    x, r, w = _input((*lead, s, 16), 0), _input((*lead, s, 16), 1), _input((16,), 2)
-    h = _ew(ctx, "add", x, r)
+    x, r, w = f32_input((*lead, s, 16), 0), f32_input((*lead, s, 16), 1), f32_input((16,), 2)
+    h = ew(ctx, "add", x, r)
     rows = s if batch == 1 else b * s
     y = _layer_norm(ctx, build.reshape(ctx, h, (rows, 16)), w)
     g = CompiledGraph([x, r, w], [y, h])
@@ -72,10 +66,10 @@ def test_a_scalar_output_keeps_its_own_kernel(vm):
     """GPT-2's GELU beside sqrt(2 / pi) from 0-d inputs: the 0-d output is not stored from the
     elementwise kernel (a reshape keeps the element count)."""
     ctx, s = build.ShapeContext(), sym("s")
-    x = _input((1, s, 8), 0)
+    x = f32_input((1, s, 8), 0)
     a, b = (Node.make("input", DType.FLOAT64, (), index=i) for i in (1, 2))
-    c = _ew(ctx, "sqrt", _ew(ctx, "div", a, b))
-    y = _ew(ctx, "mul", x, build.cast(c, DType.FLOAT32))
+    c = ew(ctx, "sqrt", ew(ctx, "div", a, b))
+    y = ew(ctx, "mul", x, build.cast(c, DType.FLOAT32))
     g = CompiledGraph([x, a, b], [y, c])
     xa = np.arange(24, dtype=F32).reshape(1, 3, 8)
     got_y, got_c = g.run({"s": 3}, [xa, np.array(2.0), np.array(8.0)])
@@ -89,11 +83,11 @@ def test_work_that_would_be_redone_stays_put(vm, reader):
     value read both reshaped and as it is: moved, the work would run once per copy, so the value
     is stored once and read back, as before."""
     ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
-    x, m = _input((4, s, s), 0), _input((b, 1, 1, s), 1)
-    e = _ew(ctx, "exp", x)
+    x, m = f32_input((4, s, s), 0), f32_input((b, 1, 1, s), 1)
+    e = ew(ctx, "exp", x)
     v = build.reshape(ctx, e, (1, 4, s, s))
-    outs = [_ew(ctx, "add", v, m)] if reader == "broadcast" else \
-        [build.reduce(ctx, "sum", v, 3), _ew(ctx, "neg", e)]
+    outs = [ew(ctx, "add", v, m)] if reader == "broadcast" else \
+        [build.reduce(ctx, "sum", v, 3), ew(ctx, "neg", e)]
     g = CompiledGraph([x, m], outs)
     assert len(g.plan.workspaces) == 1
     xa = np.random.default_rng(4).standard_normal((4, 5, 5)).astype(F32)
@@ -111,8 +105,8 @@ def test_partial_broadcast_over_a_merged_group_is_left_alone(vm):
     """(b, 1, h) broadcast against (b, s, h) does not survive merging b and s: the sum is
     materialized as before, and the results are the same."""
     ctx, s, b = build.ShapeContext(), sym("s"), sym("b")
-    x, p = _input((b, s, 8), 0), _input((b, 1, 8), 1)
-    flat = build.reshape(ctx, _ew(ctx, "add", x, p), (b * s, 8))
+    x, p = f32_input((b, s, 8), 0), f32_input((b, 1, 8), 1)
+    flat = build.reshape(ctx, ew(ctx, "add", x, p), (b * s, 8))
     y = build.reduce(ctx, "sum", flat, 1)
     g = CompiledGraph([x, p], [y])
     assert len(g.plan.workspaces) == 1
@@ -127,16 +121,16 @@ def test_unit_axis_reshape_of_a_slice_is_a_view(vm):
     axis and added: read in place, no copy kernel; after a permute moving the last axis, too (a
     unit-axis reshape always has strides; a copy would read in the load's order)."""
     ctx, n = build.ShapeContext(), sym("n")
-    x = _input((2 * n, 8), 0)
+    x = f32_input((2 * n, 8), 0)
     pairs = build.reshape(ctx, x, (n, 2, 8))
     halves = [build.reshape(ctx, build.slice_view(ctx, pairs, 1, k, 1), (1, n, 8)) for k in (0, 1)]
-    g = CompiledGraph([x], [_ew(ctx, "add", *halves)])
+    g = CompiledGraph([x], [ew(ctx, "add", *halves)])
     assert not g.plan.workspaces
     xa = np.random.default_rng(6).standard_normal((10, 8)).astype(F32)
     (got,) = g.run({"n": 5}, [xa])
     np.testing.assert_array_equal(got, (xa[0::2] + xa[1::2])[None])
-    t = build.reshape(ctx, build.permute(ctx, _input((8, n), 0), (1, 0)), (1, n, 8))
-    g = CompiledGraph([t.inputs[0].inputs[0]], [_ew(ctx, "neg", t)])
+    t = build.reshape(ctx, build.permute(ctx, f32_input((8, n), 0), (1, 0)), (1, n, 8))
+    g = CompiledGraph([t.inputs[0].inputs[0]], [ew(ctx, "neg", t)])
     assert not g.plan.workspaces and len(g.plan.groups) == 1
     (got,) = g.run({"n": 5}, [xa.reshape(8, 10)[:, :5].copy()])
     np.testing.assert_array_equal(got, -xa.reshape(8, 10)[:, :5].T[None])
@@ -147,10 +141,10 @@ def test_views_and_reductions_under_the_reshape(vm):
     no copy); a reshape over a reduction's result is not moved onto it (the normalized value is
     stored through a view)."""
     ctx, n = build.ShapeContext(), sym("n")
-    x = _input((8, n), 0)
+    x = f32_input((8, n), 0)
     t = build.permute(ctx, x, (1, 0))                                  # (n, 8)
-    e = build.reshape(ctx, _ew(ctx, "exp", t), (1, n, 8))
-    norm = _ew(ctx, "div", t, build.reduce(ctx, "sum", t, 1, True))
+    e = build.reshape(ctx, ew(ctx, "exp", t), (1, n, 8))
+    norm = ew(ctx, "div", t, build.reduce(ctx, "sum", t, 1, True))
     flat = build.reshape(ctx, norm, (n * 8,))
     g = CompiledGraph([x], [e, flat])
     assert not g.plan.workspaces
@@ -196,7 +190,7 @@ def _cases(draw):
 def test_random_reshapes_of_broadcasts(vm, case):
     old, sizes, env, new, new_sizes, operand_sizes, ops = case
     ctx = build.ShapeContext()
-    x = _input(old, 0)
+    x = f32_input(old, 0)
     sym_of = dict(zip(range(len(old)), old))
     inputs, value, arrays = [x], x, []
     rng = np.random.default_rng(len(operand_sizes))
@@ -205,13 +199,13 @@ def test_random_reshapes_of_broadcasts(vm, case):
     for k, (shape, op) in enumerate(zip(operand_sizes, ops)):
         drop = len(old) - len(shape)
         dims = tuple(1 if d == 1 else sym_of[drop + i] for i, d in enumerate(shape))
-        o = _input(dims, k + 1)
+        o = f32_input(dims, k + 1)
         inputs.append(o)
-        value = _ew(ctx, op, value, o)
+        value = ew(ctx, op, value, o)
         a = rng.standard_normal(shape).astype(F32)
         arrays.append(a)
         want = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum}[op](want, a)
-    flat = build.reshape(ctx, _ew(ctx, "exp", value), new)
+    flat = build.reshape(ctx, ew(ctx, "exp", value), new)
     red = build.reduce(ctx, "sum", flat, len(new) - 1)
     g = CompiledGraph(inputs, [flat, red, value])
     got_flat, got_red, got_value = g.run(env, [xa, *arrays])
@@ -231,10 +225,10 @@ def test_a_split_of_a_slice_is_read_through_strides(vm, start, heads):
     """HF's q / k: a slice of the fused projection's rows, split into heads and transposed, then
     RoPE-like work: one kernel per value, no workspace copy of the slice."""
     ctx, s = build.ShapeContext(), sym("s")
-    p, c = _input((1, s, 32), 0), _input((1, s, 4), 1)
+    p, c = f32_input((1, s, 32), 0), f32_input((1, s, 4), 1)
     q = build.slice_view(ctx, p, 2, start, heads * 4)
     q = build.permute(ctx, build.reshape(ctx, q, (1, s, heads, 4)), (0, 2, 1, 3))
-    y = _ew(ctx, "mul", q, build.reshape(ctx, c, (1, 1, s, 4)))
+    y = ew(ctx, "mul", q, build.reshape(ctx, c, (1, 1, s, 4)))
     g = CompiledGraph([p, c], [y])
     assert len(g.plan.groups) == 1 and not g.plan.workspaces
     rng = np.random.default_rng(start)

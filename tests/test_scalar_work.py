@@ -7,26 +7,19 @@ import pytest
 from dvm.fusion.partition import scalar_work
 from dvm.graph import build
 from dvm.graph.dtypes import DType
-from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
+
+from graph_helpers import ew, f32_input
 
 S, C = sym("s"), 24
 
 
-def _input(shape, index):
-    return Node.make("input", DType.FLOAT32, shape, index=index)
-
-
-def _ew(ctx, name, *args):
-    return build.elementwise(ctx, name, *args)
-
-
 def _bias_corrected(ctx):
     """x * sqrt(1 - 0.9 ** t) + t: the correction (pow, sqrt) on the 0-d step t."""
-    x, t = _input((S, C), 0), _input((), 1)
-    corr = _ew(ctx, "sqrt", _ew(ctx, "sub", build.const(1.0), _ew(ctx, "pow", build.const(0.9), t)))
-    return [x, t], [_ew(ctx, "add", _ew(ctx, "mul", x, corr), t)], corr
+    x, t = f32_input((S, C), 0), f32_input((), 1)
+    corr = ew(ctx, "sqrt", ew(ctx, "sub", build.const(1.0), ew(ctx, "pow", build.const(0.9), t)))
+    return [x, t], [ew(ctx, "add", ew(ctx, "mul", x, corr), t)], corr
 
 
 def test_costly_scalar_work_is_its_own_kernel(vm):
@@ -45,8 +38,8 @@ def test_costly_scalar_work_is_its_own_kernel(vm):
 
 def test_cheap_scalar_work_stays_inlined():
     ctx = build.ShapeContext()
-    x, t = _input((S, C), 0), _input((), 1)
-    y = _ew(ctx, "mul", x, _ew(ctx, "add", build.cast(t, DType.FLOAT32), build.const(1.0)))
+    x, t = f32_input((S, C), 0), f32_input((), 1)
+    y = ew(ctx, "mul", x, ew(ctx, "add", build.cast(t, DType.FLOAT32), build.const(1.0)))
     assert scalar_work([y]) == []
     assert len(CompiledGraph([x, t], [y]).plan.groups) == 1
 
@@ -70,10 +63,10 @@ def test_scalar_work_also_an_output(vm, also_stored):
 def test_nested_scalar_work_is_one_kernel(vm):
     """m read by the larger kernel and by n = exp(m), read by it too: one one-element kernel."""
     ctx = build.ShapeContext()
-    x, t = _input((S, C), 0), _input((), 1)
-    m = _ew(ctx, "sqrt", _ew(ctx, "sub", build.const(1.0), _ew(ctx, "pow", build.const(0.9), t)))
-    n = _ew(ctx, "exp", m)
-    y = _ew(ctx, "add", _ew(ctx, "mul", x, m), n)
+    x, t = f32_input((S, C), 0), f32_input((), 1)
+    m = ew(ctx, "sqrt", ew(ctx, "sub", build.const(1.0), ew(ctx, "pow", build.const(0.9), t)))
+    n = ew(ctx, "exp", m)
+    y = ew(ctx, "add", ew(ctx, "mul", x, m), n)
     assert scalar_work([y]) == [m, n]
     graph = CompiledGraph([x, t], [y])
     assert [tuple(g.shape) for g in graph.plan.groups] == [(), (S, C)]

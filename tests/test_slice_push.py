@@ -7,28 +7,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dvm.graph import build
-from dvm.graph.dtypes import DType
-from dvm.graph.node import Node
 from dvm.graph.symbolic import sym
 from dvm.runtime.compiled import CompiledGraph
 
+from graph_helpers import ew, f32_input
+
 F32 = np.float32
-
-
-def _input(shape, index):
-    return Node.make("input", DType.FLOAT32, shape, index=index)
-
-
-def _ew(ctx, name, *args):
-    return build.elementwise(ctx, name, *args)
 
 
 def _halves_backward(ctx, v, h):
     """HF's rotate_half gradient over [.., 2, h] (fx_patterns): the rows swapped (a flip of the
     size-2 axis), the first negated."""
     flipped = build.slice_view(ctx, v, v.ndim - 2, 1, 2, step=-1)
-    first = _ew(ctx, "eq", build.iota(v.shape, v.ndim - 2), build.const(0))
-    return _ew(ctx, "where", first, flipped, _ew(ctx, "neg", flipped))
+    first = ew(ctx, "eq", build.iota(v.shape, v.ndim - 2), build.const(0))
+    return ew(ctx, "where", first, flipped, ew(ctx, "neg", flipped))
 
 
 def _np_halves_backward(v):
@@ -43,13 +35,13 @@ def test_rope_gradient_of_a_computed_value_is_one_kernel(vm):
     transpose moves onto the loads with the index turned)."""
     ctx, s = build.ShapeContext(), sym("s")
     b, kv, rep, h = 2, 2, 3, 4
-    gq = _input((b, kv * rep, s, 2 * h), 0)
-    cos, sin = _input((b, 1, s, 2 * h), 1), _input((b, 1, s, 2 * h), 2)
+    gq = f32_input((b, kv * rep, s, 2 * h), 0)
+    cos, sin = f32_input((b, 1, s, 2 * h), 1), f32_input((b, 1, s, 2 * h), 2)
     groups = build.reshape(ctx, gq, (b, kv, rep, s, 2 * h))
     g = build.reduce(ctx, "sum", groups, 2)
     rows = (b, kv, s, 2, h)
-    rot = _halves_backward(ctx, build.reshape(ctx, _ew(ctx, "mul", g, sin), rows), h)
-    grad = _ew(ctx, "add", build.reshape(ctx, rot, (b, kv, s, 2 * h)), _ew(ctx, "mul", g, cos))
+    rot = _halves_backward(ctx, build.reshape(ctx, ew(ctx, "mul", g, sin), rows), h)
+    grad = ew(ctx, "add", build.reshape(ctx, rot, (b, kv, s, 2 * h)), ew(ctx, "mul", g, cos))
     out = build.permute(ctx, grad, (0, 2, 1, 3))
     cg = CompiledGraph([gq, cos, sin], [out])
     assert len(cg.plan.groups) == 1 and not cg.plan.workspaces
@@ -67,12 +59,12 @@ def test_slices_through_reductions_and_broadcasts(vm):
     are) and its top rows (the reductions sliced as views of the values they store): the slices'
     readers compute the work, and the results are the same."""
     ctx, n = build.ShapeContext(), sym("n")
-    x, w = _input((n, 8), 0), _input((8,), 1)
-    e = _ew(ctx, "exp", _ew(ctx, "sub", x, build.reduce(ctx, "max", x, 1, True)))
-    p = _ew(ctx, "mul", _ew(ctx, "div", e, build.reduce(ctx, "sum", e, 1, True)), w)
+    x, w = f32_input((n, 8), 0), f32_input((8,), 1)
+    e = ew(ctx, "exp", ew(ctx, "sub", x, build.reduce(ctx, "max", x, 1, True)))
+    p = ew(ctx, "mul", ew(ctx, "div", e, build.reduce(ctx, "sum", e, 1, True)), w)
     lo, hi = build.slice_view(ctx, p, 1, 0, 4), build.slice_view(ctx, p, 1, 4, 4)
     top = build.slice_view(ctx, p, 0, 0, 2)
-    cg = CompiledGraph([x, w], [_ew(ctx, "sub", hi, lo), _ew(ctx, "neg", top)])
+    cg = CompiledGraph([x, w], [ew(ctx, "sub", hi, lo), ew(ctx, "neg", top)])
     assert not any(ws.op == "mul" for ws in cg.plan.workspaces)
     rng = np.random.default_rng(1)
     xa, wa = rng.standard_normal((6, 8)).astype(F32), rng.standard_normal(8).astype(F32)
@@ -87,9 +79,9 @@ def test_a_risen_reshape_stops_at_a_reduction(vm):
     """The halves' gradient plus a term, summed over the merged axis: the sum reads the risen
     work through the reshape (stored once, as the halves were before), and the result is the same."""
     ctx, s = build.ShapeContext(), sym("s")
-    v, c = _input((s, 2, 3), 0), _input((s, 6), 1)
-    rot = build.reshape(ctx, _halves_backward(ctx, _ew(ctx, "exp", v), 3), (s, 6))
-    y = build.reduce(ctx, "sum", _ew(ctx, "add", rot, c), 1)
+    v, c = f32_input((s, 2, 3), 0), f32_input((s, 6), 1)
+    rot = build.reshape(ctx, _halves_backward(ctx, ew(ctx, "exp", v), 3), (s, 6))
+    y = build.reduce(ctx, "sum", ew(ctx, "add", rot, c), 1)
     cg = CompiledGraph([v, c], [y])
     assert len(cg.plan.groups) == 2 and len(cg.plan.workspaces) == 1
     rng = np.random.default_rng(2)
@@ -125,12 +117,12 @@ def _cases(draw):
 def test_random_slices_of_elementwise_work(vm, case):
     sizes, operand_sizes, ops, axis, start, length, step = case
     ctx = build.ShapeContext()
-    x = _input(tuple(sizes), 0)
-    ins = [x] + [_input(sh, i + 1) for i, sh in enumerate(operand_sizes)]
-    work = _ew(ctx, "exp", x)
+    x = f32_input(tuple(sizes), 0)
+    ins = [x] + [f32_input(sh, i + 1) for i, sh in enumerate(operand_sizes)]
+    work = ew(ctx, "exp", x)
     for op, a in zip(ops, ins[1:]):
-        work = _ew(ctx, op, work, a)
-    y = _ew(ctx, "neg", build.slice_view(ctx, work, axis, start, length, step=step))
+        work = ew(ctx, op, work, a)
+    y = ew(ctx, "neg", build.slice_view(ctx, work, axis, start, length, step=step))
     cg = CompiledGraph(ins, [y])
     assert not cg.plan.workspaces
     rng = np.random.default_rng(len(ops))
