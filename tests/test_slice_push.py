@@ -1,7 +1,8 @@
 """Slices of elementwise work moved onto its loads (fusion/slice_push) and reshapes that cannot move
 there risen toward the outputs (fusion/reshape_hoist), on both VMs: RoPE's gradient of a computed
 value in one kernel, slices through reductions' results and broadcasts, a risen reshape stopping
-at a reduction, and random slices of random elementwise work against NumPy (Hypothesis)."""
+at a reduction, random slices of random elementwise work and random readers of a merge no load
+takes against NumPy (Hypothesis)."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -134,3 +135,43 @@ def test_random_slices_of_elementwise_work(vm, case):
     index[axis] = slice(start, start + step * length if start + step * length >= 0 else None, step)
     (got,) = cg.run({}, arrays)
     np.testing.assert_allclose(got, -want[tuple(index)], rtol=1e-6, atol=1e-6)
+
+
+@st.composite
+def _merges(draw):
+    """Work over (a, b, c) that no load can take reshaped (a where on an index of axis 1), merged to
+    (a, b * c), then 1-3 elementwise readers, each with an operand full, broadcast over the merged
+    axis, broadcast over the first, or a scalar; the last value an output, or summed over an axis."""
+    a, b, c = (draw(st.sampled_from([1, 2, 3])) for _ in range(3))
+    readers = []
+    for _ in range(draw(st.integers(1, 3))):
+        shape = draw(st.sampled_from([(a, b * c), (a, 1), (1, b * c), (b * c,), ()]))
+        readers.append((draw(st.sampled_from(["add", "mul", "maximum"])), shape))
+    return (a, b, c), readers, draw(st.sampled_from([None, 0, 1]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_merges())
+def test_random_risen_reshapes(vm, case):
+    (a, b, c), readers, reduce_axis = case
+    ctx = build.ShapeContext()
+    x = f32_input((a, b, c), 0)
+    ins = [x] + [f32_input(shape, i + 1) for i, (_, shape) in enumerate(readers)]
+    first = ew(ctx, "eq", build.iota((a, b, c), 1), build.const(0))
+    v = build.reshape(ctx, ew(ctx, "where", first, ew(ctx, "exp", x), ew(ctx, "neg", x)), (a, b * c))
+    for (op, _), operand in zip(readers, ins[1:]):
+        v = ew(ctx, op, v, operand)
+    y = v if reduce_axis is None else build.reduce(ctx, "sum", v, reduce_axis)
+    cg = CompiledGraph(ins, [y])
+    if reduce_axis is None:     # risen to the output: stored through the view, no workspace
+        assert not cg.plan.workspaces and len(cg.plan.groups) == 1
+    rng = np.random.default_rng(a * 9 + b * 3 + c)
+    arrays = [rng.standard_normal(sh).astype(F32) for sh in [(a, b, c)] + [s for _, s in readers]]
+    xa = arrays[0]
+    want = np.where(np.arange(b)[None, :, None] == 0, np.exp(xa), -xa).reshape(a, b * c)
+    for (op, _), arr in zip(readers, arrays[1:]):
+        want = {"add": np.add, "mul": np.multiply, "maximum": np.maximum}[op](want, arr)
+    if reduce_axis is not None:
+        want = want.sum(reduce_axis, dtype=F32)
+    (got,) = cg.run({}, arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
