@@ -46,22 +46,34 @@ def _risen(node: Node, inputs: tuple, users: dict, risen: set, pusher: ReshapePu
         if r.op != "reshape" or not pushable(r.inputs[0]) or tuple(r.shape) != tuple(node.shape) \
                 or users[id(orig)] != [node] or not (id(orig) in risen or users[id(orig.inputs[0])] == [orig]):
             continue
-        work = r.inputs[0]
-        groups = axis_groups(node.shape, work.shape)
-        operands = [] if groups is not None else None
-        for j, (o, a) in enumerate(zip(node.inputs, inputs)):
-            if operands is None:
-                break
-            if j == k or a is r:
-                operands.append(work)
-            elif a.ndim == 0:
-                operands.append(a)
-            else:
-                target = operand_shape(a.shape, node.shape, work.shape, groups)
-                moved = None if target is None or (pushable(a) and users[id(o)] != [node]) \
-                    else pusher.pushed(a, target)
-                operands = None if moved is None else operands + [moved]
+        operands = _operands(node, inputs, k, users, pusher)
         if operands is not None:
+            work = r.inputs[0]
             return reshape_node(Node.make(node.op, node.dtype, work.shape, operands, **dict(node.attrs)),
                                 tuple(node.shape))
     return None
+
+
+def _operands(node: Node, inputs: tuple, k: int, users: dict, pusher: ReshapePusher) -> list | None:
+    """node's operands as node computed in the shape of operand k's reshaped work reads them: that
+    work, scalars, and the others reshaped onto their loads; None where one cannot be (or is work
+    that another node reads too: it would be computed in both shapes)."""
+    r = inputs[k]
+    work = r.inputs[0]
+    groups = axis_groups(node.shape, work.shape)
+    if groups is None:
+        return None
+    operands = []
+    for orig, a in zip(node.inputs, inputs):
+        if a is r:
+            operands.append(work)
+        elif a.ndim == 0:
+            operands.append(a)
+        else:
+            target = operand_shape(a.shape, node.shape, work.shape, groups)
+            moved = None if target is None or (pushable(a) and users[id(orig)] != [node]) \
+                else pusher.pushed(a, target)
+            if moved is None:
+                return None
+            operands.append(moved)
+    return operands
