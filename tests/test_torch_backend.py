@@ -93,7 +93,6 @@ def test_views_and_broadcasts():
     check(f, lambda n: (torch.randn(n, 4), torch.randn(4)))
 
 
-
 def test_a_free_view_merging_permuted_axes_is_not_copied():
     """Attention gradients come as (b, h, L, d) with the strides of (b, L, h, d): their transpose
     and merge of the heads is a free view in PyTorch. Replayed on the value, the kernels would
@@ -112,6 +111,7 @@ def test_a_free_view_merging_permuted_axes_is_not_copied():
     text = COMPILED[-1].describe()
     assert "1 vector kernel(s)" in text and "reduce []" not in text, text   # (no group copying g)
     check(f, lambda n: (torch.randn(2, 4, n, 8), torch.randn(2, n, 32)), sizes=[5, 17, 64, 129])
+
 
 def test_dtype_casts():
     def f(x, i):

@@ -1,13 +1,17 @@
 """Helpers shared by the `dvm bench` benchmarks: machine description, load average, progress
-lines on stderr, JSON output, and a median-of-repeats wall-clock timer."""
+lines on stderr, JSON output, a median-of-repeats wall-clock timer, and Inductor's cache directory
+set for a block."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -17,6 +21,7 @@ import dvm
 from dvm import config as dvm_config
 
 YOUNG_GENERATIONS = 1   # gc.collect(1): generations 0 and 1, not the long-lived objects
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def machine_info() -> dict:
@@ -151,6 +156,27 @@ def save_figure(fig, path: str) -> None:
         os.makedirs(d, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def restore_env(name: str, old: str | None) -> None:
+    """Set environment variable `name` back to `old` (unset where it was None)."""
+    if old is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = old
+
+
+@contextlib.contextmanager
+def inductor_cache_dir(prefix: str):
+    """An empty Inductor cache directory (TORCHINDUCTOR_CACHE_DIR) for the block: Inductor's first
+    compiles there are cold; afterwards the directory is removed and the variable restored."""
+    old, path = os.environ.get(INDUCTOR_CACHE_ENV), tempfile.mkdtemp(prefix=prefix)
+    os.environ[INDUCTOR_CACHE_ENV] = path
+    try:
+        yield path
+    finally:
+        restore_env(INDUCTOR_CACHE_ENV, old)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def ratio_bars(path: str, labels: list[str], ratios: dict[str, list[float]], title: str,

@@ -51,7 +51,8 @@ from typing import Callable
 
 import numpy as np
 
-from .bench_common import finish_report, loadavg, machine_info, restore_vm_threads, set_vm_threads, vm_extra
+from .bench_common import (INDUCTOR_CACHE_ENV, finish_report, loadavg, machine_info, restore_env, restore_vm_threads,
+                           set_vm_threads, vm_extra)
 # input_ids as _ids: bench_ab_child imports bench_models._ids from every checkout since 19fe007
 from .bench_models_run import ATOL, BUCKETS, LABELS, RTOL, VOCAB, SystemRun
 from .bench_models_run import input_ids as _ids  # noqa: F401
@@ -191,7 +192,7 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
           f"torch threads {torch.get_num_threads()}; 1-min load {load_start}")
     warm_s = _warm_dynamo()
     r.log(f"Dynamo warmed up ({warm_s:.1f} s, not charged to any system)")
-    old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    old_cache = os.environ.get(INDUCTOR_CACHE_ENV)
     results = {}
     try:
         for m in models:
@@ -222,18 +223,12 @@ def _run(models, n_lengths, batches, seed, inductor, repeat, lengths, inductor_m
                     ref = outs
                 if name.endswith("_warm") or (name.endswith("_cold") and not warm):
                     shutil.rmtree(cache, ignore_errors=True)
-                    if old_cache is None:
-                        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-                    else:
-                        os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+                    restore_env(INDUCTOR_CACHE_ENV, old_cache)
             torch._dynamo.reset()
             results[m] = {"what": what, "systems": per}
             del ref
     finally:
-        if old_cache is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+        restore_env(INDUCTOR_CACHE_ENV, old_cache)
     extra = vm_extra()
     failures = []
     for m, mr in results.items():

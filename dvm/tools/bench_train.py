@@ -23,12 +23,11 @@ under bench-results/.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-from .bench_common import BenchRun, add_output_options, finish_report, fmt_time, loadavg, whole_vm
+from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, inductor_cache_dir, loadavg,
+                           whole_vm)
 from .bench_lazy import _rounds, parse_list
 from .bench_models import _restore_threads, _set_threads, _warm_dynamo
 from .bench_models_run import RTOL
@@ -55,7 +54,8 @@ def step_inputs(zm, b: int, L: int, seed: int) -> dict:
 
 
 def make_step(fn, model, kw: dict):
-    """One training step of fn (the model or a compiled form of it): (loss, gradients)."""
+    """One training step of fn (the model or a compiled form of it), returning the loss; the
+    gradients are left in the model's parameters."""
     def step():
         model.zero_grad(set_to_none=True)
         loss = fn(**kw).loss
@@ -100,21 +100,14 @@ class _Run(BenchRun):
         zm = ZOO[name]
         model = zm.build()
         self.log(f"{name}: {zm.what}")
-        cache = tempfile.mkdtemp(prefix="dvm-bench-train-inductor-")
-        old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
         torch._dynamo.reset()
         fns = {"dvm": torch.compile(model, backend="dvm", dynamic=True)}
         if inductor:
             fns["inductor"] = torch.compile(model, dynamic=True)
         try:
-            return {"what": zm.what, "cells": [self.cell(name, zm, model, fns, b, L) for b, L in cells]}
+            with inductor_cache_dir("dvm-bench-train-inductor-"):
+                return {"what": zm.what, "cells": [self.cell(name, zm, model, fns, b, L) for b, L in cells]}
         finally:
-            if old_cache is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
-            shutil.rmtree(cache, ignore_errors=True)
             torch._dynamo.reset()
 
     def cell(self, name: str, zm, model, fns: dict, b: int, L: int) -> dict:

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from .bench_common import finish_report, loadavg, machine_info, progress, vm_extra
+from .bench_common import INDUCTOR_CACHE_ENV, finish_report, loadavg, machine_info, progress, restore_env, vm_extra
 from .bench_models import _restore_threads, _set_threads, _warm_dynamo
 from .bench_models_probes import Stats, TimeDvmCompiler, dvm_graph_info, inductor_backend
 from .bench_models_run import ATOL, RTOL, compare
@@ -305,7 +305,7 @@ def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: 
     z.log(f"models {','.join(models)}; lengths {list(lengths)}; batches {list(batches)}; threads {list(threads)}; "
           f"{dtype}; VM {dvm.config.config().vm}; 1-min load {load_start}")
     warm_s = _warm_dynamo()
-    old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    old_cache = os.environ.get(INDUCTOR_CACHE_ENV)
     results, failures = {}, []
     try:
         for m in models:
@@ -324,10 +324,7 @@ def run(models=None, lengths=LENGTHS, batches=BATCHES, threads=THREADS, repeat: 
                 if d["graph_fallbacks"]:
                     failures.append(f"{m} t={t}: whole graphs fell back to PyTorch: {d['graph_fallbacks']}")
     finally:
-        if old_cache is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+        restore_env(INDUCTOR_CACHE_ENV, old_cache)
     return {"benchmark": "models_zoo", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "seconds": round(time.time() - t0, 2), "vm": dvm.config.config().vm, "repeat": repeat,
             "lengths": list(lengths), "batches": list(batches), "threads": list(threads), "cold": cold,
