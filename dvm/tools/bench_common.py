@@ -287,6 +287,15 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds:.3g} s"  # pragma: no cover
 
 
+def add_run_options(parser, rounds_help: str, quick_help: str, seed_help: str) -> None:
+    """The options bench optim, train and lazy share: --rounds (None: the benchmark's default, its
+    quick one with --quick), --threads (2), --quick and --seed (0)."""
+    parser.add_argument("--rounds", type=int, default=None, metavar="N", help=rounds_help)
+    parser.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+
+
 def add_output_options(parser, *outputs: tuple[str, str, str]) -> None:
     """The output-file options of a benchmark: (flag, default path, what the file holds) each;
     '' or '-' writes none."""

@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, loadavg, restore_vm_threads,
-                           set_vm_threads, whole_vm)
+from .bench_common import (BenchRun, add_output_options, add_run_options, finish_report, fmt_time, loadavg,
+                           restore_vm_threads, set_vm_threads, whole_vm)
 from .bench_lazy import _rounds, parse_list
 
 DEFAULT_JSON = os.path.join("bench-results", "optim.json")
@@ -204,11 +204,9 @@ def add_parser(bsub) -> None:
                          "with --quick)")
     bo.add_argument("--optimizers", default=None, metavar="LIST",
                     help=f"comma-separated optimizers from {','.join(OPTIMIZERS)} (default all)")
-    bo.add_argument("--rounds", type=int, default=None, metavar="N",
-                    help=f"timing rounds (default {DEFAULT_ROUNDS}; {QUICK_ROUNDS} with --quick)")
-    bo.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
-    bo.add_argument("--quick", action="store_true", help="a short run: small and medium sizes, fewer rounds")
-    bo.add_argument("--seed", type=int, default=0, help="random seed for parameters and gradients (default 0)")
+    add_run_options(bo, f"timing rounds (default {DEFAULT_ROUNDS}; {QUICK_ROUNDS} with --quick)",
+                    "a short run: small and medium sizes, fewer rounds",
+                    "random seed for parameters and gradients (default 0)")
     add_output_options(bo, ("--json", DEFAULT_JSON, "the results as JSON"),
                        ("--md", DEFAULT_MD, "the markdown table"), ("--png", DEFAULT_PNG, "the plot (PNG)"))
     bo.set_defaults(func=_command)

@@ -26,8 +26,8 @@ import os
 import sys
 import time
 
-from .bench_common import (BenchRun, add_output_options, finish_report, fmt_time, inductor_cache_dir, loadavg,
-                           whole_vm)
+from .bench_common import (BenchRun, add_output_options, add_run_options, finish_report, fmt_time,
+                           inductor_cache_dir, loadavg, whole_vm)
 from .bench_lazy import _rounds, parse_list
 from .bench_models import _restore_threads, _set_threads, _warm_dynamo
 from .bench_models_run import RTOL
@@ -294,13 +294,11 @@ def add_parser(bsub) -> None:
                     help="comma-separated BATCHxLENGTH cells (default "
                          f"{','.join('x'.join(map(str, c)) for c in CELLS)}; "
                          f"{','.join('x'.join(map(str, c)) for c in QUICK_CELLS)} with --quick)")
-    bt.add_argument("--rounds", type=int, default=None, metavar="N",
-                    help=f"timing rounds (default {DEFAULT_ROUNDS}; {QUICK_ROUNDS} with --quick)")
-    bt.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
     bt.add_argument("--no-inductor", dest="inductor", action="store_false",
                     help="leave Inductor out (its training compile takes 10-60 s a model on 2 cores)")
-    bt.add_argument("--quick", action="store_true", help=f"a short run: {','.join(QUICK)}, one cell, fewer rounds")
-    bt.add_argument("--seed", type=int, default=0, help="random seed for the token ids (default 0)")
+    add_run_options(bt, f"timing rounds (default {DEFAULT_ROUNDS}; {QUICK_ROUNDS} with --quick)",
+                    f"a short run: {','.join(QUICK)}, one cell, fewer rounds",
+                    "random seed for the token ids (default 0)")
     add_output_options(bt, ("--json", DEFAULT_JSON, "the results as JSON"),
                        ("--md", DEFAULT_MD, "the markdown table"), ("--png", DEFAULT_PNG, "the plot (PNG)"))
     bt.set_defaults(func=_command)

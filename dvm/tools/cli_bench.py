@@ -141,7 +141,7 @@ def add_parsers(sub) -> None:
 
 def _lazy_parser(bsub) -> None:
     from . import bench_lazy
-    from .bench_common import add_output_options
+    from .bench_common import add_output_options, add_run_options
     from .bench_lazy_cases import CHAIN_NAMES
     bl = bsub.add_parser("lazy", help="eager PyTorch code inside dvm.lazy() vs eager: chains and generate()",
                          description="Eager chains written with plain tensor ops (RMSNorm, SwiGLU, bias+GELU, an "
@@ -162,15 +162,13 @@ def _lazy_parser(bsub) -> None:
     bl.add_argument("--tokens", type=int, default=None, metavar="N",
                     help=f"new tokens per generate() (default {bench_lazy.DEFAULT_TOKENS}; "
                          f"{bench_lazy.QUICK_TOKENS} with --quick)")
-    bl.add_argument("--rounds", type=int, default=None, metavar="N",
-                    help=f"timing rounds: each system gets about N x 20 ms of samples (a chain), interleaved "
-                         f"one by one with the others', the median is reported (default {bench_lazy.DEFAULT_ROUNDS}; "
-                         f"{bench_lazy.QUICK_ROUNDS} with --quick)")
-    bl.add_argument("--threads", type=int, default=2, metavar="N", help="torch and DVM CPU VM threads (default 2)")
     bl.add_argument("--calibrate", action="store_true",
                     help="also measure the sizes from which recording and fusing pays (2, 4, 8-op chains)")
-    bl.add_argument("--quick", action="store_true", help="a short run: small and medium sizes, fewer rounds and tokens")
-    bl.add_argument("--seed", type=int, default=0, help="random seed for data and weights (default 0)")
+    add_run_options(bl, f"timing rounds: each system gets about N x 20 ms of samples (a chain), interleaved "
+                        f"one by one with the others', the median is reported (default {bench_lazy.DEFAULT_ROUNDS}; "
+                        f"{bench_lazy.QUICK_ROUNDS} with --quick)",
+                    "a short run: small and medium sizes, fewer rounds and tokens",
+                    "random seed for data and weights (default 0)")
     add_output_options(bl, ("--json", bench_lazy.DEFAULT_JSON, "the results as JSON"),
                        ("--md", bench_lazy.DEFAULT_MD, "the markdown tables"),
                        ("--png", bench_lazy.DEFAULT_PNG, "the plot (PNG)"))
