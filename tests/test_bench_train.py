@@ -1,6 +1,7 @@
 """`dvm bench train`, in-process on one small model and cell without Inductor: the report's
 structure, finite times, DVM's loss and gradients equal to eager's (no failures), the files it
-writes; the gradient check catching a wrong, a missing and an unexpected gradient; the labels
+writes; the gradient check catching a wrong, a missing and an unexpected gradient, and telling
+eager's rounding (against the step in float64) from a system's error; the labels
 (pads ignored); CLI argument errors."""
 import json
 import math
@@ -52,6 +53,32 @@ def test_mismatch_names_what_differs():
     assert "loss 2.1 vs 2" in bench_train.mismatch(torch.tensor(2.1), grads, loss, grads)[1]
     assert bench_train.mismatch(loss, [grads[0], None], loss, grads)[1] == "parameter 1: gradient missing"
     assert bench_train.mismatch(loss, grads, loss, [grads[0], None])[1] == "parameter 1: gradient unexpected"
+
+
+def test_judge_tells_eagers_rounding_from_a_systems_error():
+    """Outside eager's tolerance: eager's rounding where the system is within float64's and eager is
+    not; the system's error otherwise (and float64's step is taken only then)."""
+    loss, exact = torch.tensor(2.0), _grads((3, 4))
+    ref = (loss.double(), [g.double() for g in exact])
+    asked = []
+
+    def reference():
+        asked.append(1)
+        return ref
+    off = [exact[0] + 1e-2]
+    assert bench_train.judge(loss, exact, loss, exact, reference) == (0.0, "", False) and not asked
+    worst, why, eagers = bench_train.judge(loss, exact, loss, off, reference)     # eager is the one off
+    assert eagers and why.startswith("parameter 0") and worst == pytest.approx(1e-2, rel=1e-4)
+    assert bench_train.judge(loss, off, loss, exact, reference)[1:] == (why, False) and len(asked) == 2
+
+
+def test_float64_step_is_the_step_in_double():
+    model, kw = ZOO["gpt2"].build(), bench_train.step_inputs(ZOO["gpt2"], 1, 8, 0)
+    loss, grads = bench_train.float64_step(model, kw)
+    want = bench_train.make_step(model, model, kw)()
+    assert all(g.dtype == torch.float64 for g in grads if g is not None)   # (HF takes the loss in float32)
+    assert all(p.dtype == torch.float32 for p in model.parameters())   # the model itself untouched
+    assert bench_train.mismatch(want, bench_train.gradients(model), loss, grads) == (pytest.approx(0, abs=1e-5), "")
 
 
 def test_labels_ignore_an_encoders_pads():
