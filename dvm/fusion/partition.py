@@ -19,6 +19,7 @@ from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
 from .reshape_push import (ReshapePusher, offending_reshape, push_inner_permutes, push_permutes, pushable,
                            push_reshapes)
+from .broadcast_sink import sink_broadcasts
 from .reshape_hoist import hoist_reshapes
 from .slice_push import push_slices
 
@@ -291,10 +292,11 @@ class Partitioner:
 
 def partition(n_inputs: int, outputs: list[Node]) -> Plan:
     """Plan.outputs are `outputs` with reshapes, slices and permutes of elementwise work moved onto
-    their loads, the permutes of outputs' and those inside (fusion/reshape_push, slice_push), and
-    reshapes that cannot move there moved toward the outputs (fusion/reshape_hoist): equal values,
-    of the same shapes and dtypes."""
+    their loads, the permutes of outputs' and those inside (fusion/reshape_push, slice_push),
+    reshapes that cannot move there moved toward the outputs (fusion/reshape_hoist), and the
+    broadcasts elementwise work reads dropped (fusion/broadcast_sink): equal values, of the same
+    shapes and dtypes."""
     p = Partitioner(n_inputs, outputs)
     pushed = push_slices(push_reshapes(outputs, p.pusher))
-    p.outputs = push_inner_permutes(push_permutes(hoist_reshapes(pushed, p.pusher)))
+    p.outputs = sink_broadcasts(push_inner_permutes(push_permutes(hoist_reshapes(pushed, p.pusher))))
     return p.run()

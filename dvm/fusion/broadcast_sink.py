@@ -1,0 +1,53 @@
+"""Broadcasts of computed values read by elementwise work dropped, decided once on symbolic shapes.
+
+Elementwise ops broadcast their operands, so f(broadcast_to(a), b) = f(a, b) broadcast to the
+same shape. A load expresses a broadcast of an input (stride 0), but not of a computed value: the
+partitioner stores the value to a workspace and a later kernel reads it back. A norm's gradient
+broadcasts a per-row value computed from a row sum (PyTorch's expand of a keepdim sum) into the
+elementwise gradient: with the broadcast, the gradient waited for a second kernel; without it, it
+is computed in the kernel of the row sum, from registers.
+
+Work whose operands are all narrower than its shape after the broadcasts are dropped is rebuilt at
+its narrower shape (computed once per row, not per element) for its elementwise readers. Any other
+reader (a reduction, a view, an output) reads the work at its own shape, as before.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..graph.node import Node, topo_order
+from ..graph.symbolic import is_one
+from .reshape_push import pushable
+
+
+def sink_broadcasts(outputs: Sequence[Node]) -> list[Node]:
+    """`outputs` with the broadcasts that elementwise work reads dropped: equal values, of the same
+    shapes and dtypes."""
+    same: dict[int, Node] = {}     # node -> an equal node of its shape
+    narrow: dict[int, Node] = {}   # node -> a node of fewer elements that broadcasts to it
+    for node in topo_order(outputs):
+        inputs = tuple(same[id(i)] for i in node.inputs)
+        if node.op == "broadcast_to":
+            narrow[id(node)] = narrow.get(id(node.inputs[0]), inputs[0])
+        elif pushable(node) and any(id(i) in narrow for i in node.inputs):
+            operands = tuple(narrow.get(id(i), same[id(i)]) for i in node.inputs)
+            shape = _broadcast_shape(node.shape, operands)
+            work = Node.make(node.op, node.dtype, shape, operands, **dict(node.attrs))
+            if shape == tuple(node.shape):
+                same[id(node)] = work
+                continue
+            narrow[id(node)] = work
+        unchanged = all(a is b for a, b in zip(inputs, node.inputs))
+        same[id(node)] = node if unchanged else Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+    return [same[id(o)] for o in outputs]
+
+
+def _broadcast_shape(full: Sequence, operands: Sequence[Node]) -> tuple:
+    """The shape `operands` broadcast to, given that it broadcasts to `full` (right-aligned): each
+    axis is full's where an operand is not of size 1 there, else 1."""
+    rank = max(a.ndim for a in operands)
+    shape = []
+    for k in range(len(full) - rank, len(full)):
+        wide = any(not is_one(a.shape[k - len(full) + a.ndim]) for a in operands if k - len(full) + a.ndim >= 0)
+        shape.append(full[k] if wide else 1)
+    return tuple(shape)
