@@ -17,9 +17,9 @@ from ..graph.node import Node, topo_order
 from ..graph.ops import MOVEMENTS, OP_TABLE, Kind
 from ..graph.symbolic import Dim, is_one
 from ..graph.views import split_chain
+from .broadcast_sink import sink_broadcasts
 from .reshape_push import (ReshapePusher, offending_reshape, push_inner_permutes, push_permutes, pushable,
                            push_reshapes)
-from .broadcast_sink import sink_broadcasts
 from .reshape_hoist import hoist_reshapes
 from .slice_push import push_slices
 
