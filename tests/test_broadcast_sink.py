@@ -1,7 +1,7 @@
 """Broadcasts of computed values that elementwise work reads dropped (fusion/broadcast_sink), on
 both VMs: an RMSNorm's gradient (a row sum's per-row value broadcast into it) stored by the kernel
-of the row sum, a broadcast read by a reduction too, and random elementwise work over broadcasts
-of row and column sums against NumPy (Hypothesis)."""
+of the row sum, a broadcast read by a reduction too, a column sum's broadcast kept, and random
+elementwise work over broadcasts of row and column sums against NumPy (Hypothesis)."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,6 +64,21 @@ def test_a_broadcast_read_by_a_reduction_keeps_its_shape(vm):
     np.testing.assert_allclose(got_y, xa - ea, rtol=1e-6, atol=1e-6)
 
 
+def test_a_column_sum_broadcast_keeps_its_workspace(vm):
+    """x minus its column mean, the mean expanded: the broadcast stays, so the subtraction runs in
+    a kernel of its own, not as a second sweep of the column reduction's kernel."""
+    ctx, n = build.ShapeContext(), sym("n")
+    x = f32_input((n, 6), 0)
+    mean = ew(ctx, "div", build.reduce(ctx, "sum", x, 0, True), build.const(4.0))
+    y = ew(ctx, "sub", x, build.broadcast_to(ctx, mean, (n, 6)))
+    assert sink_broadcasts([y]) == [y]
+    cg = CompiledGraph([x], [y])
+    assert len(cg.plan.groups) == 2 and len(cg.plan.workspaces) == 1
+    xa = np.random.default_rng(2).standard_normal((4, 6)).astype(F32)
+    (got,) = cg.run({"n": 4}, [xa])
+    np.testing.assert_allclose(got, xa - xa.sum(0, keepdims=True, dtype=F32) / 4, rtol=1e-6, atol=1e-6)
+
+
 _UNARY = {"tanh": np.tanh, "neg": np.negative, "abs": np.abs}
 _BINARY = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum}
 
@@ -99,7 +114,8 @@ def test_random_work_over_broadcast_sums(vm, case):
             v = ew(ctx, op, *((operands[other], v) if swap else (v, operands[other])))
     cg = CompiledGraph([x, per_row, per_col], [v])
     one_sum = np.prod(shape) == shape[axis]     # (a one-element value is computed once: scalar_work)
-    if any(other == "x" for _, other in steps) and not one_sum:   # x's shape reached reading the sum
+    row_sum = axis == len(shape) - 1 and not one_sum    # (a column sum's broadcast keeps its workspace)
+    if any(other == "x" for _, other in steps) and row_sum:   # x's shape reached reading the sum
         assert not cg.plan.workspaces
     rng = np.random.default_rng(len(steps))
     xa, ra, ca = (rng.standard_normal(sh).astype(F32) for sh in (shape, row_shape, col_shape))
