@@ -23,7 +23,7 @@ from typing import Sequence
 
 from ..graph.node import Node, topo_order
 from ..graph.symbolic import is_one
-from .reshape_push import pushable
+from .reshape_push import pushable, rebuilt, remade
 
 
 def sink_broadcasts(outputs: Sequence[Node]) -> list[Node]:
@@ -38,13 +38,12 @@ def sink_broadcasts(outputs: Sequence[Node]) -> list[Node]:
         elif pushable(node) and any(id(i) in narrow for i in node.inputs):
             operands = tuple(narrow.get(id(i), same[id(i)]) for i in node.inputs)
             shape = _broadcast_shape(node.shape, operands)
-            work = Node.make(node.op, node.dtype, shape, operands, **dict(node.attrs))
+            work = remade(node, shape, operands)
             if shape == tuple(node.shape):
                 same[id(node)] = work
                 continue
             narrow[id(node)] = work
-        unchanged = all(a is b for a, b in zip(inputs, node.inputs))
-        same[id(node)] = node if unchanged else Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+        same[id(node)] = rebuilt(node, inputs)
     return [same[id(o)] for o in outputs]
 
 

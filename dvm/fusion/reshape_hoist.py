@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..graph.build import reshape_node
 from ..graph.node import Node, topo_order
-from .reshape_push import ReshapePusher, axis_groups, operand_shape, pushable, users_of
+from .reshape_push import ReshapePusher, axis_groups, operand_shape, pushable, rebuilt, remade, users_of
 
 
 def hoist_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
@@ -33,10 +33,8 @@ def hoist_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]
         if moved is not None:
             risen.add(id(node))
             new[id(node)] = moved
-        elif all(a is b for a, b in zip(inputs, node.inputs)):
-            new[id(node)] = node
         else:
-            new[id(node)] = Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+            new[id(node)] = rebuilt(node, inputs)
     return [new[id(o)] for o in outputs]
 
 
@@ -49,8 +47,7 @@ def _risen(node: Node, inputs: tuple, users: dict, risen: set, pusher: ReshapePu
         operands = _operands(node, inputs, k, users, pusher)
         if operands is not None:
             work = r.inputs[0]
-            return reshape_node(Node.make(node.op, node.dtype, work.shape, operands, **dict(node.attrs)),
-                                tuple(node.shape))
+            return reshape_node(remade(node, work.shape, operands), tuple(node.shape))
     return None
 
 

@@ -147,7 +147,7 @@ class ReshapePusher:
             if moved is None:
                 return None
             inputs.append(moved)
-        return _remade(node, shape, inputs)
+        return remade(node, shape, inputs)
 
 
 def _strided(view: Node, shape: tuple) -> bool:
@@ -156,7 +156,7 @@ def _strided(view: Node, shape: tuple) -> bool:
     return base.op == "input" and offending_reshape(chain, 0) < 0
 
 
-def _remade(node: Node, shape: Sequence[Dim], inputs: Sequence[Node]) -> Node:
+def remade(node: Node, shape: Sequence[Dim], inputs: Sequence[Node]) -> Node:
     """node's op, dtype and attributes over other inputs, at `shape`."""
     return Node.make(node.op, node.dtype, shape, inputs, **dict(node.attrs))
 
@@ -194,13 +194,13 @@ def push_reshapes(outputs: Sequence[Node], pusher: ReshapePusher) -> list[Node]:
             if moved is not None:
                 new[id(node)] = pusher.twins[inputs[0]] = moved
                 continue
-        new[id(node)] = _rebuilt(node, inputs)
+        new[id(node)] = rebuilt(node, inputs)
     return [new[id(o)] for o in outputs]
 
 
-def _rebuilt(node: Node, inputs: tuple) -> Node:
+def rebuilt(node: Node, inputs: tuple) -> Node:
     """node over `inputs` (node itself where they are its own)."""
-    return node if all(a is b for a, b in zip(inputs, node.inputs)) else _remade(node, node.shape, inputs)
+    return node if all(a is b for a, b in zip(inputs, node.inputs)) else remade(node, node.shape, inputs)
 
 
 def _loads(node: Node) -> bool:
@@ -352,7 +352,7 @@ def _substituted(outputs: Sequence[Node], old: Node, new_node: Node) -> list[Nod
     new: dict[int, Node] = {id(old): new_node}
     for node in topo_order(outputs):
         if id(node) not in new:
-            new[id(node)] = _rebuilt(node, tuple(new[id(i)] for i in node.inputs))
+            new[id(node)] = rebuilt(node, tuple(new[id(i)] for i in node.inputs))
     return [new[id(o)] for o in outputs]
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from ..graph.node import Node, topo_order
 from ..graph.symbolic import is_one
-from .reshape_push import pushable
+from .reshape_push import pushable, rebuilt, remade
 
 
 def push_slices(outputs: Sequence[Node]) -> list[Node]:
@@ -30,10 +30,8 @@ def push_slices(outputs: Sequence[Node]) -> list[Node]:
         inputs = tuple(new[id(i)] for i in node.inputs)
         if node.op == "slice" and node.attr("keep") and pushable(inputs[0]):
             new[id(node)] = _sliced(inputs[0], node, node.attr("axis"), {})
-        elif all(a is b for a, b in zip(inputs, node.inputs)):
-            new[id(node)] = node
         else:
-            new[id(node)] = Node.make(node.op, node.dtype, node.shape, inputs, **dict(node.attrs))
+            new[id(node)] = rebuilt(node, inputs)
     return [new[id(o)] for o in outputs]
 
 
@@ -46,7 +44,7 @@ def _sliced(x: Node, s: Node, axis: int, memo: dict) -> Node:
         shape = x.shape[:axis] + (s.shape[s.attr("axis")],) + x.shape[axis + 1:]
         if pushable(x):
             inputs = tuple(_sliced_operand(a, x, s, axis, memo) for a in x.inputs)
-            memo[key] = Node.make(x.op, x.dtype, shape, inputs, **dict(x.attrs))
+            memo[key] = remade(x, shape, inputs)
         else:
             memo[key] = Node.make("slice", x.dtype, shape, (x,), **{**dict(s.attrs), "axis": axis})
     return memo[key]
