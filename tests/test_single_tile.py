@@ -199,3 +199,38 @@ def test_a_norm_over_strided_columns_keeps_the_single_tile_stream_for_the_cpu_vm
             np.testing.assert_array_equal(a, b)
     for a, b in zip(runs["cpu", "cpu"], runs["cpu", "reference"]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _kernel_tiles(kfn, *args, vm: str) -> tuple[int, int, int]:
+    """(tile height, tile width, sweeps) of kfn's first kernel encoded for VM vm."""
+    m = re.search(r"tile (\d+)x(\d+)\s+sweeps (\d+)", dvm.disasm(kfn.program(*args, vm=vm)))
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+@pytest.mark.parametrize("rows, cols, strips", [(64, 4100, True), (40, 3000, True), (16, 4100, False),
+                                                (64, 2048, False), (600, 4097, False)])
+def test_a_norm_over_long_strided_rows_sweeps_strips_of_rows_for_the_cpu_vm(rows, cols, strips):
+    """A norm over more than 2048 strided columns (a softmax over the sequence axis of a heads-last
+    layout) would fill the single-tile stream's tiles with a few strided rows, each cache line read
+    once per row: with 32 or more contiguous rows and at most 8 MiB of data, the CPU VM's encoding
+    sweeps over strips of rows instead (a multiple of 16 rows, at least two strips); fewer rows,
+    2048 columns or more data keep the single-tile stream. Either gives the reference VM's bits
+    for the same Program, and the values of the reference VM's own encoding."""
+    from test_cpu_vm import run_on
+
+    from dvm.vm import cpu, reference
+    rng = np.random.default_rng(rows + cols)
+    image = (rng.standard_normal((cols, rows)) * 3).astype(np.float32)
+    image[5, 3], image[-1, 4] = np.inf, np.nan
+    x, w = image.T, rng.standard_normal(cols).astype(np.float32)   # (rows, cols): the rows contiguous
+    bm, _, sweeps = _kernel_tiles(channel_norm, x, w, vm="cpu")
+    if strips:
+        assert sweeps > 1 and bm % 16 == 0 and 16 <= bm < rows
+    else:
+        assert sweeps == 1
+    on_cpu = run_on(cpu.run, channel_norm, x, w)
+    for a, b in zip(run_on(reference.run, channel_norm, x, w), on_cpu):
+        np.testing.assert_array_equal(a, b)
+    expected = channel_norm(x, w, vm="reference")   # (its sum of 4097 terms in another order)
+    for a, b in zip(on_cpu, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)

@@ -71,6 +71,14 @@ def hf_add_rmsnorm_bf16(k, a, b, w):
 
 
 @dvm.kernel
+def softmax_first(k, x):
+    """softmax over the first axis (a sequence axis ahead of the heads: its columns strided)"""
+    x = k.load(x)
+    e = k.exp(k.sub(x, k.max(x, axis=0, keepdims=True)))
+    return k.store(k.mul(e, k.reciprocal(k.sum(e, axis=0, keepdims=True))))
+
+
+@dvm.kernel
 def sum_last(k, x):
     return k.store(k.sum(k.load(x), axis=-1))
 
@@ -165,6 +173,7 @@ def _torch_forms() -> dict:
         "pow_abs": (lambda a: torch.abs(a) ** 2.5, None),
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "add_softmax": (lambda a, b: softmax_t(a + b), lambda a, b: torch.softmax(a + b, -1)),
+        "softmax_first": (lambda x: softmax_t(x.T).T, lambda x: torch.softmax(x, 0)),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "layernorm_transposed": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -289,6 +298,8 @@ CASES = (
          native_name="torch.softmax"),
     Case("add_softmax", "softmax over the last axis of a + b (scores plus an additive mask)", add_softmax, 0, 2,
          lambda a, b: _ref_softmax(a + b), "norm", native_name="torch.softmax(a + b)"),
+    Case("softmax_first", "softmax over the first axis (its columns strided: a sequence axis ahead of the heads)",
+         softmax_first, 0, 1, lambda x: _ref_softmax(x.T).T, "norm", native_name="torch.softmax(x, 0)"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
          "norm", native_name="F.layer_norm"),
     Case("layernorm_transposed", "LayerNorm (weight, bias) over the last axis of a transposed view (the channels "
