@@ -234,3 +234,30 @@ def test_a_norm_over_long_strided_rows_sweeps_strips_of_rows_for_the_cpu_vm(rows
     expected = channel_norm(x, w, vm="reference")   # (its sum of 4097 terms in another order)
     for a, b in zip(on_cpu, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape, column_major", [((7, 4099), True), ((13, 2001), True), ((128, 300), True),
+                                                 ((200, 300), False), ((301, 5), None), ((300, 40), None)])
+def test_rereading_streams_over_narrow_strided_rows_take_column_major_registers(monkeypatch, shape, column_major):
+    """A softmax over the first axis of `shape` (its rows strided, the kept axis contiguous) takes
+    column-major registers for tiles up to 128 wide (a column of the tile: one contiguous run),
+    row-major ones past that; over the last axis (None), column-major below 8 lanes a row only.
+    The layout is invisible: a first-axis softmax gives the bits of the last-axis softmax of a
+    contiguous copy (row-major registers), and the reference VM's values (its exp rounds apart)."""
+    from test_cpu_vm import run_on
+
+    from dvm.codegen.verifier import verify
+    from dvm.frontend.library import softmax
+    from dvm.tools.bench_ops_cases import softmax_first
+    from dvm.vm import cpu, reference
+    from dvm.vm.cpu.host import desc as cpu_desc
+    monkeypatch.setenv("DVM_VM", "cpu")   # (Programs encoded for the CPU VM; conftest's vm restores it)
+    dvm.config.reload()
+    x = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32) * 4
+    x[1, 2], x[-1, 0] = np.inf, np.nan
+    kfn, want = (softmax, shape[1] < 8) if column_major is None else (softmax_first, column_major)
+    assert [d.transposed for d in cpu_desc.prog_desc(verify(kfn.program(x)))[1]] == [want]
+    (got,) = run_on(cpu.run, kfn, x)
+    if column_major is not None:
+        np.testing.assert_array_equal(got, run_on(cpu.run, softmax, np.ascontiguousarray(x.T))[0].T)
+    np.testing.assert_allclose(got, run_on(reference.run, kfn, x)[0], rtol=1e-5, atol=1e-7)

@@ -28,8 +28,8 @@ class StreamPlan(NamedTuple):
     fuse: np.ndarray     # fuse_plan.fuse_plan
     argst: np.ndarray    # per argument: 1 stored by the kernel, 2 stored and loaded, else 0
     argld: np.ndarray    # per argument: 1 loaded by the kernel, else 0
-    column_major: bool   # column-major registers allowed: a reduction, no argmax/argmin, no row read
-                         # again after its reduction (fuse_plan.rereads_rows)
+    reduces: bool        # a reduction and no argmax/argmin: column-major registers allowed
+    rereads: bool        # rows read again after their reduction (fuse_plan.rereads_rows)
 
 
 def _reg_io(instrs: np.ndarray) -> np.ndarray:
@@ -91,8 +91,8 @@ def _plan(kl: KernelLayout, n_args: int) -> StreamPlan:
     instrs = kl.instrs   # the stream's read-only array
     plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, kl.opnd_arg, sections),
                       fuse_plan(instrs, sections), *_arg_access(instrs, kl.opnd_arg, n_args),
-                      _reduces(instrs) and not rereads_rows(instrs, sections))
-    for a in plan[:-1]:
+                      _reduces(instrs), rereads_rows(instrs, sections))
+    for a in plan[:-2]:
         a.setflags(write=False)
     return plan
 
