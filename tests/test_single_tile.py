@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dvm
 from dvm.codegen import encoder
@@ -261,3 +263,33 @@ def test_rereading_streams_over_narrow_strided_rows_take_column_major_registers(
     if column_major is not None:
         np.testing.assert_array_equal(got, run_on(cpu.run, softmax, np.ascontiguousarray(x.T))[0].T)
     np.testing.assert_allclose(got, run_on(reference.run, kfn, x)[0], rtol=1e-5, atol=1e-7)
+
+
+@dvm.kernel
+def centered(k, x):
+    """x minus its row mean, and that scaled by the rows' rsqrt variance (a LayerNorm)."""
+    x = k.load(x)
+    d = k.sub(x, k.mean(x, axis=-1, keepdims=True))
+    return k.store(d), k.store(k.mul(d, k.rsqrt(k.add(k.mean(k.mul(d, d), axis=-1, keepdims=True), 1e-5))))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 80), cols=st.one_of(st.sampled_from([2048, 2049, 3000, 4096, 5001]), st.integers(1, 300)),
+       dtype=st.sampled_from(["float32", "float64", "float16", "bfloat16"]), specials=st.booleans())
+def test_rereading_streams_over_strided_rows_give_the_reference_vms_bits(monkeypatch, rows, cols, dtype, specials):
+    """Rows strided, the kept axis contiguous, any size about the choices above (strips of rows,
+    column-major or row-major registers) and dtype: the CPU VM's Program on the CPU VM and on
+    the reference VM gives the same bits."""
+    import ml_dtypes
+    from test_cpu_vm import run_on
+
+    from dvm.vm import cpu, reference
+    monkeypatch.setenv("DVM_VM", "cpu")
+    dvm.config.reload()
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    image = np.random.default_rng(rows * cols).standard_normal((cols, rows)) * 3
+    if specials:
+        image[0, 0], image[-1, -1] = np.inf, np.nan
+    x = image.astype(dt).T
+    for a, b in zip(run_on(reference.run, centered, x), run_on(cpu.run, centered, x)):
+        np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))   # (NaN == NaN)
