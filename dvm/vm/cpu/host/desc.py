@@ -19,7 +19,7 @@ ROW_MAJOR_MIN_BN = 8   # reducing kernels with narrower tiles use column-major r
 # contiguous along the kept axis takes column-major registers for tiles at most this wide and
 # no operand varying along the columns only (a softmax or x minus its sum over the 7-128 strided
 # columns of 4-64 K contiguous rows: 1.5-7x faster than row-major tiles loaded in 8x8 transposing
-# blocks; from 200 columns, or a LayerNorm's weight and bias: slower)
+# blocks; from 200 columns, a LayerNorm's weight and bias, or the encoder's strips of rows: slower)
 REREAD_COLUMN_MAJOR_BN = 128
 
 
@@ -27,8 +27,8 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     """Column-major registers (lane (r, k) at k*BM + r) for a reducing kernel whose rows are
     very narrow (a tree level is then one loop over BM rows instead of a short loop per row) or
     whose operands are contiguous along the kept axis (a column of the tile is then a contiguous
-    run; for a stream that reads its rows again after reducing them, the encoder's single-tile
-    stream of Target.rereads_rows, up to REREAD_COLUMN_MAJOR_BN wide). The layout is invisible:
+    run; for a stream that reads its rows again after reducing them, Target.rereads_rows, only
+    up to REREAD_COLUMN_MAJOR_BN wide and with no weight-like operand). The layout is invisible:
     every lane holds the same value and the tree pairs the same lanes. Argmax/argmin keep the
     row-major form."""
     if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
