@@ -238,12 +238,17 @@ def test_a_norm_over_long_strided_rows_sweeps_strips_of_rows_for_the_cpu_vm(rows
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
 
 
-@pytest.mark.parametrize("shape, column_major", [((7, 4099), True), ((13, 2001), True), ((128, 300), True),
-                                                 ((200, 300), False), ((301, 5), None), ((300, 40), None)])
-def test_rereading_streams_over_narrow_strided_rows_take_column_major_registers(monkeypatch, shape, column_major):
+@pytest.mark.parametrize("shape, column_major", [((7, 4099), True), ((13, 2001), True), ((32, 300), True),
+                                                 ((64, 300), False), ((128, 1024), True), ((200, 2048), True),
+                                                 ((200, 2000), False), ((1024, 1024), False), ((301, 5), None),
+                                                 ((300, 40), None)])
+def test_rereading_streams_over_strided_rows_take_column_major_registers_where_they_pay(monkeypatch, shape,
+                                                                                        column_major):
     """A softmax over the first axis of `shape` (its rows strided, the kept axis contiguous) takes
-    column-major registers for tiles up to 128 wide (a column of the tile: one contiguous run),
-    row-major ones past that; over the last axis (None), column-major below 8 lanes a row only.
+    column-major registers (a column of the tile: one contiguous run) for tiles up to 32 wide, or
+    up to 512 where the strided axis steps a multiple of 4 KiB (1024 or 2048 f32 rows: row-major
+    tiles' transposing loads alias); row-major ones otherwise; over the last axis (None),
+    column-major below 8 lanes a row only.
     The layout is invisible: a first-axis softmax gives the bits of the last-axis softmax of a
     contiguous copy (row-major registers), and the reference VM's values (its exp rounds apart)."""
     from test_cpu_vm import run_on

@@ -16,11 +16,16 @@ from .stream import StreamPlan, stream_plan
 
 ROW_MAJOR_MIN_BN = 8   # reducing kernels with narrower tiles use column-major registers (_transposed)
 # a stream that reads its rows again after reducing them (a norm, a softmax) over operands
-# contiguous along the kept axis takes column-major registers for tiles at most this wide and
-# no operand varying along the columns only (a softmax or x minus its sum over the 7-128 strided
-# columns of 4-64 K contiguous rows: 1.5-7x faster than row-major tiles loaded in 8x8 transposing
-# blocks; from 200 columns, a LayerNorm's weight and bias, or the encoder's strips of rows: slower)
-REREAD_COLUMN_MAJOR_BN = 128
+# contiguous along the kept axis takes column-major registers for tiles at most REREAD_NARROW_BN
+# wide, or at most REREAD_ALIASED_BN where the strided axis steps a multiple of ALIAS_BYTES (then
+# the row-major tiles' 8x8 transposing loads read 8 rows that alias in the L1); no operand may
+# vary along the columns only (a weight). Measured on a softmax and on x minus its sum over the
+# first axis: 7-32 columns of 1-64 K contiguous rows 1.2-6x faster column-major, 48-512 columns of
+# 1, 2 or 4 K rows 1.1-2x; 48-384 columns of 1,000-5,000 rows, 256 of 256 or 512, 1,024 columns
+# or more, a LayerNorm's weight and bias: 1.1-2x slower
+REREAD_NARROW_BN = 32
+REREAD_ALIASED_BN = 512
+ALIAS_BYTES = 4096
 
 
 def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
@@ -28,24 +33,30 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     very narrow (a tree level is then one loop over BM rows instead of a short loop per row) or
     whose operands are contiguous along the kept axis (a column of the tile is then a contiguous
     run; for a stream that reads its rows again after reducing them, Target.rereads_rows, only
-    up to REREAD_COLUMN_MAJOR_BN wide and with no weight-like operand). The layout is invisible:
-    every lane holds the same value and the tree pairs the same lanes. Argmax/argmin keep the
-    row-major form."""
+    narrow or aliased tiles with no weight-like operand: _rereads_column_major). The layout is
+    invisible: every lane holds the same value and the tree pairs the same lanes. Argmax/argmin
+    keep the row-major form."""
     if kl.bm == 1 or kl.bn == 1 or not kl.row_sizes or not kl.col_sizes or not plan.reduces:
         return False
     nr = len(kl.row_sizes)
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
-    if any(int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1) for st in strides):
-        return not plan.rereads or (kl.bn <= REREAD_COLUMN_MAJOR_BN and not _row_vectors(strides, nr))
+    kept_runs = [i for i, st in enumerate(strides) if int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1)]
+    if kept_runs:   # contiguous along the kept axis (a sum over axis 0)
+        return not plan.rereads or _rereads_column_major(kl, strides, nr, kept_runs)
     # A column-major tile of row-major data is loaded by strided reads, so from 8 lanes whole rows
     # reduce faster in row-major tiles, in registers (jit/vtree.vtree_n for any width).
     return kl.bn < ROW_MAJOR_MIN_BN
 
 
-def _row_vectors(strides: np.ndarray, nr: int) -> bool:
-    """Some operand varies along the columns only (a norm's weight): row-major registers apply it
-    on the fly, column-major ones expand it."""
-    return any(not st[:nr].any() and st[nr:].any() for st in strides)
+def _rereads_column_major(kl: KernelLayout, strides: np.ndarray, nr: int, kept_runs: list[int]) -> bool:
+    """REREAD_NARROW_BN, REREAD_ALIASED_BN. No operand may vary along the columns only (a norm's
+    weight): row-major registers apply it on the fly, column-major ones expand it."""
+    if any(not st[:nr].any() and st[nr:].any() for st in strides):
+        return False
+    if kl.bn <= REREAD_NARROW_BN:
+        return True
+    return kl.bn <= REREAD_ALIASED_BN and any(
+        int(strides[i][-1]) * DType(int(kl.opnd_dtype[i])).itemsize % ALIAS_BYTES == 0 for i in kept_runs)
 
 
 class _Desc:
