@@ -1,6 +1,6 @@
 """The CPU VM's fused accumulations (FK_LOADACC: `load ; acc`, FK_CSQACC: a centered
 sum of squares over the sweeps) and the row blocks of column-major reductions
-(encoder._column_major_rows): bitwise against the reference VM on 1 and 2 threads; column-major
+(column_tiles.column_major_rows): bitwise against the reference VM on 1 and 2 threads; column-major
 tiles only for reductions (elementwise kernels over transposed operands keep full-width tiles)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dvm
-from dvm.codegen import encoder
+from dvm.codegen import column_tiles, encoder
 from dvm.codegen.verifier import verify
 from dvm.frontend.library import layernorm
 from dvm.tools.bench_ops_cases import max_first, max_last, sum_first, sum_last
@@ -57,14 +57,14 @@ def test_first_axis_row_blocks(monkeypatch, shape, kfn):
     """Kept rows split into blocks (small ones here: the encoder's limits lowered; 5000 kept rows
     take blocks of COLUMN_MAJOR_BM anyway), a partial last block among them; each block's tile
     columns are read from the buffer."""
-    monkeypatch.setattr(encoder, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
-    monkeypatch.setattr(encoder, "COLUMN_MAJOR_MIN_BM", 16)
+    monkeypatch.setattr(column_tiles, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
+    monkeypatch.setattr(column_tiles, "COLUMN_MAJOR_MIN_BM", 16)
     x = _with_specials(shape)   # C order: the reduced axis 0 strided, the kept axis contiguous
     if kfn is prod_first:
         x = np.where(np.isfinite(x), 1.0 + 0.01 * x, x).astype(np.float32)
     n, R = shape
     bm = dvm.verify(kfn.program(x)).kernels[0].bm
-    split = R > encoder.COLUMN_MAJOR_WHOLE or min(8, n * R // 256, -(-R // 16)) >= 2
+    split = R > column_tiles.COLUMN_MAJOR_WHOLE or min(8, n * R // 256, -(-R // 16)) >= 2
     assert (bm < R) == split and (bm == R or bm % 16 == 0), (shape, bm)
     _bitwise_as_reference(kfn, x, why=(shape,))
 
@@ -82,8 +82,8 @@ def test_default_blocks_for_large_reductions():
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_first_axis_other_dtypes_take_the_load(monkeypatch, dtype):
     """Operands other than f32 are converted by the load: the fused run declines them."""
-    monkeypatch.setattr(encoder, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
-    monkeypatch.setattr(encoder, "COLUMN_MAJOR_MIN_BM", 16)
+    monkeypatch.setattr(column_tiles, "COLUMN_MAJOR_BLOCK_ELEMS", 256)
+    monkeypatch.setattr(column_tiles, "COLUMN_MAJOR_MIN_BM", 16)
     _bitwise_as_reference(sum_first, _with_specials((37, 100), dtype), why=(dtype,))
 
 

@@ -102,8 +102,10 @@ def shifted_stats(k, x, m):
         k.store(k.max(y, axis=-1))
 
 
-def _tile_width(kfn, *args, vm: str) -> int:
-    return int(re.search(r"tile \d+x(\d+) ", dvm.disasm(kfn.program(*args, vm=vm))).group(1))
+def _kernel_tiles(kfn, *args, vm: str) -> tuple[int, int, int]:
+    """(tile height, tile width, sweeps) of kfn's first kernel encoded for VM vm."""
+    m = re.search(r"tile (\d+)x(\d+)\s+sweeps (\d+)", dvm.disasm(kfn.program(*args, vm=vm)))
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 def _outputs_for(monkeypatch, vm_run, vm: str, *args) -> list:
@@ -125,8 +127,8 @@ def test_tight_rows_take_their_width_rounded_up_with_the_same_bits(monkeypatch, 
     m = rng.standard_normal((1, cols)).astype(np.float32)
     x[3, 5], x[4, -1] = np.inf, np.nan
     pow2, tight = encoder._pow2_at_least(cols), -(-cols // encoder.TIGHT_LANES) * encoder.TIGHT_LANES
-    assert _tile_width(shifted_stats, x, m, vm="cpu") == (tight if tight <= encoder.TIGHT_MOST * pow2 else pow2)
-    assert _tile_width(shifted_stats, x, m, vm="reference") == pow2
+    assert _kernel_tiles(shifted_stats, x, m, vm="cpu")[1] == (tight if tight <= encoder.TIGHT_MOST * pow2 else pow2)
+    assert _kernel_tiles(shifted_stats, x, m, vm="reference")[1] == pow2
     runs = {(vm_name, vm): _outputs_for(monkeypatch, run, vm, x, m)
             for vm_name, run in (("ref", reference.run), ("cpu", cpu.run)) for vm in ("cpu", "reference")}
     for vm_name in ("ref", "cpu"):
@@ -144,10 +146,10 @@ def test_row_forms_plain_reductions_and_narrow_rows_keep_the_power_of_two():
     from dvm.frontend.library import layernorm, softmax
     from dvm.tools.bench_ops_cases import sum_last
     x, w = np.ones((4, 513), np.float32), np.ones(513, np.float32)
-    assert _tile_width(softmax, x, vm="cpu") == 1024 and _tile_width(layernorm, x, w, w, vm="cpu") == 1024
-    assert _tile_width(sum_last, x, vm="cpu") == 1024
+    assert _kernel_tiles(softmax, x, vm="cpu")[1] == 1024 and _kernel_tiles(layernorm, x, w, w, vm="cpu")[1] == 1024
+    assert _kernel_tiles(sum_last, x, vm="cpu")[1] == 1024
     narrow = np.ones((4, 150), np.float32)
-    assert _tile_width(shifted_stats, narrow, narrow[:1], vm="cpu") == 256
+    assert _kernel_tiles(shifted_stats, narrow, narrow[:1], vm="cpu")[1] == 256
 
 
 @dvm.kernel
@@ -164,12 +166,6 @@ def channel_sum(k, x):
     return k.store(k.sum(k.load(x), axis=-1))
 
 
-def _kernel_head(kfn, *args, vm: str) -> tuple[int, int]:
-    """(tile width, sweeps) of kfn's first kernel encoded for VM vm."""
-    m = re.search(r"tile \d+x(\d+)\s+sweeps (\d+)", dvm.disasm(kfn.program(*args, vm=vm)))
-    return int(m.group(1)), int(m.group(2))
-
-
 @pytest.mark.parametrize("channels, positions", [(32, 1024), (16, 300), (96, 4100)])
 def test_a_norm_over_strided_columns_keeps_the_single_tile_stream_for_the_cpu_vm(monkeypatch, channels, positions):
     """A LayerNorm over the channels of a channels-first image (its rows contiguous, its columns
@@ -184,10 +180,10 @@ def test_a_norm_over_strided_columns_keeps_the_single_tile_stream_for_the_cpu_vm
     image = (rng.standard_normal((channels, positions)) * 3).astype(np.float32)
     image[3, 5], image[4, -1] = np.inf, np.nan
     x, w = image.T, rng.standard_normal(channels).astype(np.float32)   # (positions, channels), strided
-    width, sweeps = _kernel_head(channel_norm, x, w, vm="cpu")
+    width, sweeps = _kernel_tiles(channel_norm, x, w, vm="cpu")[1:]
     assert width >= channels and sweeps == 1   # (a whole row in a tile)
-    assert _kernel_head(channel_norm, x, w, vm="reference")[1] > 1
-    assert _kernel_head(channel_sum, x, vm="cpu") == _kernel_head(channel_sum, x, vm="reference")
+    assert _kernel_tiles(channel_norm, x, w, vm="reference")[2] > 1
+    assert _kernel_tiles(channel_sum, x, vm="cpu")[1:] == _kernel_tiles(channel_sum, x, vm="reference")[1:]
     runs = {}
     for vm_name, run in (("ref", reference.run), ("cpu", cpu.run)):
         for vm in ("cpu", "reference"):
@@ -201,12 +197,6 @@ def test_a_norm_over_strided_columns_keeps_the_single_tile_stream_for_the_cpu_vm
             np.testing.assert_array_equal(a, b)
     for a, b in zip(runs["cpu", "cpu"], runs["cpu", "reference"]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def _kernel_tiles(kfn, *args, vm: str) -> tuple[int, int, int]:
-    """(tile height, tile width, sweeps) of kfn's first kernel encoded for VM vm."""
-    m = re.search(r"tile (\d+)x(\d+)\s+sweeps (\d+)", dvm.disasm(kfn.program(*args, vm=vm)))
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 @pytest.mark.parametrize("rows, cols, strips", [(64, 4100, True), (40, 3000, True), (16, 4100, False),
@@ -238,6 +228,12 @@ def test_a_norm_over_long_strided_rows_sweeps_strips_of_rows_for_the_cpu_vm(rows
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
 
 
+def _encode_for_the_cpu_vm(monkeypatch):
+    """Programs encoded for the CPU VM whatever conftest's `vm` (which restores DVM_VM)."""
+    monkeypatch.setenv("DVM_VM", "cpu")
+    dvm.config.reload()
+
+
 @pytest.mark.parametrize("shape, column_major", [((7, 4099), True), ((13, 2001), True), ((32, 300), True),
                                                  ((64, 300), False), ((128, 1024), True), ((200, 2048), True),
                                                  ((200, 2000), False), ((1024, 1024), False), ((301, 5), None),
@@ -258,8 +254,7 @@ def test_rereading_streams_over_strided_rows_take_column_major_registers_where_t
     from dvm.tools.bench_ops_cases import softmax_first
     from dvm.vm import cpu, reference
     from dvm.vm.cpu.host import desc as cpu_desc
-    monkeypatch.setenv("DVM_VM", "cpu")   # (Programs encoded for the CPU VM; conftest's vm restores it)
-    dvm.config.reload()
+    _encode_for_the_cpu_vm(monkeypatch)
     x = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32) * 4
     x[1, 2], x[-1, 0] = np.inf, np.nan
     kfn, want = (softmax, shape[1] < 8) if column_major is None else (softmax_first, column_major)
@@ -293,8 +288,7 @@ def test_rereading_streams_over_strided_rows_give_the_reference_vms_bits(monkeyp
     from test_cpu_vm import run_on
 
     from dvm.vm import cpu, reference
-    monkeypatch.setenv("DVM_VM", "cpu")
-    dvm.config.reload()
+    _encode_for_the_cpu_vm(monkeypatch)
     rows, cols = shape
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     image = np.random.default_rng(rows * cols).standard_normal((cols, rows)) * 3

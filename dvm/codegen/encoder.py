@@ -17,6 +17,7 @@ from ..graph.dtypes import Bank, DType
 from ..graph.symbolic import Dim, SymExpr, evaluate
 from ..graph.views import Layout, apply_chain, contiguous_strides
 from ..errors import ShapeError
+from .column_tiles import column_major_rows, is_column_major, strip_rows, strips_pay
 from .isa import ISA_HASH
 from .limits import MAX_ELEMS, checked_numel, pow2_at_least as _pow2_at_least
 from .lower import KernelTemplate
@@ -73,31 +74,6 @@ SINGLE_TILE_COLS = 1 << 16
 # sweep. Any other kernel keeps the sweeps there: its tile form over 131072 lanes is 2-3x slower
 # (a row sum of exp(x) * y, a log-sum-exp). Off with SINGLE_TILE_COLS = 0
 WIDE_ROW_COLS = MAX_TILE
-# column-major reductions (reduced axis strided, kept axis contiguous): when the kept axis has at
-# most COLUMN_MAJOR_WHOLE rows, tiles of up to COLUMN_MAJOR_TILE elements hold all of them (a tile
-# is then one contiguous run of the operand, which the CPU VM reads in place), or, for a larger
-# reduction, a block of them: up to COLUMN_MAJOR_BLOCKS blocks of about COLUMN_MAJOR_MIN_BM rows
-# or more and COLUMN_MAJOR_BLOCK_ELEMS elements or more (rows x reduced length), the work units
-# the CPU VM's threads share (a tile column is then a contiguous run; the CPU VM's FK_LOADACC reads
-# it in place; shorter runs cost more per element, hence the minimum block height); longer kept
-# axes get row blocks of COLUMN_MAJOR_BM rows
-COLUMN_MAJOR_WHOLE = 4096
-COLUMN_MAJOR_TILE = 16384
-COLUMN_MAJOR_BM = 1024
-COLUMN_MAJOR_BLOCK_ELEMS = 1 << 17
-COLUMN_MAJOR_BLOCKS = 8
-COLUMN_MAJOR_MIN_BM = 512
-# a stream that re-reads its rows after reducing them (softmax, a norm, x minus its sum: Target.
-# rereads_rows) keeps the single-tile stream over a strided reduced axis, unless its tiles would
-# hold at most SPARSE_TILE_ROWS kept rows (a quarter of each cache line it reads: over 2048 f32
-# columns), the kept axis has STRIP_MIN_ROWS or more and the data at most STRIP_MOST_BYTES: then
-# the sweeps run over strips of kept rows, each about STREAM_REGISTER_BYTES (a core's L2) so
-# that every sweep after the first re-reads it from there (softmax over axis 0 of 8192x64, 4096x512:
-# 2-3x faster; 2048 or fewer columns, or 16 MiB of data: slower, the single-tile stream's lines
-# then stay cached between the tiles that share them)
-SPARSE_TILE_ROWS = 4
-STRIP_MIN_ROWS = 32
-STRIP_MOST_BYTES = 1 << 23
 # single-tile rows at most this wide get a tile exactly one row wide (no padding lanes: a 17-column
 # softmax would otherwise compute 32 lanes per row); the CPU VM holds such tiles column-major
 EXACT_BN_COLS = 64
@@ -255,7 +231,7 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     """The kernel block's words before its instructions, and the stream chosen (whose
     instructions follow): the single-tile stream when every row fits one tile, unless the
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles; for a
-    stream re-reading its rows only where _strips_pay)."""
+    stream re-reading its rows only where column_tiles.strips_pay)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
     single_stream = rereading = False
@@ -263,24 +239,24 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     if _takes_single(t, prod(dom[i] for i in c.col_axes), target):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
-        column_major = _column_major(folded[2], folded[4])
+        column_major = is_column_major(folded[2], folded[4])
         if column_major and _asked(t.single, "rereads_rows", target):
-            rereading = column_major = _strips_pay(prod(folded[1]), prod(folded[3]), c.opnd_bytes)
+            rereading = column_major = strips_pay(prod(folded[1]), prod(folded[3]), c.opnd_bytes, ROW_TILE_ELEMS)
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:
             c, single_stream = single, True
     else:
         folded = _folded(c, dom, env, inputs)
-        column_major = bool(c.col_axes) and _column_major(folded[2], folded[4])
+        column_major = bool(c.col_axes) and is_column_major(folded[2], folded[4])
     per_opnd, row_sizes, row_strides, col_sizes, col_strides = folded
     R, C = prod(row_sizes), prod(col_sizes)
     if R * C > MAX_ELEMS:
         checked_numel(dom, "a kernel's domain")   # raises ShapeError naming the sizes
     cap = target.max_tile   # (a power of two: every choice below stays within it)
     if column_major:
-        bm, tile = (_strip_rows(R, C, c.opnd_bytes), COLUMN_MAJOR_TILE) if rereading else \
-            _column_major_rows(R, C)
+        bm, tile = strip_rows(R, C, c.opnd_bytes, STREAM_REGISTER_BYTES) if rereading else \
+            column_major_rows(R, C, TILE_ELEMS)
         bm, tile = min(bm, cap), min(tile, cap)
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:
@@ -310,31 +286,6 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     return words, c
 
 
-def _column_major_rows(R: int, C: int) -> tuple[int, int]:
-    """(BM, tile elements) of a column-major reduction keeping R rows and reducing C. Blocks are a
-    multiple of 16 rows (each starts 64 bytes after the previous one's start)."""
-    if R > COLUMN_MAJOR_WHOLE:
-        return COLUMN_MAJOR_BM, TILE_ELEMS
-    blocks = min(COLUMN_MAJOR_BLOCKS, R * C // COLUMN_MAJOR_BLOCK_ELEMS, -(-R // COLUMN_MAJOR_MIN_BM))
-    if blocks < 2:
-        return max(1, R), COLUMN_MAJOR_TILE
-    return -(-R // (16 * blocks)) * 16, COLUMN_MAJOR_TILE
-
-
-def _strips_pay(R: int, C: int, itemsize: int) -> bool:
-    """Whether a stream re-reading its R rows of C strided columns runs faster as sweeps over
-    strips of rows than as the single-tile stream (SPARSE_TILE_ROWS)."""
-    return (R >= STRIP_MIN_ROWS and ROW_TILE_ELEMS // _pow2_at_least(max(C, 1)) <= SPARSE_TILE_ROWS
-            and R * C * itemsize <= STRIP_MOST_BYTES)
-
-
-def _strip_rows(R: int, C: int, itemsize: int) -> int:
-    """Rows per strip (a multiple of 16): about STREAM_REGISTER_BYTES of data, and at least two
-    strips (the threads' work units)."""
-    fits = max(16, STREAM_REGISTER_BYTES // (itemsize * C) // 16 * 16)
-    return min(fits, -(-R // 32) * 16)
-
-
 def _folded(c: _Compiled, dom: list[int], env, inputs):
     n = len(dom)
     per_opnd = [_operand_strides(spec, base, n, env, inputs) for spec, base in c.opnds]
@@ -344,15 +295,6 @@ def _folded(c: _Compiled, dom: list[int], env, inputs):
     if not ca and row_sizes:  # elementwise: the innermost folded dim becomes the column dim
         col_sizes, col_strides = [row_sizes.pop()], [[st.pop()] for st in row_strides]
     return per_opnd, row_sizes, row_strides, col_sizes, col_strides
-
-
-def _column_major(row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
-    """A reduction whose operands are contiguous along the kept (row) axis and strided along the
-    reduced one (e.g. a sum over axis 0): tiles of many rows and few columns read whole cache lines."""
-    for rs, cs in zip(row_strides, col_strides):
-        if rs and cs and rs[-1] == 1 and cs[-1] != 0 and cs[-1] != 1:
-            return True
-    return False
 
 
 def _fold(dom: list[int], axes: list[int], per_opnd: list) -> tuple[list[int], list[list[int]]]:

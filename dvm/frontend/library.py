@@ -18,11 +18,11 @@ def softmax(k, x):
     return k.store(softmax_of(k, k.load(x)))
 
 
-def softmax_of(k, x):
-    """The safe softmax of traced value x over its last dim (softmax's form)."""
-    m = k.max(x, axis=-1, keepdims=True)
+def softmax_of(k, x, axis: int = -1):
+    """The safe softmax of traced value x over `axis` (softmax's form: its last dim)."""
+    m = k.max(x, axis=axis, keepdims=True)
     e = k.exp(k.sub(x, m))
-    return k.mul(e, k.reciprocal(k.sum(e, axis=-1, keepdims=True)))
+    return k.mul(e, k.reciprocal(k.sum(e, axis=axis, keepdims=True)))
 
 
 def layer_norm_of(k, x, w, b):

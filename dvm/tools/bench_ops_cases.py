@@ -73,9 +73,7 @@ def hf_add_rmsnorm_bf16(k, a, b, w):
 @dvm.kernel
 def softmax_first(k, x):
     """softmax over the first axis (a sequence axis ahead of the heads: its columns strided)"""
-    x = k.load(x)
-    e = k.exp(k.sub(x, k.max(x, axis=0, keepdims=True)))
-    return k.store(k.mul(e, k.reciprocal(k.sum(e, axis=0, keepdims=True))))
+    return k.store(softmax_of(k, k.load(x), axis=0))
 
 
 @dvm.kernel

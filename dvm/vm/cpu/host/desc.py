@@ -49,8 +49,10 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
 
 
 def _rereads_column_major(kl: KernelLayout, strides: np.ndarray, nr: int, kept_runs: list[int]) -> bool:
-    """REREAD_NARROW_BN, REREAD_ALIASED_BN. No operand may vary along the columns only (a norm's
-    weight): row-major registers apply it on the fly, column-major ones expand it."""
+    """Column-major registers for a stream that reads its rows again: tiles up to REREAD_NARROW_BN
+    wide, or up to REREAD_ALIASED_BN over a strided axis stepping a multiple of ALIAS_BYTES; and no
+    operand varying along the columns only (a norm's weight: row-major registers apply it on the
+    fly, column-major ones expand it)."""
     if any(not st[:nr].any() and st[nr:].any() for st in strides):
         return False
     if kl.bn <= REREAD_NARROW_BN:

@@ -92,8 +92,9 @@ def _plan(kl: KernelLayout, n_args: int) -> StreamPlan:
     plan = StreamPlan(instrs, _reg_io(instrs), in_place_plan(instrs, kl.opnd_dtype, kl.opnd_arg, sections),
                       fuse_plan(instrs, sections), *_arg_access(instrs, kl.opnd_arg, n_args),
                       _reduces(instrs), rereads_rows(instrs, sections))
-    for a in plan[:-2]:
-        a.setflags(write=False)
+    for a in plan:
+        if isinstance(a, np.ndarray):
+            a.setflags(write=False)
     return plan
 
 
