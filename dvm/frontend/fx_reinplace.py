@@ -22,7 +22,14 @@ their bases (`updated_base`). That holds the values where:
   base's view, for its sizes, or as the destination of that final copy_. (Values made after sk
   that share the memory derive from sk, or from one of those, whose readers are checked.)
 Then no value anyone reads later changes, and s1's source and indices share no memory with x.
-Nests are taken in graph order, each after the last one written. Counted: torch_scatters_in_place."""
+Nests are taken in graph order, each after the last one written.
+
+A scatter the rules above leave out of place, or an index-wise one (scatter, scatter_add,
+index_add, index_fill: FRESH_IN_PLACE), is written into its base where that base is memory
+nothing else can reach (_fresh_base): an ATen op's fresh result, or a DVM segment's result that
+shares no launch output with another, read by that scatter alone (a loss's gradient: zeros of
+tokens x vocabulary, then the targets' entries; as a copy, one more pass over all of it).
+Counted: torch_scatters_in_place."""
 from __future__ import annotations
 
 import operator
@@ -76,6 +83,18 @@ IN_PLACE = {
     aten.index_put.default: aten.index_put_.default,
     torch.index_put: torch.Tensor.index_put_,
     aten.index_copy.default: aten.index_copy_.default,
+}
+# functional scatters written into a fresh base only (_fresh_base; the same arguments)
+FRESH_IN_PLACE = {
+    aten.scatter.value: aten.scatter_.value,
+    aten.scatter.src: aten.scatter_.src,
+    aten.scatter.value_reduce: aten.scatter_.value_reduce,
+    aten.scatter.reduce: aten.scatter_.reduce,
+    aten.scatter_add.default: aten.scatter_add_.default,
+    aten.scatter_reduce.two: aten.scatter_reduce_.two,
+    aten.index_add.default: aten.index_add_.default,
+    aten.index_fill.int_Scalar: aten.index_fill_.int_Scalar,
+    aten.index_fill.int_Tensor: aten.index_fill_.int_Tensor,
 }
 # scatter -> the views that take the region it writes (their arguments after the tensor are its
 # arguments after base and src)
@@ -250,6 +269,21 @@ def _readers_allowed(nest: list, aliases: _Aliases, position: dict) -> bool:
     return True
 
 
+def _fresh_base(n: fx.Node) -> bool:
+    """n's base (its first argument) is memory nothing but n can reach: read by n alone, and an
+    ATen op's fresh result or a result of a DVM segment that owns its memory."""
+    b = n.args[0] if n.args else None
+    if not isinstance(b, fx.Node) or len(b.users) != 1 or b.op != "call_function" \
+            or b in n.args[1:] or b in n.kwargs.values():
+        return False
+    if b.target is operator.getitem:
+        run, i = b.args
+        runner = getattr(run.target, "__self__", None) if isinstance(run, fx.Node) else None
+        same = [u for u in run.users if u.target is operator.getitem and u.args[1] == i] if runner else []
+        return isinstance(runner, SegmentRunner) and isinstance(i, int) and same == [b] and runner.owns_result(i)
+    return isinstance(b.target, torch._ops.OpOverload) and _alias_kind(b) == "fresh"
+
+
 def rewrite(g: fx.Graph) -> int:
     """Write the nests of g whose roots may be written in place; returns how many scatters were."""
     position = {n: i for i, n in enumerate(g.nodes)}
@@ -276,6 +310,11 @@ def rewrite(g: fx.Graph) -> int:
     for n in g.nodes:
         if n.target is COPY_ and n.args and n.args[0] in written_inputs:
             n.target = overwrite
+    for n in g.nodes:
+        in_place = n.op == "call_function" and (IN_PLACE.get(n.target) or FRESH_IN_PLACE.get(n.target))
+        if in_place and _fresh_base(n):
+            n.target = in_place
+            done += 1
     if done:
         counters.bump("torch_scatters_in_place", done)
     return done

@@ -187,6 +187,13 @@ class SegmentRunner:
             from ..tools.verify import install_from_env   # DVM_VERIFY=1
             install_from_env()
 
+    def owns_result(self, i: int) -> bool:
+        """run()'s result i is memory of its own on every call: a launch output that no other
+        result shares (not an input passed on; no input updated)."""
+        is_input, k, _ = self.results[i]
+        return not is_input and not self.writes and \
+            sum(1 for other_input, other, _ in self.results if not other_input and other == k) == 1
+
     def check(self, env) -> None:
         """The shape facts recorded while tracing, once per distinct tuple of sizes."""
         key = tuple(env.values())      # the env's key order is fixed per graph and segment
