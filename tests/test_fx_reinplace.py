@@ -390,3 +390,17 @@ def test_a_loss_gradient_scatters_into_the_segment_result_through_torch_compile(
             torch.testing.assert_close(a, b)
     assert counters.snapshot().get("torch_scatters_in_place", 0) > before
     assert any("scatters written into their bases" in g.describe() for g in tb.COMPILED if g.kind == "backward")
+
+
+def test_a_segment_result_owns_its_memory_only_where_no_other_result_shares_it():
+    """SegmentRunner.owns_result: results as (passed-on input, launch output, permutation): one
+    launch output read as two results (a value and its view) is owned by neither; an input passed
+    on, a segment that updates inputs, or an index past the results, by nothing."""
+    from types import SimpleNamespace
+
+    from dvm.frontend.torch_segment import SegmentRunner
+    results = [(False, 0, None), (False, 1, None), (False, 1, (1, 0)), (True, 0, None)]
+    runner = SimpleNamespace(writes=[], results=results)
+    assert [SegmentRunner.owns_result(runner, i) for i in range(5)] == [True, False, False, False, False]
+    runner.writes = [(0, 0, None)]
+    assert not SegmentRunner.owns_result(runner, 0)

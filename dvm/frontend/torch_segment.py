@@ -190,9 +190,10 @@ class SegmentRunner:
     def owns_result(self, i: int) -> bool:
         """run()'s result i is memory of its own on every call: a launch output that no other
         result shares (not an input passed on; no input updated)."""
+        if self.writes or not 0 <= i < len(self.results):
+            return False
         is_input, k, _ = self.results[i]
-        return not is_input and not self.writes and \
-            sum(1 for other_input, other, _ in self.results if not other_input and other == k) == 1
+        return not is_input and sum(1 for other_input, other, _ in self.results if not other_input and other == k) == 1
 
     def check(self, env) -> None:
         """The shape facts recorded while tracing, once per distinct tuple of sizes."""
