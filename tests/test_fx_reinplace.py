@@ -404,3 +404,22 @@ def test_a_segment_result_owns_its_memory_only_where_no_other_result_shares_it()
     assert [SegmentRunner.owns_result(runner, i) for i in range(5)] == [True, False, False, False, False]
     runner.writes = [(0, 0, None)]
     assert not SegmentRunner.owns_result(runner, 0)
+
+
+def test_a_base_with_given_strides_keeps_its_scatter_out_of_place():
+    """empty_strided may give elements one location (a zero stride): scatter_ rejects such a
+    tensor, the functional scatter copies it dense first; so it stays a copy."""
+    g = fx.Graph()
+    x = g.placeholder("base")
+    g.placeholder("value")
+    base = g.call_function(aten.empty_strided.default, ([ROWS, COLS], [0, 1]))
+    idx = g.call_function(aten.unsqueeze.default, (g.call_function(aten.remainder.Scalar, (
+        g.call_function(aten.arange.default, (ROWS,), {"dtype": torch.int64}), COLS)), 1))
+    filled = g.call_function(aten.scatter.value, (base, 1, idx, 1.0))
+    g.output((g.call_function(aten.mul.Tensor, (filled, x)),))
+    module = fx.GraphModule(torch.nn.Module(), g)
+    assert fx_reinplace.rewrite(module.graph) == 0
+    module.recompile()
+    assert module(torch.randn(ROWS, COLS), torch.randn(COLS))[0].shape == (ROWS, COLS)
+    with pytest.raises(RuntimeError):
+        torch.empty_strided((ROWS, COLS), (0, 1)).scatter_(1, torch.zeros(ROWS, 1, dtype=torch.int64), 1.0)

@@ -96,6 +96,9 @@ FRESH_IN_PLACE = {
     aten.index_fill.int_Scalar: aten.index_fill_.int_Scalar,
     aten.index_fill.int_Tensor: aten.index_fill_.int_Tensor,
 }
+# fresh results whose strides are given (a zero stride: elements sharing a location, which an
+# in-place scatter rejects and the functional one, a dense copy first, takes)
+_MAY_OVERLAP = frozenset({"empty_strided", "new_empty_strided"})
 # scatter -> the views that take the region it writes (their arguments after the tensor are its
 # arguments after base and src)
 _REGION_VIEWS = {
@@ -281,7 +284,8 @@ def _fresh_base(n: fx.Node) -> bool:
         runner = getattr(run.target, "__self__", None) if isinstance(run, fx.Node) else None
         same = [u for u in run.users if u.target is operator.getitem and u.args[1] == i] if runner else []
         return isinstance(runner, SegmentRunner) and isinstance(i, int) and same == [b] and runner.owns_result(i)
-    return isinstance(b.target, torch._ops.OpOverload) and _alias_kind(b) == "fresh"
+    return isinstance(b.target, torch._ops.OpOverload) and _alias_kind(b) == "fresh" \
+        and b.target.overloadpacket.__name__ not in _MAY_OVERLAP
 
 
 def rewrite(g: fx.Graph) -> int:
