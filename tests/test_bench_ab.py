@@ -81,6 +81,7 @@ def test_suites_follow_the_case_filter():
     assert bench_ab.parse_suites("all", ["softmax", "qwen"]) == ["ops", "models"]
     assert bench_ab.parse_suites("ops", ["max_"]) == ["ops"]
     assert bench_ab.parse_suites("zoo", ["opt", "bert"]) == ["zoo"]   # asked for by name only
+    assert bench_ab.parse_suites("train", ["llama"]) == ["train"]
     with pytest.raises(ValueError, match="matches no case"):
         bench_ab.parse_suites("models", ["softmax"])
 
@@ -144,3 +145,22 @@ def test_moved_cases_on_synthetic_numbers():
     assert mv["faster"] == [["much_faster", pytest.approx(0.5)], ["fast", pytest.approx(0.8)]]   # largest first
     assert bench_ab.moved(bench_ab.compare(a, a, 0.10)) == {"slower": [], "faster": []}
     assert [r["flag"] for r in bench_ab.compare({"x": 1.0}, {"x": 1.25}, threshold=0.30)] == [""]
+
+
+@pytest.mark.vm_once   # a benchmark's process: the VM DVM_VM selects, once
+@pytest.mark.cpu_vm
+def test_the_train_suite_times_a_training_step(monkeypatch):
+    """The train suite's process times each selected zoo model's training step (bench_train's
+    step_inputs and make_step through torch.compile(backend="dvm")) at each cell: a tiny cell here."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from dvm.tools import bench_ab_child
+    monkeypatch.setattr(bench_ab_child, "TRAIN_CELLS", ((1, 8),))
+    monkeypatch.setattr(bench_ab_child, "TRAIN_MIN_TOTAL_S", 0.0)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    try:
+        times = bench_ab_child.run_train(["gpt2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert list(times) == ["gpt2 b1 L8"] and times["gpt2 b1 L8"] > 0

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_DTYPE, ZOO_DTYPES, ZOO_LENGTHS, ZOO_THREADS
+from .bench_ab_child import MODEL_NAMES, TRAIN_CELLS, ZOO_BATCHES, ZOO_DTYPE, ZOO_DTYPES, ZOO_LENGTHS, ZOO_THREADS
 from .bench_common import add_output_options, finish_report, loadavg, machine_info, progress
 from .bench_ops_cases import CASE_NAMES
 from .bench_zoo_models import ZOO
@@ -35,8 +35,8 @@ DEFAULT_JSON = os.path.join("bench-results", "ab.json")
 DEFAULT_MD = os.path.join("bench-results", "ab.md")
 DEFAULT_ROUNDS = 5
 DEFAULT_THRESHOLD = 0.10
-SUITE_NAMES = {"ops": CASE_NAMES, "models": MODEL_NAMES, "zoo": tuple(ZOO)}   # what --cases matches
-ALL_SUITES = ("ops", "models")   # --suite all (the zoo takes ~10x as long: asked for by name)
+SUITE_NAMES = {"ops": CASE_NAMES, "models": MODEL_NAMES, "zoo": tuple(ZOO), "train": tuple(ZOO)}   # --cases
+ALL_SUITES = ("ops", "models")   # --suite all (the zoo and train take ~10x as long: asked for by name)
 GIT_TIMEOUT_S = 30
 US = 1e6
 LABELS = ("A", "B")
@@ -73,7 +73,7 @@ def check_checkout(path: str, what: str) -> str:
 
 
 def parse_suites(suite: str, filters: list[str]) -> list[str]:
-    """The suites to run: `suite` (ops, models, zoo or all) less those --cases selects nothing in;
+    """The suites to run: `suite` (ops, models, zoo, train or all) less those --cases selects nothing in;
     ValueError when nothing is left."""
     chosen = list(ALL_SUITES) if suite == "all" else [suite]
     kept = [s for s in chosen if not filters or any(f in n for f in filters for n in SUITE_NAMES[s])]
@@ -370,15 +370,18 @@ def add_parser(bsub) -> None:
     ba.add_argument("base", metavar="BASE", help="checkout A (a folder with dvm/ in it), e.g. the commit before")
     ba.add_argument("--other", default=None, metavar="PATH",
                     help="checkout B (default: the one this dvm was imported from)")
-    ba.add_argument("--suite", choices=("ops", "models", "zoo", "all"), default="ops",
+    ba.add_argument("--suite", choices=("ops", "models", "zoo", "train", "all"), default="ops",
                     help="ops: every case x size of `dvm bench ops`; models: llama and qwen2_moe; zoo: the "
                          f"`dvm bench models --zoo` models, {ZOO_THREADS} threads, batch "
                          f"{'/'.join(map(str, ZOO_BATCHES))}, L {'/'.join(map(str, ZOO_LENGTHS))} (about a "
-                         "minute a model a round); all: ops and models (default ops)")
+                         "minute a model a round); train: the same models' training steps as `dvm bench "
+                         f"train` takes them, cells {','.join(f'{b}x{n}' for b, n in TRAIN_CELLS)}; all: ops "
+                         "and models (default ops)")
     ba.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
                     help="rounds; each runs both checkouts once (default %(default)s)")
     ba.add_argument("--cases", default=None, metavar="LIST",
-                    help="comma-separated substrings; only cases (ops) or models (models, zoo) whose name contains one "
+                    help="comma-separated substrings; only cases (ops) or models (models, zoo, train) whose name "
+                         "contains one "
                          "(default all)")
     ba.add_argument("--sizes", default=None, metavar="LIST",
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")

@@ -17,6 +17,9 @@ seconds}}, cases in the order they ran. Suites:
   zoo     the `dvm bench models --zoo` architectures (bench_zoo_models.ZOO and inputs, since
           d2ec6f5) the same way, two threads, batch 1 and 4, lengths 8, 64, 256; float32, or the
           dtype --zoo-dtype names (weights and activations)
+  train   the same architectures' training steps as `dvm bench train` takes them (its
+          step_inputs and make_step: a checkout with bench_train), two threads, its cells 1x64
+          and 4x256; steady state
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUITES = ("ops", "models", "zoo")
+SUITES = ("ops", "models", "zoo", "train")
 
 OPS_REPEAT = 7               # time_call samples, at least
 OPS_MIN_TOTAL_S = 0.03       # timing per (case, shape), at least
@@ -45,6 +48,8 @@ ZOO_LENGTHS = (8, 64, 256)
 ZOO_THREADS = 2
 ZOO_DTYPE = "float32"       # the models' dtype, unless --zoo-dtype says another of ZOO_DTYPES
 ZOO_DTYPES = ("float32", "float16", "bfloat16")
+TRAIN_CELLS = ((1, 64), (4, 256))   # (batch, length), as bench_train.CELLS
+TRAIN_MIN_TOTAL_S = 0.25
 
 
 def _own_folder_off_path() -> None:
@@ -147,6 +152,28 @@ def run_zoo(filters: list[str], dtype: str = ZOO_DTYPE) -> dict:
     return times
 
 
+def run_train(filters: list[str]) -> dict:
+    import torch
+    torch.set_num_threads(ZOO_THREADS)
+    from dvm.tools.bench_common import time_call
+    from dvm.tools.bench_train import make_step, step_inputs
+    from dvm.tools.bench_zoo_models import ZOO
+    times = {}
+    for name, zoo_model in ZOO.items():
+        if not _selected(name, filters):
+            continue
+        torch._dynamo.reset()
+        model = zoo_model.build()
+        fn = torch.compile(model, backend="dvm", dynamic=True)
+        for b, length in TRAIN_CELLS:
+            step = make_step(fn, model, step_inputs(zoo_model, b, length, MODEL_SEED))
+            for _ in range(MODEL_WARM_CALLS):
+                step()
+            times[f"{name} b{b} L{length}"] = time_call(step, repeat=MODEL_REPEAT,
+                                                        min_total_s=TRAIN_MIN_TOTAL_S)["median_s"]
+    return times
+
+
 def _split(text: str | None) -> list[str]:
     return [s.strip() for s in (text or "").split(",") if s.strip()]
 
@@ -163,14 +190,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.suite in ("models", "zoo"):   # before torch, transformers or dvm read them
+    if args.suite in ("models", "zoo", "train"):   # before torch, transformers or dvm read them
         os.environ["DVM_NUM_THREADS"] = str(MODEL_THREADS if args.suite == "models" else ZOO_THREADS)
         os.environ["HF_HUB_OFFLINE"] = "1"
     _own_folder_off_path()
     warmed = _warm_up()
     filters = _split(args.cases)
     run = {"ops": lambda: run_ops(filters, _split(args.sizes)), "models": lambda: run_models(filters),
-           "zoo": lambda: run_zoo(filters, args.zoo_dtype)}[args.suite]
+           "zoo": lambda: run_zoo(filters, args.zoo_dtype), "train": lambda: run_train(filters)}[args.suite]
     times = run()
     with open(args.out, "w") as f:
         meta = _meta(warmed)
