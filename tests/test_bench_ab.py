@@ -155,12 +155,10 @@ def test_the_train_suite_times_a_training_step(monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from dvm.tools import bench_ab_child
-    monkeypatch.setattr(bench_ab_child, "TRAIN_CELLS", ((1, 8),))
-    monkeypatch.setattr(bench_ab_child, "TRAIN_MIN_TOTAL_S", 0.0)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
     try:
-        times = bench_ab_child.run_train(["gpt2"])
+        times = bench_ab_child.run_train(["gpt2"], cells=((1, 8),), min_total_s=0.0)
     finally:
         torch.set_num_threads(threads)
     assert list(times) == ["gpt2 b1 L8"] and times["gpt2 b1 L8"] > 0

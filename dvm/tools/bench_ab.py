@@ -25,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_ab_child import MODEL_NAMES, TRAIN_CELLS, ZOO_BATCHES, ZOO_DTYPE, ZOO_DTYPES, ZOO_LENGTHS, ZOO_THREADS
+from .bench_ab_child import MODEL_NAMES, ZOO_BATCHES, ZOO_DTYPE, ZOO_DTYPES, ZOO_LENGTHS, ZOO_THREADS
 from .bench_common import add_output_options, finish_report, loadavg, machine_info, progress
 from .bench_ops_cases import CASE_NAMES
+from .bench_train import CELLS as TRAIN_CELLS
 from .bench_zoo_models import ZOO
 
 CHILD = Path(__file__).with_name("bench_ab_child.py")

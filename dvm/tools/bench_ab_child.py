@@ -48,8 +48,6 @@ ZOO_LENGTHS = (8, 64, 256)
 ZOO_THREADS = 2
 ZOO_DTYPE = "float32"       # the models' dtype, unless --zoo-dtype says another of ZOO_DTYPES
 ZOO_DTYPES = ("float32", "float16", "bfloat16")
-TRAIN_CELLS = ((1, 64), (4, 256))   # (batch, length), as bench_train.CELLS
-TRAIN_MIN_TOTAL_S = 0.25
 
 
 def _own_folder_off_path() -> None:
@@ -152,12 +150,16 @@ def run_zoo(filters: list[str], dtype: str = ZOO_DTYPE) -> dict:
     return times
 
 
-def run_train(filters: list[str]) -> dict:
+def run_train(filters: list[str], cells=None, min_total_s: float | None = None) -> dict:
+    """cells, min_total_s: the measured checkout's bench_train.CELLS and MIN_TOTAL_S unless given."""
     import torch
     torch.set_num_threads(ZOO_THREADS)
+    from dvm.tools import bench_train
     from dvm.tools.bench_common import time_call
     from dvm.tools.bench_train import make_step, step_inputs
     from dvm.tools.bench_zoo_models import ZOO
+    cells = bench_train.CELLS if cells is None else cells
+    min_total_s = bench_train.MIN_TOTAL_S if min_total_s is None else min_total_s
     times = {}
     for name, zoo_model in ZOO.items():
         if not _selected(name, filters):
@@ -165,12 +167,11 @@ def run_train(filters: list[str]) -> dict:
         torch._dynamo.reset()
         model = zoo_model.build()
         fn = torch.compile(model, backend="dvm", dynamic=True)
-        for b, length in TRAIN_CELLS:
+        for b, length in cells:
             step = make_step(fn, model, step_inputs(zoo_model, b, length, MODEL_SEED))
             for _ in range(MODEL_WARM_CALLS):
                 step()
-            times[f"{name} b{b} L{length}"] = time_call(step, repeat=MODEL_REPEAT,
-                                                        min_total_s=TRAIN_MIN_TOTAL_S)["median_s"]
+            times[f"{name} b{b} L{length}"] = time_call(step, repeat=MODEL_REPEAT, min_total_s=min_total_s)["median_s"]
     return times
 
 
