@@ -137,34 +137,38 @@ def run_models(filters: list[str]) -> dict:
     return times
 
 
-def run_zoo(filters: list[str], dtype: str = ZOO_DTYPE) -> dict:
+def _zoo_selected(filters: list[str]):
+    """(name, zoo model) of each zoo model --cases selects, Dynamo's caches reset before each, on
+    ZOO_THREADS threads."""
     import torch
     torch.set_num_threads(ZOO_THREADS)
-    from dvm.tools.bench_zoo_models import ZOO, inputs
-    times = {}
+    from dvm.tools.bench_zoo_models import ZOO
     for name, zoo_model in ZOO.items():
         if _selected(name, filters):
             torch._dynamo.reset()
-            _time_grid(times, name, zoo_model.build().to(getattr(torch, dtype)), ZOO_BATCHES, ZOO_LENGTHS,
-                       lambda b, length, m=zoo_model: inputs(m, b, length))
+            yield name, zoo_model
+
+
+def run_zoo(filters: list[str], dtype: str = ZOO_DTYPE) -> dict:
+    import torch
+    from dvm.tools.bench_zoo_models import inputs
+    times = {}
+    for name, zoo_model in _zoo_selected(filters):
+        _time_grid(times, name, zoo_model.build().to(getattr(torch, dtype)), ZOO_BATCHES, ZOO_LENGTHS,
+                   lambda b, length, m=zoo_model: inputs(m, b, length))
     return times
 
 
 def run_train(filters: list[str], cells=None, min_total_s: float | None = None) -> dict:
     """cells, min_total_s: the measured checkout's bench_train.CELLS and MIN_TOTAL_S unless given."""
     import torch
-    torch.set_num_threads(ZOO_THREADS)
     from dvm.tools import bench_train
     from dvm.tools.bench_common import time_call
     from dvm.tools.bench_train import make_step, step_inputs
-    from dvm.tools.bench_zoo_models import ZOO
     cells = bench_train.CELLS if cells is None else cells
     min_total_s = bench_train.MIN_TOTAL_S if min_total_s is None else min_total_s
     times = {}
-    for name, zoo_model in ZOO.items():
-        if not _selected(name, filters):
-            continue
-        torch._dynamo.reset()
+    for name, zoo_model in _zoo_selected(filters):
         model = zoo_model.build()
         fn = torch.compile(model, backend="dvm", dynamic=True)
         for b, length in cells:
