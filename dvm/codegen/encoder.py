@@ -17,7 +17,8 @@ from ..graph.dtypes import Bank, DType
 from ..graph.symbolic import Dim, SymExpr, evaluate
 from ..graph.views import Layout, apply_chain, contiguous_strides
 from ..errors import ShapeError
-from .column_tiles import column_major_rows, is_column_major, strip_rows, strips_pay
+from .column_tiles import (COLUMN_MAJOR_TILE, column_major_rows, is_column_major, strip_rows, strips_pay,
+                           whole_rereads)
 from .isa import ISA_HASH
 from .limits import MAX_ELEMS, checked_numel, pow2_at_least as _pow2_at_least
 from .lower import KernelTemplate
@@ -231,17 +232,20 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
     """The kernel block's words before its instructions, and the stream chosen (whose
     instructions follow): the single-tile stream when every row fits one tile, unless the
     reduced axis is strided while the kept axis is contiguous (then short, tall tiles; for a
-    stream re-reading its rows only where column_tiles.strips_pay)."""
+    stream re-reading its rows only where column_tiles.whole_rereads or strips_pay)."""
     c = _compiled(t)
     dom = [g(env) for g in c.dom]
-    single_stream = rereading = False
+    single_stream = rereading = whole = False
     # (an empty row still needs the sweep form: its fin writes the reduction identities)
     if _takes_single(t, prod(dom[i] for i in c.col_axes), target):
         single = _compiled(t.single)
         folded = _folded(single, dom, env, inputs)
         column_major = is_column_major(folded[2], folded[4])
         if column_major and _asked(t.single, "rereads_rows", target):
-            rereading = column_major = strips_pay(prod(folded[1]), prod(folded[3]), c.opnd_bytes, ROW_TILE_ELEMS)
+            # (tight_rows: the stream computes on its rows and has no row form)
+            whole = _asked(t.single, "tight_rows", target) and whole_rereads(prod(folded[1]), folded[2], folded[4])
+            rereading = column_major = whole or strips_pay(prod(folded[1]), prod(folded[3]), c.opnd_bytes,
+                                                           ROW_TILE_ELEMS)
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:
@@ -255,8 +259,12 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         checked_numel(dom, "a kernel's domain")   # raises ShapeError naming the sizes
     cap = target.max_tile   # (a power of two: every choice below stays within it)
     if column_major:
-        bm, tile = strip_rows(R, C, c.opnd_bytes, STREAM_REGISTER_BYTES) if rereading else \
-            column_major_rows(R, C, TILE_ELEMS)
+        if whole:
+            bm, tile = R, COLUMN_MAJOR_TILE
+        elif rereading:
+            bm, tile = strip_rows(R, C, c.opnd_bytes, STREAM_REGISTER_BYTES)
+        else:
+            bm, tile = column_major_rows(R, C, TILE_ELEMS)
         bm, tile = min(bm, cap), min(tile, cap)
         bn = max(1, min(_pow2_at_least(max(C, 1)), tile // bm))
     else:

@@ -77,6 +77,13 @@ def softmax_first(k, x):
 
 
 @dvm.kernel
+def centre_first(k, x):
+    """x minus its mean over the first axis (features centred over a batch: its columns strided)"""
+    v = k.load(x)
+    return k.store(k.sub(v, k.mean(v, axis=0, keepdims=True)))
+
+
+@dvm.kernel
 def sum_last(k, x):
     return k.store(k.sum(k.load(x), axis=-1))
 
@@ -172,6 +179,7 @@ def _torch_forms() -> dict:
         "softmax": (softmax_t, lambda x: torch.softmax(x, -1)),
         "add_softmax": (lambda a, b: softmax_t(a + b), lambda a, b: torch.softmax(a + b, -1)),
         "softmax_first": (lambda x: softmax_t(x.T).T, lambda x: torch.softmax(x, 0)),
+        "centre_first": (lambda x: x - x.mean(0, keepdim=True), None),
         "layernorm": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "layernorm_transposed": (layernorm_t, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
         "rmsnorm": (rmsnorm_t, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
@@ -298,6 +306,8 @@ CASES = (
          lambda a, b: _ref_softmax(a + b), "norm", native_name="torch.softmax(a + b)"),
     Case("softmax_first", "softmax over the first axis (its columns strided: a sequence axis ahead of the heads)",
          softmax_first, 0, 1, lambda x: _ref_softmax(x.T).T, "norm", native_name="torch.softmax(x, 0)"),
+    Case("centre_first", "x minus its mean over the first axis (features centred over a batch: its columns "
+         "strided)", centre_first, 0, 1, lambda x: x - x.mean(axis=0, keepdims=True), "norm"),
     Case("layernorm", "LayerNorm (weight, bias) over the last axis", layernorm, 2, 1, _ref_layernorm,
          "norm", native_name="F.layer_norm"),
     Case("layernorm_transposed", "LayerNorm (weight, bias) over the last axis of a transposed view (the channels "

@@ -42,20 +42,28 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     strides = np.asarray(kl.opnd_strides).reshape(len(kl.opnd_kind), -1)
     kept_runs = [i for i, st in enumerate(strides) if int(st[nr - 1]) == 1 and int(st[-1]) not in (0, 1)]
     if kept_runs:   # contiguous along the kept axis (a sum over axis 0)
-        return not plan.rereads or _rereads_column_major(kl, strides, nr, kept_runs)
+        return not plan.rereads or _rereads_column_major(kl, plan, strides, nr, kept_runs)
     # A column-major tile of row-major data is loaded by strided reads, so from 8 lanes whole rows
     # reduce faster in row-major tiles, in registers (jit/vtree.vtree_n for any width).
     return kl.bn < ROW_MAJOR_MIN_BN
 
 
-def _rereads_column_major(kl: KernelLayout, strides: np.ndarray, nr: int, kept_runs: list[int]) -> bool:
+def _row_forms(plan: StreamPlan) -> bool:
+    """A row form (a softmax or norm run row by row: fuse_plan) is planned in the stream."""
+    return bool(np.isin(plan.fuse[:, 0], (abi.FK_ROWNORM, abi.FK_ROWSOFTMAX)).any())
+
+
+def _rereads_column_major(kl: KernelLayout, plan: StreamPlan, strides: np.ndarray, nr: int,
+                          kept_runs: list[int]) -> bool:
     """Column-major registers for a stream that reads its rows again: tiles up to REREAD_NARROW_BN
-    wide, or up to REREAD_ALIASED_BN over a strided axis stepping a multiple of ALIAS_BYTES; and no
-    operand varying along the columns only (a norm's weight: row-major registers apply it on the
-    fly, column-major ones expand it)."""
+    wide, or up to REREAD_ALIASED_BN over a strided axis stepping a multiple of ALIAS_BYTES, or
+    holding every kept row where no row form is planned (codegen.column_tiles.whole_rereads: the
+    tile is then one contiguous run, read and written in place); and no operand varying along the
+    columns only (a norm's weight: row-major registers apply it on the fly, column-major ones
+    expand it)."""
     if any(not st[:nr].any() and st[nr:].any() for st in strides):
         return False
-    if kl.bn <= REREAD_NARROW_BN:
+    if kl.bn <= REREAD_NARROW_BN or (kl.bm >= kl.rows and not _row_forms(plan)):
         return True
     return kl.bn <= REREAD_ALIASED_BN and any(
         int(strides[i][-1]) * DType(int(kl.opnd_dtype[i])).itemsize % ALIAS_BYTES == 0 for i in kept_runs)
