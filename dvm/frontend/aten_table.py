@@ -400,17 +400,18 @@ register_late_ops = functools.partial(U.register_late_ops, LOWERINGS)
 # Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the
 # elementwise / reduction ops above, so training graphs fuse; forward composites that DVM has as
 # ops (silu, gelu, sigmoid, tanh) or lowers itself (_softmax, native_layer_norm) stay whole. Three
-# backward entries keep their op, run by PyTorch's kernel (fx_native_backward).
+# backward entries keep their op, run by PyTorch's kernel (fx_native_backward). var and std take
+# DVM's own (aten_decomp).
 DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
              aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
-             aten.threshold_backward, aten.var_mean.correction, aten.var.correction,
-             aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardtanh, aten.leaky_relu,
-             aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward, aten.nll_loss_backward,
+             aten.threshold_backward, aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardtanh,
+             aten.leaky_relu, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward, aten.nll_loss_backward,
              aten.log_sigmoid_forward, aten.native_dropout_backward, aten.masked_fill_]
 
 
 def decompositions() -> dict:
     from torch._decomp import get_decompositions
 
+    from .aten_decomp import TABLE
     from .fx_native_backward import adjust
-    return adjust(get_decompositions(DECOMPOSE))
+    return adjust(get_decompositions(DECOMPOSE)) | TABLE

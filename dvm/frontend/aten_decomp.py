@@ -1,0 +1,67 @@
+"""Decompositions DVM hands AOTAutograd in place of PyTorch's where PyTorch's reach prims that DVM
+does not lower (var and std: prims.var): the same values from aten ops DVM fuses. The variance is
+two-pass (the mean, then the mean square of the deviations), computed in float32 for 16-bit
+inputs as PyTorch's CPU kernels do; its divisor max(N - correction, 0) is a tensor (a sum of ones
+over the reduced dims), so no symbolic size becomes a scalar operand. The mean var_mean and
+std_mean return is torch.mean's: over a row holding an infinite element, +-inf (NaN with both
+signs), where eager's running (Welford) mean is NaN unless that element comes last."""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def _dims(x, dim) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.dim()))
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def _var_mean(x, dim, correction, keepdim):
+    """(var, mean) of x over dim, float32 for a 16-bit x, or None where the op should stay
+    (a complex or 0-d input)."""
+    if x.is_complex() or not x.is_floating_point() or x.dim() == 0:
+        return None
+    dims = _dims(x, dim)
+    xf = aten._to_copy.default(x, dtype=torch.float32) if x.dtype in _HALVES else x
+    mean = aten.mean.dim(xf, dims, True)
+    d = aten.sub.Tensor(xf, mean)
+    square_sum = aten.sum.dim_IntList(aten.mul.Tensor(d, d), dims, keepdim)
+    count = aten.sum.dim_IntList(aten.ones_like.default(xf), dims, keepdim)
+    c = 1 if correction is None else correction
+    divisor = aten.clamp_min.default(aten.sub.Tensor(count, c), 0)
+    if not keepdim:
+        mean = aten.squeeze.dims(mean, dims)
+    return aten.div.Tensor(square_sum, divisor), mean
+
+
+def _as(x, *values):
+    """values in x's dtype (rounded once, from float32, for a 16-bit x)"""
+    out = tuple(v if v.dtype == x.dtype else aten._to_copy.default(v, dtype=x.dtype) for v in values)
+    return out if len(out) > 1 else out[0]
+
+
+def var(x, dim=None, *, correction=None, keepdim=False):
+    vm = _var_mean(x, dim, correction, keepdim)
+    return NotImplemented if vm is None else _as(x, vm[0])
+
+
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    vm = _var_mean(x, dim, correction, keepdim)
+    return NotImplemented if vm is None else _as(x, *vm)
+
+
+def std(x, dim=None, *, correction=None, keepdim=False):
+    vm = _var_mean(x, dim, correction, keepdim)
+    return NotImplemented if vm is None else _as(x, aten.sqrt.default(vm[0]))
+
+
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    vm = _var_mean(x, dim, correction, keepdim)
+    return NotImplemented if vm is None else _as(x, aten.sqrt.default(vm[0]), vm[1])
+
+
+TABLE = {aten.var.correction: var, aten.var_mean.correction: var_mean, aten.std.correction: std,
+         aten.std_mean.correction: std_mean}
