@@ -31,7 +31,7 @@ STRIP_MIN_ROWS = 32
 STRIP_MOST_BYTES = 1 << 23
 # a re-reading stream with no row form (no softmax or norm the CPU VM runs row by row: x minus its
 # mean, x over its sum) over at most WHOLE_REREAD_ROWS kept rows takes tiles of every kept row
-# (COLUMN_MAJOR_TILE elements): with no operand varying along the strided axis only, each tile is
+# (COLUMN_MAJOR_TILE elements) where the single-tile stream's would not hold them all: with no operand varying along the strided axis only, each tile is
 # one contiguous run, which the CPU VM reads and writes in place (column-major registers), where
 # strips or the single-tile stream copy short runs (x - x.mean(0) over 4096x64 .. 65536x16:
 # 1.2-5x faster, on one thread)
@@ -59,11 +59,13 @@ def column_major_rows(R: int, C: int, block_tile: int) -> tuple[int, int]:
     return -(-R // (16 * blocks)) * 16, COLUMN_MAJOR_TILE
 
 
-def whole_rereads(R: int, row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
-    """Whether a re-reading stream with no row form, keeping R rows, takes tiles of all of them
-    (WHOLE_REREAD_ROWS): no operand may vary along the reduced axis only (a weight there)."""
-    return 0 < R <= WHOLE_REREAD_ROWS and not any(cs and any(cs) and not any(rs)
-                                                  for rs, cs in zip(row_strides, col_strides))
+def whole_rereads(R: int, C: int, row_tile: int, row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
+    """Whether a re-reading stream with no row form, keeping R rows of C strided columns, takes
+    tiles of all the kept rows (WHOLE_REREAD_ROWS) where the single-tile stream's tiles of
+    `row_tile` elements would not hold them (those reduce a whole tile in one sweep); no operand
+    may vary along the reduced axis only (a weight there)."""
+    return (0 < R <= WHOLE_REREAD_ROWS and R * pow2_at_least(max(C, 1)) > row_tile
+            and not any(cs and any(cs) and not any(rs) for rs, cs in zip(row_strides, col_strides)))
 
 
 def strips_pay(R: int, C: int, itemsize: int, row_tile: int) -> bool:

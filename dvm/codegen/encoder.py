@@ -243,9 +243,9 @@ def encode_kernel(t: KernelTemplate, env: Mapping[str, int], inputs: Sequence[La
         column_major = is_column_major(folded[2], folded[4])
         if column_major and _asked(t.single, "rereads_rows", target):
             # (tight_rows: the stream computes on its rows and has no row form)
-            whole = _asked(t.single, "tight_rows", target) and whole_rereads(prod(folded[1]), folded[2], folded[4])
-            rereading = column_major = whole or strips_pay(prod(folded[1]), prod(folded[3]), c.opnd_bytes,
-                                                           ROW_TILE_ELEMS)
+            R, C = prod(folded[1]), prod(folded[3])
+            whole = _asked(t.single, "tight_rows", target) and whole_rereads(R, C, ROW_TILE_ELEMS, folded[2], folded[4])
+            rereading = column_major = whole or strips_pay(R, C, c.opnd_bytes, ROW_TILE_ELEMS)
         if column_major:
             folded = _folded(c, dom, env, inputs)
         else:
