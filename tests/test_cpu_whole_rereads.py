@@ -72,7 +72,7 @@ def _data(shape, dtype, specials: bool, seed: int) -> np.ndarray:
 
 @settings(max_examples=25, deadline=None)
 @given(kind=st.sampled_from(["centre", "over_max", "rms_scaled"]), n=st.integers(1, 1500),
-       kept=st.sampled_from([1, 2, 7, 16, 17, 64, 100, 256, 300, 512, 513, 700]),
+       kept=st.sampled_from([1, 2, 7, 16, 17, 64, 100, 256, 300, 513, 1001, 2048]),
        dtype=st.sampled_from(sorted(DTYPES)), specials=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_whole_kept_rows_match_the_reference(kind, n, kept, dtype, specials, seed):
     kfn = {"centre": centre_first, "over_max": over_max, "rms_scaled": rms_scaled}[kind]
@@ -92,13 +92,17 @@ def test_batched_kept_rows_match_the_reference(shape):
 
 
 def test_large_whole_tiles():
-    """4096x64 and 65536x16 (tiles of 256 and 1,024 strided columns): whole tiles, the reference's
-    bits."""
-    for shape in ((4096, 64), (65536, 16)):
+    """4096x64, 65536x16 and 300x4096 (tiles of 256, 1,024 and 4 strided columns): whole tiles, the
+    reference's bits; past WHOLE_REREAD_ROWS kept rows, strips."""
+    for shape in ((4096, 64), (65536, 16), (300, column_tiles.WHOLE_REREAD_ROWS)):
         x = _data(shape, np.float32, True, 9)
         bm, rows, transposed = _tiles(centre_first, x)
         assert (bm, transposed) == (rows, True), shape
         _bitwise_as_reference(centre_first, x, why=(shape,))
+    x = _data((300, column_tiles.WHOLE_REREAD_ROWS + 1), np.float32, True, 10)
+    bm, rows, _ = _tiles(centre_first, x)
+    assert bm < rows
+    _bitwise_as_reference(centre_first, x, why=("past the whole tiles",))
 
 
 def test_row_forms_and_reduced_axis_operands_keep_their_tiles():

@@ -31,11 +31,12 @@ STRIP_MIN_ROWS = 32
 STRIP_MOST_BYTES = 1 << 23
 # a re-reading stream with no row form (no softmax or norm the CPU VM runs row by row: x minus its
 # mean, x over its sum) over at most WHOLE_REREAD_ROWS kept rows takes tiles of every kept row
-# (COLUMN_MAJOR_TILE elements) where the single-tile stream's would not hold them all: with no operand varying along the strided axis only, each tile is
-# one contiguous run, which the CPU VM reads and writes in place (column-major registers), where
-# strips or the single-tile stream copy short runs (x - x.mean(0) over 4096x64 .. 65536x16:
-# 1.2-5x faster, on one thread)
-WHOLE_REREAD_ROWS = 512
+# (COLUMN_MAJOR_TILE elements) where the single-tile stream's would not hold them all: with no
+# operand varying along the strided axis only, each tile is one contiguous run, which the CPU VM
+# reads and writes in place (column-major registers), where strips or the single-tile stream copy
+# short runs (x - x.mean(0) over 4096x64 .. 65536x16, 256x1024 .. 4096x4096: 2-5x faster, one
+# work unit against their two)
+WHOLE_REREAD_ROWS = COLUMN_MAJOR_WHOLE
 
 
 def is_column_major(row_strides: list[list[int]], col_strides: list[list[int]]) -> bool:
