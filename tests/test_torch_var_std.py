@@ -92,3 +92,19 @@ def test_zero_dim_input_keeps_the_op():
     torch._dynamo.reset()
     x = torch.tensor(2.5)
     torch.testing.assert_close(torch.compile(f, backend="dvm")(x), f(x), equal_nan=True)
+
+
+def test_recorded_by_lazy_mode():
+    """Inside dvm.lazy() var and std are recorded (their parts fused with the ops around them), not
+    run by PyTorch: a LayerNorm written with x.var equals eager's."""
+    import dvm
+
+    def f(x):
+        return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5) + x.std(0)
+    x = torch.randn(300, 64)
+    before = counters.snapshot()
+    with dvm.lazy(adaptive=False):   # (recorded whatever their size)
+        y = f(x)
+    recorded = counters.snapshot().get("lazy_ops_recorded", 0) - before.get("lazy_ops_recorded", 0)
+    torch.testing.assert_close(y, f(x))
+    assert recorded >= 15, recorded   # the 5 ops around them record 5
