@@ -63,5 +63,15 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
     return NotImplemented if vm is None else _as(x, aten.sqrt.default(vm[0]), vm[1])
 
 
+def wide_only(decomposition):
+    """decomposition for float32 / float64 inputs; a 16-bit input keeps the op (PyTorch's kernel
+    computes it in float32 and rounds once, where the decomposition would round its steps)."""
+    def decompose(x, *args, **kwargs):
+        if isinstance(x, torch.Tensor) and x.dtype in _HALVES:
+            return NotImplemented
+        return decomposition(x, *args, **kwargs)
+    return decompose
+
+
 TABLE = {aten.var.correction: var, aten.var_mean.correction: var_mean, aten.std.correction: std,
          aten.std_mean.correction: std_mean}

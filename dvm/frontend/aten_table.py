@@ -362,6 +362,8 @@ LOWERINGS.update({
     aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp,
     aten.clamp_min.default: lambda lw, x, v: _clamp(lw, x, min=v),
     aten.clamp_max.default: lambda lw, x, v: _clamp(lw, x, max=v),
+    aten.clamp_min.Tensor: lambda lw, x, v: _clamp(lw, x, min=v),
+    aten.clamp_max.Tensor: lambda lw, x, v: _clamp(lw, x, max=v),
     aten.where.self: _where, aten.where.ScalarSelf: _where, aten.where.ScalarOther: _where,
     aten.where.Scalar: _where,
     aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
@@ -406,12 +408,21 @@ DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.
              aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
              aten.threshold_backward, aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardtanh,
              aten.leaky_relu, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward, aten.nll_loss_backward,
-             aten.log_sigmoid_forward, aten.native_dropout_backward, aten.masked_fill_]
+             aten.log_sigmoid_forward, aten.native_dropout_backward, aten.masked_fill_,
+             # forward composites PyTorch decomposes into ops DVM lowers (else each a fallback)
+             aten.linalg_vector_norm, aten.logsumexp, aten.mish, aten.hardswish, aten.hardsigmoid, aten.celu,
+             aten.glu, aten.threshold, aten.frac, aten.xlogy, aten.smooth_l1_loss, aten.huber_loss,
+             aten.binary_cross_entropy_with_logits, aten.aminmax, aten.count_nonzero, aten.any, aten.all]
+# ... and those only for float32 / float64 inputs (their 16-bit kernels compute in float32 and round
+# once; the decompositions round each step: aten_decomp.wide_only)
+WIDE_DECOMPOSE = [aten.native_group_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+                  aten.logit]
 
 
 def decompositions() -> dict:
     from torch._decomp import get_decompositions
 
-    from .aten_decomp import TABLE
+    from .aten_decomp import TABLE, wide_only
     from .fx_native_backward import adjust
-    return adjust(get_decompositions(DECOMPOSE)) | TABLE
+    wide = {op: wide_only(fn) for op, fn in get_decompositions(WIDE_DECOMPOSE).items()}
+    return adjust(get_decompositions(DECOMPOSE)) | wide | TABLE
