@@ -1,10 +1,12 @@
-"""Decompositions DVM hands AOTAutograd in place of PyTorch's where PyTorch's reach prims that DVM
-does not lower (var and std: prims.var): the same values from aten ops DVM fuses. The variance is
-two-pass (the mean, then the mean square of the deviations), computed in float32 for 16-bit
-inputs as PyTorch's CPU kernels do; its divisor max(N - correction, 0) is a tensor (a sum of ones
-over the reduced dims), so no symbolic size becomes a scalar operand. The mean var_mean and
-std_mean return is torch.mean's: over a row holding an infinite element, +-inf (NaN with both
-signs), where eager's running (Welford) mean is NaN unless that element comes last."""
+"""Decompositions DVM hands AOTAutograd (and lazy mode) in place of PyTorch's where PyTorch's reach
+prims that DVM does not lower (var and std: prims.var): the same values from aten ops DVM fuses;
+and wide_only, which keeps PyTorch's op for 16-bit inputs where a decomposition would round each
+step of what PyTorch's kernel rounds once. The variance is two-pass (the mean, then the mean
+square of the deviations), computed in float32 for 16-bit inputs as PyTorch's CPU kernels do; its
+divisor max(N - correction, 0) is a tensor (a sum of ones over the reduced dims), so no symbolic
+size becomes a scalar operand. The mean var_mean and std_mean return is torch.mean's: over a row
+holding an infinite element, +-inf (NaN with both signs), where eager's running (Welford) mean is
+NaN unless that element comes last."""
 from __future__ import annotations
 
 import torch
@@ -22,7 +24,7 @@ def _dims(x, dim) -> list[int]:
 def _var_mean(x, dim, correction, keepdim):
     """(var, mean) of x over dim, float32 for a 16-bit x, or None where the op should stay
     (a complex or 0-d input)."""
-    if x.is_complex() or not x.is_floating_point() or x.dim() == 0:
+    if not x.is_floating_point() or x.dim() == 0:
         return None
     dims = _dims(x, dim)
     xf = aten._to_copy.default(x, dtype=torch.float32) if x.dtype in _HALVES else x
