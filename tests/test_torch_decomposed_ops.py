@@ -1,4 +1,4 @@
-"""Forward composites the torch backend hands to PyTorch's decompositions (aten_table.DECOMPOSE:
+"""Forward composites the torch backend hands to PyTorch's decompositions (aten_decomp.DECOMPOSE:
 norms, batch / group / instance norm, logsumexp, hard and smooth activations, losses, any / all,
 clamp by tensors): eager's values and gradients, with no fallback op, f32 and bf16, fixed and
 changing sizes (gradients within twice eager's own error from float64); batch norm's running

@@ -398,31 +398,3 @@ LOWERINGS.update({
 })
 FOREACH_OPS = U.add_foreach(LOWERINGS)   # (not recorded by lazy mode: lists of results)
 register_late_ops = functools.partial(U.register_late_ops, LOWERINGS)
-
-# Decompositions handed to AOTAutograd: backward composites (and a few forward ones) become the
-# elementwise / reduction ops above, so training graphs fuse; forward composites that DVM has as
-# ops (silu, gelu, sigmoid, tanh) or lowers itself (_softmax, native_layer_norm) stay whole. Three
-# backward entries keep their op, run by PyTorch's kernel (fx_native_backward). var and std take
-# DVM's own (aten_decomp).
-DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
-             aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
-             aten.threshold_backward, aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardtanh,
-             aten.leaky_relu, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward, aten.nll_loss_backward,
-             aten.log_sigmoid_forward, aten.native_dropout_backward, aten.masked_fill_,
-             # forward composites PyTorch decomposes into ops DVM lowers (else each a fallback)
-             aten.linalg_vector_norm, aten.logsumexp, aten.mish, aten.hardswish, aten.hardsigmoid, aten.celu,
-             aten.glu, aten.threshold, aten.frac, aten.xlogy, aten.smooth_l1_loss, aten.huber_loss,
-             aten.binary_cross_entropy_with_logits, aten.aminmax, aten.count_nonzero, aten.any, aten.all]
-# ... and those only for float32 / float64 inputs (their 16-bit kernels compute in float32 and round
-# once; the decompositions round each step: aten_decomp.wide_only)
-WIDE_DECOMPOSE = [aten.native_group_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-                  aten.logit]
-
-
-def decompositions() -> dict:
-    from torch._decomp import get_decompositions
-
-    from .aten_decomp import TABLE, wide_only
-    from .fx_native_backward import adjust
-    wide = {op: wide_only(fn) for op, fn in get_decompositions(WIDE_DECOMPOSE).items()}
-    return adjust(get_decompositions(DECOMPOSE)) | wide | TABLE

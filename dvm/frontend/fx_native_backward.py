@@ -1,6 +1,6 @@
 """Backward ops that run as PyTorch's own kernels, not decomposed and fused.
 
-AOTAutograd decomposes backward composites with DVM's table (aten_table.decompositions) so that
+AOTAutograd decomposes backward composites with DVM's table (aten_decomp.decompositions) so that
 training graphs fuse; three of them are kept whole and the planner takes each as a PyTorch step
 with its reason (REASONS). Each is one fused pass in PyTorch whose decomposition the VM runs in
 several times its time, at every size measured (16 K - 512 K elements, float32; one thread), more

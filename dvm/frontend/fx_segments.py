@@ -202,7 +202,7 @@ class Planner(SegmentLowering):
             return
         if n.target in _ATTENTION_CALLS:
             return self.to_torch(n, _ATTENTION_CALLS[n.target])
-        if n.target in fx_native_backward.REASONS:   # (kept whole by aten_table.decompositions)
+        if n.target in fx_native_backward.REASONS:   # (kept whole by aten_decomp.decompositions)
             return self.to_torch(n, fx_native_backward.REASONS[n.target])
         if isinstance(n.target, fx_sibling_linears.WeightCats):
             return self.to_torch(n, fx_sibling_linears.REASON)

@@ -1,5 +1,5 @@
 """What lazy mode does with each ATen op, derived once per op from the one lowering table
-(aten_table: LOWERINGS, VIEW_OPS, CUBE_OPS, DECOMPOSE) and the op's schema. Nothing here lowers
+(aten_table: LOWERINGS, VIEW_OPS, CUBE_OPS; aten_decomp.decompositions) and the op's schema. Nothing here lowers
 an op: recording calls the table's handlers (lazy_trie).
 
 Kinds: RECORD (a table op: appended to the pending graph), VIEW (a view: PyTorch takes it on the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import aten_table as T
+from . import aten_decomp, aten_table as T
 
 aten = torch.ops.aten
 
@@ -142,7 +142,7 @@ def _functional(func):
 
 @functools.lru_cache(maxsize=1)
 def _decompositions() -> dict:
-    return T.decompositions()
+    return aten_decomp.decompositions()
 
 
 def _cube(func) -> bool:
@@ -211,7 +211,7 @@ def _make_info(func) -> OpInfo:
 
 
 def decomposition(func):
-    """The function computing func from recordable ops (DECOMPOSE's table, or its composite)."""
+    """The function computing func from recordable ops (aten_decomp's table, or its composite)."""
     return _decompositions().get(func) or func.decompose
 
 

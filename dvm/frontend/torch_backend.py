@@ -3,7 +3,7 @@
 Registered as "dvm" on import and through the `torch_dynamo_backends` entry point, so
 `torch.compile(..., backend="dvm")` works without importing dvm first. AOTAutograd hands ATen
 graphs (inference, forward and backward) to `CompiledFx`, which cuts each graph once into DVM
-segments (symbolic sizes) and PyTorch steps. Decompositions: see aten_table.DECOMPOSE (backward
+segments (symbolic sizes) and PyTorch steps. Decompositions: see aten_decomp.DECOMPOSE (backward
 composites are decomposed, except three run by PyTorch's kernels, fx_native_backward; forward
 composites DVM lowers itself stay whole); `F.interpolate`, which PyTorch decomposes into gathers
 whatever the table, is one call of its kernel (fx_interpolate).
@@ -20,7 +20,8 @@ from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_b
 
 from ..runtime import counters
 from . import fx_interpolate
-from .aten_table import decompositions, register_late_ops
+from .aten_decomp import decompositions
+from .aten_table import register_late_ops
 from .torch_runtime import COMPILED, CompiledFx
 
 

@@ -382,8 +382,7 @@ def add_parser(bsub) -> None:
                     help="rounds; each runs both checkouts once (default %(default)s)")
     ba.add_argument("--cases", default=None, metavar="LIST",
                     help="comma-separated substrings; only cases (ops) or models (models, zoo, train) whose name "
-                         "contains one "
-                         "(default all)")
+                         "contains one (default all)")
     ba.add_argument("--sizes", default=None, metavar="LIST",
                     help=f"ops: comma-separated size classes from {','.join(bench_ops.SIZE_ORDER)} (default all)")
     ba.add_argument("--zoo-dtype", default=ZOO_DTYPE, choices=ZOO_DTYPES,

@@ -11,6 +11,7 @@ from ....codegen.program import ARG_IN, KernelLayout, ProgramLayout
 from ....graph.dtypes import DType
 from .. import abi
 from .stack import PARALLEL_MIN_ELEMS, Stack
+from .fuse_plan import has_row_forms
 from .stream import StreamPlan, stream_plan
 
 
@@ -48,11 +49,6 @@ def _transposed(kl: KernelLayout, plan: StreamPlan) -> bool:
     return kl.bn < ROW_MAJOR_MIN_BN
 
 
-def _row_forms(plan: StreamPlan) -> bool:
-    """A row form (a softmax or norm run row by row: fuse_plan) is planned in the stream."""
-    return bool(np.isin(plan.fuse[:, 0], (abi.FK_ROWNORM, abi.FK_ROWSOFTMAX)).any())
-
-
 def _rereads_column_major(kl: KernelLayout, plan: StreamPlan, strides: np.ndarray, nr: int,
                           kept_runs: list[int]) -> bool:
     """Column-major registers for a stream that reads its rows again: tiles up to REREAD_NARROW_BN
@@ -63,7 +59,7 @@ def _rereads_column_major(kl: KernelLayout, plan: StreamPlan, strides: np.ndarra
     expand it)."""
     if any(not st[:nr].any() and st[nr:].any() for st in strides):
         return False
-    if kl.bn <= REREAD_NARROW_BN or (kl.bm >= kl.rows and not _row_forms(plan)):
+    if kl.bn <= REREAD_NARROW_BN or (kl.bm >= kl.rows and not has_row_forms(plan.fuse)):
         return True
     return kl.bn <= REREAD_ALIASED_BN and any(
         int(strides[i][-1]) * DType(int(kl.opnd_dtype[i])).itemsize % ALIAS_BYTES == 0 for i in kept_runs)

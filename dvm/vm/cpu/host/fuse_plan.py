@@ -214,8 +214,12 @@ def tight_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes: list
     through a padded copy."""
     if not _row_reads(instrs, sections)[0]:
         return False
-    plan = fuse_plan(instrs, sections)
-    return not np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any()
+    return not has_row_forms(fuse_plan(instrs, sections))
+
+
+def has_row_forms(plan: np.ndarray) -> bool:
+    """A row form (FK_ROWNORM, FK_ROWSOFTMAX: a norm or softmax run row by row) is in fuse_plan's plan."""
+    return bool(np.isin(plan[:, 0], (FK_ROWNORM, FK_ROWSOFTMAX)).any())
 
 
 def rereads_rows(instrs: np.ndarray, sections: list[tuple[int, int]], dtypes=None) -> bool:
