@@ -88,7 +88,7 @@ TABLE = {aten.var.correction: var, aten.var_mean.correction: var_mean, aten.std.
 DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
              aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
              aten.threshold_backward, aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardtanh,
-             aten.leaky_relu, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward, aten.nll_loss_backward,
+             aten.leaky_relu, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward,
              aten.log_sigmoid_forward, aten.native_dropout_backward, aten.masked_fill_,
              # forward composites PyTorch decomposes into ops DVM lowers (else each a fallback)
              aten.linalg_vector_norm, aten.logsumexp, aten.mish, aten.hardswish, aten.hardsigmoid, aten.celu,
@@ -103,6 +103,8 @@ WIDE_DECOMPOSE = [aten.native_group_norm, aten._native_batch_norm_legit, aten._n
 def decompositions() -> dict:
     from torch._decomp import get_decompositions
 
+    from .aten_decomp_math import TABLE as MATH
+    from .aten_decomp_nll import TABLE as NLL
     from .fx_native_backward import adjust
     wide = {op: wide_only(fn) for op, fn in get_decompositions(WIDE_DECOMPOSE).items()}
-    return adjust(get_decompositions(DECOMPOSE)) | wide | TABLE
+    return adjust(get_decompositions(DECOMPOSE)) | wide | TABLE | NLL | MATH

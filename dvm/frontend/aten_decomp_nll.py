@@ -1,0 +1,103 @@
+"""DVM's decompositions of the negative log-likelihood loss (cross-entropy's second half):
+nll_loss_forward / nll_loss2d_forward and their backward ops. PyTorch's reach gather and scatter,
+which DVM does not lower; these pick the target's class with a compare against the class index
+(one-hot), so the loss is a reduction over the class axis that fuses with the log-softmax before it,
+and the gradient an elementwise select that fuses with the log-softmax gradient after it.
+
+Semantics as PyTorch's kernels: class axis 1 (0 for a 1-D input), ignore_index rows contribute
+nothing, weight per class, reduction none / mean / sum, total_weight the sum of the kept rows'
+weights. A target outside [0, C) that is not ignore_index is an error in eager; here no data check
+can raise from inside a fused kernel, so that row's loss is NaN (and so a mean or sum): visible,
+never a plausible number. For 16-bit inputs the reduced loss and total weight are summed and
+divided in float32 and rounded once."""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_HALVES = (torch.float16, torch.bfloat16)
+_NONE, _MEAN, _SUM = 0, 1, 2          # torch.nn._reduction's enum
+
+
+def _channel_dim(x) -> int:
+    return 0 if x.dim() < 2 else 1
+
+
+def _class_index(x, cd):
+    """0..C-1 along x's class axis, 1 elsewhere (int64)"""
+    shape = [1] * x.dim()
+    shape[cd] = x.shape[cd]
+    return aten.view.default(aten.arange.default(x.shape[cd], dtype=torch.int64, device=x.device), shape)
+
+
+def _weights_view(weight, x, cd):
+    shape = [1] * x.dim()
+    shape[cd] = weight.shape[0]
+    return aten.view.default(weight, shape)
+
+
+def _match(x, target, cd):
+    """True at each row's target class (its one-hot), over x's shape"""
+    return aten.eq.Tensor(_class_index(x, cd), aten.unsqueeze.default(target, cd))
+
+
+def _picked(values, match, cd):
+    """values at each row's target class: the sum of one value and zeros, exact"""
+    return aten.sum.dim_IntList(aten.where.ScalarOther(match, values, 0), [cd])
+
+
+def _out_of_range(target, kept, classes):
+    return aten.logical_and.default(kept, aten.logical_or.default(aten.lt.Scalar(target, 0),
+                                                                  aten.ge.Scalar(target, classes)))
+
+
+def _to(v, dtype):
+    return v if v.dtype == dtype else aten._to_copy.default(v, dtype=dtype)
+
+
+def _decomposed(x, target) -> bool:
+    """a floating input with a class axis (a 1-D input with a 1-D target, which reads only
+    target[0], keeps PyTorch's kernel)"""
+    return x.dim() > 0 and x.is_floating_point() and not (x.dim() == 1 and target.dim() > 0)
+
+
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    if not _decomposed(x, target):
+        return NotImplemented
+    cd = _channel_dim(x)
+    match = _match(x, target, cd)
+    kept = aten.ne.Scalar(target, ignore_index)
+    picked = _picked(x, match, cd)
+    w = None if weight is None else _picked(_weights_view(weight, x, cd), match, cd)
+    loss = aten.neg.default(picked if w is None else aten.mul.Tensor(picked, w))
+    loss = aten.where.ScalarOther(kept, loss, 0)
+    loss = aten.where.ScalarSelf(_out_of_range(target, kept, x.shape[cd]), float("nan"), loss)
+    if reduction == _NONE and x.dim() > 1:
+        return loss, aten.new_zeros.default(x, [])
+    wide = torch.float32 if x.dtype in _HALVES else x.dtype
+    kept_weight = _to(kept, wide) if w is None else aten.where.ScalarOther(kept, _to(w, wide), 0)
+    total = aten.sum.default(kept_weight)
+    if reduction != _NONE:
+        loss = aten.sum.default(_to(loss, wide))
+        if reduction == _MEAN:
+            loss = aten.div.Tensor(loss, total)
+    return _to(loss, x.dtype), _to(total, x.dtype)
+
+
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    if not _decomposed(x, target):
+        return NotImplemented
+    cd = _channel_dim(x)
+    if reduction == _MEAN:
+        grad = aten.div.Tensor(grad, total_weight)
+    if grad.dim() > 0 and x.dim() > grad.dim():
+        grad = aten.unsqueeze.default(grad, cd)
+    if weight is not None:
+        grad = aten.mul.Tensor(grad, _weights_view(weight, x, cd))
+    selected = aten.logical_and.default(_match(x, target, cd),
+                                        aten.unsqueeze.default(aten.ne.Scalar(target, ignore_index), cd))
+    return _to(aten.where.ScalarOther(selected, aten.neg.default(grad), 0), x.dtype)
+
+
+TABLE = {aten.nll_loss_forward.default: nll_loss_forward, aten.nll_loss2d_forward.default: nll_loss_forward,
+         aten.nll_loss_backward.default: nll_loss_backward, aten.nll_loss2d_backward.default: nll_loss_backward}
