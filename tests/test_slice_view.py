@@ -74,7 +74,22 @@ def test_slice_bounds_are_checked():
         build.slice_view(ctx, x, 1, 2, 3)                          # 2 + 3 > 4
     with pytest.raises(ShapeError):
         build.slice_view(ctx, x, 1, -1, 2)
-    with pytest.raises(ShapeError):
-        build.slice_view(ctx, x, 0, 0, n, -1)                      # a symbolic flip
     build.slice_view(ctx, x, 0, 3, 2)                              # x[3:5]: needs n >= 5
     assert any("past the end" in c.why for c in ctx.checks)
+    build.slice_view(ctx, x, 0, 0, n, -1)                          # indices 0, -1, ...: needs n <= 1
+    assert any("negative index" in c.why for c in ctx.checks)
+
+
+def test_flip_along_a_symbolic_size(vm):
+    """x[::-1] and x[n-2::-1] (n - 1 elements) along a symbolic axis: no run-time check, equal to NumPy's for every n, on inputs strided, reversed and offset."""
+    ctx, n = build.ShapeContext(), sym("n", 1)
+    x = _input((n, 5))
+    outs = [build.elementwise(ctx, "mul", build.slice_view(ctx, x, 0, n - 1, n, -1), build.const(2.0)),
+            build.slice_view(ctx, build.elementwise(ctx, "exp", x), 0, n - 2, n - 1, -1)]
+    assert not ctx.checks, [c.why for c in ctx.checks]      # every index decided in bounds for every n
+    a = np.random.default_rng(3).standard_normal((9, 11)).astype(np.float32)
+    for rows in (1, 2, 3, 9):
+        for arr in (a[:rows, :5], a[::-1][:rows, 3:8], a.T.copy().T[-rows:, :10:2]):
+            got = _run([x], outs, {"n": rows}, [arr], vm)
+            np.testing.assert_array_equal(got[0], arr[::-1] * np.float32(2))
+            np.testing.assert_allclose(got[1], np.exp(arr)[rows - 2::-1] if rows > 1 else np.exp(arr)[:0], rtol=1e-6)

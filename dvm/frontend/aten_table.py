@@ -389,7 +389,7 @@ LOWERINGS.update({
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
-    aten.cat.default: V.cat, aten.index.Tensor: V.index,
+    aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
     aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1),
     aten.arange.start: _arange_start, aten.arange.start_step: _arange_start,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..graph import build
 from ..graph.dtypes import DType
 from ..graph.node import Node
-from ..graph.symbolic import SymExpr
+from ..graph.symbolic import SymExpr, mod, prod
 from .aten_common import Unsupported, dvm_dtype
 
 
@@ -48,13 +48,55 @@ def select(lw, x, dim, index):
     return build.slice_view(lw.ctx, x, dim, index, 1, keep=False)
 
 
+def flip(lw, x, dims):
+    """x reversed along dims: a slice of step -1 along each (a view; its reader copies it)"""
+    if x.ndim == 0:
+        raise Unsupported("flip of a 0-d tensor")
+    for d in sorted({d % x.ndim for d in dims}):
+        n = x.shape[d]
+        if not build.is_one(n):
+            x = build.slice_view(lw.ctx, x, d, n - 1, n, -1)
+    return x
+
+
+def roll(lw, x, shifts, dims=()):
+    """x rolled by shifts along dims (the flattened x without dims): per axis of concrete size n,
+    the last shift % n elements, then the others (a concat)"""
+    if not dims:
+        flat = build.reshape(lw.ctx, x, (prod(x.shape),))
+        return build.reshape(lw.ctx, roll(lw, flat, shifts, (0,)), x.shape)
+    if len(shifts) != len(dims):
+        raise Unsupported("roll: shifts and dims of different lengths")
+    for shift, d in zip(shifts, dims):
+        d %= x.ndim
+        n = x.shape[d]
+        if not isinstance(shift, int):
+            raise Unsupported("roll by a symbolic shift")
+        k = shift % n if isinstance(n, int) and n else (0 if isinstance(n, int) else mod(shift, n))
+        if build.decide_eq(k, 0) is not True:
+            x = build.concat(lw.ctx, [build.slice_view(lw.ctx, x, d, n - k, k), build.slice_view(lw.ctx, x, d, 0, n - k)], d)
+    return x
+
+
 def slice_backward(lw, g, input_sizes, dim, start, end, step):
-    """The gradient of a slice that took the whole axis is the gradient itself (other slices
-    scatter into zeros: PyTorch runs them, or the cat recognizer takes a whole pair)."""
+    """The gradient of x[start:end] along dim (step 1): g between zeros, a concat of g and the
+    zero pieces before and after it (the gradient itself where the slice took the whole axis)."""
     dim %= len(input_sizes)
-    if step == 1 and build.decide_eq(g.shape[dim], input_sizes[dim]) is True:
-        return g
-    raise Unsupported("slice_backward of a part of the axis")
+    if step != 1:
+        raise Unsupported(f"slice_backward of step {step}")
+    length = g.shape[dim]
+    first = _slice_start(input_sizes[dim], start, length, end, step)
+    after = input_sizes[dim] - first - length
+    pieces = []
+    for n in (first, None, after):
+        if n is None:
+            pieces.append(g)
+        elif build.decide_eq(n, 0) is not True:
+            if build.bounds(n)[0] < 1:
+                raise Unsupported(f"slice_backward: zeros of length {n} that may be 0")
+            zeros = build.cast(build.const(0), g.dtype)
+            pieces.append(build.broadcast_to(lw.ctx, zeros, g.shape[:dim] + (n,) + g.shape[dim + 1:]))
+    return build.concat(lw.ctx, pieces, dim) if len(pieces) > 1 else g
 
 
 def cat(lw, tensors, dim=0):

@@ -411,8 +411,6 @@ def slice_view(ctx: ShapeContext, x: Node, axis: int, start: Dim, length: Dim, s
     size = x.shape[axis]
     if not keep:
         length, step = 1, 1
-    if step < 0 and not all(isinstance(v, int) for v in (start, length, size)):
-        raise ShapeError("slice: a negative step needs concrete sizes")
     last = start + (length - 1) * step
     what = f"slice of {render(x.shape)} at axis {axis} from {start}, {length} x step {step}"
     lowest, highest = (last, start) if step < 0 else (start, last)
