@@ -14,6 +14,10 @@ TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: D
                 torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
                 torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64}
 
+# ops that read a tensor's size, stride, element count or offset (no tensor work)
+SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                          torch.ops.aten.sym_storage_offset.default})
+
 
 class Unsupported(Exception):
     """This op (with these arguments) is not lowered; the reason is counted."""

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime import counters
+from .aten_common import SIZE_QUERIES
 from .fx_view_chains import PURE_READERS, VIEW_CALLS
 from .torch_calls import _slice
 from .torch_segment import SegmentRunner
@@ -112,8 +113,6 @@ _INJECTIVE_ATEN = frozenset({"slice", "select", "view", "_unsafe_view", "reshape
                              "transpose", "t", "unsqueeze", "squeeze", "alias", "diagonal", "narrow", "split",
                              "split_with_sizes", "unbind", "detach", "copy_", "contiguous", "flatten", "unflatten",
                              "movedim", "view_as_real", "view_as_complex", "lift_fresh"})
-_SIZE_READERS = frozenset({aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
-                           aten.sym_storage_offset.default})
 
 
 def _region(n: fx.Node) -> tuple | None:
@@ -228,7 +227,7 @@ def _alias_kind(n: fx.Node) -> str:
         if not (n.args and isinstance(n.args[0], fx.Node)):
             return "opaque"
         return "shared" if t is torch.Tensor.expand or getattr(t, "injective", True) is False else "view"
-    if t in _SIZE_READERS or getattr(t, "reads_sizes_only", False):
+    if t in SIZE_QUERIES or getattr(t, "reads_sizes_only", False):
         return "fresh"
     if isinstance(t, torch._ops.OpOverload):
         schema = t._schema
@@ -262,7 +261,7 @@ def _readers_allowed(nest: list, aliases: _Aliases, position: dict) -> bool:
         if a in members or position[a] >= last:
             continue
         for u in a.users:
-            if position[u] < first or u.target in _SIZE_READERS or getattr(u.target, "reads_sizes_only", False):
+            if position[u] < first or u.target in SIZE_QUERIES or getattr(u.target, "reads_sizes_only", False):
                 continue
             as_base = (u in members or u in views) and u.args[0] is a and a not in u.args[1:] \
                 and a not in u.kwargs.values()

@@ -25,6 +25,7 @@ from . import aten_table as T
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_gelu_chain, fx_lone_gelu, fx_lone_ops,
                fx_native_backward, fx_patterns, fx_rolled_blocks, fx_rotate_pairs, fx_sdpa, fx_sibling_linears,
                fx_updates)
+from .aten_common import SIZE_QUERIES
 from .aten_table import Unsupported
 from .fx_segment_lower import Segment, SegmentLowering, arg_nodes
 from .fx_syms import Syms
@@ -37,7 +38,7 @@ ROTATE_IN_TORCH = "rotate_half of a PyTorch value: neg + cat in PyTorch, product
 @dataclass
 class TorchStep:
     node: fx.Node
-    kind: str      # "fallback", "view", "cube", "python", "torch" (a planning choice, with reason)
+    kind: str      # "fallback", "view", "cube", "size" (a size query), "python", "torch" (a planning choice, with reason)
     reason: str = ""
 
 
@@ -222,6 +223,8 @@ class Planner(SegmentLowering):
             self.torch_views.add(n)
         elif n.target in T.CUBE_OPS:
             kind = "cube"
+        elif n.target in SIZE_QUERIES:
+            kind = "size"
         else:
             kind = "python" if reason == "python" else "fallback"
         self.steps.append(TorchStep(n, kind, reason))

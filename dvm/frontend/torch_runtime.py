@@ -24,7 +24,7 @@ from torch.fx.graph import _BoxedCodeGen
 from ..runtime import counters
 from . import (fx_attention, fx_attention_bias, fx_attention_math, fx_clones, fx_const_index, fx_cse,
                fx_product_activation, fx_reinplace, fx_sdpa, fx_sibling_linears, fx_view_chains)
-from .aten_common import fake
+from .aten_common import SIZE_QUERIES, fake
 from .fx_const_layout import output_in_read_order
 from .fx_patterns import HalfSigns, Rolled, half_signs
 from .fx_rolled_blocks import RolledBlocks, roll_blocks
@@ -34,8 +34,6 @@ from .fx_sizeonly import SizeConsts, move_first, size_args, size_only
 from .torch_calls import ROW_MAJOR_RESULTS, fast_call, identity_of, linear_activation, linear_folds, linear_kxm
 from .torch_segment import SegmentRunner
 
-_SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
-                           torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default})
 COMPILED: collections.deque = collections.deque(maxlen=64)   # recent graphs, for explain
 
 
@@ -43,7 +41,7 @@ def _pure(step: TorchStep) -> bool:
     """A step without side effects: a view, a rotate_half's slices, neg and cat, a size query, or
     Python size arithmetic (`operator` functions on SymInts, and getitem). Other Python callables
     (higher-order ops such as with_effects) are not."""
-    return step.kind == "view" or step.reason == ROTATE_IN_TORCH or step.node.target in _SIZE_QUERIES or \
+    return step.kind == "view" or step.reason == ROTATE_IN_TORCH or step.node.target in SIZE_QUERIES or \
         (step.kind == "python" and getattr(step.node.target, "__module__", None) in ("_operator", "operator"))
 
 

@@ -112,5 +112,5 @@ def dvm_result(stats: Stats, before: dict, after: dict, stream, graphs_stream: i
     return {"graphs": infos, "main_graph": main,
             "graph_fallbacks": {k: v for k, v in delta.items() if k.startswith("fallback:graph:")},
             "counters": {k: v for k, v in sorted(delta.items())
-                         if not k.startswith(("view:", "python:", "fallback:", "cube:"))},
+                         if not k.startswith(("view:", "python:", "fallback:", "cube:", "size:"))},
             "size1_patterns": size1, "recompiles_beyond_size1": max(0, graphs_stream - size1)}
