@@ -1,8 +1,9 @@
 """Forward composites the torch backend hands to PyTorch's decompositions (aten_decomp.DECOMPOSE:
 norms, batch / group / instance norm, logsumexp, hard and smooth activations, losses, any / all,
-clamp by tensors): eager's values and gradients, with no fallback op, f32 and bf16, fixed and
-changing sizes (gradients within twice eager's own error from float64); batch norm's running
-statistics updated as eager updates them. Norms and logit of 16-bit inputs stay PyTorch's ops."""
+clamp by tensors, tril / triu, repeat, stack, PReLU, pixel (un)shuffle, logaddexp, sinc, ...):
+eager's values and gradients, with no fallback op, f32 and bf16, fixed and changing sizes
+(gradients within twice eager's own error from float64); batch norm's running statistics updated
+as eager updates them. Norms and logit of 16-bit inputs stay PyTorch's ops."""
 
 import pytest
 
@@ -17,6 +18,10 @@ pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the def
 
 def _img(n=2, c=8, h=5, w=6, seed=0):
     return torch.randn(n, c, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+def _img6(n=2, c=8, h=6, w=6, seed=0):
+    return _img(n, c, h, w, seed)
 
 
 def _mat(r=37, c=24, seed=1):
@@ -45,6 +50,17 @@ CASES = {
     "instance_norm": (F.instance_norm, _img),
     "batch_norm_eval": (lambda x: F.batch_norm(x, MEAN8, VAR8, W8, B8), _img),
     "batch_norm_train": (lambda x: F.batch_norm(x, None, None, training=True), _img),
+    "tril_triu": (lambda x: torch.tril(x, -2) + torch.triu(x * 2, 3), _mat),
+    "repeat": (lambda x: x.repeat(2, 1, 3) * 2, _mat), "stack": (lambda x: torch.stack([x, x.exp()], 1).sum(0), _mat),
+    "prelu": (lambda x: F.prelu(x, (W8 * 0.2).to(x.dtype)), _img),
+    "pixel_shuffle": (lambda x: F.pixel_unshuffle(F.pixel_shuffle(x, 2) * 3, 2) + x, _img6),
+    "bce": (lambda x: F.binary_cross_entropy(x.sigmoid(), (x * 0.5).sigmoid()), _mat),
+    "soft_margin": (lambda x: F.soft_margin_loss(x, (x * 0.3).sign()), _mat),
+    "norm": (lambda x: torch.norm(x, dim=1) + torch.norm(x, p=1, dim=0).sum(), _mat),
+    "logaddexp": (lambda x: torch.logaddexp(x, x * 0.5 - 1) + torch.logaddexp2(x, -x), _mat),
+    "heaviside": (lambda x: torch.heaviside(x.round(), x * 0 + 0.5), _mat),
+    "deg_rad": (lambda x: torch.rad2deg(torch.deg2rad(x) * 2), _mat), "sinc": (torch.sinc, _mat),
+    "fill": (lambda x: F.cosine_embedding_loss(x, x * 2 + 1, torch.ones(x.shape[0], dtype=x.dtype)), _mat),
 }
 
 
@@ -71,7 +87,8 @@ def test_matches_eager_without_fallback(name, dtype):
     assert not fallbacks, fallbacks   # (PyTorch's group norm decomposition takes one as_strided view)
 
 
-@pytest.mark.parametrize("name", ["normalize", "group_norm", "logsumexp", "mish", "hardswish", "batch_norm_train"])
+@pytest.mark.parametrize("name", ["normalize", "group_norm", "logsumexp", "mish", "hardswish", "batch_norm_train",
+                                  "tril_triu", "repeat", "stack", "bce", "logaddexp", "norm", "sinc"])
 def test_gradients_and_changing_sizes(name):
     fn, make = CASES[name]
     torch._dynamo.reset()

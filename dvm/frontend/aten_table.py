@@ -384,9 +384,9 @@ LOWERINGS.update({
     aten.reshape.default: _view_as_out, aten.unsqueeze.default: _view_as_out,
     aten.squeeze.dim: _view_as_out, aten.squeeze.dims: _view_as_out, aten.squeeze.default: _view_as_out,
     aten.permute.default: _permute, aten.transpose.int: _transpose, aten.t.default: _t,
-    aten.expand.default: _expand,
-    aten.full.default: _full, aten.full_like.default: _full_like,
+    aten.expand.default: _expand, aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
+    aten.empty_like.default: _const_like(0),   # (any contents will do: zeros)
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
