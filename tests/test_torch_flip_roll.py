@@ -1,6 +1,6 @@
-"""flip, roll and the gradient of a slice under torch.compile(backend="dvm") (frontend/aten_views):
-eager's values and gradients for random shapes, axes, shifts and dtypes, fixed and changing sizes
-(Hypothesis), with no fallback op."""
+"""flip, roll, F.pad's constant mode and the gradient of a slice under torch.compile(backend="dvm")
+(frontend/aten_views): eager's values and gradients for random shapes, axes, shifts, pads and
+dtypes, fixed and changing sizes (Hypothesis), with no fallback op."""
 
 import pytest
 
@@ -28,7 +28,8 @@ def cases(draw):
     axes = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank))
     shifts = draw(st.lists(st.integers(-15, 15), min_size=len(axes), max_size=len(axes)))
     return dict(shapes=[tuple(s) for s in shapes], axes=axes, shifts=shifts, op=draw(st.sampled_from(
-        ["flip", "roll", "roll_flat", "slice_grad"])), dtype=draw(st.sampled_from(sorted(DTYPES))),
+        ["flip", "roll", "roll_flat", "slice_grad", "pad"])), pads=draw(st.lists(st.integers(-1, 3), min_size=2,
+                                                                               max_size=2 * rank)), dtype=draw(st.sampled_from(sorted(DTYPES))),
         dynamic=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
 
 
@@ -37,8 +38,15 @@ def _fn(case):
     ops = {"flip": lambda x: x.flip(axes) * 2 + x,   # (one rounding in bf16, as eager)
            "roll": lambda x: x.roll(shifts, axes) - x,
            "roll_flat": lambda x: torch.roll(x * 2, shifts[0]),
-           "slice_grad": lambda x: x[_part(x.dim(), axes[0], shifts[0])] * 2}
+           "slice_grad": lambda x: x[_part(x.dim(), axes[0], shifts[0])] * 2,
+           "pad": lambda x: torch.nn.functional.pad(x * 2, _pads(x.shape, case["pads"]), value=shifts[0])}
     return ops[case["op"]]
+
+
+def _pads(shape, pads) -> list:
+    """pads (from the last axis back) with crops only of axes of 3 or more"""
+    pads = pads[:len(pads) // 2 * 2]
+    return [p if p >= 0 or shape[-1 - i // 2] >= 3 else 0 for i, p in enumerate(pads)]
 
 
 def _part(rank: int, axis: int, shift: int) -> tuple:
@@ -68,8 +76,9 @@ def test_matches_eager(case):
             for out, t in zip((got, want), xs):
                 (out * weights).sum().backward()
             torch.testing.assert_close(xs[0].grad, xs[1].grad, msg=lambda m: f"{shape} gradient: {m}")
-    fallbacks = {k for k in _fallbacks(before) if not (case["dynamic"] and "roll" in k and "may be negative" in k)}
-    assert not fallbacks, (case, fallbacks)   # (dynamic=True may make a shift a symbol: roll then stays PyTorch's)
+    fallbacks = {k for k in _fallbacks(before) if not (case["dynamic"] and "may be negative" in k)}
+    assert not fallbacks, (case, fallbacks)   # (dynamic=True may make a shift or a negative pad a symbol, which
+    #                                           DVM's sizes (never negative) cannot hold: that op stays PyTorch's)
 
 
 def test_language_model_shift_gradient_is_a_concat():

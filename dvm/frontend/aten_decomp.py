@@ -94,7 +94,7 @@ DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.
              aten.linalg_vector_norm, aten.logsumexp, aten.mish, aten.hardswish, aten.hardsigmoid, aten.celu,
              aten.glu, aten.threshold, aten.frac, aten.xlogy, aten.smooth_l1_loss, aten.huber_loss,
              aten.binary_cross_entropy_with_logits, aten.aminmax, aten.count_nonzero, aten.any, aten.all,
-             aten.tril, aten.triu, aten.repeat, aten.stack, aten._prelu_kernel, aten.pixel_shuffle,
+             aten.tril, aten.triu, aten.repeat, aten._prelu_kernel, aten.pixel_shuffle,
              aten.pixel_unshuffle, aten.binary_cross_entropy, aten.soft_margin_loss, aten.norm, aten.logaddexp,
              aten.logaddexp2, aten.heaviside, aten.deg2rad, aten.rad2deg, aten.sinc, aten.fill]
 # ... and those only for float32 / float64 inputs (their 16-bit kernels compute in float32 and round

@@ -2,8 +2,8 @@
 sinh, cosh, log10, hypot, nan_to_num, sgn (of real tensors). Each is computed in a wider type than
 its result and rounded once: float64 for float32 inputs (the formulas' own rounding stays below
 float32's), float32 for 16-bit ones (float64 for hypot's squares); a float64 input is computed in
-float64 with formulas that keep its range (no overflow before the result would overflow). Integer, bool and complex inputs keep
-PyTorch's kernel (NotImplemented)."""
+float64 with formulas that keep its range (no overflow before the result would overflow).
+Integer, bool and complex inputs keep PyTorch's kernel (NotImplemented)."""
 from __future__ import annotations
 
 import math

@@ -390,10 +390,10 @@ LOWERINGS.update({
     aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
-    aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0),
-    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1),
-    aten.arange.start: _arange_start, aten.arange.start_step: _arange_start,
-    aten.lift_fresh_copy.default: _identity, aten.new_full.default: _new_full_value,
+    aten.constant_pad_nd.default: V.constant_pad_nd, aten.stack.default: V.stack,
+    aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0), aten.new_full.default: _new_full_value,
+    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1), aten.arange.start: _arange_start,
+    aten.arange.start_step: _arange_start, aten.lift_fresh_copy.default: _identity,
     **U.UPDATE_LOWERINGS,
 })
 FOREACH_OPS = U.add_foreach(LOWERINGS)   # (not recorded by lazy mode: lists of results)

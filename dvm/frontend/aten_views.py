@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..graph import build
 from ..graph.dtypes import DType
 from ..graph.node import Node
-from ..graph.symbolic import SymExpr, mod, prod
+from ..graph.symbolic import SymExpr, mod, prod, sym_max
 from .aten_common import Unsupported, dvm_dtype
 
 
@@ -74,7 +74,8 @@ def roll(lw, x, shifts, dims=()):
             raise Unsupported("roll by a symbolic shift")
         k = shift % n if isinstance(n, int) and n else (0 if isinstance(n, int) else mod(shift, n))
         if build.decide_eq(k, 0) is not True:
-            x = build.concat(lw.ctx, [build.slice_view(lw.ctx, x, d, n - k, k), build.slice_view(lw.ctx, x, d, 0, n - k)], d)
+            tail, head = build.slice_view(lw.ctx, x, d, n - k, k), build.slice_view(lw.ctx, x, d, 0, n - k)
+            x = build.concat(lw.ctx, [tail, head], d)
     return x
 
 
@@ -87,16 +88,41 @@ def slice_backward(lw, g, input_sizes, dim, start, end, step):
     length = g.shape[dim]
     first = _slice_start(input_sizes[dim], start, length, end, step)
     after = input_sizes[dim] - first - length
+    return _between(lw.ctx, g, dim, first, after, build.cast(build.const(0), g.dtype))
+
+
+def _between(ctx, x: Node, dim: int, before, after, fill: Node) -> Node:
+    """x along dim between `before` and `after` elements of the scalar fill (a concat; lengths
+    >= 0, a symbolic one maybe 0 at run time: that piece stores nothing)"""
     pieces = []
-    for n in (first, None, after):
+    for n in (before, None, after):
         if n is None:
-            pieces.append(g)
+            pieces.append(x)
         elif build.decide_eq(n, 0) is not True:
-            if build.bounds(n)[0] < 1:
-                raise Unsupported(f"slice_backward: zeros of length {n} that may be 0")
-            zeros = build.cast(build.const(0), g.dtype)
-            pieces.append(build.broadcast_to(lw.ctx, zeros, g.shape[:dim] + (n,) + g.shape[dim + 1:]))
-    return build.concat(lw.ctx, pieces, dim) if len(pieces) > 1 else g
+            if build.bounds(n)[0] < 0:
+                raise Unsupported(f"a piece of length {n} that may be negative")
+            pieces.append(build.broadcast_to(ctx, fill, x.shape[:dim] + (n,) + x.shape[dim + 1:]))
+    return build.concat(ctx, pieces, dim) if len(pieces) > 1 else x
+
+
+def constant_pad_nd(lw, x, pad, value=0):
+    """F.pad's constant mode: per padded axis (pairs from the last axis back), a negative pad
+    slices, a positive one joins pieces of the value (concats)"""
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise Unsupported(f"pad {list(pad)} for rank {x.ndim}")
+    fill = build.cast(build.const(value), x.dtype)
+    for i in range(len(pad) // 2):
+        dim, lo, hi = x.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]
+        crop_lo, crop_hi = (_part(-p) for p in (lo, hi))
+        if build.decide_eq(crop_lo, 0) is not True or build.decide_eq(crop_hi, 0) is not True:
+            x = build.slice_view(lw.ctx, x, dim, crop_lo, x.shape[dim] - crop_lo - crop_hi)
+        x = _between(lw.ctx, x, dim, _part(lo), _part(hi), fill)
+    return x
+
+
+def _part(p):
+    """max(p, 0): a pad's growth, or (of -p) its crop; a size expression where p's sign is not known"""
+    return max(p, 0) if isinstance(p, int) else sym_max(p, 0)
 
 
 def cat(lw, tensors, dim=0):
@@ -116,6 +142,13 @@ def cat(lw, tensors, dim=0):
     if all(p is pieces[0] for p in pieces):
         return _repeated(lw.ctx, pieces[0], len(pieces), dim, lw.out_shape)
     return build.reshape(lw.ctx, build.concat(lw.ctx, pieces, dim), lw.out_shape)
+
+
+def stack(lw, tensors, dim=0):
+    """stack: cat of the pieces, each with a new axis of 1 at dim (a view)"""
+    dim %= tensors[0].ndim + 1
+    pieces = [build.reshape(lw.ctx, t, t.shape[:dim] + (1,) + t.shape[dim:]) for t in tensors]
+    return cat(lw, pieces, dim)
 
 
 def _repeated(ctx, piece: Node, k: int, dim: int, out_shape) -> Node:

@@ -25,8 +25,8 @@ REASON = ("one cheap elementwise op alone: PyTorch's kernel makes the same singl
 ENABLED = True   # off: such an op is a segment of its own (tests of single ops' lowering compare the two)
 
 _A, _P = torch.ops.aten, torch.ops.prims
-# One pass, no transcendental math: arithmetic, comparisons, logic, selects, casts and copies (flips, rolls and
-# a slice's gradient among them: alone, a reversed last axis took the VM 2.6x PyTorch's time at 2 M elements).
+# One pass, no transcendental math: arithmetic, comparisons, logic, selects, casts and copies (flips, rolls, pads
+# and a slice's gradient among them: alone, a reversed last axis took the VM 2.6x PyTorch's time at 2 M elements).
 CHEAP = frozenset(getattr(packet, overload) for packet, overloads in (
     (_A.add, ("Tensor", "Scalar")), (_A.sub, ("Tensor", "Scalar")), (_A.mul, ("Tensor", "Scalar")),
     (_A.div, ("Tensor", "Scalar", "Tensor_mode", "Scalar_mode")), (_A.floor_divide, ("default", "Scalar")),
@@ -40,7 +40,7 @@ CHEAP = frozenset(getattr(packet, overload) for packet, overloads in (
     (_A.bitwise_and, ("Tensor", "Scalar")), (_A.bitwise_or, ("Tensor", "Scalar")),
     (_A.bitwise_not, ("default",)), (_A._to_copy, ("default",)), (_A.clone, ("default",)),
     (_P.convert_element_type, ("default",)), (_A.flip, ("default",)), (_A.roll, ("default",)),
-    (_A.slice_backward, ("default",)),
+    (_A.slice_backward, ("default",)), (_A.constant_pad_nd, ("default",)),
 ) for overload in overloads if hasattr(packet, overload))
 
 

@@ -27,7 +27,7 @@ Nests are taken in graph order, each after the last one written.
 A scatter the rules above leave out of place, or an index-wise one (scatter, scatter_add,
 index_add, index_fill: FRESH_IN_PLACE), is written into its base where that base is memory
 nothing else can reach (_fresh_base): an ATen op's fresh result, or a DVM segment's result that
-shares no launch output with another, read by that scatter alone (a loss's gradient: zeros of
+shares no launch output with another, read by that scatter alone (a gather's gradient: zeros of
 tokens x vocabulary, then the targets' entries; as a copy, one more pass over all of it).
 Counted: torch_scatters_in_place."""
 from __future__ import annotations
