@@ -333,3 +333,9 @@ def pairwise(*factors) -> list[tuple]:
         rows.append(best)
     return [tuple(v for f, k in zip(factors, row)
                   for v in (f[k] if isinstance(f[k], tuple) else (f[k],))) for row in rows]
+
+
+def new_fallbacks(before: dict) -> dict:
+    """The fallback counters (`fallback:<op>:<reason>`) that grew since the snapshot `before`."""
+    after = dvm.counters()
+    return {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("fallback:") and v != before.get(k, 0)}

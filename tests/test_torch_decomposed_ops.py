@@ -12,6 +12,7 @@ F = torch.nn.functional
 
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
+from helpers import new_fallbacks  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -67,11 +68,6 @@ CASES = {
 WIDE_ONLY = ("group_norm", "instance_norm", "batch_norm_eval", "batch_norm_train", "logit")
 
 
-def _fallbacks(before: dict) -> dict:
-    after = counters.snapshot()
-    return {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("fallback:") and v != before.get(k, 0)}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_eager_without_fallback(name, dtype):
@@ -83,7 +79,7 @@ def test_matches_eager_without_fallback(name, dtype):
     torch.testing.assert_close(got, fn(x))
     if dtype == torch.bfloat16 and name in WIDE_ONLY:   # the op stays PyTorch's (aten_decomp.wide_only)
         return
-    fallbacks = {k for k in _fallbacks(before) if not (name == "group_norm" and "aten.as_strided" in k)}
+    fallbacks = {k for k in new_fallbacks(before) if not (name == "group_norm" and "aten.as_strided" in k)}
     assert not fallbacks, fallbacks   # (PyTorch's group norm decomposition takes one as_strided view)
 
 

@@ -10,15 +10,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
+from helpers import new_fallbacks  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "i64": torch.int64}
-
-
-def _fallbacks(before: dict) -> dict:
-    after = counters.snapshot()
-    return {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("fallback:") and v != before.get(k, 0)}
 
 
 @st.composite
@@ -76,7 +72,7 @@ def test_matches_eager(case):
             for out, t in zip((got, want), xs):
                 (out * weights).sum().backward()
             torch.testing.assert_close(xs[0].grad, xs[1].grad, msg=lambda m: f"{shape} gradient: {m}")
-    fallbacks = {k for k in _fallbacks(before) if not (case["dynamic"] and "may be negative" in k)}
+    fallbacks = {k for k in new_fallbacks(before) if not (case["dynamic"] and "may be negative" in k)}
     assert not fallbacks, (case, fallbacks)   # (dynamic=True may make a shift or a negative pad a symbol, which
     #                                           DVM's sizes (never negative) cannot hold: that op stays PyTorch's)
 
@@ -93,4 +89,4 @@ def test_language_model_shift_gradient_is_a_concat():
     f(y).backward()
     torch.testing.assert_close(x.grad, y.grad)
     assert not x.grad[:, -1].any()
-    assert not _fallbacks(before), _fallbacks(before)
+    assert not new_fallbacks(before), new_fallbacks(before)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
+from helpers import new_fallbacks  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -24,11 +25,6 @@ OPS = {
 }
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
 SPECIALS = (float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-30, 88.9, -89.3, 710.2, 1e300)
-
-
-def _fallbacks(before: dict) -> dict:
-    after = counters.snapshot()
-    return {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("fallback:") and v != before.get(k, 0)}
 
 
 def _eager(op, fn, x, y):
@@ -79,7 +75,7 @@ def test_matches_eager(case):
     before = counters.snapshot()
     got = torch.compile(fn, backend="dvm", dynamic=False)(x, y)
     torch.testing.assert_close(got, _eager(case["op"], fn, x, y), equal_nan=True)
-    assert not _fallbacks(before), (case, _fallbacks(before))
+    assert not new_fallbacks(before), (case, new_fallbacks(before))
 
 
 @pytest.mark.parametrize("name", ["sinh", "cosh", "log10", "hypot", "nan_to_num"])

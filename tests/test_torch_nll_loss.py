@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 import dvm.frontend.torch_backend  # noqa: E402,F401
 from dvm.runtime import counters  # noqa: E402
+from helpers import new_fallbacks  # noqa: E402
 
 pytestmark = [pytest.mark.cpu_vm, pytest.mark.vm_once]   # runs once, on the default (CPU) VM
 
@@ -28,11 +29,6 @@ def _close(got, want, exact):
     except AssertionError:
         err, eager_err = ((v.double() - exact).abs().max().item() for v in (got, want))
         assert err <= 2 * eager_err + torch.finfo(got.dtype).eps * exact.abs().max().item(), (err, eager_err)
-
-
-def _fallbacks(before: dict) -> dict:
-    after = counters.snapshot()
-    return {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("fallback:") and v != before.get(k, 0)}
 
 
 @st.composite
@@ -80,7 +76,7 @@ def test_cross_entropy_matches_eager(case):
     for out, t in zip((got, want, exact), xs):
         (out * torch.linspace(0.5, 1.5, out.numel()).view(out.shape).to(out.dtype)).sum().backward()
     _close(xs[0].grad, xs[1].grad, xs[2].grad)
-    fallbacks = _fallbacks(before)
+    fallbacks = new_fallbacks(before)
     if case["weighted"] and case["smoothing"] and case["reduction"] == "mean":
         fallbacks.pop("fallback:aten.gather.default:not in table", None)  # (the smoothing term's divisor)
     assert not fallbacks, (case, fallbacks)
@@ -96,7 +92,7 @@ def test_nll_loss_of_log_softmax_one_graph_for_changing_sizes():
         target = torch.arange(n) % c
         before = counters.snapshot()
         torch.testing.assert_close(cf(x, target), f(x, target), msg=lambda m: f"{n}x{c}: {m}")
-        assert not _fallbacks(before)
+        assert not new_fallbacks(before)
 
 
 def test_target_outside_the_classes_gives_nan():
@@ -131,4 +127,4 @@ def test_language_model_loss_fuses_with_log_softmax():
     got.backward()
     want.backward()
     torch.testing.assert_close(xs[0].grad, xs[1].grad)
-    assert not _fallbacks(before), _fallbacks(before)
+    assert not new_fallbacks(before), new_fallbacks(before)

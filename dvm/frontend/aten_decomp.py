@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 aten = torch.ops.aten
-_HALVES = (torch.float16, torch.bfloat16)
+HALVES = (torch.float16, torch.bfloat16)
 
 
 def _dims(x, dim) -> list[int]:
@@ -28,7 +28,7 @@ def _var_mean(x, dim, correction, keepdim):
     if not x.is_floating_point() or x.dim() == 0:
         return None
     dims = _dims(x, dim)
-    xf = aten._to_copy.default(x, dtype=torch.float32) if x.dtype in _HALVES else x
+    xf = cast_to(x, torch.float32) if x.dtype in HALVES else x
     mean = aten.mean.dim(xf, dims, True)
     d = aten.sub.Tensor(xf, mean)
     square_sum = aten.sum.dim_IntList(aten.mul.Tensor(d, d), dims, keepdim)
@@ -40,9 +40,14 @@ def _var_mean(x, dim, correction, keepdim):
     return aten.div.Tensor(square_sum, divisor), mean
 
 
+def cast_to(v, dtype):
+    """v in dtype (v itself where it is already)"""
+    return v if v.dtype == dtype else aten._to_copy.default(v, dtype=dtype)
+
+
 def _as(x, *values):
     """values in x's dtype (rounded once, from float32, for a 16-bit x)"""
-    out = tuple(v if v.dtype == x.dtype else aten._to_copy.default(v, dtype=x.dtype) for v in values)
+    out = tuple(cast_to(v, x.dtype) for v in values)
     return out if len(out) > 1 else out[0]
 
 
@@ -70,7 +75,7 @@ def wide_only(decomposition):
     """decomposition for float32 / float64 inputs; a 16-bit input keeps the op (PyTorch's kernel
     computes it in float32 and rounds once, where the decomposition would round its steps)."""
     def decompose(x, *args, **kwargs):
-        if isinstance(x, torch.Tensor) and x.dtype in _HALVES:
+        if isinstance(x, torch.Tensor) and x.dtype in HALVES:
             return NotImplemented
         return decomposition(x, *args, **kwargs)
     return decompose

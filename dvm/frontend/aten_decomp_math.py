@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from .aten_decomp import cast_to
+
 aten = torch.ops.aten
 _WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64,
           torch.float64: torch.float64}
@@ -18,14 +20,10 @@ _HYPERBOLIC_LARGE = 20.0
 _INV_LN10 = 1.0 / math.log(10.0)
 
 
-def _to(v, dtype):
-    return v if v.dtype == dtype else aten._to_copy.default(v, dtype=dtype)
-
-
 def _wide(x):
     """x in its computing type, or None where the function keeps PyTorch's kernel"""
     wider = _WIDER.get(x.dtype)
-    return None if wider is None else _to(x, wider)
+    return None if wider is None else cast_to(x, wider)
 
 
 def _half_exp(a):
@@ -41,7 +39,7 @@ def sinh(x):
     small = aten.mul.Tensor(aten.sub.Tensor(aten.expm1.default(w), aten.expm1.default(aten.neg.default(w))), 0.5)
     large = _half_exp(a)
     large = torch.where(aten.lt.Scalar(w, 0), aten.neg.default(large), large)
-    return _to(torch.where(aten.lt.Scalar(a, _HYPERBOLIC_LARGE), small, large), x.dtype)
+    return cast_to(torch.where(aten.lt.Scalar(a, _HYPERBOLIC_LARGE), small, large), x.dtype)
 
 
 def cosh(x):
@@ -51,21 +49,21 @@ def cosh(x):
     a = aten.abs.default(w)
     e = aten.exp.default(a)
     small = aten.mul.Tensor(aten.add.Tensor(e, aten.reciprocal.default(e)), 0.5)
-    return _to(torch.where(aten.lt.Scalar(a, _HYPERBOLIC_LARGE), small, _half_exp(a)), x.dtype)
+    return cast_to(torch.where(aten.lt.Scalar(a, _HYPERBOLIC_LARGE), small, _half_exp(a)), x.dtype)
 
 
 def log10(x):
     w = _wide(x)
     if w is None:
         return NotImplemented
-    return _to(aten.mul.Tensor(aten.log.default(w), _INV_LN10), x.dtype)
+    return cast_to(aten.mul.Tensor(aten.log.default(w), _INV_LN10), x.dtype)
 
 
 def hypot(a, b):
     out = torch.result_type(a, b)
     if out not in _WIDER:
         return NotImplemented
-    a, b = aten.abs.default(_to(a, torch.float64)), aten.abs.default(_to(b, torch.float64))
+    a, b = aten.abs.default(cast_to(a, torch.float64)), aten.abs.default(cast_to(b, torch.float64))
     if out != torch.float64:    # squares of float32 / 16-bit values neither overflow nor underflow in float64
         r = aten.sqrt.default(aten.add.Tensor(aten.mul.Tensor(a, a), aten.mul.Tensor(b, b)))
     else:
@@ -73,7 +71,7 @@ def hypot(a, b):
         ratio = torch.where(aten.eq.Scalar(big, 0), 0.0, aten.div.Tensor(small, big))
         r = aten.mul.Tensor(big, aten.sqrt.default(aten.add.Tensor(aten.mul.Tensor(ratio, ratio), 1.0)))
     either_inf = aten.logical_or.default(aten.isinf.default(a), aten.isinf.default(b))
-    return _to(torch.where(either_inf, float("inf"), r), out)          # hypot(inf, nan) = inf
+    return cast_to(torch.where(either_inf, float("inf"), r), out)          # hypot(inf, nan) = inf
 
 
 def nan_to_num(x, nan=None, posinf=None, neginf=None):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from .aten_decomp import HALVES, cast_to
+
 aten = torch.ops.aten
-_HALVES = (torch.float16, torch.bfloat16)
 _NONE, _MEAN, _SUM = 0, 1, 2          # torch.nn._reduction's enum
 
 
@@ -51,10 +52,6 @@ def _out_of_range(target, kept, classes):
                                                                   aten.ge.Scalar(target, classes)))
 
 
-def _to(v, dtype):
-    return v if v.dtype == dtype else aten._to_copy.default(v, dtype=dtype)
-
-
 def _decomposed(x, target) -> bool:
     """a floating input with a class axis (a 1-D input with a 1-D target, which reads only
     target[0], keeps PyTorch's kernel)"""
@@ -74,14 +71,14 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     loss = aten.where.ScalarSelf(_out_of_range(target, kept, x.shape[cd]), float("nan"), loss)
     if reduction == _NONE and x.dim() > 1:
         return loss, aten.new_zeros.default(x, [])
-    wide = torch.float32 if x.dtype in _HALVES else x.dtype
-    kept_weight = _to(kept, wide) if w is None else aten.where.ScalarOther(kept, _to(w, wide), 0)
+    wide = torch.float32 if x.dtype in HALVES else x.dtype
+    kept_weight = cast_to(kept, wide) if w is None else aten.where.ScalarOther(kept, cast_to(w, wide), 0)
     total = aten.sum.default(kept_weight)
     if reduction != _NONE:
-        loss = aten.sum.default(_to(loss, wide))
+        loss = aten.sum.default(cast_to(loss, wide))
         if reduction == _MEAN:
             loss = aten.div.Tensor(loss, total)
-    return _to(loss, x.dtype), _to(total, x.dtype)
+    return cast_to(loss, x.dtype), cast_to(total, x.dtype)
 
 
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
@@ -96,7 +93,7 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
         grad = aten.mul.Tensor(grad, _weights_view(weight, x, cd))
     selected = aten.logical_and.default(_match(x, target, cd),
                                         aten.unsqueeze.default(aten.ne.Scalar(target, ignore_index), cd))
-    return _to(aten.where.ScalarOther(selected, aten.neg.default(grad), 0), x.dtype)
+    return cast_to(aten.where.ScalarOther(selected, aten.neg.default(grad), 0), x.dtype)
 
 
 TABLE = {aten.nll_loss_forward.default: nll_loss_forward, aten.nll_loss2d_forward.default: nll_loss_forward,

@@ -54,14 +54,14 @@ def flip(lw, x, dims):
         raise Unsupported("flip of a 0-d tensor")
     for d in sorted({d % x.ndim for d in dims}):
         n = x.shape[d]
-        if not build.is_one(n):
+        if not build.is_one(n) and build.decide_eq(n, 0) is not True:
             x = build.slice_view(lw.ctx, x, d, n - 1, n, -1)
     return x
 
 
 def roll(lw, x, shifts, dims=()):
-    """x rolled by shifts along dims (the flattened x without dims): per axis of concrete size n,
-    the last shift % n elements, then the others (a concat)"""
+    """x rolled by shifts along dims (the flattened x without dims): per axis of size n, the last
+    shift % n elements, then the others (a concat; shift % n a size expression where n is one)"""
     if not dims:
         flat = build.reshape(lw.ctx, x, (prod(x.shape),))
         return build.reshape(lw.ctx, roll(lw, flat, shifts, (0,)), x.shape)
@@ -72,7 +72,10 @@ def roll(lw, x, shifts, dims=()):
         n = x.shape[d]
         if not isinstance(shift, int):
             raise Unsupported("roll by a symbolic shift")
-        k = shift % n if isinstance(n, int) and n else (0 if isinstance(n, int) else mod(shift, n))
+        if isinstance(n, int):
+            k = shift % n if n else 0
+        else:
+            k = mod(shift, n)
         if build.decide_eq(k, 0) is not True:
             tail, head = build.slice_view(lw.ctx, x, d, n - k, k), build.slice_view(lw.ctx, x, d, 0, n - k)
             x = build.concat(lw.ctx, [tail, head], d)
