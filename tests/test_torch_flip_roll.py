@@ -1,6 +1,6 @@
-"""flip, roll, F.pad's constant mode and the gradient of a slice under torch.compile(backend="dvm")
-(frontend/aten_views): eager's values and gradients for random shapes, axes, shifts, pads and
-dtypes, fixed and changing sizes (Hypothesis), with no fallback op."""
+"""flip, roll, F.pad (constant, reflect, replicate) and the gradient of a slice under
+torch.compile(backend="dvm") (frontend/aten_views): eager's values and gradients for random shapes,
+axes, shifts, pads and dtypes, fixed and changing sizes (Hypothesis), with no fallback op."""
 
 import pytest
 
@@ -90,3 +90,36 @@ def test_language_model_shift_gradient_is_a_concat():
     torch.testing.assert_close(x.grad, y.grad)
     assert not x.grad[:, -1].any()
     assert not new_fallbacks(before), new_fallbacks(before)
+
+
+class _Padded(torch.nn.Module):
+    def __init__(self, pad: torch.nn.Module):
+        super().__init__()
+        self.pad = pad
+
+    def forward(self, x):
+        return self.pad(x * 2) + 1
+
+
+@pytest.mark.parametrize("mode", ["Reflection", "Replication"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_reflection_and_replication_pads(mode, dynamic):
+    """nn.ReflectionPad / nn.ReplicationPad over 1, 2 and 3 axes (mirrored slices or the edge
+    repeated, concatenated): eager's values with no fallback, and eager's gradients. (Pads a module
+    holds are constants under dynamic=True; a closure's ints would be symbols of either sign.)"""
+    pads = {1: (2, 1), 2: (1, 3, 2, 0), 3: (1, 1, 0, 2, 1, 0)}
+    for axes, pad in pads.items():
+        model = _Padded(getattr(torch.nn, f"{mode}Pad{axes}d")(pad))
+        torch._dynamo.reset()
+        cf = torch.compile(model, backend="dvm", dynamic=dynamic)
+        for size in (4, 6):
+            x = torch.randn((2, 3) + (size,) * axes, generator=torch.Generator().manual_seed(size))
+            before = counters.snapshot()
+            with torch.no_grad():
+                torch.testing.assert_close(cf(x), model(x))
+            assert not new_fallbacks(before), (axes, size, new_fallbacks(before))
+            xs = [x.clone().requires_grad_(True) for _ in range(2)]
+            for fn, t in ((cf, xs[0]), (model, xs[1])):
+                out = fn(t)
+                (out * torch.arange(out.numel()).view(out.shape).remainder(5)).sum().backward()
+            torch.testing.assert_close(xs[0].grad, xs[1].grad)

@@ -386,15 +386,15 @@ LOWERINGS.update({
     aten.permute.default: _permute, aten.transpose.int: _transpose, aten.t.default: _t,
     aten.expand.default: _expand, aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
-    aten.empty_like.default: _const_like(0),   # (any contents will do: zeros)
-    aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
+    aten.empty_like.default: _const_like(0), aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
     aten.constant_pad_nd.default: V.constant_pad_nd, aten.stack.default: V.stack,
+    **{getattr(aten, f"{kind}_pad{d}d").default: V.edge_pad(kind == "reflection")
+       for kind in ("reflection", "replication") for d in (1, 2, 3)},
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0), aten.new_full.default: _new_full_value,
-    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1), aten.arange.start: _arange_start,
-    aten.arange.start_step: _arange_start, aten.lift_fresh_copy.default: _identity,
-    **U.UPDATE_LOWERINGS,
+    aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1), aten.lift_fresh_copy.default: _identity,
+    aten.arange.start: _arange_start, aten.arange.start_step: _arange_start, **U.UPDATE_LOWERINGS,
 })
 FOREACH_OPS = U.add_foreach(LOWERINGS)   # (not recorded by lazy mode: lists of results)
 register_late_ops = functools.partial(U.register_late_ops, LOWERINGS)

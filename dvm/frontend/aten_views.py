@@ -123,6 +123,31 @@ def constant_pad_nd(lw, x, pad, value=0):
     return x
 
 
+def edge_pad(reflect: bool):
+    """reflection / replication padding (pairs from the last axis back), joined to x by a concat
+    per axis: the mirrored elements x[lo:0:-1] and x[n-2:n-2-hi:-1] (reflect), or the first and
+    the last element repeated"""
+    def fn(lw, x, padding):
+        if len(padding) % 2 or not all(isinstance(p, int) and p >= 0 for p in padding):
+            raise Unsupported(f"padding {list(padding)}")
+        for i in range(len(padding) // 2):
+            dim, lo, hi = x.ndim - 1 - i, padding[2 * i], padding[2 * i + 1]
+            pieces = ([_edge(lw.ctx, x, dim, lo, True, reflect)] if lo else []) + [x] + \
+                ([_edge(lw.ctx, x, dim, hi, False, reflect)] if hi else [])
+            x = build.concat(lw.ctx, pieces, dim) if len(pieces) > 1 else x
+        return x
+    return fn
+
+
+def _edge(ctx, x: Node, dim: int, k: int, before: bool, reflect: bool) -> Node:
+    """the k elements padded before (or after) x along dim"""
+    n = x.shape[dim]
+    if reflect:
+        return build.slice_view(ctx, x, dim, k if before else n - 2, k, -1)
+    end = build.slice_view(ctx, x, dim, 0 if before else n - 1, 1)
+    return build.broadcast_to(ctx, end, x.shape[:dim] + (k,) + x.shape[dim + 1:])
+
+
 def _part(p):
     """max(p, 0): a pad's growth, or (of -p) its crop; a size expression where p's sign is not known"""
     return max(p, 0) if isinstance(p, int) else sym_max(p, 0)

@@ -41,6 +41,7 @@ CHEAP = frozenset(getattr(packet, overload) for packet, overloads in (
     (_A.bitwise_not, ("default",)), (_A._to_copy, ("default",)), (_A.clone, ("default",)),
     (_P.convert_element_type, ("default",)), (_A.flip, ("default",)), (_A.roll, ("default",)),
     (_A.slice_backward, ("default",)), (_A.constant_pad_nd, ("default",)),
+    *((getattr(_A, f"{kind}_pad{d}d"), ("default",)) for kind in ("reflection", "replication") for d in (1, 2, 3)),
 ) for overload in overloads if hasattr(packet, overload))
 
 
