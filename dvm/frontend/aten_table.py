@@ -10,8 +10,8 @@ Ops not in the table, and ops with dtypes DVM does not have, run through PyTorch
 Slices, selects, cat and arange-indexing live in aten_views; whole patterns (RoPE) that no
 single op's handler can see are matched in fx_patterns before planning.
 `VIEW_OPS` are pure views: on tensors outside the current segment they run through PyTorch
-(free, no copy); `CUBE_OPS` are matmuls executed by PyTorch's BLAS (cube kernels through the
-platform library, DESIGN.md §4).
+(free, no copy); `CUBE_OPS` are matmuls and convolutions executed by PyTorch (cube kernels through
+the platform library, DESIGN.md §4).
 """
 from __future__ import annotations
 
@@ -332,7 +332,8 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, 
             aten.narrow.default, aten.detach.default}
 RESHAPE_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)   # views that only reshape
 CUBE_OPS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten.matmul.default,
-            aten._addmm_activation.default} | ({aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else set())
+            aten._addmm_activation.default, aten.convolution.default, aten.convolution_backward.default} | \
+    ({aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else set())
 
 _UNARY = ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
           "sin", "cos", "tanh", "sigmoid", "erf", "silu", "relu", "floor", "ceil", "round", "trunc",
@@ -376,8 +377,7 @@ LOWERINGS.update({
     aten.max.default: _full_reduce("max"), aten.min.default: _full_reduce("min"),
     aten.argmax.default: _arg_reduce("argmax"), aten.argmin.default: _arg_reduce("argmin"),
     aten._softmax.default: _softmax(False), aten._log_softmax.default: _softmax(True),
-    aten._safe_softmax.default: _safe_softmax,
-    aten.native_layer_norm.default: _layer_norm,
+    aten._safe_softmax.default: _safe_softmax, aten.native_layer_norm.default: _layer_norm,
     prims.convert_element_type.default: _convert, aten._to_copy.default: _to_copy,
     aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,
     aten.view.default: _view_as_out, aten._unsafe_view.default: _view_as_out,
