@@ -61,7 +61,7 @@ CASES = {
     "logaddexp": (lambda x: torch.logaddexp(x, x * 0.5 - 1) + torch.logaddexp2(x, -x), _mat),
     "heaviside": (lambda x: torch.heaviside(x.round(), x * 0 + 0.5), _mat),
     "deg_rad": (lambda x: torch.rad2deg(torch.deg2rad(x) * 2), _mat), "sinc": (torch.sinc, _mat),
-    "fill": (lambda x: F.cosine_embedding_loss(x, x * 2 + 1, torch.ones(x.shape[0], dtype=x.dtype)), _mat),
+    "fill": (lambda x: (x * 2).fill_(0.5) + x, _mat),
 }
 
 

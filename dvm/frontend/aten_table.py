@@ -386,7 +386,7 @@ LOWERINGS.update({
     aten.permute.default: _permute, aten.transpose.int: _transpose, aten.t.default: _t,
     aten.expand.default: _expand, aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: _const_like(0), aten.ones_like.default: _const_like(1),
-    aten.empty_like.default: _const_like(0), aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
+    aten.scalar_tensor.default: _scalar_tensor, aten.arange.default: _arange,
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
     aten.constant_pad_nd.default: V.constant_pad_nd, aten.stack.default: V.stack,
