@@ -18,6 +18,10 @@ TORCH_TO_DVM = {torch.bool: DType.BOOL, torch.int32: DType.INT32, torch.int64: D
 SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
                           torch.ops.aten.sym_storage_offset.default})
 
+# the edge padding ops, each to whether it reflects (else it replicates the edge)
+EDGE_PADS = {getattr(torch.ops.aten, f"{kind}_pad{d}d").default: kind == "reflection"
+             for kind in ("reflection", "replication") for d in (1, 2, 3)}
+
 
 class Unsupported(Exception):
     """This op (with these arguments) is not lowered; the reason is counted."""

@@ -26,7 +26,7 @@ from ..graph.symbolic import SymExpr
 from . import aten_updates as U
 from . import aten_views as V
 from .aten_common import Unsupported, dvm_dtype  # (Unsupported is imported from here by the planner)
-from .aten_common import scalar
+from .aten_common import EDGE_PADS, scalar
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -390,8 +390,7 @@ LOWERINGS.update({
     aten.slice.Tensor: V.slice_, aten.select.int: V.select, aten.slice_backward.default: V.slice_backward,
     aten.cat.default: V.cat, aten.index.Tensor: V.index, aten.flip.default: V.flip, aten.roll.default: V.roll,
     aten.constant_pad_nd.default: V.constant_pad_nd, aten.stack.default: V.stack,
-    **{getattr(aten, f"{kind}_pad{d}d").default: V.edge_pad(kind == "reflection")
-       for kind in ("reflection", "replication") for d in (1, 2, 3)},
+    **{op: V.edge_pad(reflect) for op, reflect in EDGE_PADS.items()},
     aten.new_ones.default: _new_full(1), aten.new_zeros.default: _new_full(0), aten.new_full.default: _new_full_value,
     aten.zeros.default: _new_tensor(0), aten.ones.default: _new_tensor(1), aten.lift_fresh_copy.default: _identity,
     aten.arange.start: _arange_start, aten.arange.start_step: _arange_start, **U.UPDATE_LOWERINGS,

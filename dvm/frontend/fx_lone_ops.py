@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import aten_table as T
+from .aten_common import EDGE_PADS
 
 REASON = ("one cheap elementwise op alone: PyTorch's kernel makes the same single pass at a lower "
           "fixed cost than a DVM launch")
@@ -41,8 +42,7 @@ CHEAP = frozenset(getattr(packet, overload) for packet, overloads in (
     (_A.bitwise_not, ("default",)), (_A._to_copy, ("default",)), (_A.clone, ("default",)),
     (_P.convert_element_type, ("default",)), (_A.flip, ("default",)), (_A.roll, ("default",)),
     (_A.slice_backward, ("default",)), (_A.constant_pad_nd, ("default",)),
-    *((getattr(_A, f"{kind}_pad{d}d"), ("default",)) for kind in ("reflection", "replication") for d in (1, 2, 3)),
-) for overload in overloads if hasattr(packet, overload))
+) for overload in overloads if hasattr(packet, overload)) | frozenset(EDGE_PADS)
 
 
 def single_op(seg) -> fx.Node | None:
