@@ -24,22 +24,17 @@ def _channel_dim(x) -> int:
     return 0 if x.dim() < 2 else 1
 
 
-def _class_index(x, cd):
-    """0..C-1 along x's class axis, 1 elsewhere (int64)"""
+def _on_class_axis(v, x, cd):
+    """the 1-D v (a value per class) laid along x's class axis, 1 elsewhere"""
     shape = [1] * x.dim()
-    shape[cd] = x.shape[cd]
-    return aten.view.default(aten.arange.default(x.shape[cd], dtype=torch.int64, device=x.device), shape)
-
-
-def _weights_view(weight, x, cd):
-    shape = [1] * x.dim()
-    shape[cd] = weight.shape[0]
-    return aten.view.default(weight, shape)
+    shape[cd] = v.shape[0]
+    return aten.view.default(v, shape)
 
 
 def _match(x, target, cd):
     """True at each row's target class (its one-hot), over x's shape"""
-    return aten.eq.Tensor(_class_index(x, cd), aten.unsqueeze.default(target, cd))
+    classes = aten.arange.default(x.shape[cd], dtype=torch.int64, device=x.device)
+    return aten.eq.Tensor(_on_class_axis(classes, x, cd), aten.unsqueeze.default(target, cd))
 
 
 def _picked(values, match, cd):
@@ -65,7 +60,7 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     match = _match(x, target, cd)
     kept = aten.ne.Scalar(target, ignore_index)
     picked = _picked(x, match, cd)
-    w = None if weight is None else _picked(_weights_view(weight, x, cd), match, cd)
+    w = None if weight is None else _picked(_on_class_axis(weight, x, cd), match, cd)
     loss = aten.neg.default(picked if w is None else aten.mul.Tensor(picked, w))
     loss = aten.where.ScalarOther(kept, loss, 0)
     loss = aten.where.ScalarSelf(_out_of_range(target, kept, x.shape[cd]), float("nan"), loss)
@@ -90,7 +85,7 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
     if grad.dim() > 0 and x.dim() > grad.dim():
         grad = aten.unsqueeze.default(grad, cd)
     if weight is not None:
-        grad = aten.mul.Tensor(grad, _weights_view(weight, x, cd))
+        grad = aten.mul.Tensor(grad, _on_class_axis(weight, x, cd))
     selected = aten.logical_and.default(_match(x, target, cd),
                                         aten.unsqueeze.default(aten.ne.Scalar(target, ignore_index), cd))
     return cast_to(aten.where.ScalarOther(selected, aten.neg.default(grad), 0), x.dtype)

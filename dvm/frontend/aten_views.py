@@ -95,27 +95,39 @@ def slice_backward(lw, g, input_sizes, dim, start, end, step):
 
 
 def _between(ctx, x: Node, dim: int, before, after, fill: Node) -> Node:
-    """x along dim between `before` and `after` elements of the scalar fill (a concat; lengths
-    >= 0, a symbolic one maybe 0 at run time: that piece stores nothing)"""
-    pieces = []
-    for n in (before, None, after):
-        if n is None:
-            pieces.append(x)
-        elif build.decide_eq(n, 0) is not True:
-            if build.bounds(n)[0] < 0:
-                raise Unsupported(f"a piece of length {n} that may be negative")
-            pieces.append(build.broadcast_to(ctx, fill, x.shape[:dim] + (n,) + x.shape[dim + 1:]))
-    return build.concat(ctx, pieces, dim) if len(pieces) > 1 else x
+    """x along dim between `before` and `after` elements of the scalar fill (lengths >= 0, a
+    symbolic one maybe 0 at run time: that piece stores nothing)"""
+    def piece(n):
+        if build.decide_eq(n, 0) is True:
+            return None
+        if build.bounds(n)[0] < 0:
+            raise Unsupported(f"a piece of length {n} that may be negative")
+        return build.broadcast_to(ctx, fill, _with_size(x.shape, dim, n))
+    return _joined(ctx, [piece(before), x, piece(after)], dim)
+
+
+def _joined(ctx, pieces: list, dim: int) -> Node:
+    """the pieces that are not None joined along dim (a concat of two or more)"""
+    pieces = [p for p in pieces if p is not None]
+    return build.concat(ctx, pieces, dim) if len(pieces) > 1 else pieces[0]
+
+
+def _with_size(shape: tuple, dim: int, n) -> tuple:
+    return shape[:dim] + (n,) + shape[dim + 1:]
+
+
+def _axis_pads(ndim: int, pad) -> list:
+    """(axis, before, after) of each padded axis: PyTorch's pairs run from the last axis back"""
+    return [(ndim - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
 
 
 def constant_pad_nd(lw, x, pad, value=0):
-    """F.pad's constant mode: per padded axis (pairs from the last axis back), a negative pad
-    slices, a positive one joins pieces of the value (concats)"""
+    """F.pad's constant mode: per padded axis, a negative pad slices, a positive one joins pieces
+    of the value (concats)"""
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         raise Unsupported(f"pad {list(pad)} for rank {x.ndim}")
     fill = build.cast(build.const(value), x.dtype)
-    for i in range(len(pad) // 2):
-        dim, lo, hi = x.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]
+    for dim, lo, hi in _axis_pads(x.ndim, pad):
         crop_lo, crop_hi = (_part(-p) for p in (lo, hi))
         if build.decide_eq(crop_lo, 0) is not True or build.decide_eq(crop_hi, 0) is not True:
             x = build.slice_view(lw.ctx, x, dim, crop_lo, x.shape[dim] - crop_lo - crop_hi)
@@ -124,17 +136,14 @@ def constant_pad_nd(lw, x, pad, value=0):
 
 
 def edge_pad(reflect: bool):
-    """reflection / replication padding (pairs from the last axis back), joined to x by a concat
-    per axis: the mirrored elements x[lo:0:-1] and x[n-2:n-2-hi:-1] (reflect), or the first and
-    the last element repeated"""
+    """reflection / replication padding, joined to x by a concat per padded axis: the mirrored
+    elements x[lo:0:-1] and x[n-2:n-2-hi:-1] (reflect), or the first and the last element repeated"""
     def fn(lw, x, padding):
         if len(padding) % 2 or not all(isinstance(p, int) and p >= 0 for p in padding):
             raise Unsupported(f"padding {list(padding)}")
-        for i in range(len(padding) // 2):
-            dim, lo, hi = x.ndim - 1 - i, padding[2 * i], padding[2 * i + 1]
-            pieces = ([_edge(lw.ctx, x, dim, lo, True, reflect)] if lo else []) + [x] + \
-                ([_edge(lw.ctx, x, dim, hi, False, reflect)] if hi else [])
-            x = build.concat(lw.ctx, pieces, dim) if len(pieces) > 1 else x
+        for dim, lo, hi in _axis_pads(x.ndim, padding):
+            x = _joined(lw.ctx, [_edge(lw.ctx, x, dim, lo, True, reflect) if lo else None, x,
+                                 _edge(lw.ctx, x, dim, hi, False, reflect) if hi else None], dim)
         return x
     return fn
 
@@ -145,7 +154,7 @@ def _edge(ctx, x: Node, dim: int, k: int, before: bool, reflect: bool) -> Node:
     if reflect:
         return build.slice_view(ctx, x, dim, k if before else n - 2, k, -1)
     end = build.slice_view(ctx, x, dim, 0 if before else n - 1, 1)
-    return build.broadcast_to(ctx, end, x.shape[:dim] + (k,) + x.shape[dim + 1:])
+    return build.broadcast_to(ctx, end, _with_size(x.shape, dim, k))
 
 
 def _part(p):
@@ -183,8 +192,7 @@ def _repeated(ctx, piece: Node, k: int, dim: int, out_shape) -> Node:
     """cat([piece] * k, dim): piece broadcast along a new axis of k in front of dim, then the two
     axes merged."""
     stacked = build.reshape(ctx, piece, piece.shape[:dim] + (1,) + piece.shape[dim:])
-    shape = stacked.shape[:dim] + (k,) + stacked.shape[dim + 1:]
-    return build.reshape(ctx, build.broadcast_to(ctx, stacked, shape), out_shape)
+    return build.reshape(ctx, build.broadcast_to(ctx, stacked, _with_size(stacked.shape, dim, k)), out_shape)
 
 
 def _iota_axis(n: Node):
